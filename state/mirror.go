@@ -1,0 +1,191 @@
+package state
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// StatePrefix is the part of a KV key, after the configured prefix, under
+// which server states live: <prefix>state/<backend>/<server>.
+const StatePrefix = "state/"
+
+// Wildcard is the server name of a backend-wide key.
+const Wildcard = "*"
+
+// Change is a set of KV differences: keys (relative to the prefix) to set to
+// a raw value and keys to delete. It is the payload the raft leader applies.
+type Change struct {
+	Set    map[string]string `json:"set,omitempty"`
+	Delete []string          `json:"delete,omitempty"`
+}
+
+// Empty reports whether the change changes nothing.
+func (c Change) Empty() bool { return len(c.Set) == 0 && len(c.Delete) == 0 }
+
+// Entry is one key under <prefix>state/ with its raw value and the last
+// value of it that parsed.
+type Entry struct {
+	Key     string // relative KV key, e.g. "state/web/a"
+	Backend string
+	Server  string // a server name or Wildcard
+	Raw     string // current KV value
+	Err     string // why Raw is invalid; empty when it is valid
+	Last    Value  // the last valid value; equals Raw's when Err is empty
+	LastRaw string
+	HasLast bool
+}
+
+// Valid reports whether the current raw value parsed.
+func (e *Entry) Valid() bool { return e.Err == "" }
+
+// Mirror is the mirrored KV content under the prefix plus, for every state
+// key, its last valid value. It is the state machine's data: Apply must be
+// deterministic. A Mirror is not safe for concurrent use; readers use the
+// immutable Snapshot it builds.
+type Mirror struct {
+	raw     map[string]string
+	entries map[string]*Entry
+	synced  bool
+}
+
+// NewMirror returns an empty mirror that holds no state yet.
+func NewMirror() *Mirror {
+	return &Mirror{raw: map[string]string{}, entries: map[string]*Entry{}}
+}
+
+// Synced reports whether the mirror holds state: a KV read was applied to it
+// or it was restored from a snapshot of a mirror that had one.
+func (m *Mirror) Synced() bool { return m.synced }
+
+// Len returns the number of mirrored keys.
+func (m *Mirror) Len() int { return len(m.raw) }
+
+// Diff returns the change that turns the mirror's KV content into desired
+// (a full read of the prefix, keys relative to it).
+func (m *Mirror) Diff(desired map[string]string) Change {
+	var c Change
+	for k, v := range desired {
+		if old, ok := m.raw[k]; !ok || old != v {
+			if c.Set == nil {
+				c.Set = map[string]string{}
+			}
+			c.Set[k] = v
+		}
+	}
+	for k := range m.raw {
+		if _, ok := desired[k]; !ok {
+			c.Delete = append(c.Delete, k)
+		}
+	}
+	slices.Sort(c.Delete)
+	return c
+}
+
+// Apply applies a change and marks the mirror as synced. An invalid value
+// keeps the key's last valid value.
+func (m *Mirror) Apply(c Change) {
+	m.synced = true
+	for _, k := range c.Delete {
+		delete(m.raw, k)
+		delete(m.entries, k)
+	}
+	for k, v := range c.Set {
+		m.raw[k] = v
+		if !strings.HasPrefix(k, StatePrefix) {
+			continue
+		}
+		e := m.entries[k]
+		if e == nil {
+			e = newEntry(k)
+			m.entries[k] = e
+		}
+		e.set(v)
+	}
+}
+
+func newEntry(key string) *Entry {
+	e := &Entry{Key: key}
+	rest := strings.TrimPrefix(key, StatePrefix)
+	b, s, ok := strings.Cut(rest, "/")
+	if ok && b != "" && s != "" && !strings.Contains(s, "/") {
+		e.Backend, e.Server = b, s
+	}
+	return e
+}
+
+func (e *Entry) set(raw string) {
+	e.Raw = raw
+	if e.Backend == "" {
+		e.Err = fmt.Errorf("%w %q: want %s<backend>/<server> or %s<backend>/%s",
+			ErrInvalidKey, e.Key, StatePrefix, StatePrefix, Wildcard).Error()
+		return
+	}
+	v, err := ParseValue(raw)
+	if err != nil {
+		e.Err = err.Error()
+		return
+	}
+	e.Err, e.Last, e.LastRaw, e.HasLast = "", v, raw, true
+}
+
+// Persisted is the mirror's durable form, used by raft snapshots.
+type Persisted struct {
+	Synced bool              `json:"synced"`
+	KV     map[string]string `json:"kv"`
+	// LastValid holds, for keys whose current value is invalid, the raw
+	// text of the last valid value.
+	LastValid map[string]string `json:"last_valid,omitempty"`
+}
+
+// Export returns the mirror's durable form.
+func (m *Mirror) Export() Persisted {
+	p := Persisted{Synced: m.synced, KV: maps.Clone(m.raw)}
+	for k, e := range m.entries {
+		if !e.Valid() && e.HasLast {
+			if p.LastValid == nil {
+				p.LastValid = map[string]string{}
+			}
+			p.LastValid[k] = e.LastRaw
+		}
+	}
+	return p
+}
+
+// Restore rebuilds a mirror from its durable form.
+func Restore(p Persisted) *Mirror {
+	m := NewMirror()
+	for k, v := range p.LastValid {
+		m.Apply(Change{Set: map[string]string{k: v}})
+	}
+	m.Apply(Change{Set: p.KV})
+	m.synced = p.Synced
+	return m
+}
+
+// KV returns a copy of the mirrored KV content.
+func (m *Mirror) KV() map[string]string { return maps.Clone(m.raw) }
+
+// Snapshot builds the immutable serving view of the mirror.
+func (m *Mirror) Snapshot() *Snapshot {
+	s := &Snapshot{
+		exact:    make(map[string][]byte, len(m.entries)),
+		wildcard: map[string][]byte{},
+		entries:  make([]Entry, 0, len(m.entries)),
+	}
+	for _, e := range m.entries {
+		s.entries = append(s.entries, *e)
+		if e.Backend == "" {
+			continue
+		}
+		line := entryAnswer(e).line()
+		if e.Server == Wildcard {
+			s.wildcard[e.Backend] = line
+		} else {
+			s.exact[e.Backend+"/"+e.Server] = line
+		}
+	}
+	slices.SortFunc(s.entries, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	return s
+}

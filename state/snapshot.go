@@ -1,0 +1,103 @@
+package state
+
+import "slices"
+
+// Snapshot is an immutable view of the desired state, built by a Mirror
+// after each change and swapped atomically by its owner. All methods are
+// safe for concurrent use. A nil *Snapshot holds no state: every lookup is
+// withheld, so a replica that knows nothing never undoes a drain.
+type Snapshot struct {
+	exact    map[string][]byte // "backend/server" -> wire line
+	wildcard map[string][]byte // backend -> wire line
+	entries  []Entry           // sorted by key
+}
+
+// Lookup returns the LF-terminated answer line for a request "backend/server"
+// (already stripped of its terminator and checked by ParseRequest; i is the
+// index of its '/'), or nil when the answer is withheld. The returned slice
+// is shared: callers must not modify it. Lookup does not allocate.
+func (s *Snapshot) Lookup(req []byte, i int) []byte {
+	if s == nil {
+		return nil
+	}
+	if line, ok := s.exact[string(req)]; ok {
+		return line
+	}
+	if line, ok := s.wildcard[string(req[:i])]; ok {
+		return line
+	}
+	return lineReady[100]
+}
+
+// Source is where an answer comes from.
+type Source string
+
+// The kinds of source besides a key.
+const (
+	SourceAbsent  Source = "absent"   // no key: ready 100%
+	SourceNoState Source = "no-state" // the replica holds no state yet
+)
+
+// Resolution explains the answer for one server.
+type Resolution struct {
+	Backend string
+	Server  string
+	Answer  Answer
+	// Source is the relative KV key the answer comes from, or SourceAbsent.
+	Source Source
+	// Entry is the key's entry when Source is a key.
+	Entry *Entry
+}
+
+// Resolve returns the answer for a server with its provenance, applying the
+// precedence exact key > backend wildcard > absent (ready 100%).
+func (s *Snapshot) Resolve(backend, server string) Resolution {
+	r := Resolution{Backend: backend, Server: server}
+	if s == nil {
+		r.Answer, r.Source = Answer{Withheld: true}, SourceNoState
+		return r
+	}
+	for _, key := range []string{StatePrefix + backend + "/" + server, StatePrefix + backend + "/" + Wildcard} {
+		if e := s.entry(key); e != nil {
+			r.Answer, r.Source, r.Entry = entryAnswer(e), Source(key), e
+			return r
+		}
+	}
+	r.Answer, r.Source = readyFull, SourceAbsent
+	return r
+}
+
+func (s *Snapshot) entry(key string) *Entry {
+	i, ok := slices.BinarySearchFunc(s.entries, key, func(e Entry, k string) int {
+		switch {
+		case e.Key < k:
+			return -1
+		case e.Key > k:
+			return 1
+		}
+		return 0
+	})
+	if !ok {
+		return nil
+	}
+	return &s.entries[i]
+}
+
+// Entries returns the state keys, sorted by key. The slice is shared.
+func (s *Snapshot) Entries() []Entry {
+	if s == nil {
+		return nil
+	}
+	return s.entries
+}
+
+// Invalid returns the number of state keys whose current value is invalid.
+func (s *Snapshot) Invalid() int {
+	n := 0
+	for i := range s.Entries() {
+		if !s.entries[i].Valid() {
+			n++
+		}
+	}
+	return n
+}

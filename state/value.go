@@ -1,0 +1,215 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Admin is the administrative state HAProxy is told to apply.
+type Admin uint8
+
+// The administrative states, in the words of the agent protocol.
+const (
+	Ready Admin = iota
+	Drain
+	Maint
+)
+
+func (a Admin) String() string {
+	switch a {
+	case Drain:
+		return "drain"
+	case Maint:
+		return "maint"
+	default:
+		return "ready"
+	}
+}
+
+// MaxWeight is the largest N accepted in an "N%" value (HAProxy caps the
+// scaled weight at 256).
+const MaxWeight = 256
+
+// ValidForms lists the accepted value forms; error messages show it so that
+// an operator who typed a wrong value sees what to type instead.
+const ValidForms = `ready | drain | maint | N% (N = 0..256) | {"state":"drain","reason":"...","by":"...","ramp":"10m"}`
+
+// Errors returned by the parsers. Callers match them with errors.Is; the
+// wrapped message names the offending input.
+var (
+	// ErrInvalidValue: a KV value that is not one of ValidForms.
+	ErrInvalidValue = errors.New("invalid value")
+	// ErrInvalidKey: a key under <prefix>state/ that is not state/<backend>/<server>.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrMalformedRequest: an agent-check request that is not <backend>/<server>.
+	ErrMalformedRequest = errors.New("malformed request")
+)
+
+// Value is one parsed desired state.
+type Value struct {
+	Admin Admin
+	// Weight is the weight in percent for an explicit "N%" value; it is
+	// meaningful only when WeightSet is true (then Admin is Ready).
+	Weight    int
+	WeightSet bool
+	// Reason and By are free text from the JSON form, shown in status.
+	Reason string
+	By     string
+	// Ramp overrides the undrain ramp duration for this key when RampSet
+	// is true; zero means no ramp.
+	Ramp    time.Duration
+	RampSet bool
+}
+
+// String renders the value in its short form ("drain", "25%", ...).
+func (v Value) String() string {
+	if v.WeightSet {
+		return strconv.Itoa(v.Weight) + "%"
+	}
+	return v.Admin.String()
+}
+
+type jsonValue struct {
+	State  *string `json:"state"`
+	Reason string  `json:"reason"`
+	By     string  `json:"by"`
+	Ramp   *string `json:"ramp"`
+}
+
+// ParseValue parses a KV value: a word (ready, drain, maint; any case), a
+// weight "N%" with N in 0..MaxWeight, or a JSON object with a required
+// "state" (one of the former) and optional "reason", "by" and "ramp"
+// (a Go duration such as "10m", or "0" for no ramp). Surrounding
+// whitespace is ignored. Errors wrap ErrInvalidValue.
+func ParseValue(raw string) (Value, error) {
+	s := strings.TrimSpace(raw)
+	if strings.HasPrefix(s, "{") {
+		return parseJSON(s)
+	}
+	v, err := parseShort(s)
+	if err != nil {
+		return Value{}, invalid(raw, err.Error())
+	}
+	return v, nil
+}
+
+func parseJSON(s string) (Value, error) {
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	var j jsonValue
+	if err := dec.Decode(&j); err != nil {
+		return Value{}, invalid(s, "bad JSON: "+err.Error())
+	}
+	if dec.More() {
+		return Value{}, invalid(s, "bad JSON: trailing data after the object")
+	}
+	if j.State == nil {
+		return Value{}, invalid(s, `JSON needs a "state" field`)
+	}
+	v, err := parseShort(strings.TrimSpace(*j.State))
+	if err != nil {
+		return Value{}, invalid(s, "state: "+err.Error())
+	}
+	v.Reason, v.By = j.Reason, j.By
+	if j.Ramp != nil {
+		d, err := ParseRamp(*j.Ramp)
+		if err != nil {
+			return Value{}, invalid(s, err.Error())
+		}
+		v.Ramp, v.RampSet = d, true
+	}
+	return v, nil
+}
+
+// ParseRamp parses a ramp duration: a Go duration ("90s", "10m") or "0".
+func ParseRamp(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if s == "0" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("ramp %q: want a duration such as \"10m\", or \"0\" for no ramp", s)
+	}
+	return d, nil
+}
+
+func parseShort(s string) (Value, error) {
+	switch strings.ToLower(s) {
+	case "ready":
+		return Value{Admin: Ready, Weight: 100}, nil
+	case "drain":
+		return Value{Admin: Drain}, nil
+	case "maint":
+		return Value{Admin: Maint}, nil
+	case "":
+		return Value{}, errors.New("empty")
+	}
+	n, ok := parsePercent(s)
+	if !ok {
+		return Value{}, errors.New("not a known state")
+	}
+	if n > MaxWeight {
+		return Value{}, fmt.Errorf("weight %d%% is above %d%%", n, MaxWeight)
+	}
+	return Value{Admin: Ready, Weight: n, WeightSet: true}, nil
+}
+
+// parsePercent accepts 1 to 3 decimal digits followed by '%'.
+func parsePercent(s string) (int, bool) {
+	if len(s) < 2 || len(s) > 4 || s[len(s)-1] != '%' {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < len(s)-1; i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+func invalid(raw, why string) error {
+	const max = 80
+	shown := raw
+	if len(shown) > max {
+		shown = shown[:max] + "..."
+	}
+	return fmt.Errorf("%w %q: %s; valid forms: %s", ErrInvalidValue, shown, why, ValidForms)
+}
+
+// ParseRequest splits an agent-check request into backend and server. It
+// accepts a trailing LF or CRLF. A request that is empty, longer than
+// MaxRequest bytes, without '/', or with an empty backend or server is
+// malformed. It does not allocate.
+func ParseRequest(req []byte) (backend, server []byte, err error) {
+	if len(req) > MaxRequest {
+		return nil, nil, errTooLong
+	}
+	req = bytes.TrimSuffix(req, []byte{'\n'})
+	req = bytes.TrimSuffix(req, []byte{'\r'})
+	i := bytes.IndexByte(req, '/')
+	if i <= 0 || i == len(req)-1 {
+		if len(req) == 0 {
+			return nil, nil, errEmpty
+		}
+		return nil, nil, errNoSlash
+	}
+	return req[:i], req[i+1:], nil
+}
+
+// MaxRequest is the longest request accepted, terminator included.
+const MaxRequest = 256
+
+var (
+	errTooLong = fmt.Errorf("%w: longer than %d bytes", ErrMalformedRequest, MaxRequest)
+	errEmpty   = fmt.Errorf("%w: empty", ErrMalformedRequest)
+	errNoSlash = fmt.Errorf("%w: want <backend>/<server>", ErrMalformedRequest)
+)
