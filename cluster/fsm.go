@@ -1,0 +1,138 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/state"
+)
+
+// command is one raft log entry. Entries are JSON so that a newer binary
+// can read what an older one wrote; unknown types are rejected loudly.
+type command struct {
+	Type    string       `json:"type"`
+	KVIndex uint64       `json:"kv_index,omitempty"`
+	Change  state.Change `json:"change"`
+}
+
+const cmdKV = "kv"
+
+// snapshotVersion is written into every FSM snapshot. Restore accepts this
+// version and older ones; bump it when the persisted shape changes and keep
+// reading the old shape.
+const snapshotVersion = 1
+
+type fsmSnapshotData struct {
+	Version int             `json:"version"`
+	KVIndex uint64          `json:"kv_index"`
+	Mirror  state.Persisted `json:"mirror"`
+}
+
+// fsm applies committed entries to the mirror and publishes a new immutable
+// serving snapshot after each one. Only raft's FSM goroutine writes; the
+// leader's diffing reads under mu; the hot path only loads serving.
+type fsm struct {
+	mu      sync.Mutex
+	mirror  *state.Mirror
+	kvIndex uint64
+
+	serving atomic.Pointer[state.Snapshot]
+	applied func() // called after every state change; may be nil
+}
+
+func newFSM(applied func()) *fsm {
+	return &fsm{mirror: state.NewMirror(), applied: applied}
+}
+
+var _ raft.FSM = (*fsm)(nil)
+
+func (f *fsm) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	var c command
+	if err := json.Unmarshal(l.Data, &c); err != nil {
+		return fmt.Errorf("raft entry %d: %w", l.Index, err)
+	}
+	switch c.Type {
+	case cmdKV:
+		f.mu.Lock()
+		f.mirror.Apply(c.Change)
+		f.kvIndex = c.KVIndex
+		f.publishLocked()
+		f.mu.Unlock()
+	default:
+		return fmt.Errorf("raft entry %d: unknown type %q (written by a newer hastate? upgrade this replica)", l.Index, c.Type)
+	}
+	return nil
+}
+
+func (f *fsm) publishLocked() {
+	if f.mirror.Synced() {
+		f.serving.Store(f.mirror.Snapshot())
+	} else {
+		f.serving.Store(nil)
+	}
+	if f.applied != nil {
+		f.applied()
+	}
+}
+
+// diff returns the change that turns the mirror into kv, and whether the
+// mirror already holds state.
+func (f *fsm) diff(kv map[string]string) (state.Change, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mirror.Diff(kv), f.mirror.Synced()
+}
+
+func (f *fsm) info() (kvIndex uint64, keys int, synced bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.kvIndex, f.mirror.Len(), f.mirror.Synced()
+}
+
+func (f *fsm) kv() map[string]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mirror.KV()
+}
+
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &fsmSnapshot{data: fsmSnapshotData{Version: snapshotVersion, KVIndex: f.kvIndex, Mirror: f.mirror.Export()}}, nil
+}
+
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var d fsmSnapshotData
+	if err := json.NewDecoder(rc).Decode(&d); err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	if d.Version > snapshotVersion {
+		return fmt.Errorf("restore snapshot: version %d is newer than this binary's %d: upgrade hastate", d.Version, snapshotVersion)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mirror = state.Restore(d.Mirror)
+	f.kvIndex = d.KVIndex
+	f.publishLocked()
+	return nil
+}
+
+type fsmSnapshot struct{ data fsmSnapshotData }
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := json.NewEncoder(sink).Encode(s.data); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *fsmSnapshot) Release() {}

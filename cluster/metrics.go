@@ -1,0 +1,77 @@
+package cluster
+
+import (
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics is a collector that reads raft at scrape time, plus the few
+// counters and histograms the node updates itself.
+type metrics struct {
+	n             *Node
+	leaderChanges prometheus.Counter
+	applyDuration prometheus.Histogram
+
+	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
+}
+
+func newMetrics(n *Node) *metrics {
+	return &metrics{
+		n: n,
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hastate_raft_leader_changes_total", Help: "Leader changes this node observed."}),
+		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "hastate_raft_apply_duration_seconds", Help: "Time from raft Apply to the entry being committed and applied on the leader.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		state:       prometheus.NewDesc("hastate_raft_state", "1 for the raft state this node is in.", []string{"state"}, nil),
+		applied:     prometheus.NewDesc("hastate_raft_applied_index", "Last raft index applied to the FSM.", nil, nil),
+		commit:      prometheus.NewDesc("hastate_raft_commit_index", "Last raft index known committed.", nil, nil),
+		lastContact: prometheus.NewDesc("hastate_raft_last_contact_seconds", "Seconds since this follower last heard from the leader (0 on the leader).", nil, nil),
+		term:        prometheus.NewDesc("hastate_raft_term", "Current raft term.", nil, nil),
+		keys:        prometheus.NewDesc("hastate_state_keys", "State keys in the mirror by validity.", []string{"validity"}, nil),
+		holds:       prometheus.NewDesc("hastate_state_held", "1 when the replica holds state (a KV sync or a restored snapshot).", nil, nil),
+	}
+}
+
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.leaderChanges.Describe(ch)
+	m.applyDuration.Describe(ch)
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds} {
+		ch <- d
+	}
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.leaderChanges.Collect(ch)
+	m.applyDuration.Collect(ch)
+	r := m.n.raft
+	cur := r.State()
+	for _, s := range []raft.RaftState{raft.Leader, raft.Follower, raft.Candidate, raft.Shutdown} {
+		v := 0.0
+		if s == cur {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.state, prometheus.GaugeValue, v, stateName(s))
+	}
+	ch <- prometheus.MustNewConstMetric(m.applied, prometheus.GaugeValue, float64(r.AppliedIndex()))
+	ch <- prometheus.MustNewConstMetric(m.commit, prometheus.GaugeValue, float64(r.CommitIndex()))
+	ch <- prometheus.MustNewConstMetric(m.term, prometheus.GaugeValue, float64(r.CurrentTerm()))
+	lc := 0.0
+	if cur != raft.Leader {
+		if t := r.LastContact(); !t.IsZero() {
+			lc = time.Since(t).Seconds()
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(m.lastContact, prometheus.GaugeValue, lc)
+	snap := m.n.Snapshot()
+	inv := snap.Invalid()
+	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(len(snap.Entries())-inv), "valid")
+	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(inv), "invalid")
+	held := 0.0
+	if snap != nil {
+		held = 1
+	}
+	ch <- prometheus.MustNewConstMetric(m.holds, prometheus.GaugeValue, held)
+}

@@ -1,0 +1,514 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/hastate/hastate/state"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Errors returned by Node.
+var (
+	// ErrNotLeader: a write was attempted on a follower. Only the leader
+	// applies KV changes; the caller should stop its leader duty.
+	ErrNotLeader = errors.New("not the raft leader")
+	// ErrShutdown: the node is shut down.
+	ErrShutdown = errors.New("raft node shut down")
+)
+
+// LeaderDuty is work that runs only on the leader: it is started once the
+// leader's FSM has caught up (a barrier) and its context is cancelled when
+// leadership is lost or the node shuts down. It must return promptly then.
+type LeaderDuty func(ctx context.Context)
+
+// Options configure a Node. Required: ID, BindAddr, Advertise, DataDir.
+type Options struct {
+	ID        string
+	BindAddr  string // e.g. ":9779"
+	Advertise string // host:port peers dial; a DNS name is fine
+	// Peers is the initial configuration used when the node has no raft
+	// state. Empty: a one-node cluster of this node.
+	Peers   []Peer
+	DataDir string
+	// TLS, when set, is used for both the raft listener and dials (set
+	// ClientCAs/RootCAs and ClientAuth for mutual TLS).
+	TLS *tls.Config
+
+	Logger     *zap.Logger           // nil: no logs
+	Registerer prometheus.Registerer // nil: metrics not registered
+	LeaderDuty LeaderDuty            // nil: none
+
+	ApplyTimeout      time.Duration // 0: 5s
+	SnapshotInterval  time.Duration // 0: 2m
+	SnapshotThreshold uint64        // 0: 1024 entries
+	// HeartbeatTimeout and ElectionTimeout (0: 1s each) bound failover time.
+	HeartbeatTimeout time.Duration
+	ElectionTimeout  time.Duration
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.ID == "":
+		return errors.New("cluster: node ID is empty: set --node-id")
+	case o.BindAddr == "":
+		return errors.New("cluster: raft bind address is empty: set --raft-addr")
+	case o.Advertise == "":
+		return errors.New("cluster: raft advertise address is empty: set --raft-advertise")
+	case o.DataDir == "":
+		return errors.New("cluster: data dir is empty: set --data-dir")
+	}
+	if len(o.Peers) > 0 {
+		found := false
+		for _, p := range o.Peers {
+			found = found || p.ID == o.ID
+		}
+		if !found {
+			return fmt.Errorf("cluster: node ID %q is not in --peers: list every replica, this one included", o.ID)
+		}
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.ApplyTimeout == 0 {
+		o.ApplyTimeout = 5 * time.Second
+	}
+	if o.SnapshotInterval == 0 {
+		o.SnapshotInterval = 2 * time.Minute
+	}
+	if o.SnapshotThreshold == 0 {
+		o.SnapshotThreshold = 1024
+	}
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = time.Second
+	}
+	if o.ElectionTimeout == 0 {
+		o.ElectionTimeout = time.Second
+	}
+	return nil
+}
+
+// Node is one hastate raft replica.
+type Node struct {
+	opts      Options
+	log       *zap.Logger
+	raft      *raft.Raft
+	fsm       *fsm
+	store     *raftboltdb.BoltStore
+	transport *raft.NetworkTransport
+	metrics   *metrics
+	observer  *raft.Observer
+
+	caughtUp atomic.Bool
+	changed  chan struct{} // pinged after every FSM change; buffered 1
+
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// New opens (or creates) the node's raft state in DataDir and starts raft.
+// A node with no raft state bootstraps with Options.Peers; every node may do
+// so with the same list.
+func New(o Options) (*Node, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
+	}
+	n := &Node{opts: o, log: o.Logger, changed: make(chan struct{}, 1), stop: make(chan struct{})}
+	n.fsm = newFSM(n.ping)
+
+	store, err := raftboltdb.NewBoltStore(filepath.Join(o.DataDir, "raft.db"))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: open raft log %s: %w (is another hastate using this --data-dir?)", filepath.Join(o.DataDir, "raft.db"), err)
+	}
+	n.store = store
+	hlog := newHCLog(o.Logger, "raft")
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(o.DataDir, 3, hlog)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
+	}
+	sl, err := newStreamLayer(o.BindAddr, o.Advertise, o.TLS)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
+	})
+
+	notify := make(chan bool, 16)
+	cfg := raft.DefaultConfig()
+	cfg.LocalID = raft.ServerID(o.ID)
+	cfg.Logger = hlog
+	cfg.NotifyCh = notify
+	cfg.HeartbeatTimeout = o.HeartbeatTimeout
+	cfg.ElectionTimeout = o.ElectionTimeout
+	cfg.LeaderLeaseTimeout = o.HeartbeatTimeout / 2
+	cfg.SnapshotInterval = o.SnapshotInterval
+	cfg.SnapshotThreshold = o.SnapshotThreshold
+	cfg.TrailingLogs = 4096
+
+	hasState, err := raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
+	}
+	r, err := raft.NewRaft(cfg, n.fsm, store, store, snaps, n.transport)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("cluster: start raft: %w", err)
+	}
+	n.raft = r
+	if !hasState {
+		servers := []raft.Server{{ID: raft.ServerID(o.ID), Address: raft.ServerAddress(o.Advertise), Suffrage: raft.Voter}}
+		if len(o.Peers) > 0 {
+			servers = servers[:0]
+			for _, p := range o.Peers {
+				servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Address), Suffrage: raft.Voter})
+			}
+		}
+		// Identical bootstraps on several nodes are fine; an error here
+		// only means another node's configuration arrived first.
+		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			n.log.Warn("raft bootstrap", zap.Error(err))
+		}
+		n.log.Info("raft bootstrapped", zap.Int("servers", len(servers)))
+	}
+
+	n.metrics = newMetrics(n)
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(n.metrics); err != nil {
+			_ = r.Shutdown().Error()
+			n.closeStores()
+			return nil, fmt.Errorf("cluster: register metrics: %w", err)
+		}
+	}
+	obs := make(chan raft.Observation, 16)
+	n.observer = raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	r.RegisterObserver(n.observer)
+
+	n.wg.Add(3)
+	go n.leadershipLoop(notify)
+	go n.observeLoop(obs)
+	go n.catchUpLoop()
+	return n, nil
+}
+
+func (n *Node) ping() {
+	select {
+	case n.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Changed is pinged (non-blocking, coalesced) after every FSM change.
+func (n *Node) Changed() <-chan struct{} { return n.changed }
+
+// Snapshot returns the current serving snapshot (nil while the node holds
+// no state). It never blocks.
+func (n *Node) Snapshot() *state.Snapshot { return n.fsm.serving.Load() }
+
+// KV returns a copy of the mirrored KV content (keys relative to the prefix).
+func (n *Node) KV() map[string]string { return n.fsm.kv() }
+
+// ApplyKV makes the replicated mirror equal kv, a full read of the prefix at
+// Consul index index, as one raft entry holding only the differences. It
+// writes nothing when nothing differs and the mirror already holds state.
+// Only the leader may call it; others get ErrNotLeader.
+func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	change, synced := n.fsm.diff(kv)
+	if change.Empty() && synced {
+		return nil
+	}
+	data, err := json.Marshal(command{Type: cmdKV, KVIndex: index, Change: change})
+	if err != nil {
+		return fmt.Errorf("cluster: encode change: %w", err)
+	}
+	start := time.Now()
+	timeout := n.opts.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	f := n.raft.Apply(data, timeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			return fmt.Errorf("cluster: apply KV change: %w", ErrNotLeader)
+		}
+		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
+	}
+	if resp, ok := f.Response().(error); ok && resp != nil {
+		return fmt.Errorf("cluster: apply KV change: %w", resp)
+	}
+	n.metrics.applyDuration.Observe(time.Since(start).Seconds())
+	n.log.Info("kv change applied", zap.Uint64("kv_index", index), zap.Int("set", len(change.Set)), zap.Int("deleted", len(change.Delete)), zap.Uint64("raft_index", f.Index()))
+	return nil
+}
+
+// leadershipLoop runs the leader duty while this node leads.
+func (n *Node) leadershipLoop(notify <-chan bool) {
+	defer n.wg.Done()
+	var cur *runningDuty
+	stopDuty := func() {
+		if cur != nil {
+			cur.stop()
+			cur = nil
+		}
+	}
+	defer stopDuty()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case leader := <-notify:
+			switch {
+			case !leader:
+				n.log.Info("lost raft leadership")
+				stopDuty()
+			case cur == nil:
+				n.log.Info("became raft leader")
+				cur = startDuty(n.leaderDuty)
+			}
+		}
+	}
+}
+
+// runningDuty is a leader duty goroutine and the way to stop it.
+type runningDuty struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startDuty(f func(context.Context)) *runningDuty {
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &runningDuty{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		f(ctx)
+	}()
+	return d
+}
+
+func (d *runningDuty) stop() {
+	d.cancel()
+	<-d.done
+}
+
+func (n *Node) leaderDuty(ctx context.Context) {
+	// The FSM must hold every committed entry before the leader diffs
+	// against it.
+	for {
+		err := n.raft.Barrier(n.opts.ApplyTimeout).Error()
+		if err == nil {
+			break
+		}
+		n.log.Warn("raft barrier on new leader failed; retrying", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	n.caughtUp.Store(true)
+	if n.opts.LeaderDuty != nil {
+		n.opts.LeaderDuty(ctx)
+	}
+}
+
+func (n *Node) observeLoop(obs <-chan raft.Observation) {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case o := <-obs:
+			if lo, ok := o.Data.(raft.LeaderObservation); ok {
+				n.metrics.leaderChanges.Inc()
+				n.log.Info("raft leader changed", zap.String("leader_id", string(lo.LeaderID)), zap.String("leader_address", string(lo.LeaderAddr)))
+			}
+		}
+	}
+}
+
+// catchUpLoop marks the node caught up once it has seen a leader and
+// applied everything that leader committed.
+func (n *Node) catchUpLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !n.caughtUp.Load() {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		if _, id := n.raft.LeaderWithID(); id != "" && string(id) != n.opts.ID {
+			if c := n.raft.CommitIndex(); c > 0 && n.raft.AppliedIndex() >= c {
+				n.caughtUp.Store(true)
+			}
+		}
+	}
+	n.log.Info("raft caught up", zap.Uint64("applied_index", n.raft.AppliedIndex()))
+}
+
+// Ready reports whether the replica holds state and has caught up with a
+// leader since it started, with a human-readable detail either way.
+func (n *Node) Ready() (bool, string) {
+	_, _, synced := n.fsm.info()
+	caught := n.caughtUp.Load()
+	switch {
+	case !synced:
+		return false, "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
+	case !caught:
+		return false, "holds state but has not caught up with a raft leader since start (check peers and the raft port)"
+	}
+	return true, "holds state and caught up with a leader"
+}
+
+// Info is the node's view of the cluster.
+type Info struct {
+	NodeID       string       `json:"node_id"`
+	State        string       `json:"state"`
+	LeaderID     string       `json:"leader_id"`
+	LeaderAddr   string       `json:"leader_address"`
+	Members      []MemberInfo `json:"members"`
+	AppliedIndex uint64       `json:"applied_index"`
+	CommitIndex  uint64       `json:"commit_index"`
+	Term         uint64       `json:"term"`
+	LastContact  string       `json:"last_contact,omitempty"`
+	KVIndex      uint64       `json:"kv_index"`
+	KVKeys       int          `json:"kv_keys"`
+	HoldsState   bool         `json:"holds_state"`
+	CaughtUp     bool         `json:"caught_up"`
+}
+
+// MemberInfo is one member of the raft configuration.
+type MemberInfo struct {
+	ID       string `json:"id"`
+	Address  string `json:"address"`
+	Suffrage string `json:"suffrage"`
+	Leader   bool   `json:"leader"`
+}
+
+// Info returns the node's view of the cluster.
+func (n *Node) Info() Info {
+	addr, lid := n.raft.LeaderWithID()
+	kvIndex, keys, synced := n.fsm.info()
+	in := Info{
+		NodeID: n.opts.ID, State: stateName(n.raft.State()), LeaderID: string(lid), LeaderAddr: string(addr),
+		AppliedIndex: n.raft.AppliedIndex(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
+		KVIndex: kvIndex, KVKeys: keys, HoldsState: synced, CaughtUp: n.caughtUp.Load(),
+		Members: []MemberInfo{},
+	}
+	if lc := n.raft.LastContact(); !lc.IsZero() && in.State != "leader" {
+		in.LastContact = time.Since(lc).Round(time.Millisecond).String()
+	}
+	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			in.Members = append(in.Members, MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid})
+		}
+	}
+	return in
+}
+
+func stateName(s raft.RaftState) string {
+	switch s {
+	case raft.Leader:
+		return "leader"
+	case raft.Candidate:
+		return "candidate"
+	case raft.Follower:
+		return "follower"
+	default:
+		return "shutdown"
+	}
+}
+
+// IsLeader reports whether this node is the raft leader.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Shutdown hands leadership to another voter when this node leads (bounded
+// by ctx), stops the leader duty, then stops raft and closes the stores.
+// Safe to call more than once.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.stopOnce.Do(func() { n.stopErr = n.shutdown(ctx) })
+	return n.stopErr
+}
+
+func (n *Node) shutdown(ctx context.Context) error {
+	if n.raft.State() == raft.Leader && n.voters() > 1 {
+		start := time.Now()
+		f := n.raft.LeadershipTransfer()
+		errc := make(chan error, 1)
+		go func() { errc <- f.Error() }()
+		select {
+		case err := <-errc:
+			if err != nil {
+				n.log.Warn("leadership transfer before shutdown failed; followers will elect a new leader after the election timeout", zap.Error(err))
+			} else {
+				n.log.Info("leadership transferred before shutdown", zap.Duration("took", time.Since(start)))
+			}
+		case <-ctx.Done():
+			n.log.Warn("leadership transfer did not finish before the shutdown deadline")
+		}
+	}
+	close(n.stop)
+	n.wg.Wait()
+	n.raft.DeregisterObserver(n.observer)
+	err := n.raft.Shutdown().Error()
+	if n.opts.Registerer != nil {
+		n.opts.Registerer.Unregister(n.metrics)
+	}
+	if cerr := n.closeStores(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (n *Node) voters() int {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	c := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			c++
+		}
+	}
+	return c
+}
+
+func (n *Node) closeStores() error {
+	var err error
+	if n.transport != nil {
+		err = n.transport.Close()
+	}
+	if n.store != nil {
+		if cerr := n.store.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

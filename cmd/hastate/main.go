@@ -1,0 +1,373 @@
+// Command hastate is the desired-state service for an HAProxy fleet:
+// `hastate serve` runs a replica; the other commands are the operator's.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"os/user"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/internal/app"
+	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/kvsync"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(stderr, "hastate:", err)
+		if errors.Is(err, ctl.ErrUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "hastate",
+		Short: "Desired state of HAProxy backend servers, served to HAProxy's agent-check",
+		Long: `hastate mirrors <prefix>state/<backend>/<server> from Consul KV into a raft
+cluster and answers HAProxy agent-check probes for the whole fleet.
+
+Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...,"ramp":...}`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(serveCmd(stderr))
+	for _, st := range []string{"drain", "maint", "ready"} {
+		root.AddCommand(setCmd(st, stdout))
+	}
+	root.AddCommand(weightCmd(stdout), clearCmd(stdout), statusCmd(stdout))
+	return root
+}
+
+// bindEnv sets every flag not given on the command line from
+// HASTATE_<FLAG> (upper case, dashes as underscores).
+func bindEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed || err != nil {
+			return
+		}
+		name := "HASTATE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, e)
+			}
+		}
+	})
+	return err
+}
+
+func serveCmd(stderr io.Writer) *cobra.Command {
+	host, _ := os.Hostname()
+	var (
+		o                     app.Options
+		peers, logLevel, logF string
+	)
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a hastate replica",
+		Example: `  # one replica for development, Consul on 127.0.0.1:8500
+  hastate serve --node-id dev --data-dir /tmp/hastate --raft-advertise 127.0.0.1:9779
+
+  # replica 0 of three (every flag also reads HASTATE_<FLAG>, e.g. HASTATE_PEERS)
+  hastate serve --node-id hastate-0 --raft-advertise hastate-0.hastate:9779 \
+    --peers hastate-0=hastate-0.hastate:9779,hastate-1=hastate-1.hastate:9779,hastate-2=hastate-2.hastate:9779`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := bindEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			log, err := newLogger(logLevel, logF, stderr)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
+				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
+			}
+			o.Logger = log.With(zap.String("node_id", o.NodeID))
+			return serve(cmd.Context(), o)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.NodeID, "node-id", host, "raft server ID of this replica")
+	f.StringVar(&o.AgentAddr, "agent-addr", ":9777", "agent-check listen address")
+	f.StringVar(&o.HTTPAddr, "http-addr", ":9778", "HTTP listen address (health, metrics, API, status page)")
+	f.StringVar(&o.RaftAddr, "raft-addr", ":9779", "raft listen address")
+	f.StringVar(&o.RaftAdvertise, "raft-advertise", "", "host:port other replicas dial (default <node-id>:<raft port>)")
+	f.StringVar(&peers, "peers", "", "initial cluster: id=host:port,... (empty: a one-node cluster)")
+	f.StringVar(&o.DataDir, "data-dir", "/var/lib/hastate", "raft log and snapshots")
+	f.StringVar(&o.KVPrefix, "kv-prefix", "hastate/", "Consul KV prefix; state lives under <prefix>state/")
+	f.StringVar(&o.ConsulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
+	f.StringVar(&logF, "log-format", "json", "json|console")
+	return c
+}
+
+func serve(ctx context.Context, o app.Options) error {
+	a, err := app.New(o)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := a.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	o.Logger.Info("signal received: shutting down (a leader hands over first; agent answers continue until raft is down)")
+	sctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	return a.Stop(sctx)
+}
+
+func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
+	var lvl zapcore.Level
+	if err := lvl.Set(level); err != nil {
+		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", ctl.ErrUsage, level)
+	}
+	ec := zap.NewProductionEncoderConfig()
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	switch format {
+	case "json":
+		enc = zapcore.NewJSONEncoder(ec)
+	case "console":
+		enc = zapcore.NewConsoleEncoder(ec)
+	default:
+		return nil, fmt.Errorf("%w: --log-format %q: want json or console", ctl.ErrUsage, format)
+	}
+	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
+	return zap.New(core).With(zap.String("ident", "hastate")), nil
+}
+
+// writeFlags are shared by the commands that write to Consul.
+type writeFlags struct {
+	consulAddr, prefix string
+}
+
+func (w *writeFlags) add(c *cobra.Command) {
+	c.Flags().StringVar(&w.consulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	c.Flags().StringVar(&w.prefix, "kv-prefix", "hastate/", "Consul KV prefix (also HASTATE_KV_PREFIX)")
+}
+
+func (w *writeFlags) writer(c *cobra.Command) (ctl.Writer, error) {
+	if err := bindEnv(c.Flags()); err != nil {
+		return ctl.Writer{}, err
+	}
+	if !strings.HasSuffix(w.prefix, "/") {
+		return ctl.Writer{}, fmt.Errorf("%w: --kv-prefix %q must end with '/'", ctl.ErrUsage, w.prefix)
+	}
+	cl, err := api.NewClient(kvsync.ClientConfig(w.consulAddr))
+	if err != nil {
+		return ctl.Writer{}, fmt.Errorf("consul client: %w (check CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", err)
+	}
+	return ctl.Writer{Client: cl, Prefix: w.prefix}, nil
+}
+
+func osUser() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return os.Getenv("USER")
+}
+
+func setCmd(st string, stdout io.Writer) *cobra.Command {
+	var wf writeFlags
+	var reason, by, ramp string
+	c := &cobra.Command{
+		Use:   st + " <backend>/<server>...",
+		Short: map[string]string{"drain": "Drain servers: no new sessions, existing ones finish", "maint": "Put servers in maintenance: no traffic at all", "ready": "Mark servers ready (overrides a backend-wide key)"}[st],
+		Example: fmt.Sprintf(`  hastate %s canary_web/gke-cny-web --reason "zonal maintenance"
+  hastate %s canary_web/*            # every server of the backend without its own key`, st, st),
+		RunE: func(c *cobra.Command, args []string) error {
+			targets, err := ctl.ParseTargets(args)
+			if err != nil {
+				return err
+			}
+			val, err := ctl.Value(st, reason, by, ramp)
+			if err != nil {
+				return err
+			}
+			w, err := wf.writer(c)
+			if err != nil {
+				return err
+			}
+			if err := w.Set(c.Context(), targets, val); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%s: %s (%d key(s) written to Consul)\n", st, joinTargets(targets), len(targets))
+			return nil
+		},
+	}
+	wf.add(c)
+	c.Flags().StringVar(&reason, "reason", "", "why, shown in status")
+	c.Flags().StringVar(&by, "by", osUser(), "who, shown in status")
+	c.Flags().StringVar(&ramp, "ramp", "", `undrain ramp duration for these keys, e.g. 10m ("0": no ramp)`)
+	return c
+}
+
+func weightCmd(stdout io.Writer) *cobra.Command {
+	var wf writeFlags
+	var reason, by string
+	c := &cobra.Command{
+		Use:     "weight <N>% <backend>/<server>...",
+		Short:   "Set servers ready at N% of their configured weight (0..256)",
+		Example: `  hastate weight 25% canary_web/gke-cny-web canary_web/gke-cny-api`,
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) < 2 {
+				return fmt.Errorf("%w: want a weight and at least one server, e.g. hastate weight 25%% canary_web/gke-cny-web", ctl.ErrUsage)
+			}
+			w := args[0]
+			if !strings.HasSuffix(w, "%") {
+				w += "%"
+			}
+			targets, err := ctl.ParseTargets(args[1:])
+			if err != nil {
+				return err
+			}
+			val, err := ctl.Value(w, reason, by, "")
+			if err != nil {
+				return err
+			}
+			wr, err := wf.writer(c)
+			if err != nil {
+				return err
+			}
+			if err := wr.Set(c.Context(), targets, val); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "weight %s: %s (%d key(s) written to Consul)\n", w, joinTargets(targets), len(targets))
+			return nil
+		},
+	}
+	wf.add(c)
+	c.Flags().StringVar(&reason, "reason", "", "why, shown in status")
+	c.Flags().StringVar(&by, "by", osUser(), "who, shown in status")
+	return c
+}
+
+func clearCmd(stdout io.Writer) *cobra.Command {
+	var wf writeFlags
+	c := &cobra.Command{
+		Use:     "clear <backend>/<server>...",
+		Short:   "Delete servers' keys: they fall back to the backend-wide key, else ready",
+		Example: `  hastate clear canary_web/gke-cny-web canary_web/*`,
+		RunE: func(c *cobra.Command, args []string) error {
+			targets, err := ctl.ParseTargets(args)
+			if err != nil {
+				return err
+			}
+			w, err := wf.writer(c)
+			if err != nil {
+				return err
+			}
+			if err := w.Clear(c.Context(), targets); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "cleared: %s (%d key(s) deleted from Consul)\n", joinTargets(targets), len(targets))
+			return nil
+		},
+	}
+	wf.add(c)
+	return c
+}
+
+func statusCmd(stdout io.Writer) *cobra.Command {
+	var addr, output string
+	c := &cobra.Command{
+		Use:   "status [<selector>]",
+		Short: "Show desired state and the answer each server gets, from a hastate replica",
+		Example: `  HASTATE_ADDR=http://hastate.internal:9778 hastate status 'canary_*/*'
+  hastate status -o json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
+			}
+			sel := ""
+			if len(args) == 1 {
+				sel = args[0]
+			}
+			v, err := ctl.FetchState(c.Context(), addr)
+			if err != nil {
+				return err
+			}
+			var rows []ctl.Row
+			for _, r := range v.Servers {
+				ok, err := ctl.Match(sel, r)
+				if err != nil {
+					return err
+				}
+				if ok {
+					rows = append(rows, r)
+				}
+			}
+			if output == "json" {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rows)
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tVALUE\tREASON\tBY\tPROBLEM")
+			for _, r := range rows {
+				ans := r.Answer
+				if r.Withheld {
+					ans = "(withheld)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Backend, r.Server, ans, r.Desired, r.Reason, r.By, r.Error)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if !v.HoldsState {
+				fmt.Fprintln(stdout, "warning: this replica holds no state yet; its answers are withheld")
+			}
+			for _, r := range v.InvalidKeys {
+				if r.Backend == "" {
+					fmt.Fprintf(stdout, "invalid key %s: %s\n", r.Key, r.Error)
+				}
+			}
+			return nil
+		},
+	}
+	def := os.Getenv("HASTATE_ADDR")
+	if def == "" {
+		def = "http://127.0.0.1:9778"
+	}
+	c.Flags().StringVar(&addr, "addr", def, "a replica's HTTP address (HASTATE_ADDR)")
+	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
+	return c
+}
+
+func joinTargets(ts []ctl.Target) string {
+	s := make([]string, len(ts))
+	for i, t := range ts {
+		s[i] = t.String()
+	}
+	return strings.Join(s, " ")
+}

@@ -1,0 +1,261 @@
+// Package app wires one hastate replica: the raft node, the Consul watcher
+// that runs as the leader's duty, the agent-check server and the HTTP
+// server. It owns their start order and their stop order. cmd/hastate and
+// the tests start replicas through it.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/kvsync"
+	"github.com/hastate/hastate/server"
+	"github.com/hastate/hastate/state"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+)
+
+// Version is the build version, set by the linker in release builds.
+const Version = "dev"
+
+// Options configure a replica. Zero values get the defaults of DESIGN.md.
+type Options struct {
+	NodeID        string // required
+	AgentAddr     string // "": ":9777"
+	HTTPAddr      string // "": ":9778"
+	RaftAddr      string // "": ":9779"
+	RaftAdvertise string // "": <NodeID>:<raft port>
+	Peers         []cluster.Peer
+	DataDir       string // required
+	KVPrefix      string // "": "hastate/"
+	ConsulAddr    string // "": CONSUL_HTTP_ADDR, else 127.0.0.1:8500
+
+	// AgentReadTimeout and AgentQuietPeriod tune the agent protocol (0: defaults).
+	AgentReadTimeout time.Duration
+	AgentQuietPeriod time.Duration
+	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
+	ShutdownTimeout time.Duration
+
+	Logger *zap.Logger // nil: no logs
+	// Registry receives every metric of the replica (nil: a new one).
+	Registry *prometheus.Registry
+}
+
+func (o *Options) validate() error {
+	if o.NodeID == "" {
+		return errors.New("node id is empty: set --node-id")
+	}
+	if o.DataDir == "" {
+		return errors.New("data dir is empty: set --data-dir to a persistent directory")
+	}
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&o.AgentAddr, ":9777")
+	def(&o.HTTPAddr, ":9778")
+	def(&o.RaftAddr, ":9779")
+	def(&o.KVPrefix, "hastate/")
+	if o.RaftAdvertise == "" {
+		_, port, err := net.SplitHostPort(o.RaftAddr)
+		if err != nil {
+			return fmt.Errorf("--raft-addr %q: %w", o.RaftAddr, err)
+		}
+		o.RaftAdvertise = net.JoinHostPort(o.NodeID, port)
+	}
+	if o.KVPrefix[len(o.KVPrefix)-1] != '/' {
+		return fmt.Errorf("--kv-prefix %q must end with '/', e.g. hastate/", o.KVPrefix)
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = 20 * time.Second
+	}
+	return nil
+}
+
+// App is one running replica.
+type App struct {
+	o      Options
+	log    *zap.Logger
+	consul *api.Client
+	kvm    *kvsync.Metrics
+	node   *cluster.Node
+	agent  *server.AgentServer
+	http   *http.Server
+
+	agentLn, httpLn net.Listener
+	watcher         atomic.Pointer[kvsync.Watcher]
+	serveWG         sync.WaitGroup
+	stopOnce        sync.Once
+	stopErr         error
+}
+
+// New validates the options and builds the replica; Start runs it.
+func New(o Options) (*App, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	consul, err := api.NewClient(kvsync.ClientConfig(o.ConsulAddr))
+	if err != nil {
+		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
+	}
+	a := &App{o: o, log: o.Logger, consul: consul}
+	reg := o.Registry
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hastate_build_info", Help: "Build information; always 1.",
+			ConstLabels: prometheus.Labels{"version": Version, "goversion": runtime.Version()},
+		}, func() float64 { return 1 }),
+	)
+	a.kvm = kvsync.NewMetrics(reg)
+	return a, nil
+}
+
+// Start binds the listeners, starts raft and begins serving. On error what
+// was started is stopped again.
+func (a *App) Start(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil {
+			_ = a.Stop(context.Background())
+		}
+	}()
+	a.agentLn, err = net.Listen("tcp", a.o.AgentAddr)
+	if err != nil {
+		return fmt.Errorf("agent listener %s: %w (is another process on --agent-addr?)", a.o.AgentAddr, err)
+	}
+	a.httpLn, err = net.Listen("tcp", a.o.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("http listener %s: %w (is another process on --http-addr?)", a.o.HTTPAddr, err)
+	}
+	a.node, err = cluster.New(cluster.Options{
+		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
+		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
+		LeaderDuty: a.watchConsul,
+	})
+	if err != nil {
+		return err
+	}
+	a.agent, err = server.NewAgentServer(server.AgentOptions{
+		Source: a.node, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
+		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod,
+	})
+	if err != nil {
+		return err
+	}
+	a.http = &http.Server{
+		Handler:           server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http")}),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	a.serveWG.Add(2)
+	go func() {
+		defer a.serveWG.Done()
+		if err := a.agent.Serve(a.agentLn); err != nil && !errors.Is(err, server.ErrServerClosed) {
+			a.log.Error("agent server stopped", zap.Error(err))
+		}
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		if err := a.http.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("http server stopped", zap.Error(err))
+		}
+	}()
+	a.log.Info("hastate started",
+		zap.String("agent_addr", a.agentLn.Addr().String()), zap.String("http_addr", a.httpLn.Addr().String()),
+		zap.String("raft_addr", a.o.RaftAddr), zap.String("raft_advertise", a.o.RaftAdvertise),
+		zap.Int("peers", len(a.o.Peers)), zap.String("kv_prefix", a.o.KVPrefix), zap.String("data_dir", a.o.DataDir))
+	return nil
+}
+
+// watchConsul is the leader's duty: mirror the KV prefix into raft.
+func (a *App) watchConsul(ctx context.Context) {
+	w, err := kvsync.New(kvsync.Options{
+		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm,
+	})
+	if err != nil {
+		a.log.Error("cannot start the Consul watch", zap.Error(err))
+		return
+	}
+	a.watcher.Store(w)
+	a.log.Info("leader: watching Consul KV", zap.String("prefix", a.o.KVPrefix))
+	_ = w.Run(ctx)
+	a.log.Info("leader duty ended: Consul watch stopped")
+}
+
+// AgentAddr and HTTPAddr are the bound addresses (useful with port 0).
+func (a *App) AgentAddr() net.Addr { return a.agentLn.Addr() }
+
+// HTTPAddr is the bound HTTP address.
+func (a *App) HTTPAddr() net.Addr { return a.httpLn.Addr() }
+
+// Node is the raft node.
+func (a *App) Node() *cluster.Node { return a.node }
+
+// Stop shuts the replica down in order: HTTP, then raft (a leader hands over
+// leadership first), and the agent listener last, so probes keep being
+// answered while raft shuts down. Safe to call more than once.
+func (a *App) Stop(ctx context.Context) error {
+	a.stopOnce.Do(func() { a.stopErr = a.stop(ctx) })
+	return a.stopErr
+}
+
+func (a *App) stop(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.o.ShutdownTimeout)
+		defer cancel()
+	}
+	var errs []error
+	if a.http != nil {
+		errs = append(errs, a.http.Shutdown(ctx))
+	} else if a.httpLn != nil {
+		errs = append(errs, a.httpLn.Close())
+	}
+	if a.node != nil {
+		errs = append(errs, a.node.Shutdown(ctx))
+	}
+	if a.agent != nil {
+		errs = append(errs, a.agent.Shutdown(ctx))
+	} else if a.agentLn != nil {
+		errs = append(errs, a.agentLn.Close())
+	}
+	a.serveWG.Wait()
+	a.log.Info("hastate stopped")
+	return errors.Join(errs...)
+}
+
+// replica adapts the App to server.Replica.
+type replica struct{ a *App }
+
+func (r replica) Snapshot() *state.Snapshot { return r.a.node.Snapshot() }
+func (r replica) Ready() (bool, string)     { return r.a.node.Ready() }
+func (r replica) ClusterInfo() any          { return r.a.node.Info() }
+
+// KVStatus is the Consul watch status; only the leader watches.
+func (r replica) KVStatus() any {
+	if !r.a.node.IsLeader() {
+		return map[string]any{"watching": false, "note": "followers serve their raft state; the leader watches Consul"}
+	}
+	w := r.a.watcher.Load()
+	if w == nil {
+		return map[string]any{"watching": false}
+	}
+	return map[string]any{"watching": true, "status": w.Status()}
+}

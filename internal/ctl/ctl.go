@@ -1,0 +1,187 @@
+// Package ctl implements the operator commands: writing desired state to
+// Consul KV (one transaction for several keys) and reading status from a
+// hastate replica. cmd/hastate parses flags and calls it.
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/state"
+)
+
+// MaxTxnKeys is the most keys one Consul transaction may carry.
+const MaxTxnKeys = 64
+
+// ErrUsage marks errors in what the operator typed.
+var ErrUsage = errors.New("usage")
+
+// Target is one backend/server (server may be "*" for the whole backend).
+type Target struct{ Backend, Server string }
+
+func (t Target) String() string { return t.Backend + "/" + t.Server }
+
+// Key is the KV key for the target under prefix.
+func (t Target) Key(prefix string) string {
+	return prefix + state.StatePrefix + t.Backend + "/" + t.Server
+}
+
+// ParseTargets parses backend/server arguments.
+func ParseTargets(args []string) ([]Target, error) {
+	if len(args) == 0 {
+		return nil, fmt.Errorf("%w: name at least one <backend>/<server> (or <backend>/* for the whole backend)", ErrUsage)
+	}
+	out := make([]Target, 0, len(args))
+	seen := map[Target]bool{}
+	for _, a := range args {
+		b, s, ok := strings.Cut(a, "/")
+		if !ok || b == "" || s == "" || strings.Contains(s, "/") || strings.ContainsAny(a, " \t\r\n") {
+			return nil, fmt.Errorf("%w: %q is not <backend>/<server>: write e.g. canary_web/gke-cny-web or canary_web/*", ErrUsage, a)
+		}
+		t := Target{b, s}
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	if len(out) > MaxTxnKeys {
+		return nil, fmt.Errorf("%w: %d servers in one command; Consul transactions hold at most %d keys: split the command or use <backend>/*", ErrUsage, len(out), MaxTxnKeys)
+	}
+	return out, nil
+}
+
+// Value builds the JSON value written for a state ("ready", "drain",
+// "maint" or "N%"), validated with the same parser the replicas use.
+func Value(st, reason, by, ramp string) (string, error) {
+	v := map[string]string{"state": st}
+	if reason != "" {
+		v["reason"] = reason
+	}
+	if by != "" {
+		v["by"] = by
+	}
+	if ramp != "" {
+		v["ramp"] = ramp
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	if _, err := state.ParseValue(string(b)); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	return string(b), nil
+}
+
+// Writer writes desired state to Consul KV.
+type Writer struct {
+	Client *api.Client
+	Prefix string
+}
+
+// Set writes value to every target's key in one transaction.
+func (w Writer) Set(ctx context.Context, targets []Target, value string) error {
+	ops := make(api.TxnOps, 0, len(targets))
+	for _, t := range targets {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: t.Key(w.Prefix), Value: []byte(value)}})
+	}
+	return w.txn(ctx, ops)
+}
+
+// Clear deletes every target's key in one transaction.
+func (w Writer) Clear(ctx context.Context, targets []Target) error {
+	ops := make(api.TxnOps, 0, len(targets))
+	for _, t := range targets {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: t.Key(w.Prefix)}})
+	}
+	return w.txn(ctx, ops)
+}
+
+func (w Writer) txn(ctx context.Context, ops api.TxnOps) error {
+	ok, resp, _, err := w.Client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("consul transaction: %w (check CONSUL_HTTP_ADDR / --consul-addr and CONSUL_HTTP_TOKEN; nothing was written)", err)
+	}
+	if !ok {
+		var msgs []string
+		for _, e := range resp.Errors {
+			msgs = append(msgs, e.What)
+		}
+		return fmt.Errorf("consul rolled back the transaction, nothing was written: %s (check the token's KV write permission on the prefix)", strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// Row is one server of /v1/state as the status command reads it.
+type Row struct {
+	Backend  string `json:"backend"`
+	Server   string `json:"server"`
+	Key      string `json:"key"`
+	Source   string `json:"source"`
+	Value    string `json:"value"`
+	Desired  string `json:"desired"`
+	Valid    bool   `json:"valid"`
+	Error    string `json:"error"`
+	Reason   string `json:"reason"`
+	By       string `json:"by"`
+	Answer   string `json:"answer"`
+	Withheld bool   `json:"withheld"`
+}
+
+// StateView is the part of /v1/state the status command uses.
+type StateView struct {
+	HoldsState  bool  `json:"holds_state"`
+	Servers     []Row `json:"servers"`
+	InvalidKeys []Row `json:"invalid_keys"`
+}
+
+// FetchState reads /v1/state from a replica at base (e.g. http://127.0.0.1:9778).
+func FetchState(ctx context.Context, base string) (StateView, error) {
+	var v StateView
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/v1/state", nil)
+	if err != nil {
+		return v, fmt.Errorf("HASTATE_ADDR %q: %w", base, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return v, fmt.Errorf("read state from %s: %w (set HASTATE_ADDR to a replica's HTTP address)", base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return v, fmt.Errorf("read state from %s: HTTP %s", base, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return v, fmt.Errorf("read state from %s: %w", base, err)
+	}
+	return v, nil
+}
+
+// Match reports whether a row matches a selector "backend/server" with
+// path.Match globs; an empty selector matches everything.
+func Match(selector string, r Row) (bool, error) {
+	if selector == "" {
+		return true, nil
+	}
+	b, s, ok := strings.Cut(selector, "/")
+	if !ok {
+		b, s = selector, "*"
+	}
+	mb, err := path.Match(b, r.Backend)
+	if err != nil {
+		return false, fmt.Errorf("%w: selector %q: %v", ErrUsage, selector, err)
+	}
+	ms, err := path.Match(s, r.Server)
+	if err != nil {
+		return false, fmt.Errorf("%w: selector %q: %v", ErrUsage, selector, err)
+	}
+	return mb && ms, nil
+}
