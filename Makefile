@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`.
+GO      ?= go
+GOFLAGS ?=
+export GOTOOLCHAIN ?= local
+
+.PHONY: demo test deps build vet fmt-check bench fuzz clean
+
+build:
+	$(GO) build -o bin/hastate ./cmd/hastate
+
+# deps: a Consul binary (found or built once, cached outside the tree) and HAProxy.
+deps:
+	@scripts/ensure-haproxy.sh
+	@scripts/ensure-consul.sh >/dev/null
+
+demo: build deps
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) scripts/demo.sh
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+test: deps vet fmt-check
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -race -count=1 -timeout 40m ./...
+
+# Benchmarks report ratios against baselines measured in the same run.
+bench: deps
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./test/
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseValue -fuzztime 30s ./state
+	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 30s ./state
+
+clean:
+	rm -rf bin .demo

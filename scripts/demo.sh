@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# make demo: a Consul dev agent, three hastate replicas (one raft cluster) and,
+# when HAProxy is installed, an HAProxy that load-balances the agent port and
+# polls two example backends. Ctrl-C stops everything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+demo=$root/.demo
+bin=$root/bin/hastate
+consul=${CONSUL_BIN:-$(scripts/ensure-consul.sh)}
+haproxy=${HAPROXY_BIN:-$(command -v haproxy || echo /usr/sbin/haproxy)}
+
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  echo; echo "demo: stopping..."
+  for ((i=${#pids[@]}-1; i>=0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  echo "demo: stopped (logs and data kept in $demo)"
+}
+trap cleanup INT TERM EXIT
+
+for port in 8500 9777 9778; do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
+    echo "demo: 127.0.0.1:$port is already in use; stop what listens there (another demo?) and retry" >&2
+    exit 1
+  fi
+done
+
+rm -rf "$demo"; mkdir -p "$demo"
+echo "demo: starting Consul dev agent on 127.0.0.1:8500 (log: $demo/consul.log)"
+"$consul" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -dns-port -1 -grpc-port -1 >"$demo/consul.log" 2>&1 &
+pids+=($!)
+export CONSUL_HTTP_ADDR=127.0.0.1:8500
+for _ in $(seq 100); do
+  "$consul" kv put hastate/config/demo started >/dev/null 2>&1 && break
+  sleep 0.2
+done
+"$consul" kv delete hastate/config/demo >/dev/null
+
+# Seed an example: one drained server with a reason, one at 50%.
+"$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" --by demo
+"$bin" weight 50% canary_api/api-1 --by demo
+
+peers="hastate-0=127.0.0.2:9779,hastate-1=127.0.0.3:9779,hastate-2=127.0.0.4:9779"
+for i in 0 1 2; do
+  ip=127.0.0.$((i+2))
+  HASTATE_PEERS=$peers "$bin" serve --node-id hastate-$i --data-dir "$demo/hastate-$i" \
+    --agent-addr $ip:9777 --http-addr $ip:9778 --raft-addr $ip:9779 --raft-advertise $ip:9779 \
+    --log-format json >"$demo/hastate-$i.log" 2>&1 &
+  pids+=($!)
+done
+echo "demo: three replicas on 127.0.0.2-4 (:9777 agent, :9778 HTTP, :9779 raft; logs: $demo/hastate-*.log)"
+for _ in $(seq 150); do
+  curl -fs -o /dev/null http://127.0.0.2:9778/-/readiness && break
+  sleep 0.2
+done
+
+if [ -x "$haproxy" ]; then
+  cat >"$demo/haproxy.cfg" <<CFG
+global
+    stats socket $demo/admin.sock mode 600 level admin
+defaults
+    mode tcp
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    timeout check 2s
+# The "internal load balancer" in front of the three replicas.
+listen hastate_agent
+    bind 127.0.0.1:9777
+    server hastate-0 127.0.0.2:9777
+    server hastate-1 127.0.0.3:9777
+    server hastate-2 127.0.0.4:9777
+listen hastate_http
+    bind 127.0.0.1:9778
+    server hastate-0 127.0.0.2:9778 check
+    server hastate-1 127.0.0.3:9778 check
+    server hastate-2 127.0.0.4:9778 check
+# Example backends; the servers are the replicas' HTTP ports, just something that answers TCP.
+backend canary_web
+    server web-1 127.0.0.2:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_web/web-1\n"
+    server web-2 127.0.0.3:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_web/web-2\n"
+backend canary_api
+    server api-1 127.0.0.4:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-1\n"
+    server api-2 127.0.0.2:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-2\n"
+CFG
+  "$haproxy" -db -f "$demo/haproxy.cfg" >"$demo/haproxy.log" 2>&1 &
+  pids+=($!)
+  echo "demo: HAProxy $("$haproxy" -v | head -1 | awk '{print $3}') polls through 127.0.0.1:9777 (config: $demo/haproxy.cfg)"
+  cat >"$demo/show-stat" <<SH
+#!/usr/bin/env bash
+# HAProxy's view of the example servers: proxy, server, status, weight.
+if command -v socat >/dev/null; then echo 'show stat' | socat - $demo/admin.sock
+else python3 -c "import socket;s=socket.socket(socket.AF_UNIX);s.connect('$demo/admin.sock');s.send(b'show stat\\n');print(s.makefile().read())"
+fi | cut -d, -f1,2,18,19 | grep canary
+SH
+  chmod +x "$demo/show-stat"
+  stat="$demo/show-stat"
+  addr=http://127.0.0.1:9778
+else
+  echo "demo: HAProxy not installed (sudo apt-get install -y haproxy); replicas answer directly on 127.0.0.2-4:9777"
+  stat="(HAProxy not installed)"
+  addr=http://127.0.0.2:9778
+fi
+
+cat <<TXT
+
+hastate demo is running. In another shell:
+
+  export CONSUL_HTTP_ADDR=127.0.0.1:8500 HASTATE_ADDR=$addr PATH=$root/bin:\$PATH
+  hastate status                                   # desired state and answers
+  hastate drain canary_web/web-1 --reason "try it" # then watch HAProxy:
+  $stat
+  hastate weight 25% canary_api/api-2
+  hastate drain 'canary_api/*'                     # the whole backend
+  hastate clear canary_web/web-1 canary_web/web-2 'canary_api/*' canary_api/api-1 canary_api/api-2
+  printf 'canary_web/web-2\n' | nc 127.0.0.1 9777  # ask like HAProxy does (or: curl -s $addr/v1/state/canary_web/web-2)
+  curl -s $addr/v1/cluster                         # raft view; $addr/ is the status page, $addr/-/metrics the metrics
+  kill -9 \$(pgrep -f 'node-id hastate-0')          # kill a replica: the others keep answering
+
+Ctrl-C stops the demo.
+TXT
+wait -n "${pids[@]}" || true
+echo "demo: a process exited; see $demo/*.log"
