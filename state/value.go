@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Admin is the administrative state HAProxy is told to apply.
@@ -105,7 +107,9 @@ func parseJSON(s string) (Value, error) {
 	if err := dec.Decode(&j); err != nil {
 		return Value{}, invalid(s, "bad JSON: "+err.Error())
 	}
-	if dec.More() {
+	// dec.More reports false before a stray '}' or ']', so ask for the next
+	// token instead: anything but EOF is trailing data.
+	if _, err := dec.Token(); err != io.EOF {
 		return Value{}, invalid(s, "bad JSON: trailing data after the object")
 	}
 	if j.State == nil {
@@ -140,7 +144,7 @@ func ParseRamp(s string) (time.Duration, error) {
 }
 
 func parseShort(s string) (Value, error) {
-	switch strings.ToLower(s) {
+	switch lowerASCII(s) {
 	case "ready":
 		return Value{Admin: Ready, Weight: 100}, nil
 	case "drain":
@@ -158,6 +162,18 @@ func parseShort(s string) (Value, error) {
 		return Value{}, fmt.Errorf("weight %d%% is above %d%%", n, MaxWeight)
 	}
 	return Value{Admin: Ready, Weight: n, WeightSet: true}, nil
+}
+
+// lowerASCII lowers s if it is all ASCII and returns it unchanged otherwise,
+// so that only ASCII case differences are forgiven: strings.ToLower would
+// also turn "MAİNT" (with U+0130) into "maint".
+func lowerASCII(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return s
+		}
+	}
+	return strings.ToLower(s)
 }
 
 // parsePercent accepts 1 to 3 decimal digits followed by '%'.
@@ -187,8 +203,9 @@ func invalid(raw, why string) error {
 
 // ParseRequest splits an agent-check request into backend and server. It
 // accepts a trailing LF or CRLF. A request that is empty, longer than
-// MaxRequest bytes, without '/', or with an empty backend or server is
-// malformed. It does not allocate.
+// MaxRequest bytes, without '/', with more than one '/' (no key can name
+// such a server), or with an empty backend or server is malformed. It does
+// not allocate.
 func ParseRequest(req []byte) (backend, server []byte, err error) {
 	if len(req) > MaxRequest {
 		return nil, nil, errTooLong
@@ -196,11 +213,11 @@ func ParseRequest(req []byte) (backend, server []byte, err error) {
 	req = bytes.TrimSuffix(req, []byte{'\n'})
 	req = bytes.TrimSuffix(req, []byte{'\r'})
 	i := bytes.IndexByte(req, '/')
-	if i <= 0 || i == len(req)-1 {
+	if i <= 0 || i == len(req)-1 || bytes.IndexByte(req[i+1:], '/') >= 0 {
 		if len(req) == 0 {
 			return nil, nil, errEmpty
 		}
-		return nil, nil, errNoSlash
+		return nil, nil, errShape
 	}
 	return req[:i], req[i+1:], nil
 }
@@ -211,5 +228,5 @@ const MaxRequest = 256
 var (
 	errTooLong = fmt.Errorf("%w: longer than %d bytes", ErrMalformedRequest, MaxRequest)
 	errEmpty   = fmt.Errorf("%w: empty", ErrMalformedRequest)
-	errNoSlash = fmt.Errorf("%w: want <backend>/<server>", ErrMalformedRequest)
+	errShape   = fmt.Errorf("%w: want <backend>/<server>", ErrMalformedRequest)
 )

@@ -1,0 +1,277 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/state"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func eventually(t *testing.T, d time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: "+msg, append([]any{d}, args...)...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type testNode struct {
+	opts Options
+	*Node
+}
+
+func startNode(t *testing.T, o Options) *testNode {
+	t.Helper()
+	o.Registerer = prometheus.NewRegistry()
+	o.HeartbeatTimeout = 300 * time.Millisecond
+	o.ElectionTimeout = 300 * time.Millisecond
+	n, err := New(o)
+	if err != nil {
+		t.Fatalf("start node %s: %v", o.ID, err)
+	}
+	tn := &testNode{opts: o, Node: n}
+	t.Cleanup(func() { _ = n.Shutdown(context.Background()) })
+	return tn
+}
+
+func answer(n *Node, req string) string {
+	i := strings.IndexByte(req, '/')
+	return string(n.Snapshot().Lookup([]byte(req), i))
+}
+
+func TestSingleNodeAppliesAndSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	o := Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: dir}
+	n := startNode(t, o)
+
+	if n.Snapshot() != nil {
+		t.Fatal("a fresh node must hold no state (nil snapshot) so that it withholds answers")
+	}
+	if ok, _ := n.Ready(); ok {
+		t.Fatal("a fresh node must not be ready")
+	}
+	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+
+	ctx := context.Background()
+	// An empty prefix still gives the replica state.
+	if err := n.ApplyKV(ctx, 5, map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := answer(n.Node, "web/a"); got != "ready 100%\n" {
+		t.Fatalf("answer after empty sync = %q", got)
+	}
+	eventually(t, 2*time.Second, func() bool { ok, _ := n.Ready(); return ok }, "not ready after sync")
+
+	before := n.raft.LastIndex()
+	if err := n.ApplyKV(ctx, 6, map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	if n.raft.LastIndex() != before {
+		t.Fatal("an unchanged KV read must not write a raft entry")
+	}
+	kv := map[string]string{"state/web/a": "drain", "state/web/*": "maint", "state/api/x": "25%", "state/api/y": "bogus"}
+	if err := n.ApplyKV(ctx, 7, kv); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"web/a": "drain\n", "web/b": "maint\n", "api/x": "ready 25%\n", "api/y": "", "api/z": "ready 100%\n"}
+	for req, w := range want {
+		if got := answer(n.Node, req); got != w {
+			t.Errorf("%s: answer %q, want %q", req, got, w)
+		}
+	}
+	if got := n.Info().KVIndex; got != 7 {
+		t.Errorf("kv index %d, want 7", got)
+	}
+
+	// Force a snapshot, then one more entry after it, so that a restart
+	// needs both the snapshot and the log.
+	if err := n.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	kv["state/web/a"] = "ready"
+	if err := n.ApplyKV(ctx, 8, kv); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatalf("second Shutdown: %v", err)
+	}
+
+	n2 := startNode(t, o)
+	eventually(t, 5*time.Second, func() bool { ok, _ := n2.Ready(); return ok }, "restarted node not ready without any KV sync")
+	want["web/a"] = "ready 100%\n"
+	for req, w := range want {
+		if got := answer(n2.Node, req); got != w {
+			t.Errorf("after restart %s: answer %q, want %q", req, got, w)
+		}
+	}
+}
+
+func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	var peers []Peer
+	for i, p := range ports {
+		host := "127.0.0.1"
+		if i == 2 {
+			host = "localhost" // a host name, resolved at dial time
+		}
+		peers = append(peers, Peer{ID: fmt.Sprintf("n%d", i), Address: fmt.Sprintf("%s:%d", host, p)})
+	}
+	nodes := make([]*testNode, 3)
+	for i := range nodes {
+		nodes[i] = startNode(t, Options{ID: peers[i].ID, BindAddr: fmt.Sprintf("127.0.0.1:%d", ports[i]), Advertise: peers[i].Address, Peers: peers, DataDir: t.TempDir()})
+	}
+	leader := func() *testNode {
+		for _, n := range nodes {
+			if n.IsLeader() {
+				return n
+			}
+		}
+		return nil
+	}
+	eventually(t, 10*time.Second, func() bool { return leader() != nil }, "no leader elected")
+	l := leader()
+	for _, n := range nodes {
+		if n != l {
+			if err := n.ApplyKV(context.Background(), 1, nil); !errors.Is(err, ErrNotLeader) {
+				t.Fatalf("ApplyKV on follower %s: %v, want ErrNotLeader", n.opts.ID, err)
+			}
+		}
+	}
+	if err := l.ApplyKV(context.Background(), 3, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		eventually(t, 5*time.Second, func() bool { return answer(n.Node, "web/a") == "drain\n" }, "%s never answered drain", n.opts.ID)
+		eventually(t, 5*time.Second, func() bool { ok, _ := n.Ready(); return ok }, "%s not ready", n.opts.ID)
+	}
+	info := l.Info()
+	if len(info.Members) != 3 || info.State != "leader" || info.LeaderID != l.opts.ID {
+		t.Fatalf("leader info: %+v", info)
+	}
+
+	old := l
+	if err := old.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Leadership was handed over before the old leader stopped: a survivor
+	// leads right away, without waiting for an election timeout.
+	var nl *testNode
+	eventually(t, 2*time.Second, func() bool {
+		for _, n := range nodes {
+			if n != old && n.IsLeader() {
+				nl = n
+				return true
+			}
+		}
+		return false
+	}, "no survivor became leader")
+	if err := nl.ApplyKV(context.Background(), 4, map[string]string{"state/web/a": "maint"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n != old {
+			eventually(t, 5*time.Second, func() bool { return answer(n.Node, "web/a") == "maint\n" }, "%s never answered maint", n.opts.ID)
+		}
+	}
+}
+
+func TestFSMSnapshotVersioning(t *testing.T) {
+	f := newFSM(nil)
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: map[string]string{"state/a/b": "drain"}})
+	f.mirror, f.kvIndex = m, 9
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	g := newFSM(nil)
+	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "drain\n" || g.kvIndex != 9 {
+		t.Fatalf("restored answer %q index %d", got, g.kvIndex)
+	}
+	newer := strings.Replace(sink.String(), `"version":1`, `"version":2`, 1)
+	if err := g.Restore(io.NopCloser(strings.NewReader(newer))); err == nil || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("restoring a newer snapshot: %v, want an error telling to upgrade", err)
+	}
+	if res := g.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: []byte(`{"type":"ramp-v9"}`)}); res == nil {
+		t.Fatal("an unknown entry type must be reported")
+	}
+}
+
+type memSink struct{ bytes.Buffer }
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { return nil }
+func (s *memSink) Close() error  { return nil }
+
+func TestParsePeers(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int
+		wantErr string
+	}{
+		{"", 0, ""},
+		{"a=h:1", 1, ""},
+		{"a=h-0.svc:9779, b=10.0.0.1:9779,c=[::1]:9779", 3, ""},
+		{"a=h", 0, "host:port"},
+		{"h:1", 0, "id=host:port"},
+		{"a=h:1,a=g:1", 0, "twice"},
+	}
+	for _, tt := range tests {
+		got, err := ParsePeers(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("ParsePeers(%q) error %v, want %q", tt.in, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || len(got) != tt.want {
+			t.Errorf("ParsePeers(%q) = %v, %v", tt.in, got, err)
+		}
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	_, err := New(Options{ID: "x", BindAddr: ":0", Advertise: "x:1", DataDir: t.TempDir(), Peers: []Peer{{ID: "y", Address: "y:1"}}})
+	if err == nil || !strings.Contains(err.Error(), "not in --peers") {
+		t.Fatalf("node missing from peers: %v", err)
+	}
+	if _, err := New(Options{ID: "x", BindAddr: ":0", DataDir: t.TempDir()}); err == nil {
+		t.Fatal("missing advertise accepted")
+	}
+}
