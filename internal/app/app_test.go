@@ -1,0 +1,136 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The Consul client's pooled keep-alive connections.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+func startApp(t *testing.T, consulAddr, id string) *App {
+	t.Helper()
+	raft := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	a, err := New(Options{
+		NodeID: id, AgentAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RaftAddr: raft, RaftAdvertise: raft,
+		DataDir: t.TempDir(), ConsulAddr: consulAddr, Logger: zaptest.NewLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	return a
+}
+
+func ask(t *testing.T, a *App, req string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", a.AgentAddr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, req+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", d, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func httpGet(t *testing.T, a *App, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + a.HTTPAddr().String() + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Two replicas in one process, each with its own registry: nothing is
+// shared through package state, and Stop is orderly and idempotent.
+func TestTwoReplicasInOneProcess(t *testing.T) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	consul.Put(t, "hastate/state/web/a", "drain")
+	a := startApp(t, consul.Addr(), "a")
+	b := startApp(t, consul.Addr(), "b")
+	for _, r := range []*App{a, b} {
+		eventually(t, 10*time.Second, func() bool { return ask(t, r, "web/a") == "drain\n" }, "replica never answered drain")
+		code, body := httpGet(t, r, "/-/readiness")
+		if code != 200 {
+			t.Fatalf("readiness %d: %s", code, body)
+		}
+		_, metrics := httpGet(t, r, "/-/metrics")
+		for _, m := range []string{"hastate_agent_checks_total", "hastate_kv_index", "hastate_raft_state", "hastate_build_info", "hastate_state_keys", "hastate_kv_last_success_timestamp_seconds"} {
+			if !strings.Contains(metrics, m) {
+				t.Errorf("metric %s missing", m)
+			}
+		}
+		var ci struct {
+			NodeID  string `json:"node_id"`
+			State   string `json:"state"`
+			Members []struct{ ID, Address string }
+		}
+		_, body = httpGet(t, r, "/v1/cluster")
+		if err := json.Unmarshal([]byte(body), &ci); err != nil || ci.State != "leader" || len(ci.Members) != 1 {
+			t.Fatalf("/v1/cluster: %v %s", err, body)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Stop(ctx); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	// b is unaffected by a's stop.
+	consul.Put(t, "hastate/state/web/a", "maint")
+	eventually(t, 10*time.Second, func() bool { return ask(t, b, "web/a") == "maint\n" }, "b stopped following KV after a stopped")
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for _, tt := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{DataDir: "x"}, "--node-id"},
+		{Options{NodeID: "x"}, "--data-dir"},
+		{Options{NodeID: "x", DataDir: "d", KVPrefix: "nope"}, "end with '/'"},
+	} {
+		if _, err := New(tt.o); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("New(%+v) = %v, want error mentioning %q", tt.o, err, tt.want)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package server
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/hastate/hastate/state"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// fakeReplica is a Replica made of function fields.
+type fakeReplica struct {
+	snap  func() *state.Snapshot
+	ready func() (bool, string)
+}
+
+var _ Replica = (*fakeReplica)(nil)
+
+func (f *fakeReplica) Snapshot() *state.Snapshot { return f.snap() }
+func (f *fakeReplica) Ready() (bool, string)     { return f.ready() }
+func (f *fakeReplica) ClusterInfo() any          { return map[string]string{"node_id": "n1"} }
+func (f *fakeReplica) KVStatus() any             { return map[string]bool{"watching": true} }
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	b, _ := io.ReadAll(rec.Result().Body)
+	return rec.Code, string(b)
+}
+
+func TestHTTPAPI(t *testing.T) {
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: map[string]string{
+		"state/web/a": `{"state":"drain","reason":"zonal","by":"alice"}`,
+		"state/web/*": "maint",
+		"state/api/x": "300%",
+		"state/bad":   "drain",
+	}})
+	var snap *state.Snapshot
+	ready := false
+	h := NewHTTPHandler(HTTPOptions{Replica: &fakeReplica{
+		snap:  func() *state.Snapshot { return snap },
+		ready: func() (bool, string) { return ready, "detail here" },
+	}, Gatherer: prometheus.NewRegistry()})
+
+	if code, body := get(t, h, "/-/readiness"); code != 503 || !strings.Contains(body, "detail here") {
+		t.Fatalf("readiness before state: %d %s", code, body)
+	}
+	if code, body := get(t, h, "/v1/state/web/a"); code != 200 || !strings.Contains(body, `"withheld": true`) || !strings.Contains(body, "no-state") {
+		t.Fatalf("state without snapshot: %d %s", code, body)
+	}
+	snap, ready = m.Snapshot(), true
+	if code, _ := get(t, h, "/-/readiness"); code != 200 {
+		t.Fatal("readiness not 200")
+	}
+	if code, body := get(t, h, "/-/liveness"); code != 200 || body != "ok\n" {
+		t.Fatalf("liveness %d %q", code, body)
+	}
+	if code, _ := get(t, h, "/-/metrics"); code != 200 {
+		t.Fatal("metrics not served")
+	}
+
+	code, body := get(t, h, "/v1/state")
+	var v StateView
+	if err := json.Unmarshal([]byte(body), &v); err != nil || code != 200 {
+		t.Fatalf("/v1/state: %d %v %s", code, err, body)
+	}
+	rows := map[string]ServerState{}
+	for _, r := range v.Servers {
+		rows[r.Backend+"/"+r.Server] = r
+	}
+	if r := rows["web/a"]; r.Answer != "drain" || r.Reason != "zonal" || r.By != "alice" || r.Source != "state/web/a" {
+		t.Errorf("web/a row: %+v", r)
+	}
+	if r := rows["web/*"]; r.Answer != "maint" {
+		t.Errorf("web/* row: %+v", r)
+	}
+	if r := rows["api/x"]; r.Valid || !r.Withheld || !strings.Contains(r.Error, "256") {
+		t.Errorf("api/x row: %+v", r)
+	}
+	if len(v.InvalidKeys) != 2 {
+		t.Errorf("invalid keys: %+v", v.InvalidKeys)
+	}
+
+	for path, want := range map[string]string{
+		"/v1/state/web/b":   `"answer": "maint"`, // from the wildcard
+		"/v1/state/other/z": `"source": "absent"`,
+	} {
+		if code, body := get(t, h, path); code != 200 || !strings.Contains(body, want) {
+			t.Errorf("%s: %d %s, want %s", path, code, body, want)
+		}
+	}
+	if code, body := get(t, h, "/"); code != 200 || !strings.Contains(body, "zonal") {
+		t.Errorf("status page: %d", code)
+	}
+	if code, _ := get(t, h, "/nope"); code != 404 {
+		t.Errorf("unknown path: %d", code)
+	}
+}
