@@ -13,6 +13,7 @@ type metrics struct {
 	n             *Node
 	leaderChanges prometheus.Counter
 	applyDuration prometheus.Histogram
+	kvFailovers   prometheus.Counter
 
 	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
 }
@@ -22,6 +23,8 @@ func newMetrics(n *Node) *metrics {
 		n: n,
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_raft_leader_changes_total", Help: "Leader changes this node observed."}),
+		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hastate_raft_kv_failovers_total", Help: "Leadership handed to a follower because this leader could not reach Consul."}),
 		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "hastate_raft_apply_duration_seconds", Help: "Time from raft Apply to the entry being committed and applied on the leader.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
@@ -38,6 +41,7 @@ func newMetrics(n *Node) *metrics {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.leaderChanges.Describe(ch)
 	m.applyDuration.Describe(ch)
+	m.kvFailovers.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds} {
 		ch <- d
 	}
@@ -46,6 +50,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.leaderChanges.Collect(ch)
 	m.applyDuration.Collect(ch)
+	m.kvFailovers.Collect(ch)
 	r := m.n.raft
 	cur := r.State()
 	for _, s := range []raft.RaftState{raft.Leader, raft.Follower, raft.Candidate, raft.Shutdown} {

@@ -49,6 +49,14 @@ type Options struct {
 	Logger     *zap.Logger           // nil: no logs
 	Registerer prometheus.Registerer // nil: metrics not registered
 	LeaderDuty LeaderDuty            // nil: none
+	// ConsulHealth reports this node's own Consul reachability. Followers
+	// report it to the leader over the raft port; a leader whose Consul has
+	// been unreachable for KVFailoverAfter hands leadership to a follower
+	// that can reach it. nil: always reachable (no failover).
+	ConsulHealth func() ConsulHealth
+	// KVFailoverAfter (0: 30s; negative: never) is how long the leader's
+	// Consul may be unreachable before it hands over leadership.
+	KVFailoverAfter time.Duration
 
 	ApplyTimeout      time.Duration // 0: 5s
 	SnapshotInterval  time.Duration // 0: 2m
@@ -81,6 +89,9 @@ func (o *Options) validate() error {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
+	if o.KVFailoverAfter == 0 {
+		o.KVFailoverAfter = 30 * time.Second
+	}
 	if o.ApplyTimeout == 0 {
 		o.ApplyTimeout = 5 * time.Second
 	}
@@ -107,6 +118,7 @@ type Node struct {
 	fsm       *fsm
 	store     *raftboltdb.BoltStore
 	transport *raft.NetworkTransport
+	stream    *streamLayer
 	metrics   *metrics
 	observer  *raft.Observer
 
@@ -143,11 +155,12 @@ func New(o Options) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
-	sl, err := newStreamLayer(o.BindAddr, o.Advertise, o.TLS)
+	sl, err := newStreamLayer(o.BindAddr, o.Advertise, o.TLS, n.peerStatus, o.Logger.Named("transport"))
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	n.stream = sl
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
 	})
@@ -331,9 +344,120 @@ func (n *Node) leaderDuty(ctx context.Context) {
 		}
 	}
 	n.caughtUp.Store(true)
+	var wg sync.WaitGroup
+	if n.opts.ConsulHealth != nil && n.opts.KVFailoverAfter > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.kvFailoverLoop(ctx)
+		}()
+	}
 	if n.opts.LeaderDuty != nil {
 		n.opts.LeaderDuty(ctx)
 	}
+	wg.Wait()
+}
+
+// ConsulHealth is one node's view of its Consul.
+type ConsulHealth struct {
+	Reachable bool
+	// FailingSince is when Consul became unreachable (zero when reachable).
+	FailingSince time.Time
+	Checked      time.Time
+}
+
+func (n *Node) peerStatus() PeerStatus {
+	st := PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex()}
+	if lc := n.raft.LastContact(); !lc.IsZero() && n.raft.State() != raft.Leader {
+		st.LastContact = time.Since(lc).Round(time.Millisecond).String()
+	}
+	if n.opts.ConsulHealth != nil {
+		h := n.opts.ConsulHealth()
+		st.ConsulReachable, st.ConsulChecked = h.Reachable, h.Checked
+	}
+	return st
+}
+
+// PeerStatuses asks every other member for its status over the raft port.
+func (n *Node) PeerStatuses(timeout time.Duration) map[string]PeerStatus {
+	out := map[string]PeerStatus{}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return out
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == n.opts.ID {
+			mu.Lock()
+			out[n.opts.ID] = n.peerStatus()
+			mu.Unlock()
+			continue
+		}
+		wg.Add(1)
+		go func(s raft.Server) {
+			defer wg.Done()
+			st, err := n.stream.queryStatus(string(s.Address), timeout)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			out[string(s.ID)] = st
+			mu.Unlock()
+		}(s)
+	}
+	wg.Wait()
+	return out
+}
+
+// kvFailoverLoop hands leadership to a follower that can reach Consul when
+// this leader has not reached it for KVFailoverAfter.
+func (n *Node) kvFailoverLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var lastAttempt time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		h := n.opts.ConsulHealth()
+		if h.Reachable || h.FailingSince.IsZero() || time.Since(h.FailingSince) < n.opts.KVFailoverAfter ||
+			time.Since(lastAttempt) < n.opts.KVFailoverAfter {
+			continue
+		}
+		lastAttempt = time.Now()
+		if target, ok := n.reachableFollower(); ok {
+			n.log.Warn("leader cannot reach Consul; handing leadership to a follower that can",
+				zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)), zap.String("to", string(target.ID)))
+			if err := n.raft.LeadershipTransferToServer(target.ID, target.Address).Error(); err != nil {
+				n.log.Warn("leadership transfer for Consul failover failed; will retry", zap.Error(err))
+			} else {
+				n.metrics.kvFailovers.Inc()
+			}
+			continue
+		}
+		n.log.Warn("leader cannot reach Consul and no follower reports it can; keeping leadership and serving the last state",
+			zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)))
+	}
+}
+
+func (n *Node) reachableFollower() (raft.Server, bool) {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return raft.Server{}, false
+	}
+	statuses := n.PeerStatuses(2 * time.Second)
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == n.opts.ID || s.Suffrage != raft.Voter {
+			continue
+		}
+		if st, ok := statuses[string(s.ID)]; ok && st.ConsulReachable {
+			return s, true
+		}
+	}
+	return raft.Server{}, false
 }
 
 func (n *Node) observeLoop(obs <-chan raft.Observation) {
@@ -409,6 +533,9 @@ type MemberInfo struct {
 	Address  string `json:"address"`
 	Suffrage string `json:"suffrage"`
 	Leader   bool   `json:"leader"`
+	// Status is what the member reported over the raft port; nil when it
+	// did not answer within a second.
+	Status *PeerStatus `json:"status"`
 }
 
 // Info returns the node's view of the cluster.
@@ -425,8 +552,13 @@ func (n *Node) Info() Info {
 		in.LastContact = time.Since(lc).Round(time.Millisecond).String()
 	}
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		statuses := n.PeerStatuses(time.Second)
 		for _, s := range f.Configuration().Servers {
-			in.Members = append(in.Members, MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid})
+			m := MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid}
+			if st, ok := statuses[string(s.ID)]; ok {
+				m.Status = &st
+			}
+			in.Members = append(in.Members, m)
 		}
 	}
 	return in
@@ -503,6 +635,7 @@ func (n *Node) voters() int {
 func (n *Node) closeStores() error {
 	var err error
 	if n.transport != nil {
+		n.transport.CloseStreams()
 		err = n.transport.Close()
 	}
 	if n.store != nil {

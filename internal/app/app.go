@@ -188,6 +188,8 @@ func (a *App) Start(ctx context.Context) (err error) {
 func (a *App) watchConsul(ctx context.Context) {
 	w, err := kvsync.New(kvsync.Options{
 		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm,
+		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
+		BackoffMax: 5 * time.Second,
 	})
 	if err != nil {
 		a.log.Error("cannot start the Consul watch", zap.Error(err))

@@ -1,0 +1,300 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// consulVersion is the version scripts/ensure-consul.sh builds and caches.
+const consulVersion = "1.13.9"
+
+// readyTimeout bounds how long StartConsul and Restart wait for the KV API.
+const readyTimeout = 60 * time.Second
+
+// ConsulBin returns the Consul binary tests run: $CONSUL_BIN if set, else
+// `consul` on PATH, else the build scripts/ensure-consul.sh caches in
+// ${HASTATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hastate}/bin. Without one
+// the test fails (it is never skipped).
+func ConsulBin(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("CONSUL_BIN"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("testenv: CONSUL_BIN=%s: %v; unset it or run scripts/ensure-consul.sh", p, err)
+		}
+		return p
+	}
+	if p, err := exec.LookPath("consul"); err == nil {
+		return p
+	}
+	p := filepath.Join(cacheDir(), "bin", "consul-"+consulVersion)
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	t.Fatalf("testenv: no Consul binary: $CONSUL_BIN is unset, `consul` is not on PATH and %s does not exist; "+
+		"run `make test` or `scripts/ensure-consul.sh` (it builds consul v%s once, about 10 minutes)", p, consulVersion)
+	return ""
+}
+
+// cacheDir mirrors scripts/ensure-consul.sh:
+// ${HASTATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hastate}.
+func cacheDir() string {
+	if d := os.Getenv("HASTATE_CACHE"); d != "" {
+		return d
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "hastate")
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: pick a free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// ConsulOptions chooses how StartConsul runs the agent. The zero value is a
+// dev-mode agent (in-memory KV) on free ports.
+type ConsulOptions struct {
+	// Persistent runs a single-node server with a data directory instead of
+	// -dev, so the KV survives Kill and Restart.
+	Persistent bool
+	// HTTPPort is the HTTP API port; 0 picks a free one. Set it to start
+	// Consul where a client is already pointed.
+	HTTPPort int
+}
+
+// Consul is a Consul agent run by a test. Its methods are meant for the
+// test's own goroutine; Kill is also safe from a cleanup.
+type Consul struct {
+	bin     string
+	args    []string
+	logPath string
+	addr    string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{} // closed when cmd has exited and been waited for
+	client *api.Client
+}
+
+// StartConsul starts a Consul agent bound to 127.0.0.1 and returns once its
+// KV API answers. The agent is killed when the test ends; its log is printed
+// if the test failed.
+func StartConsul(t testing.TB, opts ConsulOptions) *Consul {
+	t.Helper()
+	dir := t.TempDir()
+	httpPort := opts.HTTPPort
+	if httpPort == 0 {
+		httpPort = FreePort(t)
+	}
+	args := []string{
+		"agent",
+		"-node", "testenv",
+		"-bind", "127.0.0.1",
+		"-client", "127.0.0.1",
+		"-advertise", "127.0.0.1",
+		"-http-port", strconv.Itoa(httpPort),
+		"-serf-lan-port", strconv.Itoa(FreePort(t)),
+		"-serf-wan-port", strconv.Itoa(FreePort(t)),
+		"-server-port", strconv.Itoa(FreePort(t)),
+		"-dns-port", "-1",
+		"-grpc-port", "-1",
+		"-log-level", "info",
+		"-hcl", "disable_update_check = true",
+	}
+	if opts.Persistent {
+		args = append(args,
+			"-server", "-bootstrap-expect=1",
+			"-data-dir", filepath.Join(dir, "data"),
+			"-ui=false",
+			// Elect the single server in about a second, not five.
+			"-hcl", "performance { raft_multiplier = 1 }",
+		)
+	} else {
+		args = append(args, "-dev")
+	}
+	c := &Consul{
+		bin:     ConsulBin(t),
+		args:    args,
+		logPath: filepath.Join(dir, "consul.log"),
+		addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+	}
+	t.Cleanup(func() {
+		c.Kill()
+		if t.Failed() {
+			c.logTail(t)
+		}
+	})
+	c.start(t)
+	return c
+}
+
+// Addr returns the host:port of the agent's HTTP API.
+func (c *Consul) Addr() string { return c.addr }
+
+// Client returns an API client for the agent (plain HTTP). It is created
+// once and shared; it survives Restart.
+func (c *Consul) Client(t testing.TB) *api.Client {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.client == nil {
+		cl, err := api.NewClient(&api.Config{Address: c.addr, Scheme: "http"})
+		if err != nil {
+			t.Fatalf("testenv: consul client for %s: %v", c.addr, err)
+		}
+		c.client = cl
+	}
+	return c.client
+}
+
+// Kill sends SIGKILL to the agent and waits for it to exit. Killing an
+// agent that is not running does nothing.
+func (c *Consul) Kill() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil {
+		return
+	}
+	_ = c.cmd.Process.Kill()
+	<-c.done
+	c.cmd, c.done = nil, nil
+}
+
+// Restart kills the agent if it runs and starts it again with the same
+// ports and data directory, returning once the KV API answers.
+func (c *Consul) Restart(t testing.TB) {
+	t.Helper()
+	c.Kill()
+	c.start(t)
+}
+
+// Put writes key=value and returns the raft index of the write.
+func (c *Consul) Put(t testing.TB, key, value string) uint64 {
+	t.Helper()
+	kv := c.Client(t).KV()
+	if _, err := kv.Put(&api.KVPair{Key: key, Value: []byte(value)}, nil); err != nil {
+		t.Fatalf("testenv: consul put %s: %v", key, err)
+	}
+	_, meta, err := kv.Get(key, &api.QueryOptions{RequireConsistent: true})
+	if err != nil {
+		t.Fatalf("testenv: consul get %s after put: %v", key, err)
+	}
+	return meta.LastIndex
+}
+
+// Delete removes key and returns an index at or after the delete.
+func (c *Consul) Delete(t testing.TB, key string) uint64 {
+	t.Helper()
+	kv := c.Client(t).KV()
+	if _, err := kv.Delete(key, nil); err != nil {
+		t.Fatalf("testenv: consul delete %s: %v", key, err)
+	}
+	_, meta, err := kv.Get(key, &api.QueryOptions{RequireConsistent: true})
+	if err != nil {
+		t.Fatalf("testenv: consul get %s after delete: %v", key, err)
+	}
+	return meta.LastIndex
+}
+
+func (c *Consul) start(t testing.TB) {
+	t.Helper()
+	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatalf("testenv: consul log: %v", err)
+	}
+	defer logf.Close() // the agent holds its own descriptor
+	fmt.Fprintf(logf, "==> testenv: %s %q\n", c.bin, c.args)
+
+	cmd := exec.Command(c.bin, c.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = procAttr()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: start consul: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { // owned by c: Kill waits for it
+		_ = cmd.Wait()
+		close(done)
+	}()
+	c.mu.Lock()
+	c.cmd, c.done = cmd, done
+	c.mu.Unlock()
+
+	if err := c.waitReady(done); err != nil {
+		// The cleanup prints the agent's log since the test failed.
+		t.Fatalf("testenv: consul at %s: %v", c.addr, err)
+	}
+}
+
+// waitReady polls until a leader is elected and a consistent KV read works.
+func (c *Consul) waitReady(exited <-chan struct{}) error {
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	probe, err := api.NewClient(&api.Config{
+		Address:    c.addr,
+		Scheme:     "http",
+		HttpClient: &http.Client{Timeout: 2 * time.Second, Transport: tr},
+	})
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(readyTimeout)
+	lastErr := errors.New("not polled yet")
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return errors.New("agent exited before it was ready (its log follows)")
+		default:
+		}
+		leader, err := probe.Status().Leader()
+		switch {
+		case err != nil:
+			lastErr = err
+		case leader == "":
+			lastErr = errors.New("no leader yet")
+		default:
+			_, _, err := probe.KV().Get("testenv/ready-probe", &api.QueryOptions{RequireConsistent: true})
+			if err == nil {
+				return nil
+			}
+			lastErr = err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("KV API not ready within %s: %v", readyTimeout, lastErr)
+}
+
+// logTail prints the end of the agent's log.
+func (c *Consul) logTail(t testing.TB) {
+	t.Helper()
+	b, err := os.ReadFile(c.logPath)
+	if err != nil {
+		t.Logf("testenv: consul log: %v", err)
+		return
+	}
+	const max = 32 << 10
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	t.Logf("testenv: consul log %s (last %d bytes):\n%s", c.logPath, len(b), b)
+}

@@ -1,0 +1,122 @@
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/consul/api"
+)
+
+func TestStartConsulDev(t *testing.T) {
+	t.Parallel()
+	c := StartConsul(t, ConsulOptions{})
+	host, _, err := net.SplitHostPort(c.Addr())
+	if err != nil || host != "127.0.0.1" {
+		t.Fatalf("Addr() = %q, want 127.0.0.1:port", c.Addr())
+	}
+	i1 := c.Put(t, "a/b", "c")
+	pair, _, err := c.Client(t).KV().Get("a/b", nil)
+	if err != nil || pair == nil || string(pair.Value) != "c" {
+		t.Fatalf("get a/b = %v, %v", pair, err)
+	}
+	i2 := c.Delete(t, "a/b")
+	if i1 == 0 || i2 <= i1 {
+		t.Errorf("put index %d, delete index %d: want increasing, non-zero", i1, i2)
+	}
+	if pair, _, _ := c.Client(t).KV().Get("a/b", nil); pair != nil {
+		t.Errorf("a/b still there after Delete")
+	}
+}
+
+func TestStartConsulPersistentSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	c := StartConsul(t, ConsulOptions{Persistent: true})
+	c.Put(t, "hastate/state/web/a", "drain")
+	addr := c.Addr()
+	c.Kill()
+	if _, _, err := c.Client(t).KV().Get("hastate/state/web/a", nil); err == nil {
+		t.Fatal("KV answers after Kill")
+	}
+	c.Kill() // twice is harmless
+	c.Restart(t)
+	if c.Addr() != addr {
+		t.Errorf("address changed across Restart: %s -> %s", addr, c.Addr())
+	}
+	pair, _, err := c.Client(t).KV().Get("hastate/state/web/a", nil)
+	if err != nil || pair == nil || string(pair.Value) != "drain" {
+		t.Fatalf("after restart get = %v, %v; want drain", pair, err)
+	}
+}
+
+func TestStartConsulOnChosenPort(t *testing.T) {
+	t.Parallel()
+	port := FreePort(t)
+	c := StartConsul(t, ConsulOptions{HTTPPort: port})
+	if want := "127.0.0.1:" + strconv.Itoa(port); c.Addr() != want {
+		t.Fatalf("Addr() = %s, want %s", c.Addr(), want)
+	}
+	cl, err := api.NewClient(&api.Config{Address: c.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Status().Leader(); err != nil {
+		t.Fatalf("no answer on the chosen port: %v", err)
+	}
+}
+
+// recTB records Fatalf instead of stopping the test.
+type recTB struct {
+	testing.TB
+	fatal string
+}
+
+func (r *recTB) Helper() {}
+
+func (r *recTB) Fatalf(format string, args ...any) { r.fatal = fmt.Sprintf(format, args...) }
+
+func TestConsulBin(t *testing.T) {
+	// Not parallel: it sets environment variables.
+	cache := t.TempDir()
+	cached := filepath.Join(cache, "hastate", "bin", "consul-"+consulVersion)
+	t.Setenv("PATH", t.TempDir()) // no consul on PATH
+	t.Setenv("HASTATE_CACHE", "")
+	t.Setenv("XDG_CACHE_HOME", cache)
+
+	t.Setenv("CONSUL_BIN", filepath.Join(cache, "missing"))
+	r := &recTB{TB: t}
+	ConsulBin(r)
+	if !strings.Contains(r.fatal, "CONSUL_BIN") {
+		t.Errorf("missing $CONSUL_BIN: fatal = %q", r.fatal)
+	}
+
+	t.Setenv("CONSUL_BIN", "")
+	r = &recTB{TB: t}
+	ConsulBin(r)
+	if !strings.Contains(r.fatal, "make test") || !strings.Contains(r.fatal, "scripts/ensure-consul.sh") {
+		t.Errorf("no binary: fatal = %q, want it to name make test and scripts/ensure-consul.sh", r.fatal)
+	}
+
+	if err := os.MkdirAll(filepath.Dir(cached), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cached, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := ConsulBin(t); got != cached {
+		t.Errorf("ConsulBin = %q, want the XDG cache %q", got, cached)
+	}
+	t.Setenv("HASTATE_CACHE", filepath.Join(cache, "hastate"))
+	t.Setenv("XDG_CACHE_HOME", "/nonexistent")
+	if got := ConsulBin(t); got != cached {
+		t.Errorf("ConsulBin = %q, want the HASTATE_CACHE one %q", got, cached)
+	}
+	t.Setenv("CONSUL_BIN", "/bin/sh")
+	if got := ConsulBin(t); got != "/bin/sh" {
+		t.Errorf("ConsulBin = %q, want $CONSUL_BIN", got)
+	}
+}

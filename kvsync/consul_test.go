@@ -1,0 +1,335 @@
+package kvsync
+
+// Tests against a real Consul agent (internal/testenv), loopback only.
+
+import (
+	"errors"
+	"maps"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// deliveryTimeout bounds every wait for a change to reach the Sink.
+const deliveryTimeout = 20 * time.Second
+
+func consulOptions(client *api.Client, prefix string, sink Sink) Options {
+	return Options{Client: client, Prefix: prefix, Sink: sink, WaitTime: 10 * time.Second}
+}
+
+// waitFor waits until the Sink's last delivered map equals want.
+func waitFor(t *testing.T, sink *recSink, want map[string]string) {
+	t.Helper()
+	eventually(t, deliveryTimeout, "sink to receive "+fmtMap(want), func() bool {
+		got := sink.lastDelivered()
+		return got != nil && maps.Equal(got, want)
+	})
+}
+
+func fmtMap(m map[string]string) string {
+	var b strings.Builder
+	b.WriteString("{")
+	for k, v := range m {
+		b.WriteString(k + "=" + v + " ")
+	}
+	return strings.TrimSpace(b.String()) + "}"
+}
+
+func TestConsulFirstReadDeliversPrefix(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c.Put(t, "hastate/state/web/a", "drain")
+	c.Put(t, "hastate/state/web/*", ` {"state":"maint","reason":"zonal"} `)
+	c.Put(t, "hastate/state/", "") // a folder, as the UI creates it
+	c.Put(t, "hastatex/state/web/b", "maint")
+	c.Put(t, "other/key", "x")
+
+	sink := &recSink{}
+	w, err := New(consulOptions(c.Client(t), "hastate/", sink))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	waitFor(t, sink, map[string]string{
+		"state/web/a": "drain",
+		"state/web/*": ` {"state":"maint","reason":"zonal"} `,
+	})
+	if d := sink.delivered(); len(d) != 1 || d[0].index == 0 || d[0].index != w.Status().Index {
+		t.Errorf("deliveries = %v, status index %d: want one, at the status index", d, w.Status().Index)
+	}
+}
+
+func TestConsulEmptyPrefixIsDeliveredAndUnrelatedWritesAreNot(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	sink := &recSink{}
+	o := consulOptions(c.Client(t), "hastate/", sink)
+	o.WaitTime = time.Second // so the index moves even if the write does not wake the query
+	w, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	waitFor(t, sink, map[string]string{})
+
+	// Writes outside the prefix move the index of an empty prefix's list.
+	first := w.Status().Index
+	idx := c.Put(t, "other/key", "1")
+	c.Put(t, "hastatex/key", "2")
+	idx = max(idx, c.Put(t, "other/key", "3"))
+	eventually(t, deliveryTimeout, "the watcher to see index "+strconv.FormatUint(idx, 10), func() bool {
+		return w.Status().Index >= idx
+	})
+	if w.Status().Index == first {
+		t.Fatalf("index did not move (%d); the test proves nothing", first)
+	}
+	if n := len(sink.all()); n != 1 {
+		t.Fatalf("sink called %d times, want 1 (index moved, data did not): %v", n, sink.all())
+	}
+}
+
+func TestConsulEachChangeDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c.Put(t, "hastate/state/web/a", "drain")
+	sink := &recSink{}
+	w, err := New(consulOptions(c.Client(t), "hastate/", sink))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	want := map[string]string{"state/web/a": "drain"}
+	waitFor(t, sink, want)
+
+	steps := []struct {
+		name string
+		do   func() uint64
+		want map[string]string // nil: no change
+	}{
+		{"put a new key", func() uint64 { return c.Put(t, "hastate/state/web/b", "maint") },
+			map[string]string{"state/web/a": "drain", "state/web/b": "maint"}},
+		{"same value again (index moves, data does not)", func() uint64 { return c.Put(t, "hastate/state/web/b", "maint") }, nil},
+		{"write outside the prefix", func() uint64 { c.Put(t, "other/x", "1"); return 0 }, nil},
+		{"change a value", func() uint64 { return c.Put(t, "hastate/state/web/a", "50%") },
+			map[string]string{"state/web/a": "50%", "state/web/b": "maint"}},
+		{"delete a key", func() uint64 { return c.Delete(t, "hastate/state/web/b") },
+			map[string]string{"state/web/a": "50%"}},
+		{"delete the last key", func() uint64 { return c.Delete(t, "hastate/state/web/a") },
+			map[string]string{}},
+	}
+	calls := 1
+	for _, s := range steps {
+		idx := s.do()
+		if s.want != nil {
+			calls++
+			waitFor(t, sink, s.want)
+		} else if idx > 0 {
+			eventually(t, deliveryTimeout, s.name+": watcher at index "+strconv.FormatUint(idx, 10), func() bool {
+				return w.Status().Index >= idx
+			})
+		}
+		if n := len(sink.all()); n != calls {
+			t.Fatalf("after %q: %d sink calls, want %d: %v", s.name, n, calls, sink.all())
+		}
+	}
+	// A final change proves nothing was left queued from the no-op steps.
+	c.Put(t, "hastate/state/web/c", "drain")
+	waitFor(t, sink, map[string]string{"state/web/c": "drain"})
+	if n := len(sink.all()); n != calls+1 {
+		t.Fatalf("%d sink calls in all, want %d: %v", n, calls+1, sink.all())
+	}
+}
+
+func TestConsulCustomPrefix(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c.Put(t, "gitlab-haproxy-agent/state/canary_web/gke-cny-web", "drain")
+	c.Put(t, "hastate/state/web/a", "maint")
+	sink := &recSink{}
+	w, err := New(consulOptions(c.Client(t), "gitlab-haproxy-agent/", sink))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	waitFor(t, sink, map[string]string{"state/canary_web/gke-cny-web": "drain"})
+
+	c.Put(t, "hastate/state/web/b", "drain") // another prefix: not ours
+	c.Put(t, "gitlab-haproxy-agent/state/canary_web/*", "maint")
+	waitFor(t, sink, map[string]string{
+		"state/canary_web/gke-cny-web": "drain",
+		"state/canary_web/*":           "maint",
+	})
+	if n := len(sink.all()); n != 2 {
+		t.Errorf("%d sink calls, want 2: %v", n, sink.all())
+	}
+}
+
+func TestConsulDownAtStartThenUp(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t)
+	client, err := api.NewClient(ClientConfig("http://127.0.0.1:" + strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	sink := &recSink{}
+	o := consulOptions(client, "hastate/", sink) // default backoff: 250ms doubling to 30s
+	o.Logger = zap.New(core)
+	w, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	eventually(t, deliveryTimeout, "3 failed attempts", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	if st := w.Status(); st.Reachable || len(sink.all()) != 0 {
+		t.Fatalf("with Consul down: status %+v, sink calls %v", st, sink.all())
+	}
+	errLines := logs.FilterLevelExact(zapcore.ErrorLevel).All()
+	if len(errLines) == 0 || len(errLines) > w.Status().ConsecutiveErrors {
+		t.Fatalf("%d error lines for %d failed attempts, want one per attempt", len(errLines), w.Status().ConsecutiveErrors)
+	}
+	if e := errLines[0]; !strings.Contains(e.Message, "CONSUL_HTTP_ADDR / --consul-addr") ||
+		e.ContextMap()["attempt"] != int64(1) || e.ContextMap()["retry_in"] != 250*time.Millisecond {
+		t.Errorf("first error line = %q %v", e.Message, e.ContextMap())
+	}
+
+	started := time.Now()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{HTTPPort: port})
+	up := time.Now()
+	c.Put(t, "hastate/state/web/a", "drain")
+	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
+	t.Logf("Consul took %s to start; the watcher failed %d times in all; "+
+		"data reached the sink %s after Consul answered",
+		up.Sub(started).Round(time.Millisecond), logs.FilterLevelExact(zapcore.ErrorLevel).Len(),
+		time.Since(up).Round(time.Millisecond))
+	if st := w.Status(); !st.Reachable || st.ConsecutiveErrors != 0 || st.LastSuccess.IsZero() {
+		t.Errorf("after recovery: status %+v", st)
+	}
+	if logs.FilterMessageSnippet("recovered").Len() != 1 {
+		t.Errorf("no recovery log line")
+	}
+}
+
+func TestConsulKilledAndRestarted(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
+	c.Put(t, "hastate/state/web/a", "drain")
+	sink := &recSink{}
+	o := consulOptions(c.Client(t), "hastate/", sink)
+	o.BackoffMax = 2 * time.Second
+	w, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
+
+	c.Kill()
+	eventually(t, deliveryTimeout, "the watcher to notice", func() bool {
+		st := w.Status()
+		return !st.Reachable && st.ConsecutiveErrors >= 2
+	})
+	c.Restart(t)
+	restarted := time.Now()
+	c.Put(t, "hastate/state/web/b", "maint")
+	waitFor(t, sink, map[string]string{"state/web/a": "drain", "state/web/b": "maint"})
+	t.Logf("change reached the sink %s after the restarted Consul answered", time.Since(restarted).Round(time.Millisecond))
+	if n := len(sink.all()); n != 2 {
+		t.Errorf("%d sink calls, want 2 (the KV survived, so no re-delivery of equal data): %v", n, sink.all())
+	}
+	if st := w.Status(); !st.Reachable || st.ConsecutiveErrors != 0 {
+		t.Errorf("after recovery: status %+v", st)
+	}
+}
+
+func TestConsulSinkErrorRetried(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c.Put(t, "hastate/state/web/a", "drain")
+	errNotLeader := errors.New("not the raft leader")
+	sink := &recSink{fail: func(n int) error {
+		if n < 2 {
+			return errNotLeader
+		}
+		return nil
+	}}
+	reg := prometheus.NewRegistry()
+	o := consulOptions(c.Client(t), "hastate/", sink)
+	o.Metrics = NewMetrics(reg)
+	w, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
+
+	calls := sink.all()
+	if len(calls) != 3 || !errors.Is(calls[0].err, errNotLeader) || !errors.Is(calls[1].err, errNotLeader) {
+		t.Fatalf("sink calls = %v, want two failures then a success", calls)
+	}
+	for _, cl := range calls {
+		if !maps.Equal(cl.kv, calls[2].kv) {
+			t.Errorf("retry handed different data: %v", calls)
+		}
+	}
+	st := w.Status()
+	if st.ConsecutiveErrors != 0 || !st.Reachable || !strings.Contains(st.LastError, "not the raft leader") {
+		t.Errorf("status = %+v", st)
+	}
+	if got := gauge(t, reg, "hastate_kv_sync_errors_total"); got != 2 {
+		t.Errorf("hastate_kv_sync_errors_total = %v, want 2", got)
+	}
+	if got := gauge(t, reg, "hastate_kv_updates_total"); got != 1 {
+		t.Errorf("hastate_kv_updates_total = %v, want 1", got)
+	}
+}
+
+// Not parallel: goleak compares goroutines before and after.
+func TestConsulCancelReturnsPromptly(t *testing.T) {
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c.Put(t, "hastate/state/web/a", "drain")
+	ignore := goleak.IgnoreCurrent()
+
+	tr := &http.Transport{}
+	client, err := api.NewClient(&api.Config{Address: c.Addr(), Scheme: "http", Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocking atomic.Bool
+	kv := &fakeKV{list: func(prefix string, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
+		if q.WaitIndex > 0 {
+			blocking.Store(true)
+		}
+		return client.KV().List(prefix, q)
+	}}
+	sink := &recSink{}
+	o := consulOptions(nil, "hastate/", sink)
+	o.Client, o.KV, o.WaitTime = nil, kv, time.Minute
+	w, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWatcher(t, w)
+	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
+	eventually(t, deliveryTimeout, "a blocking query in flight", blocking.Load)
+
+	began := time.Now()
+	stop() // fails the test if Run does not return within 5s
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("Run took %s to return after cancel", d)
+	}
+	tr.CloseIdleConnections()
+	goleak.VerifyNone(t, ignore)
+}

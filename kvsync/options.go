@@ -1,0 +1,143 @@
+package kvsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"go.uber.org/zap"
+)
+
+// Sink receives full reads of the prefix. kv keys are relative to the
+// prefix; the map is the Sink's to keep. A returned error means "not
+// applied": the Watcher backs off and hands over the then-current full read
+// again.
+type Sink interface {
+	ApplyKV(ctx context.Context, index uint64, kv map[string]string) error
+}
+
+// SinkFunc adapts a function to a Sink.
+type SinkFunc func(ctx context.Context, index uint64, kv map[string]string) error
+
+// ApplyKV calls f.
+func (f SinkFunc) ApplyKV(ctx context.Context, index uint64, kv map[string]string) error {
+	return f(ctx, index, kv)
+}
+
+// Defaults applied to zero Options fields.
+const (
+	DefaultWaitTime    = 60 * time.Second
+	DefaultMinGap      = 50 * time.Millisecond
+	DefaultBackoffBase = 250 * time.Millisecond
+	DefaultBackoffMax  = 30 * time.Second
+)
+
+// Errors returned by this package.
+var (
+	// ErrInvalidOptions wraps every error New returns.
+	ErrInvalidOptions = errors.New("kvsync: invalid options")
+	// ErrRunning is returned by Run when the Watcher is already running.
+	ErrRunning = errors.New("kvsync: watcher is already running")
+)
+
+// Options configure a Watcher. Zero values are documented per field.
+type Options struct {
+	// Client is the Consul client (see ClientConfig). Required unless KV is
+	// set; setting both is an error.
+	Client *api.Client
+	// KV replaces Client.KV(); for tests.
+	KV KV
+	// Prefix is the KV prefix to mirror, ending in "/" and not starting
+	// with one, e.g. "hastate/" or "gitlab-haproxy-agent/". Required.
+	Prefix string
+	// Sink receives changed reads. Required.
+	Sink Sink
+	// Logger; nil logs nothing.
+	Logger *zap.Logger
+	// Metrics; nil uses a private, unregistered set.
+	Metrics *Metrics
+
+	// WaitTime is the blocking-query wait; 0 means DefaultWaitTime.
+	// Consul caps it at 10 minutes.
+	WaitTime time.Duration
+	// MinGap is the least time between the starts of two calls to Consul,
+	// plus up to 50% random jitter; 0 means DefaultMinGap.
+	MinGap time.Duration
+	// BackoffBase and BackoffMax shape the wait after consecutive failures
+	// (see Backoff); 0 means DefaultBackoffBase and DefaultBackoffMax.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+
+	// Now is the clock for the times in Status and the metrics; nil means
+	// time.Now. Waiting uses real timers.
+	Now func() time.Time
+}
+
+func (o *Options) validate() error {
+	var probs []string
+	switch {
+	case o.Client == nil && o.KV == nil:
+		probs = append(probs, "Client is required")
+	case o.Client != nil && o.KV != nil:
+		probs = append(probs, "set Client or KV, not both")
+	}
+	switch {
+	case o.Prefix == "":
+		probs = append(probs, `Prefix is required (e.g. "hastate/")`)
+	case !strings.HasSuffix(o.Prefix, "/"):
+		probs = append(probs, fmt.Sprintf(`Prefix %q must end with "/" (try %q)`, o.Prefix, o.Prefix+"/"))
+	case strings.HasPrefix(o.Prefix, "/"):
+		probs = append(probs, fmt.Sprintf(`Prefix %q must not start with "/" (try %q)`, o.Prefix, strings.TrimLeft(o.Prefix, "/")))
+	}
+	if o.Sink == nil {
+		probs = append(probs, "Sink is required")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"WaitTime", o.WaitTime}, {"MinGap", o.MinGap}, {"BackoffBase", o.BackoffBase}, {"BackoffMax", o.BackoffMax}} {
+		if d.v < 0 {
+			probs = append(probs, fmt.Sprintf("%s %s is negative", d.name, d.v))
+		}
+	}
+	if o.WaitTime > 10*time.Minute {
+		probs = append(probs, fmt.Sprintf("WaitTime %s exceeds Consul's 10m limit", o.WaitTime))
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(probs, "; "))
+	}
+	return nil
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	if o.KV == nil {
+		o.KV = o.Client.KV()
+	}
+	if o.WaitTime == 0 {
+		o.WaitTime = DefaultWaitTime
+	}
+	if o.MinGap == 0 {
+		o.MinGap = DefaultMinGap
+	}
+	if o.BackoffBase == 0 {
+		o.BackoffBase = DefaultBackoffBase
+	}
+	if o.BackoffMax == 0 {
+		o.BackoffMax = DefaultBackoffMax
+	}
+	if o.BackoffMax < o.BackoffBase {
+		o.BackoffMax = o.BackoffBase
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}

@@ -1,0 +1,276 @@
+package kvsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"go.uber.org/zap"
+)
+
+// requestSlack is how long past the blocking wait (and Consul's own jitter
+// of up to wait/16) a call may take before it is abandoned as hung, so a
+// half-open connection cannot stall the Watcher forever.
+const requestSlack = 10 * time.Second
+
+// Status is a Watcher's view of its sync, for readiness details and the
+// status page.
+type Status struct {
+	// LastSuccess is when a Consul read last succeeded with the Sink in sync
+	// with it (zero: never, in this process).
+	LastSuccess time.Time `json:"last_success"`
+	// LastError and LastErrorTime describe the last failure, Consul or Sink;
+	// they are kept after a recovery.
+	LastError     string    `json:"last_error,omitempty"`
+	LastErrorTime time.Time `json:"last_error_time"`
+	// Index is the Consul index of the last successful read.
+	Index uint64 `json:"index"`
+	// ConsecutiveErrors counts failures since the last success.
+	ConsecutiveErrors int `json:"consecutive_errors"`
+	// Reachable is true when the last Consul read succeeded.
+	Reachable bool `json:"reachable"`
+}
+
+// Watcher mirrors one KV prefix into a Sink. Create it with New, drive it
+// with Run. Status is safe for concurrent use.
+type Watcher struct {
+	o     Options
+	log   *zap.Logger
+	m     *Metrics
+	slack time.Duration // requestSlack; tests shorten it
+
+	running atomic.Bool
+
+	mu sync.Mutex
+	st Status
+}
+
+// New validates o and returns a Watcher; it does not contact Consul.
+func New(o Options) (*Watcher, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	o.setDefaults()
+	return &Watcher{
+		o:     o,
+		log:   o.Logger.With(zap.String("kv_prefix", o.Prefix)),
+		m:     o.Metrics,
+		slack: requestSlack,
+	}, nil
+}
+
+// Status returns a snapshot of the Watcher's sync state.
+func (w *Watcher) Status() Status {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.st
+}
+
+// Run mirrors the prefix into the Sink until ctx is done, then returns
+// ctx.Err(). It returns ErrRunning at once if the Watcher is already
+// running. Consul being unreachable is not an error: Run keeps retrying
+// with backoff and catches up when Consul answers again.
+//
+// Every Run starts over at index 0 and hands its first successful read to
+// the Sink even when the prefix is empty, so a new raft leader always
+// applies a full read.
+func (w *Watcher) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer w.running.Store(false)
+
+	var (
+		// index is the Consul index the Sink is in sync with; 0 means
+		// none, so the next read returns at once with the full prefix.
+		index    uint64
+		last     map[string]string // what the Sink last accepted
+		failures int               // consecutive failed attempts
+		since    time.Time         // first failure of the current streak
+		wait     time.Duration     // before the next call
+	)
+	for {
+		if err := sleep(ctx, wait); err != nil {
+			return err
+		}
+		start := time.Now()
+		got, kv, err := w.read(ctx, index)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			failures, since = w.failed(failures, since, index, err, true)
+			wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), w.gap(start))
+			continue
+		}
+		wait = w.gap(start)
+
+		switch {
+		case got < index:
+			// Consul's rule: an index that goes backwards (a restored
+			// snapshot, a new cluster) means start over with a full read.
+			w.log.Info("consul index went backwards; starting over with a full read",
+				zap.Uint64("index", index), zap.Uint64("consul_index", got))
+			index = 0
+			continue
+		case got == index:
+			// The wait timed out or an unrelated write woke us: nothing new.
+		case last != nil && maps.Equal(kv, last):
+			index = got // the index moved, the data did not
+		default:
+			if err := w.o.Sink.ApplyKV(ctx, got, maps.Clone(kv)); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				// Not delivered: index stays, so the next read returns at
+				// once with the then-current data, after the backoff.
+				failures, since = w.failed(failures, since, index,
+					fmt.Errorf("sink: apply %d keys at index %d: %w", len(kv), got, err), false)
+				wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
+				continue
+			}
+			w.m.updates.Inc()
+			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", len(kv)))
+			index, last = got, kv
+		}
+		if failures > 0 {
+			w.log.Info("consul KV sync recovered",
+				zap.Int("failed_attempts", failures),
+				zap.Duration("outage", time.Since(since).Round(time.Millisecond)),
+				zap.Uint64("consul_index", got), zap.Int("keys", len(kv)))
+			failures = 0
+		}
+		w.succeeded()
+	}
+}
+
+// read lists the prefix, blocking until Consul's index passes index (or the
+// wait ends), and returns the index and the keys relative to the prefix.
+func (w *Watcher) read(ctx context.Context, index uint64) (uint64, map[string]string, error) {
+	limit := w.o.WaitTime + w.o.WaitTime/16 + w.slack
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	q := (&api.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(ctx)
+	pairs, meta, err := w.o.KV.List(w.o.Prefix, q)
+	switch {
+	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return 0, nil, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
+	case err != nil:
+		return 0, nil, fmt.Errorf("consul: list %q: %w", w.o.Prefix, err)
+	case meta == nil:
+		return 0, nil, fmt.Errorf("consul: list %q: no query metadata in the answer", w.o.Prefix)
+	case meta.ResultsFilteredByACLs:
+		// Applying a partial read would clear the states the token
+		// cannot see.
+		return 0, nil, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errFilteredByACLs)
+	}
+	kv := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		rel, ok := strings.CutPrefix(p.Key, w.o.Prefix)
+		if !ok || rel == "" || (strings.HasSuffix(rel, "/") && len(p.Value) == 0) {
+			continue // the prefix itself, or a folder key
+		}
+		kv[rel] = string(p.Value)
+	}
+	// Consul's rule: an index must be above 0; waiting on 0 would not
+	// block, so treat 0 as 1.
+	got := max(meta.LastIndex, 1)
+
+	w.m.index.Set(float64(got))
+	w.m.keys.Set(float64(len(kv)))
+	w.m.reachable.Set(1)
+	w.mu.Lock()
+	w.st.Index, w.st.Reachable = got, true
+	w.mu.Unlock()
+	return got, kv, nil
+}
+
+var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix, refusing a partial read")
+
+// failed records a failed attempt, logs one line for it and returns the new
+// streak. consul tells a Consul failure from a Sink one.
+func (w *Watcher) failed(failures int, since time.Time, index uint64, err error, consul bool) (int, time.Time) {
+	failures++
+	if failures == 1 {
+		since = time.Now()
+	}
+	now := w.o.Now()
+	w.m.errors.Inc()
+	w.mu.Lock()
+	w.st.LastError, w.st.LastErrorTime, w.st.ConsecutiveErrors = err.Error(), now, failures
+	if consul {
+		w.st.Reachable = false
+	}
+	w.mu.Unlock()
+
+	retry := Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax)
+	fields := []zap.Field{
+		zap.Error(err),
+		zap.Int("attempt", failures),
+		zap.Duration("retry_in", retry),
+		zap.Uint64("consul_index", index),
+	}
+	if consul {
+		w.m.reachable.Set(0)
+		w.log.Error("cannot read Consul KV; serving the last mirrored state; "+consulHint(err), fields...)
+	} else {
+		w.log.Error("could not apply the Consul KV read; serving the last applied state; "+
+			"will retry with a fresh read (check this replica's raft leadership and logs)", fields...)
+	}
+	return failures, since
+}
+
+// consulHint says what an operator should check for err.
+func consulHint(err error) string {
+	var se api.StatusError
+	switch {
+	case errors.Is(err, errFilteredByACLs):
+		return "give the token (CONSUL_HTTP_TOKEN) key_prefix read on the whole prefix"
+	case errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
+		return "check the Consul token (CONSUL_HTTP_TOKEN): it needs key_prefix read on the prefix"
+	case errors.As(err, &se):
+		return "Consul answered with an error; check the Consul servers (leader, quorum)"
+	default:
+		return "check that Consul is up and reachable at CONSUL_HTTP_ADDR / --consul-addr, and its TLS settings and token"
+	}
+}
+
+func (w *Watcher) succeeded() {
+	now := w.o.Now()
+	w.m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
+	w.mu.Lock()
+	w.st.LastSuccess, w.st.ConsecutiveErrors = now, 0
+	w.mu.Unlock()
+}
+
+// gap returns how long to wait so the next call starts at least MinGap,
+// plus up to 50% jitter, after the call that started at start.
+func (w *Watcher) gap(start time.Time) time.Duration {
+	g := w.o.MinGap
+	if half := int64(g / 2); half > 0 {
+		g += time.Duration(rand.Int64N(half + 1))
+	}
+	return g - time.Since(start)
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
