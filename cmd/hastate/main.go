@@ -84,8 +84,9 @@ func bindEnv(fs *pflag.FlagSet) error {
 func serveCmd(stderr io.Writer) *cobra.Command {
 	host, _ := os.Hostname()
 	var (
-		o                     app.Options
-		peers, logLevel, logF string
+		o                      app.Options
+		peers, logLevel, logF  string
+		tlsCert, tlsKey, tlsCA string
 	)
 	c := &cobra.Command{
 		Use:   "serve",
@@ -109,6 +110,9 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
 				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
 			}
+			if o.RaftTLS, err = cluster.MutualTLS(tlsCert, tlsKey, tlsCA); err != nil {
+				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
+			}
 			o.Logger = log.With(zap.String("node_id", o.NodeID))
 			return serve(cmd.Context(), o)
 		},
@@ -123,6 +127,12 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/hastate", "raft log and snapshots")
 	f.StringVar(&o.KVPrefix, "kv-prefix", "hastate/", "Consul KV prefix; state lives under <prefix>state/")
 	f.StringVar(&o.ConsulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
+	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
+	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
+	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
+	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
+	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate")
 	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
 	f.StringVar(&logF, "log-format", "json", "json|console")
 	return c

@@ -6,6 +6,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -43,6 +44,14 @@ type Options struct {
 	// AgentReadTimeout and AgentQuietPeriod tune the agent protocol (0: defaults).
 	AgentReadTimeout time.Duration
 	AgentQuietPeriod time.Duration
+	// KVFailoverAfter: a leader that cannot reach Consul this long hands
+	// leadership to a follower that can (0: 30s; negative: never).
+	KVFailoverAfter time.Duration
+	// SnapshotInterval and SnapshotThreshold tune raft snapshots (0: 2m, 1024 entries).
+	SnapshotInterval  time.Duration
+	SnapshotThreshold uint64
+	// RaftTLS, when set, secures the raft port with mutual TLS.
+	RaftTLS *tls.Config
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
 
@@ -101,6 +110,8 @@ type App struct {
 
 	agentLn, httpLn net.Listener
 	watcher         atomic.Pointer[kvsync.Watcher]
+	probe           *kvsync.Probe
+	stopProbe       context.CancelFunc
 	serveWG         sync.WaitGroup
 	stopOnce        sync.Once
 	stopErr         error
@@ -126,6 +137,10 @@ func New(o Options) (*App, error) {
 		}, func() float64 { return 1 }),
 	)
 	a.kvm = kvsync.NewMetrics(reg)
+	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -148,7 +163,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
-		LeaderDuty: a.watchConsul,
+		LeaderDuty: a.watchConsul, TLS: a.o.RaftTLS,
+		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
+		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
 	})
 	if err != nil {
 		return err
@@ -164,7 +181,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 		Handler:           server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http")}),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
-	a.serveWG.Add(2)
+	probeCtx, stopProbe := context.WithCancel(context.Background())
+	a.stopProbe = stopProbe
+	a.serveWG.Add(3)
+	go func() {
+		defer a.serveWG.Done()
+		_ = a.probe.Run(probeCtx)
+	}()
 	go func() {
 		defer a.serveWG.Done()
 		if err := a.agent.Serve(a.agentLn); err != nil && !errors.Is(err, server.ErrServerClosed) {
@@ -199,6 +222,11 @@ func (a *App) watchConsul(ctx context.Context) {
 	a.log.Info("leader: watching Consul KV", zap.String("prefix", a.o.KVPrefix))
 	_ = w.Run(ctx)
 	a.log.Info("leader duty ended: Consul watch stopped")
+}
+
+func (a *App) consulHealth() cluster.ConsulHealth {
+	ok, since, checked := a.probe.Health()
+	return cluster.ConsulHealth{Reachable: ok, FailingSince: since, Checked: checked}
 }
 
 // AgentAddr and HTTPAddr are the bound addresses (useful with port 0).
@@ -237,6 +265,9 @@ func (a *App) stop(ctx context.Context) error {
 		errs = append(errs, a.agent.Shutdown(ctx))
 	} else if a.agentLn != nil {
 		errs = append(errs, a.agentLn.Close())
+	}
+	if a.stopProbe != nil {
+		a.stopProbe()
 	}
 	a.serveWG.Wait()
 	a.log.Info("hastate stopped")

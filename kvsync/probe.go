@@ -1,0 +1,109 @@
+package kvsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Probe checks, on every replica, whether this replica can read the KV
+// prefix. Only the leader watches Consul; the probe is how a follower knows
+// it could take over the watch, and how a leader knows it has lost Consul.
+type Probe struct {
+	o         ProbeOptions
+	reachable prometheus.Gauge
+
+	mu           sync.Mutex
+	ok           bool
+	failingSince time.Time
+	checked      time.Time
+}
+
+// ProbeOptions configure a Probe. Client and Prefix are required.
+type ProbeOptions struct {
+	Client     *api.Client
+	Prefix     string
+	Interval   time.Duration         // 0: 2s between checks
+	Timeout    time.Duration         // 0: 2s per check
+	Logger     *zap.Logger           // nil: no logs
+	Registerer prometheus.Registerer // nil: metric not registered
+}
+
+// NewProbe validates the options.
+func NewProbe(o ProbeOptions) (*Probe, error) {
+	if o.Client == nil || o.Prefix == "" {
+		return nil, fmt.Errorf("%w: probe needs a Consul client and a prefix", ErrInvalidOptions)
+	}
+	if o.Interval <= 0 {
+		o.Interval = 2 * time.Second
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	p := &Probe{o: o, reachable: prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hastate_kv_probe_reachable",
+		Help: "1 if this replica's last check of Consul KV (every replica checks, leader or not) succeeded.",
+	})}
+	if o.Registerer != nil {
+		p.reachable = register(o.Registerer, p.reachable)
+	}
+	return p, nil
+}
+
+// Run checks Consul every Interval until ctx is done.
+func (p *Probe) Run(ctx context.Context) error {
+	t := time.NewTicker(p.o.Interval)
+	defer t.Stop()
+	for {
+		p.check(ctx)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Probe) check(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, p.o.Timeout)
+	defer cancel()
+	// Reading one key under the prefix needs the same ACL as the watch; a
+	// missing key is a success (nil pair, nil error).
+	_, _, err := p.o.Client.KV().Get(p.o.Prefix+"state/", (&api.QueryOptions{AllowStale: true}).WithContext(ctx))
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return
+	}
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.checked = now
+	switch {
+	case err == nil && !p.ok:
+		if !p.failingSince.IsZero() {
+			p.o.Logger.Info("Consul reachable again from this replica", zap.Duration("was_down_for", now.Sub(p.failingSince).Round(time.Millisecond)))
+		}
+		p.ok, p.failingSince = true, time.Time{}
+		p.reachable.Set(1)
+	case err != nil && (p.ok || p.failingSince.IsZero()):
+		p.o.Logger.Warn("Consul not reachable from this replica (check CONSUL_HTTP_ADDR / --consul-addr, TLS and token)", zap.Error(err))
+		p.ok, p.failingSince = false, now
+		p.reachable.Set(0)
+	}
+}
+
+// Health reports the last check: reachable, since when it has been failing
+// (zero when reachable), and when it was checked.
+func (p *Probe) Health() (reachable bool, failingSince, checked time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ok, p.failingSince, p.checked
+}
