@@ -1,0 +1,188 @@
+package cluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+type health struct {
+	mu    sync.Mutex
+	since time.Time // zero: reachable
+}
+
+func (h *health) get() ConsulHealth {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return ConsulHealth{Reachable: h.since.IsZero(), FailingSince: h.since, Checked: time.Now()}
+}
+
+func (h *health) fail() {
+	h.mu.Lock()
+	h.since = time.Now()
+	h.mu.Unlock()
+}
+
+func startCluster(t *testing.T, mod func(i int, o *Options)) []*testNode {
+	t.Helper()
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	var peers []Peer
+	for i, p := range ports {
+		peers = append(peers, Peer{ID: fmt.Sprintf("n%d", i), Address: fmt.Sprintf("127.0.0.1:%d", p)})
+	}
+	nodes := make([]*testNode, 3)
+	for i := range nodes {
+		o := Options{ID: peers[i].ID, BindAddr: peers[i].Address, Advertise: peers[i].Address, Peers: peers, DataDir: t.TempDir()}
+		if mod != nil {
+			mod(i, &o)
+		}
+		nodes[i] = startNode(t, o)
+	}
+	return nodes
+}
+
+func leaderOf(nodes []*testNode) *testNode {
+	for _, n := range nodes {
+		if n.IsLeader() {
+			return n
+		}
+	}
+	return nil
+}
+
+func TestLeaderWithoutConsulHandsOverToAFollowerWithConsul(t *testing.T) {
+	hs := []*health{{}, {}, {}}
+	nodes := startCluster(t, func(i int, o *Options) {
+		o.ConsulHealth = hs[i].get
+		o.KVFailoverAfter = 500 * time.Millisecond
+	})
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	old := leaderOf(nodes)
+	for i, n := range nodes {
+		if n == old {
+			hs[i].fail()
+		}
+	}
+	start := time.Now()
+	eventually(t, 10*time.Second, func() bool { l := leaderOf(nodes); return l != nil && l != old }, "leadership stayed on the leader that lost Consul")
+	t.Logf("leadership moved off the leader without Consul %s after failover-after elapsed", time.Since(start)-500*time.Millisecond)
+
+	// The members report each other's Consul reachability.
+	info := leaderOf(nodes).Info()
+	seen := 0
+	for _, m := range info.Members {
+		if m.Status != nil {
+			seen++
+			if (m.ID == old.opts.ID) == m.Status.ConsulReachable {
+				t.Errorf("member %s reports consul_reachable=%v", m.ID, m.Status.ConsulReachable)
+			}
+		}
+	}
+	if seen != 3 {
+		t.Errorf("statuses from %d members, want 3: %+v", seen, info.Members)
+	}
+}
+
+func TestNoHandOverWhenNoFollowerReachesConsul(t *testing.T) {
+	hs := []*health{{}, {}, {}}
+	for _, h := range hs {
+		h.fail()
+	}
+	nodes := startCluster(t, func(i int, o *Options) {
+		o.ConsulHealth = hs[i].get
+		o.KVFailoverAfter = 200 * time.Millisecond
+	})
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	l := leaderOf(nodes)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if !l.IsLeader() {
+			t.Fatal("leadership moved although no follower can reach Consul")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// writeCerts makes a CA and a leaf for 127.0.0.1/localhost signed by it.
+func writeCerts(t *testing.T, dir string) (cert, key, ca string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "hastate test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "hastate"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(leafKey)
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return write("node.pem", "CERTIFICATE", leafDER), write("node-key.pem", "EC PRIVATE KEY", keyDER), write("ca.pem", "CERTIFICATE", caDER)
+}
+
+func TestMutualTLSOnTheRaftPort(t *testing.T) {
+	cert, key, ca := writeCerts(t, t.TempDir())
+	conf, err := MutualTLS(cert, key, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := startCluster(t, func(_ int, o *Options) { o.TLS = conf })
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader over TLS")
+	if err := leaderOf(nodes).ApplyKV(context.Background(), 1, map[string]string{"state/a/b": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		eventually(t, 5*time.Second, func() bool { return answer(n.Node, "a/b") == "drain\n" }, "%s did not replicate over TLS", n.opts.ID)
+	}
+
+	// A client without a certificate from the CA is refused.
+	other, otherKey, otherCA := writeCerts(t, t.TempDir())
+	bad, err := MutualTLS(other, otherKey, otherCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.Dial("tcp", nodes[0].opts.BindAddr, bad)
+	if err == nil {
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_, err = c.Write([]byte{connStatus})
+		if err == nil {
+			_, err = c.Read(make([]byte, 1))
+		}
+		c.Close()
+	}
+	if err == nil {
+		t.Fatal("a peer with a certificate from another CA was served")
+	}
+
+	if _, err := MutualTLS(cert, "", ca); err == nil {
+		t.Fatal("partial TLS flags accepted")
+	}
+}
