@@ -40,8 +40,12 @@ type Options struct {
 	Advertise string // host:port peers dial; a DNS name is fine
 	// Peers is the initial configuration used when the node has no raft
 	// state. Empty: a one-node cluster of this node.
-	Peers   []Peer
-	DataDir string
+	Peers []Peer
+	// DialOverride dials the listed peers (by ID) at another address than
+	// the one in the raft configuration, e.g. through a local proxy or a
+	// sidecar. Peers not listed are dialled at their configured address.
+	DialOverride map[string]string
+	DataDir      string
 	// TLS, when set, is used for both the raft listener and dials (set
 	// ClientCAs/RootCAs and ClientAuth for mutual TLS).
 	TLS *tls.Config
@@ -163,6 +167,7 @@ func New(o Options) (*Node, error) {
 	n.stream = sl
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
+		ServerAddressProvider: dialOverride(o.DialOverride),
 	})
 
 	notify := make(chan bool, 16)
@@ -397,7 +402,11 @@ func (n *Node) PeerStatuses(timeout time.Duration) map[string]PeerStatus {
 		wg.Add(1)
 		go func(s raft.Server) {
 			defer wg.Done()
-			st, err := n.stream.queryStatus(string(s.Address), timeout)
+			addr := string(s.Address)
+			if a, ok := n.opts.DialOverride[string(s.ID)]; ok {
+				addr = a
+			}
+			st, err := n.stream.queryStatus(addr, timeout)
 			if err != nil {
 				return
 			}
@@ -644,4 +653,15 @@ func (n *Node) closeStores() error {
 		}
 	}
 	return err
+}
+
+// dialOverride maps server IDs to dial addresses; an error makes raft use
+// the configured address.
+type dialOverride map[string]string
+
+func (d dialOverride) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if a, ok := d[string(id)]; ok {
+		return raft.ServerAddress(a), nil
+	}
+	return "", fmt.Errorf("no dial override for %s", id)
 }

@@ -87,6 +87,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 		o                      app.Options
 		peers, logLevel, logF  string
 		tlsCert, tlsKey, tlsCA string
+		raftDial               string
 	)
 	c := &cobra.Command{
 		Use:   "serve",
@@ -110,6 +111,16 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
 				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
 			}
+			dial, err := cluster.ParsePeers(raftDial)
+			if err != nil {
+				return fmt.Errorf("%w: --raft-dial: %v", ctl.ErrUsage, err)
+			}
+			for _, p := range dial {
+				if o.RaftDial == nil {
+					o.RaftDial = map[string]string{}
+				}
+				o.RaftDial[p.ID] = p.Address
+			}
 			if o.RaftTLS, err = cluster.MutualTLS(tlsCert, tlsKey, tlsCA); err != nil {
 				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 			}
@@ -124,6 +135,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.RaftAddr, "raft-addr", ":9779", "raft listen address")
 	f.StringVar(&o.RaftAdvertise, "raft-advertise", "", "host:port other replicas dial (default <node-id>:<raft port>)")
 	f.StringVar(&peers, "peers", "", "initial cluster: id=host:port,... (empty: a one-node cluster)")
+	f.StringVar(&raftDial, "raft-dial", "", "id=host:port,...: dial these peers at another address than --peers gives (a local proxy or sidecar)")
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/hastate", "raft log and snapshots")
 	f.StringVar(&o.KVPrefix, "kv-prefix", "hastate/", "Consul KV prefix; state lives under <prefix>state/")
 	f.StringVar(&o.ConsulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")

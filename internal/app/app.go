@@ -37,9 +37,11 @@ type Options struct {
 	RaftAddr      string // "": ":9779"
 	RaftAdvertise string // "": <NodeID>:<raft port>
 	Peers         []cluster.Peer
-	DataDir       string // required
-	KVPrefix      string // "": "hastate/"
-	ConsulAddr    string // "": CONSUL_HTTP_ADDR, else 127.0.0.1:8500
+	// RaftDial dials some peers at another address (see cluster.Options.DialOverride).
+	RaftDial   map[string]string
+	DataDir    string // required
+	KVPrefix   string // "": "hastate/"
+	ConsulAddr string // "": CONSUL_HTTP_ADDR, else 127.0.0.1:8500
 
 	// AgentReadTimeout and AgentQuietPeriod tune the agent protocol (0: defaults).
 	AgentReadTimeout time.Duration
@@ -163,7 +165,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
-		LeaderDuty: a.watchConsul, TLS: a.o.RaftTLS,
+		LeaderDuty: a.watchConsul, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
 	})
