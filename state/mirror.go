@@ -47,12 +47,13 @@ func (e *Entry) Valid() bool { return e.Err == "" }
 type Mirror struct {
 	raw     map[string]string
 	entries map[string]*Entry
+	ramps   map[string]*Ramp // by target: "backend/server" or "backend/*"
 	synced  bool
 }
 
 // NewMirror returns an empty mirror that holds no state yet.
 func NewMirror() *Mirror {
-	return &Mirror{raw: map[string]string{}, entries: map[string]*Entry{}}
+	return &Mirror{raw: map[string]string{}, entries: map[string]*Entry{}, ramps: map[string]*Ramp{}}
 }
 
 // Synced reports whether the mirror holds state: a KV read was applied to it
@@ -84,7 +85,8 @@ func (m *Mirror) Diff(desired map[string]string) Change {
 }
 
 // Apply applies a change and marks the mirror as synced. An invalid value
-// keeps the key's last valid value.
+// keeps the key's last valid value. It neither starts nor ends ramps; the
+// state machine uses ApplyAt.
 func (m *Mirror) Apply(c Change) {
 	m.synced = true
 	for _, k := range c.Delete {
@@ -137,11 +139,16 @@ type Persisted struct {
 	// LastValid holds, for keys whose current value is invalid, the raw
 	// text of the last valid value.
 	LastValid map[string]string `json:"last_valid,omitempty"`
+	// Ramps are the ramps in progress.
+	Ramps []Ramp `json:"ramps,omitempty"`
 }
 
 // Export returns the mirror's durable form.
 func (m *Mirror) Export() Persisted {
 	p := Persisted{Synced: m.synced, KV: maps.Clone(m.raw)}
+	if len(m.ramps) > 0 {
+		p.Ramps = m.Ramps()
+	}
 	for k, e := range m.entries {
 		if !e.Valid() && e.HasLast {
 			if p.LastValid == nil {
@@ -160,6 +167,9 @@ func Restore(p Persisted) *Mirror {
 		m.Apply(Change{Set: map[string]string{k: v}})
 	}
 	m.Apply(Change{Set: p.KV})
+	for _, r := range p.Ramps {
+		m.ramps[r.Target] = &r
+	}
 	m.synced = p.Synced
 	return m
 }
@@ -170,22 +180,34 @@ func (m *Mirror) KV() map[string]string { return maps.Clone(m.raw) }
 // Snapshot builds the immutable serving view of the mirror.
 func (m *Mirror) Snapshot() *Snapshot {
 	s := &Snapshot{
-		exact:    make(map[string][]byte, len(m.entries)),
+		exact:    make(map[string][]byte, len(m.entries)+len(m.ramps)),
 		wildcard: map[string][]byte{},
 		entries:  make([]Entry, 0, len(m.entries)),
+		ramps:    make(map[string]Ramp, len(m.ramps)),
 	}
 	for _, e := range m.entries {
 		s.entries = append(s.entries, *e)
-		if e.Backend == "" {
-			continue
-		}
-		line := entryAnswer(e).line()
-		if e.Server == Wildcard {
-			s.wildcard[e.Backend] = line
-		} else {
-			s.exact[e.Backend+"/"+e.Server] = line
-		}
 	}
 	slices.SortFunc(s.entries, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	for t, r := range m.ramps {
+		s.ramps[t] = *r
+	}
+	put := func(target string) {
+		b, srv, _ := strings.Cut(target, "/")
+		line := s.Resolve(b, srv).Answer.line()
+		if srv == Wildcard {
+			s.wildcard[b] = line
+		} else {
+			s.exact[target] = line
+		}
+	}
+	for i := range s.entries {
+		if t := s.entries[i].target(); t != "" {
+			put(t)
+		}
+	}
+	for t := range s.ramps {
+		put(t)
+	}
 	return s
 }

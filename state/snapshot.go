@@ -1,6 +1,9 @@
 package state
 
-import "slices"
+import (
+	"maps"
+	"slices"
+)
 
 // Snapshot is an immutable view of the desired state, built by a Mirror
 // after each change and swapped atomically by its owner. All methods are
@@ -10,6 +13,7 @@ type Snapshot struct {
 	exact    map[string][]byte // "backend/server" -> wire line
 	wildcard map[string][]byte // backend -> wire line
 	entries  []Entry           // sorted by key
+	ramps    map[string]Ramp   // by target
 }
 
 // Lookup returns the LF-terminated answer line for a request "backend/server"
@@ -47,6 +51,8 @@ type Resolution struct {
 	Source Source
 	// Entry is the key's entry when Source is a key.
 	Entry *Entry
+	// Ramp is the ramp that sets the weight, if one does.
+	Ramp *Ramp
 }
 
 // Resolve returns the answer for a server with its provenance, applying the
@@ -57,13 +63,27 @@ func (s *Snapshot) Resolve(backend, server string) Resolution {
 		r.Answer, r.Source = Answer{Withheld: true}, SourceNoState
 		return r
 	}
-	for _, key := range []string{StatePrefix + backend + "/" + server, StatePrefix + backend + "/" + Wildcard} {
+	exact := StatePrefix + backend + "/" + server
+	r.Answer, r.Source = readyFull, SourceAbsent
+	for _, key := range []string{exact, StatePrefix + backend + "/" + Wildcard} {
 		if e := s.entry(key); e != nil {
 			r.Answer, r.Source, r.Entry = entryAnswer(e), Source(key), e
-			return r
+			break
 		}
 	}
-	r.Answer, r.Source = readyFull, SourceAbsent
+	// A ramp sets the weight of a plain ready answer: the server's own
+	// ramp, else (when the answer does not come from its own key) the
+	// backend wildcard's.
+	if r.Answer.Withheld || r.Answer.Admin != Ready || (r.Entry != nil && r.Entry.Last.WeightSet) {
+		return r
+	}
+	rp, ok := s.ramps[backend+"/"+server]
+	if !ok && r.Source != Source(exact) {
+		rp, ok = s.ramps[backend+"/"+Wildcard]
+	}
+	if ok {
+		r.Answer.Weight, r.Ramp = rp.Weight, &rp
+	}
 	return r
 }
 
@@ -100,4 +120,16 @@ func (s *Snapshot) Invalid() int {
 		}
 	}
 	return n
+}
+
+// Ramps returns the ramps in progress, sorted by target.
+func (s *Snapshot) Ramps() []Ramp {
+	if s == nil {
+		return nil
+	}
+	out := make([]Ramp, 0, len(s.ramps))
+	for _, t := range slices.Sorted(maps.Keys(s.ramps)) {
+		out = append(out, s.ramps[t])
+	}
+	return out
 }

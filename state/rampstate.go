@@ -1,0 +1,209 @@
+package state
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Ramp is one undrain ramp in progress. Target is "backend/server" or
+// "backend/*" (every server of the backend without a key of its own).
+type Ramp struct {
+	Target  string     `json:"target"`
+	Started time.Time  `json:"started"`
+	Policy  RampPolicy `json:"policy"`
+	// Weight is the last applied step, in percent; every replica answers it.
+	Weight int `json:"weight"`
+}
+
+// ETA is when the ramp reaches 100%.
+func (r Ramp) ETA() time.Time { return r.Started.Add(r.Policy.Duration) }
+
+// RampEvent reports a ramp that started or ended while applying an entry.
+type RampEvent struct {
+	Target string
+	Start  bool // false: ended
+	Reason string
+	Ramp   Ramp
+}
+
+// RampSteps is the payload of a leader's ramp entry: new weights for ramps
+// in progress and ramps that are done.
+type RampSteps struct {
+	Weights map[string]int `json:"weights,omitempty"`
+	Done    []string       `json:"done,omitempty"`
+}
+
+// Empty reports whether the steps change nothing.
+func (s RampSteps) Empty() bool { return len(s.Weights) == 0 && len(s.Done) == 0 }
+
+// target returns the ramp target of a state key ("" for invalid keys).
+func (e *Entry) target() string {
+	if e.Backend == "" {
+		return ""
+	}
+	return e.Backend + "/" + e.Server
+}
+
+// effective is what a target is told before ramps: the last valid value of
+// its own key, else (for a server) its backend wildcard's, else ready.
+// ok is false when the answer is withheld.
+func (m *Mirror) effective(target string) (v Value, ok bool) {
+	b, s, _ := strings.Cut(target, "/")
+	keys := []string{StatePrefix + target}
+	if s != Wildcard {
+		keys = append(keys, StatePrefix+b+"/"+Wildcard)
+	}
+	for _, k := range keys {
+		if e := m.entries[k]; e != nil {
+			return e.Last, e.HasLast
+		}
+	}
+	return Value{Admin: Ready, Weight: 100}, true
+}
+
+func plainReady(v Value, ok bool) bool { return ok && v.Admin == Ready && !v.WeightSet }
+
+func (m *Mirror) startsRamp(before Value, beforeOK bool, p RampPolicy) bool {
+	if !beforeOK {
+		return false
+	}
+	return before.Admin == Drain || (before.Admin == Maint && p.FromMaint)
+}
+
+// ApplyAt applies a KV change at the leader's time at and starts or ends
+// ramps: a target whose effective state goes from drain (or maint, with
+// FromMaint) to plain ready starts a ramp under policy, or under the key's
+// own "ramp" duration (the new value's, else the old one's); a target that
+// becomes anything but plain ready ends its ramp at once.
+func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent {
+	type before struct {
+		v        Value
+		ok       bool
+		override *time.Duration
+	}
+	targets := map[string]before{}
+	note := func(k string) {
+		if !strings.HasPrefix(k, StatePrefix) {
+			return
+		}
+		t := newEntry(k).target()
+		if t == "" {
+			return
+		}
+		v, ok := m.effective(t)
+		b := before{v: v, ok: ok}
+		if e := m.entries[k]; e != nil && e.HasLast && e.Last.RampSet {
+			d := e.Last.Ramp
+			b.override = &d
+		}
+		targets[t] = b
+	}
+	for _, k := range c.Delete {
+		note(k)
+	}
+	for k := range c.Set {
+		note(k)
+	}
+	m.Apply(c)
+
+	var events []RampEvent
+	for _, t := range slices.Sorted(maps.Keys(targets)) {
+		b := targets[t]
+		v, ok := m.effective(t)
+		if !plainReady(v, ok) {
+			events = append(events, m.endRamps(t)...)
+			continue
+		}
+		if plainReady(b.v, b.ok) || !m.startsRamp(b.v, b.ok, policy) {
+			continue
+		}
+		p := policy
+		switch {
+		case v.RampSet:
+			p.Duration = v.Ramp
+		case b.override != nil:
+			p.Duration = *b.override
+		}
+		if !p.Enabled() {
+			continue
+		}
+		w, _ := p.Weight(0)
+		r := &Ramp{Target: t, Started: at, Policy: p, Weight: w}
+		m.ramps[t] = r
+		events = append(events, RampEvent{Target: t, Start: true, Reason: "left " + b.v.Admin.String(), Ramp: *r})
+	}
+	return events
+}
+
+// endRamps ends the ramp of target and, for a backend wildcard, the ramps of
+// the backend's servers that follow the wildcard.
+func (m *Mirror) endRamps(target string) []RampEvent {
+	var events []RampEvent
+	end := func(t string) {
+		if r, ok := m.ramps[t]; ok {
+			delete(m.ramps, t)
+			events = append(events, RampEvent{Target: t, Reason: "superseded by a new state", Ramp: *r})
+		}
+	}
+	end(target)
+	b, s, _ := strings.Cut(target, "/")
+	if s == Wildcard {
+		for _, t := range slices.Sorted(maps.Keys(m.ramps)) {
+			if strings.HasPrefix(t, b+"/") && m.entries[StatePrefix+t] == nil {
+				end(t)
+			}
+		}
+	}
+	return events
+}
+
+// ApplySteps applies a leader's ramp steps. A weight never goes down.
+func (m *Mirror) ApplySteps(s RampSteps) []RampEvent {
+	for t, w := range s.Weights {
+		if r, ok := m.ramps[t]; ok && w > r.Weight {
+			r.Weight = min(w, 100)
+		}
+	}
+	var events []RampEvent
+	for _, t := range s.Done {
+		if r, ok := m.ramps[t]; ok {
+			delete(m.ramps, t)
+			r.Weight = 100
+			events = append(events, RampEvent{Target: t, Reason: "reached 100%", Ramp: *r})
+		}
+	}
+	return events
+}
+
+// Ramps returns copies of the ramps in progress, sorted by target.
+func (m *Mirror) Ramps() []Ramp {
+	out := make([]Ramp, 0, len(m.ramps))
+	for _, t := range slices.Sorted(maps.Keys(m.ramps)) {
+		out = append(out, *m.ramps[t])
+	}
+	return out
+}
+
+// NextSteps computes, at the leader's time now, the steps due for ramps:
+// each ramp's weight is the schedule's weight for the time elapsed since its
+// recorded start, never below the last applied weight; ramps past their
+// duration are done. A new leader calling it resumes every ramp where it
+// stands.
+func NextSteps(ramps []Ramp, now time.Time) RampSteps {
+	var s RampSteps
+	for _, r := range ramps {
+		w, done := r.Policy.Weight(now.Sub(r.Started))
+		switch {
+		case done:
+			s.Done = append(s.Done, r.Target)
+		case w > r.Weight:
+			if s.Weights == nil {
+				s.Weights = map[string]int{}
+			}
+			s.Weights[r.Target] = w
+		}
+	}
+	return s
+}

@@ -1,0 +1,199 @@
+package state
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func rampPolicy() RampPolicy {
+	return RampPolicy{Start: 10, Duration: 10 * time.Second, Interval: time.Second, Aggression: 1}
+}
+
+func lookup(m *Mirror, req string) string {
+	return string(m.Snapshot().Lookup([]byte(req), strings.IndexByte(req, '/')))
+}
+
+func set(kv ...string) Change {
+	c := Change{Set: map[string]string{}}
+	for i := 0; i < len(kv); i += 2 {
+		c.Set[kv[i]] = kv[i+1]
+	}
+	return c
+}
+
+func del(keys ...string) Change { return Change{Delete: keys} }
+
+func TestRampStartsOnUndrainAndStepsUp(t *testing.T) {
+	m := NewMirror()
+	p := rampPolicy()
+	m.ApplyAt(set("state/web/a", "drain"), t0, p)
+	ev := m.ApplyAt(del("state/web/a"), t0, p)
+	if len(ev) != 1 || !ev[0].Start || ev[0].Target != "web/a" {
+		t.Fatalf("events %+v, want one start for web/a", ev)
+	}
+	if got := lookup(m, "web/a"); got != "ready 10%\n" {
+		t.Fatalf("answer at ramp start %q", got)
+	}
+	if got := lookup(m, "web/b"); got != "ready 100%\n" {
+		t.Fatalf("other server %q", got)
+	}
+	steps := NextSteps(m.Ramps(), t0.Add(5*time.Second))
+	if steps.Weights["web/a"] != 55 {
+		t.Fatalf("steps at 5s: %+v", steps)
+	}
+	m.ApplySteps(steps)
+	if got := lookup(m, "web/a"); got != "ready 55%\n" {
+		t.Fatalf("answer after step %q", got)
+	}
+	// A step back is ignored.
+	m.ApplySteps(RampSteps{Weights: map[string]int{"web/a": 30}})
+	if got := lookup(m, "web/a"); got != "ready 55%\n" {
+		t.Fatalf("weight went down: %q", got)
+	}
+	steps = NextSteps(m.Ramps(), t0.Add(10*time.Second))
+	if len(steps.Done) != 1 {
+		t.Fatalf("steps at the end: %+v", steps)
+	}
+	if ev := m.ApplySteps(steps); len(ev) != 1 || ev[0].Start {
+		t.Fatalf("end events %+v", ev)
+	}
+	if got := lookup(m, "web/a"); got != "ready 100%\n" || len(m.Ramps()) != 0 {
+		t.Fatalf("after the end: %q, ramps %v", got, m.Ramps())
+	}
+}
+
+func TestRampTransitions(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy func(*RampPolicy)
+		steps  []Change
+		want   map[string]string // request -> answer after the last step
+		ramps  int
+	}{
+		{"explicit ready ramps too", nil,
+			[]Change{set("state/web/a", "drain"), set("state/web/a", "ready")},
+			map[string]string{"web/a": "ready 10%\n"}, 1},
+		{"key ramp 0 disables", nil,
+			[]Change{set("state/web/a", "drain"), set("state/web/a", `{"state":"ready","ramp":"0"}`)},
+			map[string]string{"web/a": "ready 100%\n"}, 0},
+		{"old key's ramp override applies on delete", nil,
+			[]Change{set("state/web/a", `{"state":"drain","ramp":"0"}`), del("state/web/a")},
+			map[string]string{"web/a": "ready 100%\n"}, 0},
+		{"maint does not ramp by default", nil,
+			[]Change{set("state/web/a", "maint"), del("state/web/a")},
+			map[string]string{"web/a": "ready 100%\n"}, 0},
+		{"maint ramps with from_maint", func(p *RampPolicy) { p.FromMaint = true },
+			[]Change{set("state/web/a", "maint"), del("state/web/a")},
+			map[string]string{"web/a": "ready 10%\n"}, 1},
+		{"a weight is not a drain", nil,
+			[]Change{set("state/web/a", "25%"), del("state/web/a")},
+			map[string]string{"web/a": "ready 100%\n"}, 0},
+		{"no ramp with duration 0", func(p *RampPolicy) { p.Duration = 0 },
+			[]Change{set("state/web/a", "drain"), del("state/web/a")},
+			map[string]string{"web/a": "ready 100%\n"}, 0},
+		{"drain during a ramp ends it", nil,
+			[]Change{set("state/web/a", "drain"), del("state/web/a"), set("state/web/a", "drain")},
+			map[string]string{"web/a": "drain\n"}, 0},
+		{"N% during a ramp ends it", nil,
+			[]Change{set("state/web/a", "drain"), del("state/web/a"), set("state/web/a", "30%")},
+			map[string]string{"web/a": "ready 30%\n"}, 0},
+		{"invalid value during a drain keeps the drain, no ramp", nil,
+			[]Change{set("state/web/a", "drain"), set("state/web/a", "bogus")},
+			map[string]string{"web/a": "drain\n"}, 0},
+		{"backend wildcard ramps every server without its own key", nil,
+			[]Change{set("state/web/*", "drain", "state/web/m", "maint"), del("state/web/*")},
+			map[string]string{"web/x": "ready 10%\n", "web/y": "ready 10%\n", "web/m": "maint\n", "api/x": "ready 100%\n"}, 1},
+		{"server falling back to a drained wildcard does not ramp", nil,
+			[]Change{set("state/web/*", "drain", "state/web/a", "drain"), del("state/web/a")},
+			map[string]string{"web/a": "drain\n", "web/b": "drain\n"}, 0},
+		{"wildcard drain ends the ramps of servers following it", nil,
+			[]Change{set("state/web/a", "drain"), del("state/web/a"), set("state/web/*", "drain")},
+			map[string]string{"web/a": "drain\n"}, 0},
+		{"a server's own ready key ignores the wildcard's ramp", nil,
+			[]Change{set("state/web/*", "drain", "state/web/a", "ready"), del("state/web/*")},
+			map[string]string{"web/a": "ready 100%\n", "web/b": "ready 10%\n"}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := rampPolicy()
+			if tt.policy != nil {
+				tt.policy(&p)
+			}
+			m := NewMirror()
+			for i, c := range tt.steps {
+				m.ApplyAt(c, t0.Add(time.Duration(i)*time.Millisecond), p)
+			}
+			for req, want := range tt.want {
+				if got := lookup(m, req); got != want {
+					t.Errorf("%s: %q, want %q", req, got, want)
+				}
+			}
+			if len(m.Ramps()) != tt.ramps {
+				t.Errorf("ramps %+v, want %d", m.Ramps(), tt.ramps)
+			}
+		})
+	}
+}
+
+func TestRampOverrideDuration(t *testing.T) {
+	m := NewMirror()
+	m.ApplyAt(set("state/web/a", `{"state":"drain","ramp":"10m"}`), t0, rampPolicy())
+	m.ApplyAt(del("state/web/a"), t0, rampPolicy())
+	if r := m.Ramps(); len(r) != 1 || r[0].Policy.Duration != 10*time.Minute {
+		t.Fatalf("ramps %+v, want the old key's 10m", r)
+	}
+	m.ApplyAt(set("state/web/b", "drain"), t0, rampPolicy())
+	m.ApplyAt(set("state/web/b", `{"state":"ready","ramp":"1m"}`), t0, rampPolicy())
+	if r := m.Ramps(); len(r) != 2 || r[1].Policy.Duration != time.Minute {
+		t.Fatalf("ramps %+v, want the new key's 1m", r)
+	}
+}
+
+// A new leader resumes from the recorded start and the last applied weight.
+func TestNextStepsResumesWithoutStepBack(t *testing.T) {
+	r := Ramp{Target: "web/a", Started: t0, Policy: rampPolicy(), Weight: 60}
+	// At 4s the schedule says 46: below the applied 60, so no step.
+	if s := NextSteps([]Ramp{r}, t0.Add(4*time.Second)); !s.Empty() {
+		t.Fatalf("step back proposed: %+v", s)
+	}
+	if s := NextSteps([]Ramp{r}, t0.Add(7*time.Second)); s.Weights["web/a"] != 73 {
+		t.Fatalf("resume at 7s: %+v", s)
+	}
+	// A leader whose clock is behind the start proposes nothing.
+	if s := NextSteps([]Ramp{r}, t0.Add(-time.Minute)); !s.Empty() {
+		t.Fatalf("clock behind: %+v", s)
+	}
+	if s := NextSteps([]Ramp{r}, t0.Add(time.Hour)); len(s.Done) != 1 {
+		t.Fatalf("long after: %+v", s)
+	}
+}
+
+func TestRampsSurviveExportRestore(t *testing.T) {
+	m := NewMirror()
+	m.ApplyAt(set("state/web/*", "drain"), t0, rampPolicy())
+	m.ApplyAt(del("state/web/*"), t0, rampPolicy())
+	m.ApplySteps(RampSteps{Weights: map[string]int{"web/*": 42}})
+	b, err := json.Marshal(m.Export())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p Persisted
+	if err := json.Unmarshal(b, &p); err != nil {
+		t.Fatal(err)
+	}
+	r := Restore(p)
+	if got := lookup(r, "web/q"); got != "ready 42%\n" {
+		t.Fatalf("restored answer %q", got)
+	}
+	if got := r.Ramps(); len(got) != 1 || !got[0].Started.Equal(t0) || got[0].Policy != rampPolicy() {
+		t.Fatalf("restored ramps %+v", got)
+	}
+	res := r.Snapshot().Resolve("web", "q")
+	if res.Ramp == nil || res.Ramp.Weight != 42 || res.Source != SourceAbsent {
+		t.Fatalf("resolution %+v", res)
+	}
+}
