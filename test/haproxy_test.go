@@ -1,0 +1,327 @@
+package test
+
+import (
+	"bytes"
+	"encoding/csv"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Backend is one HAProxy backend of the test configuration.
+type Backend struct {
+	Name    string
+	Servers []string
+}
+
+// HAProxy is a real HAProxy process run in the foreground by a test, with
+// an admin stats socket and servers whose agent-check points at a hastate.
+type HAProxy struct {
+	Frontend string // host:port of the frontend
+	dir      string
+	sock     string
+	logPath  string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// serverWeight is the weight configured on every server line, so that the
+// `show stat` weight column reads as the percentage hastate answered.
+const serverWeight = 100
+
+// agentInter is the agent-inter of every server line.
+const agentInter = 500 * time.Millisecond
+
+// haproxyBin finds HAProxy: $HAPROXY_BIN, else `haproxy` on PATH, else
+// /usr/sbin/haproxy. Without one the test fails; it is never skipped.
+func haproxyBin(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("HAPROXY_BIN"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("HAPROXY_BIN=%s: %v; unset it, run `make test` (it installs HAProxy) or `apt-get install haproxy`", p, err)
+		}
+		return p
+	}
+	if p, err := exec.LookPath("haproxy"); err == nil {
+		return p
+	}
+	const deb = "/usr/sbin/haproxy"
+	if _, err := os.Stat(deb); err == nil {
+		return deb
+	}
+	t.Fatalf("no HAProxy: HAPROXY_BIN is unset, `haproxy` is not on PATH and %s does not exist; "+
+		"run `make test` (it installs HAProxy) or `apt-get install haproxy`", deb)
+	return ""
+}
+
+// StartHAProxy writes a haproxy.cfg with the backends, every server pointing
+// at a TCP listener of its own on 127.0.0.1 (so its health check passes)
+// and carrying an agent-check to agentAddr that sends "<backend>/<server>\n".
+// It returns once `show stat` lists every server UP.
+func StartHAProxy(t *testing.T, agentAddr string, backends ...Backend) *HAProxy {
+	t.Helper()
+	bin := haproxyBin(t)
+	agentHost, agentPort, err := net.SplitHostPort(agentAddr)
+	if err != nil {
+		t.Fatalf("agent address %q: %v", agentAddr, err)
+	}
+	// A unix socket path must fit in 108 bytes; t.TempDir() paths can be
+	// long, so keep the socket in a short directory of its own.
+	dir, err := os.MkdirTemp("", "hap-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	h := &HAProxy{
+		Frontend: freeAddr(t),
+		dir:      dir,
+		sock:     filepath.Join(dir, "admin.sock"),
+		logPath:  filepath.Join(dir, "haproxy.log"),
+	}
+
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, `global
+    stats socket %s mode 600 level admin
+    nbthread 1
+    log stderr format short local0 info
+
+defaults
+    mode tcp
+    log global
+    timeout connect 2s
+    timeout client 10s
+    timeout server 10s
+    timeout check 2s
+
+frontend fe
+    bind %s
+    default_backend %s
+`, h.sock, h.Frontend, backends[0].Name)
+	for _, b := range backends {
+		fmt.Fprintf(&cfg, "\nbackend %s\n    balance roundrobin\n", b.Name)
+		for _, s := range b.Servers {
+			fmt.Fprintf(&cfg, "    server %s %s weight %d check inter 1s agent-check agent-addr %s agent-port %s agent-inter %s agent-send \"%s/%s\\n\"\n",
+				s, tcpSink(t), serverWeight, agentHost, agentPort, agentInter, b.Name, s)
+		}
+	}
+	cfgPath := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-c", "-f", cfgPath).CombinedOutput(); err != nil {
+		t.Fatalf("haproxy -c rejected the test configuration: %v\n%s\n%s", err, out, cfg.String())
+	}
+
+	logf, err := os.Create(h.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	h.cmd = exec.Command(bin, "-db", "-f", cfgPath)
+	h.cmd.Stdout, h.cmd.Stderr = logf, logf
+	h.cmd.SysProcAttr = procAttr()
+	if err := h.cmd.Start(); err != nil {
+		t.Fatalf("start haproxy: %v", err)
+	}
+	h.done = make(chan struct{})
+	go func() { // owned by h: the cleanup waits for it
+		_ = h.cmd.Wait()
+		close(h.done)
+	}()
+	t.Cleanup(func() {
+		_ = h.cmd.Process.Kill()
+		<-h.done
+		if t.Failed() {
+			b, _ := os.ReadFile(h.logPath)
+			t.Logf("haproxy.cfg:\n%s\nhaproxy log (%s):\n%s", cfg.String(), h.logPath, b)
+		}
+	})
+
+	var last string
+	eventually(t, 15*time.Second, func() bool {
+		select {
+		case <-h.done:
+			t.Fatalf("haproxy exited at start")
+		default:
+		}
+		st, err := h.stat()
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		for _, b := range backends {
+			for _, s := range b.Servers {
+				if r, ok := st[b.Name+"/"+s]; !ok || r.Status != "UP" {
+					last = fmt.Sprintf("%s/%s: %+v", b.Name, s, r)
+					return false
+				}
+			}
+		}
+		return true
+	}, func() string { return "haproxy never showed every server UP; last: " + last })
+	return h
+}
+
+// tcpSink opens a TCP listener on 127.0.0.1 that accepts and closes every
+// connection: a backend server whose health check passes. It is closed
+// when the test ends.
+func tcpSink(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by the cleanup below
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// Row is one server line of `show stat`.
+type Row struct {
+	Status      string // e.g. UP, DRAIN (agent), MAINT
+	Weight      int    // effective weight
+	AgentStatus string // result of the last agent check, e.g. L7OK, L4CON
+	LastAgent   string // last agent check contents (what the agent said)
+	CheckStatus string
+}
+
+func (r Row) String() string {
+	return fmt.Sprintf("status=%q weight=%d agent_status=%q last_agt=%q check_status=%q",
+		r.Status, r.Weight, r.AgentStatus, r.LastAgent, r.CheckStatus)
+}
+
+// Stat returns `show stat` from the admin socket as "backend/server" -> Row.
+func (h *HAProxy) Stat(t *testing.T) map[string]Row {
+	t.Helper()
+	st, err := h.stat()
+	if err != nil {
+		t.Fatalf("haproxy show stat: %v", err)
+	}
+	return st
+}
+
+// Server returns the `show stat` row of one "backend/server".
+func (h *HAProxy) Server(t *testing.T, name string) Row {
+	t.Helper()
+	r, ok := h.Stat(t)[name]
+	if !ok {
+		t.Fatalf("haproxy show stat has no server %s", name)
+	}
+	return r
+}
+
+func (h *HAProxy) stat() (map[string]Row, error) {
+	out, err := h.command("show stat")
+	if err != nil {
+		return nil, err
+	}
+	// The header line is "# pxname,svname,...".
+	out = bytes.TrimPrefix(out, []byte("# "))
+	recs, err := csv.NewReader(bytes.NewReader(out)).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("parse show stat CSV: %w\n%s", err, out)
+	}
+	if len(recs) < 1 {
+		return nil, fmt.Errorf("show stat: empty answer")
+	}
+	col := map[string]int{}
+	for i, name := range recs[0] {
+		col[name] = i
+	}
+	for _, name := range []string{"pxname", "svname", "status", "weight", "agent_status", "last_agt", "check_status"} {
+		if _, ok := col[name]; !ok {
+			return nil, fmt.Errorf("show stat: no column %q in %v", name, recs[0])
+		}
+	}
+	rows := map[string]Row{}
+	for _, r := range recs[1:] {
+		if len(r) != len(recs[0]) {
+			continue
+		}
+		sv := r[col["svname"]]
+		if sv == "FRONTEND" || sv == "BACKEND" {
+			continue
+		}
+		w, _ := strconv.Atoi(r[col["weight"]])
+		rows[r[col["pxname"]]+"/"+sv] = Row{
+			Status:      r[col["status"]],
+			Weight:      w,
+			AgentStatus: r[col["agent_status"]],
+			LastAgent:   r[col["last_agt"]],
+			CheckStatus: r[col["check_status"]],
+		}
+	}
+	return rows, nil
+}
+
+// command sends one command to the admin socket and returns the answer.
+func (h *HAProxy) command(cmd string) ([]byte, error) {
+	c, err := net.DialTimeout("unix", h.sock, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, cmd+"\n"); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(c)
+}
+
+// WaitServer waits until `show stat` shows server (backend/server) with
+// status and, when weight >= 0, that weight.
+func (h *HAProxy) WaitServer(t *testing.T, server, status string, weight int) Row {
+	t.Helper()
+	var last Row
+	start := time.Now()
+	eventually(t, 15*time.Second, func() bool {
+		last = h.Server(t, server)
+		return last.Status == status && (weight < 0 || last.Weight == weight)
+	}, func() string {
+		return fmt.Sprintf("haproxy %s: %s; want status=%q weight=%d", server, last, status, weight)
+	})
+	t.Logf("haproxy %s: %s (after %s)", server, last, time.Since(start).Round(time.Millisecond))
+	return last
+}
+
+// Hold checks `show stat` every 50ms for d and fails the test as soon as a
+// server in want shows another status, or another weight when the wanted
+// Weight is not -1.
+func (h *HAProxy) Hold(t *testing.T, d time.Duration, want map[string]Row) {
+	t.Helper()
+	var bad string
+	consistently(t, d, func() bool {
+		st := h.Stat(t)
+		for s, w := range want {
+			r := st[s]
+			if r.Status != w.Status || (w.Weight >= 0 && r.Weight != w.Weight) {
+				bad = fmt.Sprintf("%s: %s; want status=%q weight=%d", s, r, w.Status, w.Weight)
+				return false
+			}
+		}
+		return true
+	}, func() string { return "haproxy " + bad })
+}

@@ -1,0 +1,610 @@
+package test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// Bounds of the harness's waits. They are generous: a hastate built with
+// -race on two busy cores starts in well under a second.
+const (
+	readyTimeout = 30 * time.Second // hastate start until /-/readiness is 200
+	stopTimeout  = 20 * time.Second // SIGTERM until exit, before SIGKILL
+	probeTimeout = 5 * time.Second  // one agent-check round trip
+)
+
+// HastateOptions choose how a hastate replica is started.
+type HastateOptions struct {
+	// ConsulAddr is the Consul HTTP address (host:port). Required.
+	ConsulAddr string
+	// KVPrefix is passed as --kv-prefix when set.
+	KVPrefix string
+	// NodeID is --node-id; "" means "n1".
+	NodeID string
+	// Args are extra `hastate serve` flags.
+	Args []string
+}
+
+// Hastate is one `hastate serve` process run by a test, on its own ports on
+// 127.0.0.1 with its data dir in t.TempDir(). Ports and data dir stay the
+// same across Restart. Its log is printed when the test fails.
+type Hastate struct {
+	NodeID    string
+	DataDir   string
+	AgentAddr string // host:port of the agent-check listener
+	HTTPAddr  string // host:port of the HTTP listener
+	RaftAddr  string
+
+	args    []string
+	logPath string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed once cmd has exited and been waited for
+	ps   *os.ProcessState
+}
+
+// StartHastate starts a one-replica hastate and waits until it is ready.
+func StartHastate(t *testing.T, o HastateOptions) *Hastate {
+	t.Helper()
+	h := NewHastate(t, o)
+	h.Start(t)
+	h.WaitReady(t)
+	return h
+}
+
+// NewHastate prepares a replica (ports, data dir, flags) without starting it.
+func NewHastate(t *testing.T, o HastateOptions) *Hastate {
+	t.Helper()
+	if o.ConsulAddr == "" {
+		t.Fatal("harness: HastateOptions.ConsulAddr is required")
+	}
+	logDir := t.TempDir()
+	if o.NodeID == "" {
+		o.NodeID = "n1"
+	}
+	h := &Hastate{
+		NodeID:    o.NodeID,
+		DataDir:   t.TempDir(),
+		AgentAddr: freeAddr(t),
+		HTTPAddr:  freeAddr(t),
+		RaftAddr:  freeAddr(t),
+		logPath:   filepath.Join(logDir, "hastate.log"),
+	}
+	h.args = []string{"serve",
+		"--node-id", h.NodeID,
+		"--data-dir", h.DataDir,
+		"--raft-addr", h.RaftAddr,
+		"--raft-advertise", h.RaftAddr,
+		"--agent-addr", h.AgentAddr,
+		"--http-addr", h.HTTPAddr,
+		"--consul-addr", o.ConsulAddr,
+		"--log-format", "json",
+	}
+	if o.KVPrefix != "" {
+		h.args = append(h.args, "--kv-prefix", o.KVPrefix)
+	}
+	h.args = append(h.args, o.Args...)
+	t.Cleanup(func() {
+		h.Kill()
+		h.checkLog(t)
+	})
+	return h
+}
+
+// StartCluster starts n replicas n1..nn that bootstrap one raft cluster
+// (--peers lists all of them) and waits until every one is ready.
+func StartCluster(t *testing.T, n int, o HastateOptions) []*Hastate {
+	t.Helper()
+	hs := make([]*Hastate, n)
+	var peers []string
+	for i := range hs {
+		o := o
+		o.NodeID = fmt.Sprintf("n%d", i+1)
+		hs[i] = NewHastate(t, o)
+		peers = append(peers, hs[i].NodeID+"="+hs[i].RaftAddr)
+	}
+	for _, h := range hs {
+		h.args = append(h.args, "--peers", strings.Join(peers, ","))
+		h.Start(t)
+	}
+	for _, h := range hs {
+		h.WaitReady(t)
+	}
+	return hs
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
+}
+
+// hermeticEnv is the test's environment without the variables hastate and
+// the Consul client read, so the machine's settings cannot leak in.
+func hermeticEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "HASTATE_") || strings.HasPrefix(kv, "CONSUL_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// Start starts the process; it does not wait for readiness.
+func (h *Hastate) Start(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cmd != nil {
+		t.Fatal("harness: hastate is already running")
+	}
+	logf, err := os.OpenFile(h.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatalf("harness: hastate log: %v", err)
+	}
+	defer logf.Close() // the child holds its own descriptor
+	fmt.Fprintf(logf, "==> harness: %s %s\n", hastateBin, strings.Join(h.args, " "))
+	cmd := exec.Command(hastateBin, h.args...)
+	cmd.Env = hermeticEnv()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = procAttr()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("harness: start hastate: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { // owned by h: Kill and Stop wait for it
+		_ = cmd.Wait()
+		h.mu.Lock()
+		h.ps = cmd.ProcessState
+		h.mu.Unlock()
+		close(done)
+	}()
+	h.cmd, h.done, h.ps = cmd, done, nil
+}
+
+// running returns the process and its done channel, or nil when stopped.
+func (h *Hastate) running() (*exec.Cmd, chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cmd, h.done
+}
+
+// exited reports whether the process started last has exited on its own.
+func (h *Hastate) exited() bool {
+	_, done := h.running()
+	if done == nil {
+		return true
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to exit. Killing a stopped
+// replica does nothing.
+func (h *Hastate) Kill() {
+	cmd, done := h.running()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+	h.mu.Lock()
+	h.cmd, h.done = nil, nil
+	h.mu.Unlock()
+}
+
+// Stop sends SIGTERM and waits for the process to exit; it returns the exit
+// code and how long the exit took. A process that has not exited within
+// stopTimeout is killed and the test fails.
+func (h *Hastate) Stop(t *testing.T) (code int, took time.Duration) {
+	t.Helper()
+	cmd, done := h.running()
+	if cmd == nil {
+		t.Fatal("harness: Stop: hastate is not running")
+	}
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("harness: SIGTERM hastate: %v", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(stopTimeout):
+		h.Kill()
+		t.Fatalf("harness: hastate did not exit within %s of SIGTERM; killed it", stopTimeout)
+	}
+	took = time.Since(start)
+	h.mu.Lock()
+	ps := h.ps
+	h.cmd, h.done = nil, nil
+	h.mu.Unlock()
+	return ps.ExitCode(), took
+}
+
+// Restart stops the replica with SIGTERM (it must exit with code 0) if it
+// runs, and starts it again with the same flags, ports and data dir. It
+// does not wait for readiness.
+func (h *Hastate) Restart(t *testing.T) {
+	t.Helper()
+	if cmd, _ := h.running(); cmd != nil {
+		if code, took := h.Stop(t); code != 0 {
+			t.Fatalf("hastate exited with code %d after SIGTERM (took %s)", code, took)
+		}
+	}
+	h.Start(t)
+}
+
+// WaitReady polls /-/readiness until it answers 200.
+func (h *Hastate) WaitReady(t *testing.T) {
+	t.Helper()
+	var last string
+	eventually(t, readyTimeout, func() bool {
+		if h.exited() {
+			t.Fatalf("hastate exited before it was ready")
+		}
+		code, body, err := h.get("/-/readiness")
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		last = fmt.Sprintf("HTTP %d %s", code, body)
+		return code == http.StatusOK
+	}, func() string { return "hastate /-/readiness never answered 200; last: " + last })
+}
+
+// Readiness returns the /-/readiness status code and decoded body.
+func (h *Hastate) Readiness(t *testing.T) (int, Readiness) {
+	t.Helper()
+	code, body, err := h.get("/-/readiness")
+	if err != nil {
+		t.Fatalf("GET /-/readiness: %v", err)
+	}
+	var r Readiness
+	if err := json.Unmarshal(body, &r); err != nil {
+		t.Fatalf("GET /-/readiness: decode %q: %v", body, err)
+	}
+	return code, r
+}
+
+// Readiness is the /-/readiness body as these tests read it.
+type Readiness struct {
+	Ready  bool   `json:"ready"`
+	Detail string `json:"detail"`
+	KV     struct {
+		Watching bool `json:"watching"`
+		Status   struct {
+			Reachable         bool   `json:"reachable"`
+			ConsecutiveErrors int    `json:"consecutive_errors"`
+			LastError         string `json:"last_error"`
+		} `json:"status"`
+	} `json:"kv"`
+}
+
+// GetJSON fetches path from the HTTP API, fails unless it is 200, and
+// decodes the body into v.
+func (h *Hastate) GetJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	code, body, err := h.get(path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: HTTP %d: %s", path, code, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: decode %q: %v", path, body, err)
+	}
+}
+
+var httpClient = &http.Client{Timeout: 5 * time.Second}
+
+func (h *Hastate) get(path string) (int, []byte, error) {
+	resp, err := httpClient.Get("http://" + h.HTTPAddr + path)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// Metric returns the value of one sample of /-/metrics, e.g.
+// `hastate_agent_checks_total{result="withheld"}`; 0 when absent.
+func (h *Hastate) Metric(t *testing.T, sample string) float64 {
+	t.Helper()
+	code, body, err := h.get("/-/metrics")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("GET /-/metrics: HTTP %d: %v", code, err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if ok && name == sample {
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q: %v", sample, val, err)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// Ask does one agent-check round trip as HAProxy does: send "b/s\n", read
+// until the server closes. It returns the answer line without its LF, or ""
+// when the connection was closed without an answer. An answer without LF
+// fails the test: HAProxy only parses a line once it has its LF.
+func (h *Hastate) Ask(t *testing.T, server string) string {
+	t.Helper()
+	p := h.Probe(t, []byte(server+"\n"), false)
+	if p.Err != nil {
+		t.Fatalf("agent probe %q: %v", server, p.Err)
+	}
+	return p.Line(t)
+}
+
+// ProbeResult is what one raw agent-check connection saw.
+type ProbeResult struct {
+	Answer []byte        // everything read before the close
+	Closed bool          // the server closed the connection (EOF or reset)
+	Took   time.Duration // from connect until the close
+	Err    error         // anything else: a dial error or our read deadline
+}
+
+// Line returns the answer without its LF; "" when there was none.
+func (p ProbeResult) Line(t *testing.T) string {
+	t.Helper()
+	if len(p.Answer) == 0 {
+		return ""
+	}
+	if !bytes.HasSuffix(p.Answer, []byte("\n")) || bytes.Count(p.Answer, []byte("\n")) != 1 {
+		t.Fatalf("agent answer %q is not one LF-terminated line", p.Answer)
+	}
+	return string(bytes.TrimSuffix(p.Answer, []byte("\n")))
+}
+
+// Probe connects to the agent port, writes payload (nothing when nil),
+// half-closes the write side when closeWrite, and reads until the server
+// closes the connection or probeTimeout passes.
+func (h *Hastate) Probe(t *testing.T, payload []byte, closeWrite bool) ProbeResult {
+	t.Helper()
+	start := time.Now()
+	c, err := net.DialTimeout("tcp", h.AgentAddr, probeTimeout)
+	if err != nil {
+		return ProbeResult{Err: err}
+	}
+	defer c.Close()
+	_ = c.SetDeadline(start.Add(probeTimeout))
+	if len(payload) > 0 {
+		if _, err := c.Write(payload); err != nil {
+			return ProbeResult{Err: fmt.Errorf("write: %w", err), Took: time.Since(start)}
+		}
+	}
+	if closeWrite {
+		_ = c.(*net.TCPConn).CloseWrite()
+	}
+	var res ProbeResult
+	var buf bytes.Buffer
+	_, err = io.Copy(&buf, c)
+	res.Answer, res.Took = buf.Bytes(), time.Since(start)
+	switch {
+	case err == nil: // EOF
+		res.Closed = true
+	case errors.Is(err, syscall.ECONNRESET):
+		res.Closed = true // closed with our bytes unread: a reset
+	default:
+		res.Err = err
+	}
+	return res
+}
+
+// Answers asks for every server and returns server -> answer line.
+func (h *Hastate) Answers(t *testing.T, servers ...string) map[string]string {
+	t.Helper()
+	m := make(map[string]string, len(servers))
+	for _, s := range servers {
+		m[s] = h.Ask(t, s)
+	}
+	return m
+}
+
+// WaitAnswer waits until the agent answers want for server.
+func (h *Hastate) WaitAnswer(t *testing.T, server, want string) {
+	t.Helper()
+	var got string
+	eventually(t, 10*time.Second, func() bool {
+		got = h.Ask(t, server)
+		return got == want
+	}, func() string { return fmt.Sprintf("agent answer for %s: got %q, want %q", server, got, want) })
+}
+
+// LogContains reports whether the replica's log has a line containing s.
+func (h *Hastate) LogContains(t *testing.T, s string) bool {
+	t.Helper()
+	b, err := os.ReadFile(h.logPath)
+	if err != nil {
+		t.Fatalf("read hastate log: %v", err)
+	}
+	return bytes.Contains(b, []byte(s))
+}
+
+// LogLine returns the last line of the replica's log containing s ("" if none).
+func (h *Hastate) LogLine(t *testing.T, s string) string {
+	t.Helper()
+	b, err := os.ReadFile(h.logPath)
+	if err != nil {
+		t.Fatalf("read hastate log: %v", err)
+	}
+	var last string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			last = l
+		}
+	}
+	return last
+}
+
+// checkLog fails the test on a data race report and prints the log when
+// the test failed.
+func (h *Hastate) checkLog(t *testing.T) {
+	b, err := os.ReadFile(h.logPath)
+	if err != nil {
+		t.Logf("harness: hastate log: %v", err)
+		return
+	}
+	if bytes.Contains(b, []byte("WARNING: DATA RACE")) {
+		t.Errorf("hastate reported a data race (log follows)")
+	}
+	if !t.Failed() {
+		return
+	}
+	const max = 48 << 10
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	t.Logf("harness: hastate %s log %s (last %d bytes):\n%s", h.NodeID, h.logPath, len(b), b)
+}
+
+// Operator runs the operator commands (`hastate drain|maint|ready|weight|
+// clear|status`) as an SRE would: the same binary, CONSUL_HTTP_ADDR set.
+type Operator struct {
+	ConsulAddr string
+	Env        []string // extra KEY=VALUE, e.g. HASTATE_KV_PREFIX=...
+}
+
+// Run runs `hastate args...` and returns its combined output; a non-zero
+// exit fails the test.
+func (o Operator) Run(t *testing.T, args ...string) string {
+	t.Helper()
+	out, code := o.RunCode(t, args...)
+	if code != 0 {
+		t.Fatalf("hastate %s: exit code %d:\n%s", strings.Join(args, " "), code, out)
+	}
+	return out
+}
+
+// RunCode runs `hastate args...` and returns its combined output and exit code.
+func (o Operator) RunCode(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, hastateBin, args...)
+	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
+	cmd.SysProcAttr = procAttr()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &ee) && ctx.Err() == nil:
+		return string(out), ee.ExitCode()
+	default:
+		t.Fatalf("hastate %s: %v:\n%s", strings.Join(args, " "), err, out)
+		return "", -1
+	}
+}
+
+// eventually polls cond every 50ms until it is true; after timeout it fails
+// the test with msg().
+func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", timeout, msg())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// consistently checks cond every 50ms for d and fails the test with msg()
+// the first time it is false. Use it only after something proves the
+// system was exercised during d (e.g. probe counters moved).
+func consistently(t *testing.T, d time.Duration, cond func() bool, msg func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if !cond() {
+			t.Fatalf("changed within %s: %s", d, msg())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ClusterInfo is /v1/cluster as these tests read it.
+type ClusterInfo struct {
+	NodeID       string `json:"node_id"`
+	State        string `json:"state"`
+	LeaderID     string `json:"leader_id"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Members      []struct {
+		ID      string `json:"id"`
+		Address string `json:"address"`
+	} `json:"members"`
+}
+
+// Cluster returns the replica's /v1/cluster.
+func (h *Hastate) Cluster(t *testing.T) ClusterInfo {
+	t.Helper()
+	var c ClusterInfo
+	h.GetJSON(t, "/v1/cluster", &c)
+	return c
+}
+
+// WaitLeader waits until one of the replicas says it leads and every other
+// one names it as leader, and returns it.
+func WaitLeader(t *testing.T, timeout time.Duration, hs ...*Hastate) *Hastate {
+	t.Helper()
+	var leader *Hastate
+	var seen []string
+	eventually(t, timeout, func() bool {
+		leader, seen = nil, nil
+		infos := make([]ClusterInfo, len(hs))
+		for i, h := range hs {
+			infos[i] = h.Cluster(t)
+			seen = append(seen, fmt.Sprintf("%s:%s(leader %q)", infos[i].NodeID, infos[i].State, infos[i].LeaderID))
+			if infos[i].State == "leader" {
+				if leader != nil {
+					return false
+				}
+				leader = h
+			}
+		}
+		if leader == nil {
+			return false
+		}
+		for _, in := range infos {
+			if in.LeaderID != leader.NodeID {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("no agreed raft leader: %v", seen) })
+	return leader
+}
