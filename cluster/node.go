@@ -58,6 +58,9 @@ type Options struct {
 	// been unreachable for KVFailoverAfter hands leadership to a follower
 	// that can reach it. nil: always reachable (no failover).
 	ConsulHealth func() ConsulHealth
+	// Ramp is the base undrain ramp policy; <prefix>config/ramp in the
+	// mirrored KV overrides it. Zero: no ramps.
+	Ramp state.RampPolicy
 	// KVFailoverAfter (0: 30s; negative: never) is how long the leader's
 	// Consul may be unreachable before it hands over leadership.
 	KVFailoverAfter time.Duration

@@ -98,6 +98,10 @@ func NewHastate(t *testing.T, o HastateOptions) *Hastate {
 		"--http-addr", h.HTTPAddr,
 		"--consul-addr", o.ConsulAddr,
 		"--log-format", "json",
+		// Undrain ramps off unless a test turns them on through Args
+		// (the last --ramp-duration wins): most tests check that a
+		// cleared key is served at 100% at once.
+		"--ramp-duration", "0",
 	}
 	if o.KVPrefix != "" {
 		h.args = append(h.args, "--kv-prefix", o.KVPrefix)

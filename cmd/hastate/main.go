@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -21,6 +22,7 @@ import (
 	"github.com/hastate/hastate/internal/app"
 	"github.com/hastate/hastate/internal/ctl"
 	"github.com/hastate/hastate/kvsync"
+	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -88,7 +90,9 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 		peers, logLevel, logF  string
 		tlsCert, tlsKey, tlsCA string
 		raftDial               string
+		rampStart              string
 	)
+	o.Ramp = state.DefaultRampPolicy()
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a hastate replica",
@@ -110,6 +114,12 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			defer func() { _ = log.Sync() }()
 			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
 				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
+			}
+			if o.Ramp.Start, err = parsePercent(rampStart); err != nil {
+				return fmt.Errorf("%w: --ramp-start: %v", ctl.ErrUsage, err)
+			}
+			if err := o.Ramp.Validate(); err != nil {
+				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 			}
 			dial, err := cluster.ParsePeers(raftDial)
 			if err != nil {
@@ -139,6 +149,11 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/hastate", "raft log and snapshots")
 	f.StringVar(&o.KVPrefix, "kv-prefix", "hastate/", "Consul KV prefix; state lives under <prefix>state/")
 	f.StringVar(&o.ConsulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	f.StringVar(&rampStart, "ramp-start", "10%", "undrain ramp: weight of the first step")
+	f.DurationVar(&o.Ramp.Duration, "ramp-duration", o.Ramp.Duration, "undrain ramp: time from --ramp-start to 100% (0: no ramp)")
+	f.DurationVar(&o.Ramp.Interval, "ramp-interval", o.Ramp.Interval, "undrain ramp: time between steps (keep it >= HAProxy's agent-inter)")
+	f.Float64Var(&o.Ramp.Aggression, "ramp-aggression", o.Ramp.Aggression, "undrain ramp curve: 1 linear, >1 faster early, <1 slower early (Envoy's aggression)")
+	f.BoolVar(&o.Ramp.FromMaint, "ramp-from-maint", false, "also ramp servers that leave maint")
 	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
@@ -165,6 +180,14 @@ func serve(ctx context.Context, o app.Options) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
 	return a.Stop(sctx)
+}
+
+func parsePercent(s string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(s), "%"))
+	if err != nil || n < 0 || n > 100 {
+		return 0, fmt.Errorf("%q: want a percentage 0..100 such as 10%%", s)
+	}
+	return n, nil
 }
 
 func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {

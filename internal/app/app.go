@@ -46,6 +46,10 @@ type Options struct {
 	// AgentReadTimeout and AgentQuietPeriod tune the agent protocol (0: defaults).
 	AgentReadTimeout time.Duration
 	AgentQuietPeriod time.Duration
+	// Ramp is the undrain ramp policy (flags); <prefix>config/ramp in KV
+	// overrides it. The zero value means no ramps; cmd/hastate defaults
+	// to state.DefaultRampPolicy().
+	Ramp state.RampPolicy
 	// KVFailoverAfter: a leader that cannot reach Consul this long hands
 	// leadership to a follower that can (0: 30s; negative: never).
 	KVFailoverAfter time.Duration
@@ -84,6 +88,9 @@ func (o *Options) validate() error {
 			return fmt.Errorf("--raft-addr %q: %w", o.RaftAddr, err)
 		}
 		o.RaftAdvertise = net.JoinHostPort(o.NodeID, port)
+	}
+	if err := o.Ramp.Validate(); err != nil {
+		return fmt.Errorf("ramp flags: %w", err)
 	}
 	if o.KVPrefix[len(o.KVPrefix)-1] != '/' {
 		return fmt.Errorf("--kv-prefix %q must end with '/', e.g. hastate/", o.KVPrefix)
@@ -168,6 +175,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		LeaderDuty: a.watchConsul, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
+		Ramp: a.o.Ramp,
 	})
 	if err != nil {
 		return err
