@@ -1,9 +1,13 @@
 package cluster
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -94,6 +98,19 @@ func (f *fsm) info() (kvIndex uint64, keys int, synced bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.kvIndex, f.mirror.Len(), f.mirror.Synced()
+}
+
+// digest is a SHA-256 over the mirrored KV content (sorted key=value
+// lines): replicas holding the same state have the same digest.
+func (f *fsm) digest() string {
+	f.mu.Lock()
+	kv := f.mirror.KV()
+	f.mu.Unlock()
+	h := sha256.New()
+	for _, k := range slices.Sorted(maps.Keys(kv)) {
+		fmt.Fprintf(h, "%q=%q\n", k, kv[k])
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func (f *fsm) kv() map[string]string {

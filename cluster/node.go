@@ -535,6 +535,7 @@ type Info struct {
 	LastContact  string       `json:"last_contact,omitempty"`
 	KVIndex      uint64       `json:"kv_index"`
 	KVKeys       int          `json:"kv_keys"`
+	KVDigest     string       `json:"kv_digest"` // equal on replicas that hold the same KV content
 	HoldsState   bool         `json:"holds_state"`
 	CaughtUp     bool         `json:"caught_up"`
 }
@@ -557,7 +558,7 @@ func (n *Node) Info() Info {
 	in := Info{
 		NodeID: n.opts.ID, State: stateName(n.raft.State()), LeaderID: string(lid), LeaderAddr: string(addr),
 		AppliedIndex: n.raft.AppliedIndex(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
-		KVIndex: kvIndex, KVKeys: keys, HoldsState: synced, CaughtUp: n.caughtUp.Load(),
+		KVIndex: kvIndex, KVKeys: keys, KVDigest: n.fsm.digest(), HoldsState: synced, CaughtUp: n.caughtUp.Load(),
 		Members: []MemberInfo{},
 	}
 	if lc := n.raft.LastContact(); !lc.IsZero() && in.State != "leader" {
