@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/state"
@@ -21,14 +22,32 @@ type command struct {
 	Type    string       `json:"type"`
 	KVIndex uint64       `json:"kv_index,omitempty"`
 	Change  state.Change `json:"change"`
+	// At is the leader's clock when it wrote the entry; ramps started by
+	// the entry start then. Ramp is the policy in force for them.
+	At   time.Time        `json:"at,omitempty"`
+	Ramp state.RampPolicy `json:"ramp,omitempty"`
+	// Steps is the payload of a ramp entry.
+	Steps state.RampSteps `json:"steps,omitempty"`
 }
 
-const cmdKV = "kv"
+// Entry types. An older binary that meets an unknown type fails the entry
+// loudly instead of guessing.
+const (
+	cmdKV   = "kv"
+	cmdRamp = "ramp"
+)
+
+// applyResult is what Apply returns to the leader that wrote the entry.
+type applyResult struct {
+	events []state.RampEvent
+}
 
 // snapshotVersion is written into every FSM snapshot. Restore accepts this
 // version and older ones; bump it when the persisted shape changes and keep
 // reading the old shape.
-const snapshotVersion = 1
+//
+// Version 2 added ramps; version 1 snapshots have none and read fine.
+const snapshotVersion = 2
 
 type fsmSnapshotData struct {
 	Version int             `json:"version"`
@@ -45,11 +64,19 @@ type fsm struct {
 	kvIndex uint64
 
 	serving atomic.Pointer[state.Snapshot]
-	applied func() // called after every state change; may be nil
+	applied func()    // called after every state change; may be nil
+	stepped func(int) // called with the number of ramp steps applied; may be nil
 }
 
 func newFSM(applied func()) *fsm {
 	return &fsm{mirror: state.NewMirror(), applied: applied}
+}
+
+// ramps returns the ramps in progress.
+func (f *fsm) ramps() []state.Ramp {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mirror.Ramps()
 }
 
 var _ raft.FSM = (*fsm)(nil)
@@ -65,14 +92,23 @@ func (f *fsm) Apply(l *raft.Log) any {
 	switch c.Type {
 	case cmdKV:
 		f.mu.Lock()
-		f.mirror.Apply(c.Change)
+		events := f.mirror.ApplyAt(c.Change, c.At, c.Ramp)
 		f.kvIndex = c.KVIndex
 		f.publishLocked()
 		f.mu.Unlock()
+		return applyResult{events: events}
+	case cmdRamp:
+		f.mu.Lock()
+		events := f.mirror.ApplySteps(c.Steps)
+		f.publishLocked()
+		f.mu.Unlock()
+		if f.stepped != nil {
+			f.stepped(len(c.Steps.Weights) + len(c.Steps.Done))
+		}
+		return applyResult{events: events}
 	default:
 		return fmt.Errorf("raft entry %d: unknown type %q (written by a newer hastate? upgrade this replica)", l.Index, c.Type)
 	}
-	return nil
 }
 
 func (f *fsm) publishLocked() {

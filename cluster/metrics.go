@@ -4,16 +4,21 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // metrics is a collector that reads raft at scrape time, plus the few
 // counters and histograms the node updates itself.
 type metrics struct {
-	n             *Node
-	leaderChanges prometheus.Counter
-	applyDuration prometheus.Histogram
-	kvFailovers   prometheus.Counter
+	n                 *Node
+	leaderChanges     prometheus.Counter
+	applyDuration     prometheus.Histogram
+	kvFailovers       prometheus.Counter
+	rampSteps         prometheus.Counter
+	rampPolicyInvalid prometheus.Gauge
+
+	rampsActive, serverWeight *prometheus.Desc
 
 	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
 }
@@ -25,6 +30,12 @@ func newMetrics(n *Node) *metrics {
 			Name: "hastate_raft_leader_changes_total", Help: "Leader changes this node observed."}),
 		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_raft_kv_failovers_total", Help: "Leadership handed to a follower because this leader could not reach Consul."}),
+		rampSteps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hastate_ramp_steps_total", Help: "Ramp steps (weight changes and ends) applied to this replica's state."}),
+		rampPolicyInvalid: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hastate_ramp_policy_invalid", Help: "1 when <prefix>config/ramp is invalid and ignored (set on the leader)."}),
+		rampsActive:  prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress.", nil, nil),
+		serverWeight: prometheus.NewDesc("hastate_server_weight_percent", "Weight in percent each known server is told (0 for drain and maint); server \"*\" is a backend wildcard.", []string{"backend", "server"}, nil),
 		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "hastate_raft_apply_duration_seconds", Help: "Time from raft Apply to the entry being committed and applied on the leader.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
@@ -42,6 +53,10 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.leaderChanges.Describe(ch)
 	m.applyDuration.Describe(ch)
 	m.kvFailovers.Describe(ch)
+	m.rampSteps.Describe(ch)
+	m.rampPolicyInvalid.Describe(ch)
+	ch <- m.rampsActive
+	ch <- m.serverWeight
 	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds} {
 		ch <- d
 	}
@@ -51,6 +66,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.leaderChanges.Collect(ch)
 	m.applyDuration.Collect(ch)
 	m.kvFailovers.Collect(ch)
+	m.rampSteps.Collect(ch)
+	m.rampPolicyInvalid.Collect(ch)
 	r := m.n.raft
 	cur := r.State()
 	for _, s := range []raft.RaftState{raft.Leader, raft.Follower, raft.Candidate, raft.Shutdown} {
@@ -74,6 +91,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	inv := snap.Invalid()
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(len(snap.Entries())-inv), "valid")
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(inv), "invalid")
+	ch <- prometheus.MustNewConstMetric(m.rampsActive, prometheus.GaugeValue, float64(len(snap.Ramps())))
+	for _, t := range snap.Targets() {
+		if r := snap.Resolve(t.Backend, t.Server); !r.Answer.Withheld {
+			w := 0.0
+			if r.Answer.Admin == state.Ready {
+				w = float64(r.Answer.Weight)
+			}
+			ch <- prometheus.MustNewConstMetric(m.serverWeight, prometheus.GaugeValue, w, t.Backend, t.Server)
+		}
+	}
 	held := 0.0
 	if snap != nil {
 		held = 1

@@ -61,6 +61,8 @@ type Options struct {
 	// Ramp is the base undrain ramp policy; <prefix>config/ramp in the
 	// mirrored KV overrides it. Zero: no ramps.
 	Ramp state.RampPolicy
+	// Now is the clock (nil: time.Now); ramps start at the leader's time.
+	Now func() time.Time
 	// KVFailoverAfter (0: 30s; negative: never) is how long the leader's
 	// Consul may be unreachable before it hands over leadership.
 	KVFailoverAfter time.Duration
@@ -129,8 +131,9 @@ type Node struct {
 	metrics   *metrics
 	observer  *raft.Observer
 
-	caughtUp atomic.Bool
-	changed  chan struct{} // pinged after every FSM change; buffered 1
+	caughtUp      atomic.Bool
+	lastBadPolicy atomic.Pointer[string]
+	changed       chan struct{} // pinged after every FSM change; buffered 1
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -150,6 +153,7 @@ func New(o Options) (*Node, error) {
 	}
 	n := &Node{opts: o, log: o.Logger, changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	n.fsm = newFSM(n.ping)
+	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 
 	store, err := raftboltdb.NewBoltStore(filepath.Join(o.DataDir, "raft.db"))
 	if err != nil {
@@ -263,9 +267,21 @@ func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) 
 	if change.Empty() && synced {
 		return nil
 	}
-	data, err := json.Marshal(command{Type: cmdKV, KVIndex: index, Change: change})
+	policy := n.rampPolicy(kv)
+	res, raftIndex, err := n.apply(ctx, command{Type: cmdKV, KVIndex: index, Change: change, At: n.now(), Ramp: policy})
 	if err != nil {
-		return fmt.Errorf("cluster: encode change: %w", err)
+		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
+	}
+	n.log.Info("kv change applied", zap.Uint64("kv_index", index), zap.Int("set", len(change.Set)), zap.Int("deleted", len(change.Delete)), zap.Uint64("raft_index", raftIndex))
+	n.logRampEvents(res.events)
+	return nil
+}
+
+// apply writes one entry and waits until it is applied on this leader.
+func (n *Node) apply(ctx context.Context, c command) (applyResult, uint64, error) {
+	data, err := json.Marshal(c)
+	if err != nil {
+		return applyResult{}, 0, fmt.Errorf("encode entry: %w", err)
 	}
 	start := time.Now()
 	timeout := n.opts.ApplyTimeout
@@ -275,16 +291,97 @@ func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) 
 	f := n.raft.Apply(data, timeout)
 	if err := f.Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
-			return fmt.Errorf("cluster: apply KV change: %w", ErrNotLeader)
+			return applyResult{}, 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
 		}
-		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
+		return applyResult{}, 0, fmt.Errorf("%w (is the data dir's disk full or the quorum lost? the last applied state is still served)", err)
 	}
-	if resp, ok := f.Response().(error); ok && resp != nil {
-		return fmt.Errorf("cluster: apply KV change: %w", resp)
+	switch r := f.Response().(type) {
+	case error:
+		return applyResult{}, 0, r
+	case applyResult:
+		n.metrics.applyDuration.Observe(time.Since(start).Seconds())
+		return r, f.Index(), nil
 	}
 	n.metrics.applyDuration.Observe(time.Since(start).Seconds())
-	n.log.Info("kv change applied", zap.Uint64("kv_index", index), zap.Int("set", len(change.Set)), zap.Int("deleted", len(change.Delete)), zap.Uint64("raft_index", f.Index()))
-	return nil
+	return applyResult{}, f.Index(), nil
+}
+
+func (n *Node) now() time.Time {
+	if n.opts.Now != nil {
+		return n.opts.Now()
+	}
+	return time.Now()
+}
+
+// rampPolicy is the policy in force for a KV read: the flags, overridden by
+// <prefix>config/ramp when that parses. An invalid override is reported
+// once per value and ignored.
+func (n *Node) rampPolicy(kv map[string]string) state.RampPolicy {
+	raw, ok := kv[RampConfigKey]
+	if !ok {
+		n.metrics.rampPolicyInvalid.Set(0)
+		return n.opts.Ramp
+	}
+	p, err := state.ParseRampPolicy(raw, n.opts.Ramp)
+	if err != nil {
+		n.metrics.rampPolicyInvalid.Set(1)
+		if n.lastBadPolicy.Swap(&raw) == nil || *n.lastBadPolicy.Load() != raw {
+			n.log.Warn("ignoring invalid ramp policy in KV; the --ramp-* flags apply (fix or delete the key)",
+				zap.String("key", RampConfigKey), zap.String("value", raw), zap.Error(err))
+		}
+		return n.opts.Ramp
+	}
+	n.metrics.rampPolicyInvalid.Set(0)
+	n.lastBadPolicy.Store(nil)
+	return p
+}
+
+// RampConfigKey is the KV key, relative to the prefix, of the ramp policy
+// override.
+const RampConfigKey = "config/ramp"
+
+func (n *Node) logRampEvents(events []state.RampEvent) {
+	for _, e := range events {
+		r := e.Ramp
+		if e.Start {
+			n.log.Info("ramp started", zap.String("target", e.Target), zap.String("reason", e.Reason),
+				zap.Int("weight_percent", r.Weight), zap.Duration("duration", r.Policy.Duration),
+				zap.Duration("interval", r.Policy.Interval), zap.Time("eta", r.ETA()))
+			continue
+		}
+		n.log.Info("ramp ended", zap.String("target", e.Target), zap.String("reason", e.Reason),
+			zap.Int("weight_percent", r.Weight), zap.Duration("ran_for", n.now().Sub(r.Started).Round(time.Millisecond)))
+	}
+}
+
+// rampLoop is the leader's ramp engine: it writes a ramp entry whenever a
+// ramp's schedule moves past its last applied step, and ends ramps that are
+// done. A new leader runs the same loop on the ramps it finds in the FSM,
+// so every ramp resumes from its recorded start and last weight.
+func (n *Node) rampLoop(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ramps := n.fsm.ramps()
+		if len(ramps) == 0 {
+			continue
+		}
+		steps := state.NextSteps(ramps, n.now())
+		if steps.Empty() {
+			continue
+		}
+		res, _, err := n.apply(ctx, command{Type: cmdRamp, Steps: steps})
+		if err != nil {
+			n.log.Warn("ramp step not applied; retrying", zap.Error(err))
+			continue
+		}
+		n.logRampEvents(res.events)
+	}
 }
 
 // leadershipLoop runs the leader duty while this node leads.
@@ -353,6 +450,11 @@ func (n *Node) leaderDuty(ctx context.Context) {
 	}
 	n.caughtUp.Store(true)
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n.rampLoop(ctx)
+	}()
 	if n.opts.ConsulHealth != nil && n.opts.KVFailoverAfter > 0 {
 		wg.Add(1)
 		go func() {

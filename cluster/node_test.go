@@ -224,7 +224,7 @@ func TestFSMSnapshotVersioning(t *testing.T) {
 	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "drain\n" || g.kvIndex != 9 {
 		t.Fatalf("restored answer %q index %d", got, g.kvIndex)
 	}
-	newer := strings.Replace(sink.String(), `"version":1`, `"version":2`, 1)
+	newer := strings.Replace(sink.String(), fmt.Sprintf(`"version":%d`, snapshotVersion), fmt.Sprintf(`"version":%d`, snapshotVersion+1), 1)
 	if err := g.Restore(io.NopCloser(strings.NewReader(newer))); err == nil || !strings.Contains(err.Error(), "upgrade") {
 		t.Fatalf("restoring a newer snapshot: %v, want an error telling to upgrade", err)
 	}

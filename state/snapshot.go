@@ -3,6 +3,7 @@ package state
 import (
 	"maps"
 	"slices"
+	"strings"
 )
 
 // Snapshot is an immutable view of the desired state, built by a Mirror
@@ -131,5 +132,37 @@ func (s *Snapshot) Ramps() []Ramp {
 	for _, t := range slices.Sorted(maps.Keys(s.ramps)) {
 		out = append(out, s.ramps[t])
 	}
+	return out
+}
+
+// Target is a backend/server (or backend/*) the snapshot knows: a key's or
+// a ramp's.
+type Target struct{ Backend, Server string }
+
+// Targets returns every server and backend wildcard that has a key or a
+// ramp, sorted.
+func (s *Snapshot) Targets() []Target {
+	if s == nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []Target
+	add := func(t string) {
+		if t == "" || seen[t] {
+			return
+		}
+		seen[t] = true
+		b, srv, _ := strings.Cut(t, "/")
+		out = append(out, Target{b, srv})
+	}
+	for i := range s.entries {
+		add(s.entries[i].target())
+	}
+	for t := range s.ramps {
+		add(t)
+	}
+	slices.SortFunc(out, func(a, b Target) int {
+		return strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server)
+	})
 	return out
 }

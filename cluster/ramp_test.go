@@ -1,0 +1,114 @@
+package cluster
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/state"
+)
+
+func weightOf(n *Node, req string) int {
+	a := answer(n, req)
+	if !strings.HasPrefix(a, "ready ") {
+		return -1
+	}
+	w, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(a, "ready "), "%\n"))
+	return w
+}
+
+// The ramp engine moves with the leader: a ramp started under one leader
+// keeps rising under the next, never steps back, and ends at 100%.
+func TestRampContinuesAcrossLeaderChange(t *testing.T) {
+	policy := state.RampPolicy{Start: 10, Duration: 3 * time.Second, Interval: 300 * time.Millisecond, Aggression: 1}
+	nodes := startCluster(t, func(_ int, o *Options) { o.Ramp = policy })
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	l := leaderOf(nodes)
+	ctx := context.Background()
+	if err := l.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ApplyKV(ctx, 2, map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	last := map[*testNode]int{}
+	for _, n := range nodes {
+		last[n] = -1 // drain, or no answer yet
+	}
+	handedOver := false
+	for {
+		done := true
+		for _, n := range nodes {
+			if n.raft.State().String() == "Shutdown" {
+				continue
+			}
+			w := weightOf(n.Node, "web/a")
+			if w < last[n] {
+				t.Fatalf("%s: weight went down from %d to %d", n.opts.ID, last[n], w)
+			}
+			last[n] = w
+			done = done && w == 100
+		}
+		if done {
+			break
+		}
+		if !handedOver && last[l] >= 40 {
+			// Leader goes away mid-ramp.
+			if err := l.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			handedOver = true
+		}
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("ramp did not finish: weights %v", last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !handedOver {
+		t.Fatal("the leader was never stopped mid-ramp")
+	}
+	took := time.Since(start)
+	if took < policy.Duration {
+		t.Fatalf("ramp finished in %s, before its duration %s", took, policy.Duration)
+	}
+	t.Logf("ramp of %s finished in %s across a leader change", policy.Duration, took)
+	for _, n := range nodes {
+		if n.Node != l.Node && len(n.Snapshot().Ramps()) != 0 {
+			t.Fatalf("%s still has ramps", n.opts.ID)
+		}
+	}
+}
+
+func TestRampPolicyFromKV(t *testing.T) {
+	base := state.RampPolicy{Start: 10, Duration: time.Hour, Interval: time.Minute, Aggression: 1}
+	nodes := startCluster(t, func(_ int, o *Options) { o.Ramp = base })
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	l := leaderOf(nodes)
+	ctx := context.Background()
+	kv := map[string]string{"state/web/a": "drain", RampConfigKey: `{"start":"50%","duration":"1h"}`}
+	if err := l.ApplyKV(ctx, 1, kv); err != nil {
+		t.Fatal(err)
+	}
+	delete(kv, "state/web/a")
+	if err := l.ApplyKV(ctx, 2, kv); err != nil {
+		t.Fatal(err)
+	}
+	if w := weightOf(l.Node, "web/a"); w != 50 {
+		t.Fatalf("weight %d, want the KV policy's start 50", w)
+	}
+	// An invalid policy is ignored: the flags apply.
+	kv = map[string]string{"state/web/b": "drain", RampConfigKey: `{"start":"lots"}`}
+	if err := l.ApplyKV(ctx, 3, kv); err != nil {
+		t.Fatal(err)
+	}
+	delete(kv, "state/web/b")
+	if err := l.ApplyKV(ctx, 4, kv); err != nil {
+		t.Fatal(err)
+	}
+	if w := weightOf(l.Node, "web/b"); w != 10 {
+		t.Fatalf("weight %d, want the flags' start 10", w)
+	}
+}
