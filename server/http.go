@@ -90,6 +90,18 @@ type ServerState struct {
 	Ramp     string `json:"ramp,omitempty"`
 	Answer   string `json:"answer"`
 	Withheld bool   `json:"withheld"`
+	// Ramping is the undrain ramp setting this server's weight, if any.
+	Ramping *RampProgress `json:"ramping,omitempty"`
+}
+
+// RampProgress is one ramp as shown to operators.
+type RampProgress struct {
+	Target        string    `json:"target"` // backend/server or backend/*
+	WeightPercent int       `json:"weight_percent"`
+	Started       time.Time `json:"started"`
+	ETA           time.Time `json:"eta"`
+	Duration      string    `json:"duration"`
+	Interval      string    `json:"interval"`
 }
 
 // StateView is the /v1/state body.
@@ -103,6 +115,10 @@ type StateView struct {
 func rowFor(r state.Resolution) ServerState {
 	row := ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
 		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true}
+	if rp := r.Ramp; rp != nil {
+		row.Ramping = &RampProgress{Target: rp.Target, WeightPercent: rp.Weight, Started: rp.Started, ETA: rp.ETA(),
+			Duration: rp.Policy.Duration.String(), Interval: rp.Policy.Interval.String()}
+	}
 	if e := r.Entry; e != nil {
 		row.Key, row.Value, row.Valid, row.Error = e.Key, e.Raw, e.Valid(), e.Err
 		if e.HasLast {
@@ -121,14 +137,14 @@ func (h *httpAPI) view() StateView {
 	for _, e := range snap.Entries() {
 		if e.Backend == "" {
 			v.InvalidKeys = append(v.InvalidKeys, ServerState{Key: e.Key, Value: e.Raw, Error: e.Err, Source: e.Key})
-			continue
+		} else if !e.Valid() {
+			v.InvalidKeys = append(v.InvalidKeys, rowFor(snap.Resolve(e.Backend, e.Server)))
 		}
-		// For a wildcard key, Resolve(backend, "*") finds the key itself.
-		row := rowFor(snap.Resolve(e.Backend, e.Server))
-		v.Servers = append(v.Servers, row)
-		if !e.Valid() {
-			v.InvalidKeys = append(v.InvalidKeys, row)
-		}
+	}
+	// Every server or backend wildcard with a key or a ramp. For a
+	// wildcard, Resolve(backend, "*") finds the wildcard key itself.
+	for _, t := range snap.Targets() {
+		v.Servers = append(v.Servers, rowFor(snap.Resolve(t.Backend, t.Server)))
 	}
 	return v
 }
@@ -147,8 +163,8 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{"now": 
 }}).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>hastate</title>
 <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.bad{color:#b00}</style></head><body>
 <h1>hastate</h1><p>{{.Ready}} — generated {{now}}. JSON: <a href="/v1/state">/v1/state</a>, <a href="/v1/cluster">/v1/cluster</a>, <a href="/-/metrics">/-/metrics</a></p>
-<table><tr><th>backend</th><th>server</th><th>answer</th><th>value</th><th>reason</th><th>by</th><th>error</th></tr>
-{{range .View.Servers}}<tr><td>{{.Backend}}</td><td>{{.Server}}</td><td>{{if .Withheld}}(withheld){{else}}{{.Answer}}{{end}}</td><td>{{.Value}}</td><td>{{.Reason}}</td><td>{{.By}}</td><td class="bad">{{.Error}}</td></tr>
+<table><tr><th>backend</th><th>server</th><th>answer</th><th>value</th><th>ramp</th><th>reason</th><th>by</th><th>error</th></tr>
+{{range .View.Servers}}<tr><td>{{.Backend}}</td><td>{{.Server}}</td><td>{{if .Withheld}}(withheld){{else}}{{.Answer}}{{end}}</td><td>{{.Value}}</td><td>{{with .Ramping}}{{.WeightPercent}}% until {{.ETA.Format "15:04:05"}}{{end}}</td><td>{{.Reason}}</td><td>{{.By}}</td><td class="bad">{{.Error}}</td></tr>
 {{end}}</table></body></html>`))
 
 func (h *httpAPI) page(w http.ResponseWriter, _ *http.Request) {

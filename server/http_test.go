@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,5 +101,34 @@ func TestHTTPAPI(t *testing.T) {
 	}
 	if code, _ := get(t, h, "/nope"); code != 404 {
 		t.Errorf("unknown path: %d", code)
+	}
+}
+
+func TestHTTPStateShowsRamps(t *testing.T) {
+	m := state.NewMirror()
+	p := state.RampPolicy{Start: 10, Duration: time.Minute, Interval: time.Second, Aggression: 1}
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	m.ApplyAt(state.Change{Set: map[string]string{"state/web/a": "drain", "state/api/*": "drain"}}, at, p)
+	m.ApplyAt(state.Change{Delete: []string{"state/web/a", "state/api/*"}}, at, p)
+	snap := m.Snapshot()
+	h := NewHTTPHandler(HTTPOptions{Replica: &fakeReplica{
+		snap:  func() *state.Snapshot { return snap },
+		ready: func() (bool, string) { return true, "" },
+	}})
+	_, body := get(t, h, "/v1/state")
+	var v StateView
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Servers) != 2 {
+		t.Fatalf("servers %+v, want the two ramp targets although their keys are gone", v.Servers)
+	}
+	for _, r := range v.Servers {
+		if r.Ramping == nil || r.Ramping.WeightPercent != 10 || !r.Ramping.ETA.Equal(at.Add(time.Minute)) || r.Answer != "ready 10%" {
+			t.Errorf("row %+v ramping %+v", r, r.Ramping)
+		}
+	}
+	if _, body := get(t, h, "/v1/state/api/any"); !strings.Contains(body, `"target": "api/*"`) {
+		t.Errorf("a server under a ramping wildcard: %s", body)
 	}
 }

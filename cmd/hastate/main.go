@@ -378,13 +378,13 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 				return enc.Encode(rows)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tVALUE\tREASON\tBY\tPROBLEM")
+			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tVALUE\tRAMP\tREASON\tBY\tPROBLEM")
 			for _, r := range rows {
 				ans := r.Answer
 				if r.Withheld {
 					ans = "(withheld)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Backend, r.Server, ans, r.Desired, r.Reason, r.By, r.Error)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Backend, r.Server, ans, r.Desired, r.Ramping.String(), r.Reason, r.By, r.Error)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

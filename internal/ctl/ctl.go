@@ -133,6 +133,24 @@ type Row struct {
 	By       string `json:"by"`
 	Answer   string `json:"answer"`
 	Withheld bool   `json:"withheld"`
+	Ramping  *Ramp  `json:"ramping,omitempty"`
+}
+
+// Ramp is a ramp in progress as /v1/state shows it.
+type Ramp struct {
+	Target        string    `json:"target"`
+	WeightPercent int       `json:"weight_percent"`
+	Started       time.Time `json:"started"`
+	ETA           time.Time `json:"eta"`
+	Duration      string    `json:"duration"`
+}
+
+// String renders the ramp for a status table.
+func (r *Ramp) String() string {
+	if r == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d%% (eta %s)", r.WeightPercent, r.ETA.Local().Format("15:04:05"))
 }
 
 // StateView is the part of /v1/state the status command uses.
