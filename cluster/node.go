@@ -188,6 +188,11 @@ func New(o Options) (*Node, error) {
 	cfg.SnapshotInterval = o.SnapshotInterval
 	cfg.SnapshotThreshold = o.SnapshotThreshold
 	cfg.TrailingLogs = 4096
+	// Followers learn that an entry is committed from the leader's next
+	// AppendEntries; sending one within 10ms keeps every replica within
+	// milliseconds of the leader's answer (a ramp step must not be seen
+	// on one replica long before the others).
+	cfg.CommitTimeout = 10 * time.Millisecond
 
 	hasState, err := raft.HasExistingState(store, store, snaps)
 	if err != nil {

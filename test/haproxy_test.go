@@ -69,6 +69,19 @@ func haproxyBin(t *testing.T) string {
 // It returns once `show stat` lists every server UP.
 func StartHAProxy(t *testing.T, agentAddr string, backends ...Backend) *HAProxy {
 	t.Helper()
+	return startHAProxy(t, agentAddr, nil, backends)
+}
+
+// StartHAProxyLB is StartHAProxy with the production layout: the agent
+// checks go to one load-balancer address (a `listen` section of the same
+// HAProxy) in front of every replica's agent port.
+func StartHAProxyLB(t *testing.T, replicas []*Hastate, backends ...Backend) *HAProxy {
+	t.Helper()
+	return startHAProxy(t, freeAddr(t), replicas, backends)
+}
+
+func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, backends []Backend) *HAProxy {
+	t.Helper()
 	bin := haproxyBin(t)
 	agentHost, agentPort, err := net.SplitHostPort(agentAddr)
 	if err != nil {
@@ -106,6 +119,17 @@ frontend fe
     bind %s
     default_backend %s
 `, h.sock, h.Frontend, backends[0].Name)
+	if len(lbReplicas) > 0 {
+		// The "internal load balancer" of the replicas' agent ports. Its
+		// health check asks each replica's /-/readiness, as a cloud load
+		// balancer would; a dead replica leaves the rotation after one
+		// failed check.
+		fmt.Fprintf(&cfg, "\nlisten agent_lb\n    bind %s\n    balance roundrobin\n    option httpchk GET /-/readiness\n", agentAddr)
+		for i, r := range lbReplicas {
+			_, httpPort, _ := net.SplitHostPort(r.HTTPAddr)
+			fmt.Fprintf(&cfg, "    server replica%d %s check port %s inter 200ms fall 1 rise 2\n", i+1, r.AgentAddr, httpPort)
+		}
+	}
 	for _, b := range backends {
 		fmt.Fprintf(&cfg, "\nbackend %s\n    balance roundrobin\n", b.Name)
 		for _, s := range b.Servers {

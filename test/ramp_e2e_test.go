@@ -1,0 +1,240 @@
+package test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// The ramp of these tests: 10% to 100% in 10 s, one step a second
+// (9 percentage points a step), with HAProxy asking every 500 ms.
+const (
+	rampDuration = 10 * time.Second
+	rampInterval = time.Second
+	rampStep     = 9
+)
+
+// answerWeight turns "ready 55%" into 55; anything else is -1.
+func answerWeight(a string) int {
+	if !strings.HasPrefix(a, "ready ") {
+		return -1
+	}
+	w, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(a, "ready "), "%"))
+	if err != nil {
+		return -1
+	}
+	return w
+}
+
+// rampWatch samples HAProxy's weight of servers (and every live replica's
+// answer) until all reach UP at 100, failing on any step back.
+type rampWatch struct {
+	t       *testing.T
+	hap     *HAProxy
+	hs      []*Hastate
+	servers []string
+	seen    map[string][]int // distinct weights in order, per server
+	start   time.Time
+}
+
+func watchRamp(t *testing.T, hap *HAProxy, hs []*Hastate, servers ...string) *rampWatch {
+	return &rampWatch{t: t, hap: hap, hs: hs, servers: servers, seen: map[string][]int{}, start: time.Now()}
+}
+
+// sample takes one look; it reports whether every server is UP at 100.
+func (w *rampWatch) sample(live func(*Hastate) bool) bool {
+	t := w.t
+	t.Helper()
+	st := w.hap.Stat(t)
+	done := true
+	for _, s := range w.servers {
+		r := st[s]
+		if r.Status != statUp {
+			done = false
+			continue
+		}
+		ws := w.seen[s]
+		if n := len(ws); n == 0 || ws[n-1] != r.Weight {
+			if n > 0 && r.Weight < ws[n-1] {
+				t.Fatalf("%s: HAProxy weight went down from %d to %d after %s (seen %v)", s, ws[n-1], r.Weight, time.Since(w.start), ws)
+			}
+			w.seen[s] = append(ws, r.Weight)
+		}
+		done = done && r.Weight == 100
+	}
+	// Every live replica answers within one step of the others.
+	for _, s := range w.servers {
+		lo, hi := 101, -2
+		var got []string
+		for _, h := range w.hs {
+			if !live(h) {
+				continue
+			}
+			a := h.Ask(t, s)
+			got = append(got, h.NodeID+"="+a)
+			if wt := answerWeight(a); wt >= 0 {
+				lo, hi = min(lo, wt), max(hi, wt)
+			}
+		}
+		if hi >= 0 && hi-lo > rampStep+1 {
+			t.Fatalf("%s: replicas more than one step apart: %v", s, got)
+		}
+	}
+	return done
+}
+
+// run samples until done or the deadline, and returns how long it took.
+func (w *rampWatch) run(deadline time.Duration, live func(*Hastate) bool, during func(elapsed time.Duration, weight int)) time.Duration {
+	t := w.t
+	t.Helper()
+	for !w.sample(live) {
+		if time.Since(w.start) > deadline {
+			t.Fatalf("ramp not finished within %s: HAProxy weights seen %v", deadline, w.seen)
+		}
+		if during != nil {
+			ws := w.seen[w.servers[0]]
+			last := -1
+			if len(ws) > 0 {
+				last = ws[len(ws)-1]
+			}
+			during(time.Since(w.start), last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Since(w.start)
+}
+
+// check asserts the shape of a finished ramp: it started near --ramp-start
+// and climbed in several steps.
+func (w *rampWatch) check() {
+	t := w.t
+	t.Helper()
+	for _, s := range w.servers {
+		ws := w.seen[s]
+		if len(ws) < 5 || ws[0] > 10+rampStep || ws[len(ws)-1] != 100 {
+			t.Fatalf("%s: HAProxy weights %v; want a rise in steps from about 10 to 100", s, ws)
+		}
+		t.Logf("%s: HAProxy weights during the ramp: %v", s, ws)
+	}
+}
+
+func alive(*Hastate) bool { return true }
+
+func TestE2ERamp(t *testing.T) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{
+		"--ramp-duration", rampDuration.String(), "--ramp-interval", rampInterval.String(), "--ramp-start", "10%"}})
+	hap := StartHAProxyLB(t, hs, beWeb, beAPI)
+	op := Operator{ConsulAddr: consul.Addr()}
+
+	t.Run("undrain rises step by step on every replica", func(t *testing.T) {
+		op.Run(t, "drain", "be_web/web1")
+		hap.WaitServer(t, "be_web/web1", statDrainAgent, -1)
+		op.Run(t, "clear", "be_web/web1")
+		w := watchRamp(t, hap, hs, "be_web/web1")
+		took := w.run(rampDuration+5*time.Second, alive, nil)
+		w.check()
+		t.Logf("ramp of %s seen complete in HAProxy after %s", rampDuration, took)
+		var st struct {
+			Servers []struct {
+				Backend, Server string
+				Ramping         any `json:"ramping"`
+			} `json:"servers"`
+		}
+		hs[0].GetJSON(t, "/v1/state", &st)
+		for _, r := range st.Servers {
+			if r.Ramping != nil {
+				t.Fatalf("a ramp is still listed after it finished: %+v", r)
+			}
+		}
+	})
+
+	t.Run("drain during a ramp wins at once", func(t *testing.T) {
+		op.Run(t, "drain", "be_web/web2")
+		hap.WaitServer(t, "be_web/web2", statDrainAgent, -1)
+		op.Run(t, "clear", "be_web/web2")
+		eventually(t, 10*time.Second, func() bool {
+			r := hap.Server(t, "be_web/web2")
+			return r.Status == statUp && r.Weight >= 28 && r.Weight < 100
+		}, func() string { return fmt.Sprintf("ramp never reached 28%%: %s", hap.Server(t, "be_web/web2")) })
+		out := op.Run(t, "status", "--addr", "http://"+hs[1].HTTPAddr, "be_web/web2")
+		if !strings.Contains(out, "eta") {
+			t.Errorf("hastate status does not show the ramp:\n%s", out)
+		}
+		start := time.Now()
+		op.Run(t, "drain", "be_web/web2")
+		hap.WaitServer(t, "be_web/web2", statDrainAgent, -1)
+		if took := time.Since(start); took > agentInter+time.Second {
+			t.Fatalf("DRAIN (agent) after %s, want within agent-inter + 1s", took)
+		} else {
+			t.Logf("drain during the ramp shown by HAProxy after %s", took)
+		}
+		op.Run(t, "clear", "be_web/web2")
+		watchRamp(t, hap, hs, "be_web/web2").run(rampDuration+5*time.Second, alive, nil)
+	})
+
+	t.Run("a backend wildcard ramps every server of the backend", func(t *testing.T) {
+		op.Run(t, "drain", "be_api/*")
+		hap.WaitServer(t, "be_api/api1", statDrainAgent, -1)
+		hap.WaitServer(t, "be_api/api2", statDrainAgent, -1)
+		op.Run(t, "clear", "be_api/*")
+		w := watchRamp(t, hap, hs, "be_api/api1", "be_api/api2")
+		w.run(rampDuration+5*time.Second, alive, nil)
+		w.check()
+		if r := hap.Server(t, "be_web/web1"); r.Status != statUp || r.Weight != 100 {
+			t.Fatalf("be_web touched by be_api's ramp: %s", r)
+		}
+	})
+
+	t.Run("leader SIGKILL mid-ramp", func(t *testing.T) {
+		op.Run(t, "drain", "be_web/web1")
+		hap.WaitServer(t, "be_web/web1", statDrainAgent, -1)
+		op.Run(t, "clear", "be_web/web1")
+		var killed *Hastate
+		var killedAt time.Duration
+		live := func(h *Hastate) bool { return h != killed }
+		w := watchRamp(t, hap, hs, "be_web/web1")
+		took := w.run(rampDuration+10*time.Second, live, func(elapsed time.Duration, weight int) {
+			if killed != nil || weight < 40 {
+				return
+			}
+			// Kill right after a step has reached every replica, as a
+			// crash between two steps.
+			ans := map[string]bool{}
+			for _, h := range hs {
+				ans[h.Ask(t, "be_web/web1")] = true
+			}
+			if len(ans) != 1 {
+				return
+			}
+			killed = WaitLeader(t, 5*time.Second, hs...)
+			killed.Kill()
+			killedAt = elapsed
+			t.Logf("killed leader %s at %s, weight %d", killed.NodeID, elapsed.Round(time.Millisecond), weight)
+		})
+		if killed == nil {
+			t.Fatal("the leader was never killed mid-ramp")
+		}
+		w.check()
+		var survivors []*Hastate
+		for _, h := range hs {
+			if h != killed {
+				survivors = append(survivors, h)
+			}
+		}
+		WaitLeader(t, 10*time.Second, survivors...)
+		t.Logf("ramp of %s complete after %s with the leader killed at %s", rampDuration, took.Round(time.Millisecond), killedAt.Round(time.Millisecond))
+		if took > rampDuration+5*time.Second+rampInterval {
+			t.Fatalf("ramp took %s, more than duration + failover + one interval", took)
+		}
+		killed.Start(t)
+		killed.WaitReady(t)
+		if a := killed.Ask(t, "be_web/web1"); a != "ready 100%" {
+			t.Fatalf("restarted replica answers %q", a)
+		}
+	})
+}
