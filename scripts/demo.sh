@@ -47,6 +47,7 @@ for i in 0 1 2; do
   ip=127.0.0.$((i+2))
   HASTATE_PEERS=$peers "$bin" serve --node-id hastate-$i --data-dir "$demo/hastate-$i" \
     --agent-addr $ip:9777 --http-addr $ip:9778 --raft-addr $ip:9779 --raft-advertise $ip:9779 \
+    --ramp-duration 60s --ramp-interval 5s \
     --log-format json >"$demo/hastate-$i.log" 2>&1 &
   pids+=($!)
 done
@@ -112,6 +113,8 @@ hastate demo is running. In another shell:
   hastate status                                   # desired state and answers
   hastate drain canary_web/web-1 --reason "try it" # then watch HAProxy:
   $stat
+  hastate clear canary_web/web-2                   # undrain: the weight ramps 10% -> 100% over 60s (demo setting)
+  hastate status                                   # shows the ramp's progress and ETA
   hastate weight 25% canary_api/api-2
   hastate drain 'canary_api/*'                     # the whole backend
   hastate clear canary_web/web-1 canary_web/web-2 'canary_api/*' canary_api/api-1 canary_api/api-2
