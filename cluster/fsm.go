@@ -66,6 +66,9 @@ type fsm struct {
 	serving atomic.Pointer[state.Snapshot]
 	applied func()    // called after every state change; may be nil
 	stepped func(int) // called with the number of ramp steps applied; may be nil
+	// lag is called with the time from the leader writing an entry to this
+	// replica applying it; may be nil.
+	lag func(time.Duration)
 }
 
 func newFSM(applied func()) *fsm {
@@ -88,6 +91,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 	var c command
 	if err := json.Unmarshal(l.Data, &c); err != nil {
 		return fmt.Errorf("raft entry %d: %w", l.Index, err)
+	}
+	if f.lag != nil && !c.At.IsZero() {
+		f.lag(time.Since(c.At))
 	}
 	switch c.Type {
 	case cmdKV:

@@ -16,6 +16,7 @@ type metrics struct {
 	applyDuration     prometheus.Histogram
 	kvFailovers       prometheus.Counter
 	rampSteps         prometheus.Counter
+	entryLag          prometheus.Histogram
 	rampPolicyInvalid prometheus.Gauge
 
 	rampsActive, serverWeight *prometheus.Desc
@@ -30,6 +31,9 @@ func newMetrics(n *Node) *metrics {
 			Name: "hastate_raft_leader_changes_total", Help: "Leader changes this node observed."}),
 		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_raft_kv_failovers_total", Help: "Leadership handed to a follower because this leader could not reach Consul."}),
+		entryLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "hastate_raft_entry_lag_seconds", Help: "Time from the leader writing an entry to this replica applying it: commit plus replication latency (across hosts it includes their clock offset).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		rampSteps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_ramp_steps_total", Help: "Ramp steps (weight changes and ends) applied to this replica's state."}),
 		rampPolicyInvalid: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -54,6 +58,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.applyDuration.Describe(ch)
 	m.kvFailovers.Describe(ch)
 	m.rampSteps.Describe(ch)
+	m.entryLag.Describe(ch)
 	m.rampPolicyInvalid.Describe(ch)
 	ch <- m.rampsActive
 	ch <- m.serverWeight
@@ -67,6 +72,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.applyDuration.Collect(ch)
 	m.kvFailovers.Collect(ch)
 	m.rampSteps.Collect(ch)
+	m.entryLag.Collect(ch)
 	m.rampPolicyInvalid.Collect(ch)
 	r := m.n.raft
 	cur := r.State()

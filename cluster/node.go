@@ -154,6 +154,7 @@ func New(o Options) (*Node, error) {
 	n := &Node{opts: o, log: o.Logger, changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	n.fsm = newFSM(n.ping)
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
+	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
 
 	store, err := raftboltdb.NewBoltStore(filepath.Join(o.DataDir, "raft.db"))
 	if err != nil {
@@ -380,7 +381,7 @@ func (n *Node) rampLoop(ctx context.Context) {
 		if steps.Empty() {
 			continue
 		}
-		res, _, err := n.apply(ctx, command{Type: cmdRamp, Steps: steps})
+		res, _, err := n.apply(ctx, command{Type: cmdRamp, Steps: steps, At: n.now()})
 		if err != nil {
 			n.log.Warn("ramp step not applied; retrying", zap.Error(err))
 			continue
