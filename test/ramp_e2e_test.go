@@ -135,9 +135,36 @@ func TestE2ERamp(t *testing.T) {
 		op.Run(t, "drain", "be_web/web1")
 		hap.WaitServer(t, "be_web/web1", statDrainAgent, -1)
 		op.Run(t, "clear", "be_web/web1")
+		leader := WaitLeader(t, 5*time.Second, hs...)
 		w := watchRamp(t, hap, hs, "be_web/web1")
-		took := w.run(rampDuration+5*time.Second, alive, nil)
+		sawMetrics := false
+		took := w.run(rampDuration+5*time.Second, alive, func(_ time.Duration, weight int) {
+			if sawMetrics || weight < 30 || weight >= 90 {
+				return
+			}
+			// Every replica reports the ramp in its metrics.
+			for _, h := range hs {
+				if h.Metric(t, "hastate_ramps_active") != 1 {
+					return
+				}
+				if pw := h.Metric(t, `hastate_server_weight_percent{backend="be_web",server="web1"}`); pw < 19 || pw > 100 {
+					t.Fatalf("%s: hastate_server_weight_percent %v during the ramp", h.NodeID, pw)
+				}
+			}
+			sawMetrics = true
+		})
 		w.check()
+		if !sawMetrics {
+			t.Error("hastate_ramps_active never read 1 on every replica during the ramp")
+		}
+		for _, h := range hs {
+			if h.Metric(t, "hastate_ramps_active") != 0 || h.Metric(t, "hastate_ramp_steps_total") < 10 {
+				t.Errorf("%s: after the ramp: ramps_active %v, ramp_steps_total %v", h.NodeID, h.Metric(t, "hastate_ramps_active"), h.Metric(t, "hastate_ramp_steps_total"))
+			}
+		}
+		if !leader.LogContains(t, `"msg":"ramp started"`) || !leader.LogContains(t, `"msg":"ramp ended"`) {
+			t.Errorf("the leader %s did not log the ramp's start and end", leader.NodeID)
+		}
 		t.Logf("ramp of %s seen complete in HAProxy after %s", rampDuration, took)
 		var st struct {
 			Servers []struct {
