@@ -1,13 +1,9 @@
 package cluster
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,15 +60,14 @@ type fsm struct {
 	kvIndex uint64
 
 	serving atomic.Pointer[state.Snapshot]
-	applied func()    // called after every state change; may be nil
 	stepped func(int) // called with the number of ramp steps applied; may be nil
 	// lag is called with the time from the leader writing an entry to this
 	// replica applying it; may be nil.
 	lag func(time.Duration)
 }
 
-func newFSM(applied func()) *fsm {
-	return &fsm{mirror: state.NewMirror(), applied: applied}
+func newFSM() *fsm {
+	return &fsm{mirror: state.NewMirror()}
 }
 
 // ramps returns the ramps in progress.
@@ -123,9 +118,6 @@ func (f *fsm) publishLocked() {
 	} else {
 		f.serving.Store(nil)
 	}
-	if f.applied != nil {
-		f.applied()
-	}
 }
 
 // diff returns the change that turns the mirror into kv, and whether the
@@ -142,18 +134,8 @@ func (f *fsm) info() (kvIndex uint64, keys int, synced bool) {
 	return f.kvIndex, f.mirror.Len(), f.mirror.Synced()
 }
 
-// digest is a SHA-256 over the mirrored KV content (sorted key=value
-// lines): replicas holding the same state have the same digest.
-func (f *fsm) digest() string {
-	f.mu.Lock()
-	kv := f.mirror.KV()
-	f.mu.Unlock()
-	h := sha256.New()
-	for _, k := range slices.Sorted(maps.Keys(kv)) {
-		fmt.Fprintf(h, "%q=%q\n", k, kv[k])
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
+// digest is state.Digest of the mirrored KV content.
+func (f *fsm) digest() string { return state.Digest(f.kv()) }
 
 func (f *fsm) kv() map[string]string {
 	f.mu.Lock()

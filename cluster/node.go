@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -61,6 +62,9 @@ type Options struct {
 	// Ramp is the base undrain ramp policy; <prefix>config/ramp in the
 	// mirrored KV overrides it. Zero: no ramps.
 	Ramp state.RampPolicy
+	// PeerQueries are answered to other members over the raft port (see
+	// QueryPeers), e.g. "pollers" for /v1/pollers?scope=cluster.
+	PeerQueries map[string]func() any
 	// Now is the clock (nil: time.Now); ramps start at the leader's time.
 	Now func() time.Time
 	// KVFailoverAfter (0: 30s; negative: never) is how long the leader's
@@ -133,7 +137,6 @@ type Node struct {
 
 	caughtUp      atomic.Bool
 	lastBadPolicy atomic.Pointer[string]
-	changed       chan struct{} // pinged after every FSM change; buffered 1
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -151,8 +154,8 @@ func New(o Options) (*Node, error) {
 	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
 	}
-	n := &Node{opts: o, log: o.Logger, changed: make(chan struct{}, 1), stop: make(chan struct{})}
-	n.fsm = newFSM(n.ping)
+	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{})}
+	n.fsm = newFSM()
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
 
@@ -167,7 +170,7 @@ func New(o Options) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
-	sl, err := newStreamLayer(o.BindAddr, o.Advertise, o.TLS, n.peerStatus, o.Logger.Named("transport"))
+	sl, err := newStreamLayer(o.BindAddr, o.Advertise, o.TLS, n.peerStatus, o.PeerQueries, o.Logger.Named("transport"))
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
@@ -175,7 +178,7 @@ func New(o Options) (*Node, error) {
 	n.stream = sl
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
-		ServerAddressProvider: dialOverride(o.DialOverride),
+		ServerAddressProvider: newDialOverride(o),
 	})
 
 	notify := make(chan bool, 16)
@@ -243,16 +246,6 @@ func New(o Options) (*Node, error) {
 	go n.catchUpLoop()
 	return n, nil
 }
-
-func (n *Node) ping() {
-	select {
-	case n.changed <- struct{}{}:
-	default:
-	}
-}
-
-// Changed is pinged (non-blocking, coalesced) after every FSM change.
-func (n *Node) Changed() <-chan struct{} { return n.changed }
 
 // Snapshot returns the current serving snapshot (nil while the node holds
 // no state). It never blocks.
@@ -494,40 +487,64 @@ func (n *Node) peerStatus() PeerStatus {
 	return st
 }
 
-// PeerStatuses asks every other member for its status over the raft port.
+// PeerStatuses asks every member for its status over the raft port (this
+// node answers for itself); members that do not answer within timeout are
+// missing from the result.
 func (n *Node) PeerStatuses(timeout time.Duration) map[string]PeerStatus {
-	out := map[string]PeerStatus{}
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return out
-	}
+	out := map[string]PeerStatus{n.opts.ID: n.peerStatus()}
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == n.opts.ID {
-			mu.Lock()
-			out[n.opts.ID] = n.peerStatus()
-			mu.Unlock()
-			continue
-		}
-		wg.Add(1)
-		go func(s raft.Server) {
-			defer wg.Done()
-			addr := string(s.Address)
-			if a, ok := n.opts.DialOverride[string(s.ID)]; ok {
-				addr = a
-			}
-			st, err := n.stream.queryStatus(addr, timeout)
-			if err != nil {
-				return
-			}
+	n.forEachPeer(func(s raft.Server) {
+		if st, err := n.stream.queryStatus(n.dialAddress(s), timeout); err == nil {
 			mu.Lock()
 			out[string(s.ID)] = st
 			mu.Unlock()
-		}(s)
+		}
+	})
+	return out
+}
+
+// QueryPeers asks every other member for the answer to a named query
+// (Options.PeerQueries on their side). Members that do not answer within
+// timeout are missing from the result.
+func (n *Node) QueryPeers(name string, timeout time.Duration) map[string]json.RawMessage {
+	out := map[string]json.RawMessage{}
+	var mu sync.Mutex
+	n.forEachPeer(func(s raft.Server) {
+		if raw, err := n.stream.query(n.dialAddress(s), name, timeout); err == nil {
+			mu.Lock()
+			out[string(s.ID)] = raw
+			mu.Unlock()
+		}
+	})
+	return out
+}
+
+// forEachPeer runs f for every other member of the configuration, in
+// parallel, and waits for all of them.
+func (n *Node) forEachPeer(f func(raft.Server)) {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == n.opts.ID {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(s)
+		}()
 	}
 	wg.Wait()
-	return out
+}
+
+func (n *Node) dialAddress(s raft.Server) string {
+	if a, ok := n.opts.DialOverride[string(s.ID)]; ok {
+		return a
+	}
+	return string(s.Address)
 }
 
 // kvFailoverLoop hands leadership to a follower that can reach Consul when
@@ -768,8 +785,24 @@ func (n *Node) closeStores() error {
 }
 
 // dialOverride maps server IDs to dial addresses; an error makes raft use
-// the configured address.
+// the configured address. raft logs a warning for every error, and asks on
+// every RPC (its own ID included), so the map holds every known server.
 type dialOverride map[string]string
+
+// newDialOverride returns nil (raft dials the configured addresses) without
+// overrides; else the overrides on top of --peers and this node's own
+// advertised address.
+func newDialOverride(o Options) raft.ServerAddressProvider {
+	if len(o.DialOverride) == 0 {
+		return nil
+	}
+	d := dialOverride{o.ID: o.Advertise}
+	for _, p := range o.Peers {
+		d[p.ID] = p.Address
+	}
+	maps.Copy(d, o.DialOverride)
+	return d
+}
 
 func (d dialOverride) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 	if a, ok := d[string(id)]; ok {

@@ -205,7 +205,7 @@ func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
 }
 
 func TestFSMSnapshotVersioning(t *testing.T) {
-	f := newFSM(nil)
+	f := newFSM()
 	m := state.NewMirror()
 	m.Apply(state.Change{Set: map[string]string{"state/a/b": "drain"}})
 	f.mirror, f.kvIndex = m, 9
@@ -217,7 +217,7 @@ func TestFSMSnapshotVersioning(t *testing.T) {
 	if err := snap.Persist(sink); err != nil {
 		t.Fatal(err)
 	}
-	g := newFSM(nil)
+	g := newFSM()
 	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"bufio"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 const (
 	connRaft   byte = 'R'
 	connStatus byte = 'S'
+	connQuery  byte = 'Q' // followed by a query name and LF; answered with JSON
 )
 
 // PeerStatus is what a node reports about itself over the raft port.
@@ -45,6 +48,7 @@ type streamLayer struct {
 	advertise advertiseAddr
 	tls       *tls.Config // nil: plain TCP
 	status    func() PeerStatus
+	queries   map[string]func() any
 	log       *zap.Logger
 
 	raftConns chan net.Conn
@@ -65,7 +69,7 @@ var _ raft.StreamLayer = (*streamLayer)(nil)
 // errLayerClosed is returned by Accept after Close.
 var errLayerClosed = errors.New("raft stream layer closed")
 
-func newStreamLayer(bind, advertise string, tlsConf *tls.Config, status func() PeerStatus, log *zap.Logger) (*streamLayer, error) {
+func newStreamLayer(bind, advertise string, tlsConf *tls.Config, status func() PeerStatus, queries map[string]func() any, log *zap.Logger) (*streamLayer, error) {
 	if _, _, err := net.SplitHostPort(advertise); err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", advertise, err)
 	}
@@ -76,7 +80,7 @@ func newStreamLayer(bind, advertise string, tlsConf *tls.Config, status func() P
 	if tlsConf != nil {
 		ln = tls.NewListener(ln, tlsConf)
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), tls: tlsConf, status: status, log: log,
+	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), tls: tlsConf, status: status, queries: queries, log: log,
 		raftConns: make(chan net.Conn), open: map[net.Conn]struct{}{}, closed: make(chan struct{})}
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -134,6 +138,18 @@ func (s *streamLayer) route(c net.Conn) {
 			st = s.status()
 		}
 		_ = json.NewEncoder(c).Encode(st)
+	case connQuery:
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		name, err := bufio.NewReaderSize(io.LimitReader(c, 64), 64).ReadString('\n')
+		if err != nil {
+			return
+		}
+		var v any
+		if q, ok := s.queries[strings.TrimSuffix(name, "\n")]; ok {
+			v = q()
+		}
+		_ = json.NewEncoder(c).Encode(v)
 	default:
 		c.Close()
 	}
@@ -210,6 +226,22 @@ func (s *streamLayer) dial(address string, kind byte, timeout time.Duration) (ne
 	}
 	_ = c.SetWriteDeadline(time.Time{})
 	return c, nil
+}
+
+// query asks the node at address for the answer to a named query.
+func (s *streamLayer) query(address, name string, timeout time.Duration) (json.RawMessage, error) {
+	c, err := s.dial(address, connQuery, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := io.WriteString(c, name+"\n"); err != nil {
+		return nil, err
+	}
+	var raw json.RawMessage
+	err = json.NewDecoder(io.LimitReader(c, 64<<20)).Decode(&raw)
+	return raw, err
 }
 
 // queryStatus asks the node at address for its PeerStatus.

@@ -76,6 +76,9 @@ type AgentOptions struct {
 	QuietPeriod time.Duration
 	// WriteTimeout bounds writing the answer. Zero: DefaultAgentWriteTimeout (2s).
 	WriteTimeout time.Duration
+	// Pollers, when set, records which HAProxy asked for which server and
+	// what it was told. Nil: nothing is recorded.
+	Pollers *Pollers
 	// MaxConns caps the connections served at once; beyond it a new
 	// connection is closed at once and counted as result "rejected". The
 	// server preallocates one small tracking slot per connection.
@@ -151,6 +154,7 @@ type AgentServer struct {
 	readTimeout  time.Duration
 	quietPeriod  time.Duration
 	writeTimeout time.Duration
+	pollers      *Pollers // nil: not recorded
 
 	m       agentMetrics
 	limits  [numLogKinds]*logLimiter
@@ -186,6 +190,7 @@ func NewAgentServer(o AgentOptions) (*AgentServer, error) {
 		readTimeout:  o.ReadTimeout,
 		quietPeriod:  o.QuietPeriod,
 		writeTimeout: o.WriteTimeout,
+		pollers:      o.Pollers,
 		slots:        make([]connSlot, o.MaxConns),
 		free:         make(chan *connSlot, o.MaxConns),
 		done:         make(chan struct{}),
@@ -337,9 +342,11 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 		s.logProbe(logMalformed, "agent probe: malformed request; closed unanswered", c, err, req)
 		return
 	}
-	line := s.src.Snapshot().Lookup(req[:len(backend)+1+len(server)], len(backend))
+	req = req[:len(backend)+1+len(server)]
+	line := s.src.Snapshot().Lookup(req, len(backend))
 	if line == nil {
 		s.m.withheld.Inc()
+		s.pollers.Record(c.RemoteAddr(), req, nil, start)
 		return
 	}
 	if err := c.SetWriteDeadline(time.Now().Add(s.writeTimeout)); err != nil {
@@ -352,6 +359,7 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 	}
 	s.m.answered.Inc()
 	s.m.duration.Observe(time.Since(start).Seconds())
+	s.pollers.Record(c.RemoteAddr(), req, line, start)
 }
 
 func (s *AgentServer) writeFailed(c net.Conn, err error) {

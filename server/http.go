@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"html/template"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hastate/hastate/state"
@@ -22,6 +24,9 @@ type Replica interface {
 	ClusterInfo() any
 	// KVStatus is the Consul sync status as this replica sees it, JSON-encodable.
 	KVStatus() any
+	// PeerPollers returns the other replicas' pollers, each Poll naming
+	// its replica (for /v1/pollers?scope=cluster).
+	PeerPollers() []Poll
 }
 
 // HTTPOptions configure the HTTP handler. Replica is required.
@@ -29,6 +34,10 @@ type HTTPOptions struct {
 	Replica  Replica
 	Gatherer prometheus.Gatherer // nil: /-/metrics answers 404
 	Logger   *zap.Logger         // nil: no logs
+	// Pollers is this replica's record of probes (nil: none) and NodeID
+	// the name its polls carry in /v1/pollers.
+	Pollers *Pollers
+	NodeID  string
 }
 
 // NewHTTPHandler returns the handler for --http-addr: /-/liveness,
@@ -50,6 +59,7 @@ func NewHTTPHandler(o HTTPOptions) http.Handler {
 	}
 	mux.HandleFunc("GET /v1/state", h.stateAll)
 	mux.HandleFunc("GET /v1/state/{backend}/{server}", h.stateOne)
+	mux.HandleFunc("GET /v1/pollers", h.pollers)
 	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, o.Replica.ClusterInfo())
 	})
@@ -141,12 +151,64 @@ func (h *httpAPI) view() StateView {
 			v.InvalidKeys = append(v.InvalidKeys, rowFor(snap.Resolve(e.Backend, e.Server)))
 		}
 	}
-	// Every server or backend wildcard with a key or a ramp. For a
-	// wildcard, Resolve(backend, "*") finds the wildcard key itself.
+	// Every server or backend wildcard with a key or a ramp, and every
+	// server an HAProxy asked this replica about. For a wildcard,
+	// Resolve(backend, "*") finds the wildcard key itself.
+	seen := map[state.Target]bool{}
 	for _, t := range snap.Targets() {
+		seen[t] = true
 		v.Servers = append(v.Servers, rowFor(snap.Resolve(t.Backend, t.Server)))
 	}
+	if snap != nil {
+		for _, p := range h.localPolls() {
+			if t := (state.Target{Backend: p.Backend, Server: p.Server}); !seen[t] {
+				seen[t] = true
+				v.Servers = append(v.Servers, rowFor(snap.Resolve(t.Backend, t.Server)))
+			}
+		}
+	}
+	slices.SortFunc(v.Servers, func(a, b ServerState) int {
+		return strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server)
+	})
 	return v
+}
+
+// PollerWindow is how far back /v1/pollers and /v1/state look: an HAProxy
+// that has not asked for this long is no longer counted as polling.
+const PollerWindow = 10 * time.Minute
+
+func (h *httpAPI) localPolls() []Poll {
+	if h.o.Pollers == nil {
+		return nil
+	}
+	ps := h.o.Pollers.List(time.Now().Add(-PollerWindow))
+	for i := range ps {
+		ps[i].Replica = h.o.NodeID
+	}
+	return ps
+}
+
+// PollersView is the /v1/pollers body.
+type PollersView struct {
+	Scope   string `json:"scope"` // "replica" or "cluster"
+	Pollers []Poll `json:"pollers"`
+}
+
+func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
+	v := PollersView{Scope: "replica", Pollers: h.localPolls()}
+	switch r.URL.Query().Get("scope") {
+	case "", "replica":
+	case "cluster":
+		v.Scope = "cluster"
+		v.Pollers = append(v.Pollers, h.o.Replica.PeerPollers()...)
+	default:
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "scope must be replica or cluster"})
+		return
+	}
+	if v.Pollers == nil {
+		v.Pollers = []Poll{}
+	}
+	writeJSON(w, http.StatusOK, v)
 }
 
 func (h *httpAPI) stateAll(w http.ResponseWriter, _ *http.Request) {

@@ -25,6 +25,9 @@ func (f *fakeReplica) Snapshot() *state.Snapshot { return f.snap() }
 func (f *fakeReplica) Ready() (bool, string)     { return f.ready() }
 func (f *fakeReplica) ClusterInfo() any          { return map[string]string{"node_id": "n1"} }
 func (f *fakeReplica) KVStatus() any             { return map[string]bool{"watching": true} }
+func (f *fakeReplica) PeerPollers() []Poll {
+	return []Poll{{HAProxy: "127.0.0.9", Backend: "web", Server: "z", Answer: "ready 100%", Replica: "peer"}}
+}
 
 func get(t *testing.T, h http.Handler, path string) (int, string) {
 	t.Helper()

@@ -61,7 +61,7 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 	for _, st := range []string{"drain", "maint", "ready"} {
 		root.AddCommand(setCmd(st, stdout))
 	}
-	root.AddCommand(weightCmd(stdout), clearCmd(stdout), statusCmd(stdout))
+	root.AddCommand(weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout))
 	return root
 }
 
@@ -400,12 +400,76 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	def := os.Getenv("HASTATE_ADDR")
-	if def == "" {
-		def = "http://127.0.0.1:9778"
-	}
-	c.Flags().StringVar(&addr, "addr", def, "a replica's HTTP address (HASTATE_ADDR)")
+	c.Flags().StringVar(&addr, "addr", hastateAddr(), "a replica's HTTP address (HASTATE_ADDR)")
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
+	return c
+}
+
+// hastateAddr is the default replica address for reads.
+func hastateAddr() string {
+	if a := os.Getenv("HASTATE_ADDR"); a != "" {
+		return a
+	}
+	return "http://127.0.0.1:9778"
+}
+
+func waitCmd(stdout io.Writer) *cobra.Command {
+	var wf writeFlags
+	var addr string
+	var timeout time.Duration
+	c := &cobra.Command{
+		Use:   "wait <selector>",
+		Short: "Wait until every HAProxy polling the selected servers was served their current answer",
+		Long: `wait reads the prefix from Consul, waits until the replica holds that content,
+then until every HAProxy that polled a selected server in the last minute (on
+any replica) was last told that server's current answer. Exit 0 when done,
+1 on timeout with what still lags.`,
+		Example: `  hastate drain 'canary_web/*' --reason deploy && hastate wait 'canary_web/*' --timeout 1m`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			w, err := wf.writer(c)
+			if err != nil {
+				return err
+			}
+			if _, err := ctl.Match(args[0], ctl.Row{}); err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(c.Context(), timeout)
+			defer cancel()
+			start := time.Now()
+			if err := ctl.Wait(ctx, ctl.WaitOptions{Consul: w.Client, Prefix: w.Prefix, Addr: addr, Selector: args[0]}); err != nil {
+				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
+			}
+			fmt.Fprintf(stdout, "every HAProxy polling %s was served the current answer (%s)\n", args[0], time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+	wf.add(c)
+	c.Flags().StringVar(&addr, "addr", hastateAddr(), "a replica's HTTP address (HASTATE_ADDR)")
+	c.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up after this long (exit 1)")
+	return c
+}
+
+func precheckCmd(stdout io.Writer) *cobra.Command {
+	var addr string
+	c := &cobra.Command{
+		Use:     "precheck <selector>",
+		Short:   "Exit 0 only if nothing selected is draining (drain or maint) or ramping",
+		Example: `  hastate precheck 'canary_*/*' && ./deploy.sh`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			problems, n, err := ctl.Precheck(c.Context(), addr, args[0])
+			if err != nil {
+				return err
+			}
+			if len(problems) > 0 {
+				return fmt.Errorf("%w: %d of %d selected servers are not settled:\n  %s", ctl.ErrNotDone, len(problems), n, strings.Join(problems, "\n  "))
+			}
+			fmt.Fprintf(stdout, "ok: %d selected servers, none draining or ramping\n", n)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&addr, "addr", hastateAddr(), "a replica's HTTP address (HASTATE_ADDR)")
 	return c
 }
 

@@ -7,6 +7,7 @@ package app
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -120,6 +121,7 @@ type App struct {
 	agentLn, httpLn net.Listener
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
+	pollers         *server.Pollers
 	stopProbe       context.CancelFunc
 	serveWG         sync.WaitGroup
 	stopOnce        sync.Once
@@ -135,7 +137,7 @@ func New(o Options) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
-	a := &App{o: o, log: o.Logger, consul: consul}
+	a := &App{o: o, log: o.Logger, consul: consul, pollers: server.NewPollers(0)}
 	reg := o.Registry
 	reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -173,6 +175,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
 		LeaderDuty: a.watchConsul, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
+		PeerQueries: map[string]func() any{pollersQuery: func() any {
+			return a.pollers.List(time.Now().Add(-server.PollerWindow))
+		}},
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
 		Ramp: a.o.Ramp,
@@ -182,21 +187,26 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.agent, err = server.NewAgentServer(server.AgentOptions{
 		Source: a.node, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
-		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod,
+		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod, Pollers: a.pollers,
 	})
 	if err != nil {
 		return err
 	}
 	a.http = &http.Server{
-		Handler:           server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http")}),
+		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
+			Pollers: a.pollers, NodeID: a.o.NodeID}),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	probeCtx, stopProbe := context.WithCancel(context.Background())
 	a.stopProbe = stopProbe
-	a.serveWG.Add(3)
+	a.serveWG.Add(4)
 	go func() {
 		defer a.serveWG.Done()
 		_ = a.probe.Run(probeCtx)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		a.sweepPollers(probeCtx)
 	}()
 	go func() {
 		defer a.serveWG.Done()
@@ -232,6 +242,22 @@ func (a *App) watchConsul(ctx context.Context) {
 	a.log.Info("leader: watching Consul KV", zap.String("prefix", a.o.KVPrefix))
 	_ = w.Run(ctx)
 	a.log.Info("leader duty ended: Consul watch stopped")
+}
+
+// pollersQuery is the peer query that returns a replica's pollers.
+const pollersQuery = "pollers"
+
+func (a *App) sweepPollers(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			a.pollers.Sweep(now.Add(-server.PollerWindow))
+		}
+	}
 }
 
 func (a *App) consulHealth() cluster.ConsulHealth {
@@ -290,6 +316,23 @@ type replica struct{ a *App }
 func (r replica) Snapshot() *state.Snapshot { return r.a.node.Snapshot() }
 func (r replica) Ready() (bool, string)     { return r.a.node.Ready() }
 func (r replica) ClusterInfo() any          { return r.a.node.Info() }
+
+// PeerPollers asks the other replicas for their pollers.
+func (r replica) PeerPollers() []server.Poll {
+	var out []server.Poll
+	for id, raw := range r.a.node.QueryPeers(pollersQuery, 2*time.Second) {
+		var ps []server.Poll
+		if err := json.Unmarshal(raw, &ps); err != nil {
+			r.a.log.Warn("bad pollers answer from a peer", zap.String("peer", id), zap.Error(err))
+			continue
+		}
+		for i := range ps {
+			ps[i].Replica = id
+		}
+		out = append(out, ps...)
+	}
+	return out
+}
 
 // KVStatus is the Consul watch status; only the leader watches.
 func (r replica) KVStatus() any {

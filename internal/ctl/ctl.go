@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"path"
 	"strings"
 	"time"
@@ -163,24 +162,8 @@ type StateView struct {
 // FetchState reads /v1/state from a replica at base (e.g. http://127.0.0.1:9778).
 func FetchState(ctx context.Context, base string) (StateView, error) {
 	var v StateView
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/v1/state", nil)
-	if err != nil {
-		return v, fmt.Errorf("HASTATE_ADDR %q: %w", base, err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return v, fmt.Errorf("read state from %s: %w (set HASTATE_ADDR to a replica's HTTP address)", base, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return v, fmt.Errorf("read state from %s: HTTP %s", base, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		return v, fmt.Errorf("read state from %s: %w", base, err)
-	}
-	return v, nil
+	err := getJSON(ctx, base, "/v1/state", &v)
+	return v, err
 }
 
 // Match reports whether a row matches a selector "backend/server" with

@@ -1,0 +1,178 @@
+package server
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hastate/hastate/state"
+)
+
+// Pollers remembers, for every HAProxy address and server it asked about,
+// when it last asked and what it was told. It answers /v1/pollers and lets
+// `hastate wait` know when every HAProxy has seen a change. Recording a
+// probe that was seen before allocates nothing. Safe for concurrent use.
+type Pollers struct {
+	shards [pollerShards]pollerShard
+	max    int
+}
+
+const pollerShards = 16
+
+type pollerShard struct {
+	mu sync.RWMutex
+	m  map[string]*pollEntry
+}
+
+type pollEntry struct {
+	mu     sync.Mutex
+	last   time.Time
+	answer []byte // shared wire line; nil: withheld
+	count  uint64
+}
+
+// DefaultMaxPollers bounds the (HAProxy, server) pairs remembered.
+const DefaultMaxPollers = 200_000
+
+// NewPollers returns an empty record of at most max pairs (0: DefaultMaxPollers).
+func NewPollers(max int) *Pollers {
+	if max <= 0 {
+		max = DefaultMaxPollers
+	}
+	p := &Pollers{max: max}
+	for i := range p.shards {
+		p.shards[i].m = map[string]*pollEntry{}
+	}
+	return p
+}
+
+// keyBufSize holds the key: the address length, the address (4 or 16
+// bytes) and the longest request.
+const keyBufSize = 1 + 16 + state.MaxRequest
+
+// Record notes that the HAProxy at addr asked for req ("backend/server",
+// without terminator) at now and was told line (nil: withheld). A new pair
+// beyond the bound is dropped.
+func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
+	if p == nil {
+		return
+	}
+	var buf [keyBufSize]byte
+	n := 1
+	if ta, ok := addr.(*net.TCPAddr); ok {
+		ip := ta.IP
+		if ip4 := ip.To4(); ip4 != nil {
+			ip = ip4
+		}
+		n += copy(buf[1:17], ip)
+	}
+	buf[0] = byte(n - 1)
+	n += copy(buf[n:], req)
+	key := buf[:n]
+	sh := &p.shards[shardOf(key)]
+
+	sh.mu.RLock()
+	e := sh.m[string(key)]
+	sh.mu.RUnlock()
+	if e == nil {
+		if p.Len() >= p.max {
+			return
+		}
+		sh.mu.Lock()
+		if e = sh.m[string(key)]; e == nil {
+			e = &pollEntry{}
+			sh.m[string(key)] = e
+		}
+		sh.mu.Unlock()
+	}
+	e.mu.Lock()
+	e.last, e.answer = now, line
+	e.count++
+	e.mu.Unlock()
+}
+
+func shardOf(key []byte) int {
+	h := uint32(2166136261)
+	for _, c := range key {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return int(h % pollerShards)
+}
+
+// Len is the number of pairs remembered.
+func (p *Pollers) Len() int {
+	n := 0
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.RLock()
+		n += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return n
+}
+
+// Sweep forgets pairs not asked about since before.
+func (p *Pollers) Sweep(before time.Time) {
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			e.mu.Lock()
+			old := e.last.Before(before)
+			e.mu.Unlock()
+			if old {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Poll is one HAProxy's last probe for one server.
+type Poll struct {
+	HAProxy   string    `json:"haproxy"` // the prober's IP address
+	Backend   string    `json:"backend"`
+	Server    string    `json:"server"`
+	LastAsked time.Time `json:"last_asked"`
+	Answer    string    `json:"answer"` // without LF; "" when withheld
+	Withheld  bool      `json:"withheld"`
+	Count     uint64    `json:"count"`
+	Replica   string    `json:"replica,omitempty"` // the replica that answered
+}
+
+// List returns the pairs asked about since since, sorted by server then
+// HAProxy.
+func (p *Pollers) List(since time.Time) []Poll {
+	out := []Poll{}
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.RLock()
+		for k, e := range sh.m {
+			e.mu.Lock()
+			last, line, count := e.last, e.answer, e.count
+			e.mu.Unlock()
+			if last.Before(since) {
+				continue
+			}
+			ipb, req := k[1:1+int(k[0])], k[1+int(k[0]):]
+			b, s, _ := strings.Cut(req, "/")
+			pl := Poll{Backend: b, Server: s, LastAsked: last, Count: count,
+				Answer: strings.TrimSuffix(string(line), "\n"), Withheld: line == nil}
+			if ip, ok := netip.AddrFromSlice([]byte(ipb)); ok {
+				pl.HAProxy = ip.String()
+			}
+			out = append(out, pl)
+		}
+		sh.mu.RUnlock()
+	}
+	slices.SortFunc(out, func(a, b Poll) int {
+		if c := strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server); c != 0 {
+			return c
+		}
+		return strings.Compare(a.HAProxy, b.HAProxy)
+	})
+	return out
+}
