@@ -349,3 +349,10 @@ func (h *HAProxy) Hold(t *testing.T, d time.Duration, want map[string]Row) {
 		return true
 	}, func() string { return "haproxy " + bad })
 }
+
+// Stop kills HAProxy and waits for it to exit.
+func (h *HAProxy) Stop(t *testing.T) {
+	t.Helper()
+	_ = h.cmd.Process.Kill()
+	<-h.done
+}
