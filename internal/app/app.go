@@ -122,7 +122,7 @@ type App struct {
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
 	pollers         *server.Pollers
-	stopProbe       context.CancelFunc
+	stopBackground       context.CancelFunc
 	serveWG         sync.WaitGroup
 	stopOnce        sync.Once
 	stopErr         error
@@ -197,16 +197,16 @@ func (a *App) Start(ctx context.Context) (err error) {
 			Pollers: a.pollers, NodeID: a.o.NodeID}),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
-	probeCtx, stopProbe := context.WithCancel(context.Background())
-	a.stopProbe = stopProbe
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	a.stopBackground = stopBackground
 	a.serveWG.Add(4)
 	go func() {
 		defer a.serveWG.Done()
-		_ = a.probe.Run(probeCtx)
+		_ = a.probe.Run(bgCtx)
 	}()
 	go func() {
 		defer a.serveWG.Done()
-		a.sweepPollers(probeCtx)
+		a.sweepPollers(bgCtx)
 	}()
 	go func() {
 		defer a.serveWG.Done()
@@ -302,8 +302,8 @@ func (a *App) stop(ctx context.Context) error {
 	} else if a.agentLn != nil {
 		errs = append(errs, a.agentLn.Close())
 	}
-	if a.stopProbe != nil {
-		a.stopProbe()
+	if a.stopBackground != nil {
+		a.stopBackground()
 	}
 	a.serveWG.Wait()
 	a.log.Info("hastate stopped")
