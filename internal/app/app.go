@@ -122,7 +122,7 @@ type App struct {
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
 	pollers         *server.Pollers
-	stopBackground       context.CancelFunc
+	stopBackground  context.CancelFunc
 	serveWG         sync.WaitGroup
 	stopOnce        sync.Once
 	stopErr         error
