@@ -63,7 +63,7 @@ type Hastate struct {
 }
 
 // StartHastate starts a one-replica hastate and waits until it is ready.
-func StartHastate(t *testing.T, o HastateOptions) *Hastate {
+func StartHastate(t testing.TB, o HastateOptions) *Hastate {
 	t.Helper()
 	h := NewHastate(t, o)
 	h.Start(t)
@@ -72,7 +72,7 @@ func StartHastate(t *testing.T, o HastateOptions) *Hastate {
 }
 
 // NewHastate prepares a replica (ports, data dir, flags) without starting it.
-func NewHastate(t *testing.T, o HastateOptions) *Hastate {
+func NewHastate(t testing.TB, o HastateOptions) *Hastate {
 	t.Helper()
 	if o.ConsulAddr == "" {
 		t.Fatal("harness: HastateOptions.ConsulAddr is required")
@@ -116,7 +116,22 @@ func NewHastate(t *testing.T, o HastateOptions) *Hastate {
 
 // StartCluster starts n replicas n1..nn that bootstrap one raft cluster
 // (--peers lists all of them) and waits until every one is ready.
-func StartCluster(t *testing.T, n int, o HastateOptions) []*Hastate {
+func StartCluster(t testing.TB, n int, o HastateOptions) []*Hastate {
+	t.Helper()
+	hs := NewCluster(t, n, o)
+	for _, h := range hs {
+		h.Start(t)
+	}
+	for _, h := range hs {
+		h.WaitReady(t)
+	}
+	return hs
+}
+
+// NewCluster prepares n replicas n1..nn whose --peers lists all of them,
+// without starting them: a test adds per-replica flags with AddArgs (e.g.
+// --raft-dial through a proxy), then starts them.
+func NewCluster(t testing.TB, n int, o HastateOptions) []*Hastate {
 	t.Helper()
 	hs := make([]*Hastate, n)
 	var peers []string
@@ -127,16 +142,20 @@ func StartCluster(t *testing.T, n int, o HastateOptions) []*Hastate {
 		peers = append(peers, hs[i].NodeID+"="+hs[i].RaftAddr)
 	}
 	for _, h := range hs {
-		h.args = append(h.args, "--peers", strings.Join(peers, ","))
-		h.Start(t)
-	}
-	for _, h := range hs {
-		h.WaitReady(t)
+		h.AddArgs("--peers", strings.Join(peers, ","))
 	}
 	return hs
 }
 
-func freeAddr(t *testing.T) string {
+// AddArgs appends `hastate serve` flags; they apply from the next Start.
+// Of a flag given twice, the last one wins (e.g. --consul-addr).
+func (h *Hastate) AddArgs(args ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.args = append(h.args, args...)
+}
+
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
 }
@@ -155,7 +174,7 @@ func hermeticEnv(extra ...string) []string {
 }
 
 // Start starts the process; it does not wait for readiness.
-func (h *Hastate) Start(t *testing.T) {
+func (h *Hastate) Start(t testing.TB) {
 	t.Helper()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -224,7 +243,7 @@ func (h *Hastate) Kill() {
 // Stop sends SIGTERM and waits for the process to exit; it returns the exit
 // code and how long the exit took. A process that has not exited within
 // stopTimeout is killed and the test fails.
-func (h *Hastate) Stop(t *testing.T) (code int, took time.Duration) {
+func (h *Hastate) Stop(t testing.TB) (code int, took time.Duration) {
 	t.Helper()
 	cmd, done := h.running()
 	if cmd == nil {
@@ -251,7 +270,7 @@ func (h *Hastate) Stop(t *testing.T) (code int, took time.Duration) {
 // Restart stops the replica with SIGTERM (it must exit with code 0) if it
 // runs, and starts it again with the same flags, ports and data dir. It
 // does not wait for readiness.
-func (h *Hastate) Restart(t *testing.T) {
+func (h *Hastate) Restart(t testing.TB) {
 	t.Helper()
 	if cmd, _ := h.running(); cmd != nil {
 		if code, took := h.Stop(t); code != 0 {
@@ -262,7 +281,7 @@ func (h *Hastate) Restart(t *testing.T) {
 }
 
 // WaitReady polls /-/readiness until it answers 200.
-func (h *Hastate) WaitReady(t *testing.T) {
+func (h *Hastate) WaitReady(t testing.TB) {
 	t.Helper()
 	var last string
 	eventually(t, readyTimeout, func() bool {
@@ -280,7 +299,7 @@ func (h *Hastate) WaitReady(t *testing.T) {
 }
 
 // Readiness returns the /-/readiness status code and decoded body.
-func (h *Hastate) Readiness(t *testing.T) (int, Readiness) {
+func (h *Hastate) Readiness(t testing.TB) (int, Readiness) {
 	t.Helper()
 	code, body, err := h.get("/-/readiness")
 	if err != nil {
@@ -309,7 +328,7 @@ type Readiness struct {
 
 // GetJSON fetches path from the HTTP API, fails unless it is 200, and
 // decodes the body into v.
-func (h *Hastate) GetJSON(t *testing.T, path string, v any) {
+func (h *Hastate) GetJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	code, body, err := h.get(path)
 	if err != nil {
@@ -337,7 +356,7 @@ func (h *Hastate) get(path string) (int, []byte, error) {
 
 // Metric returns the value of one sample of /-/metrics, e.g.
 // `hastate_agent_checks_total{result="withheld"}`; 0 when absent.
-func (h *Hastate) Metric(t *testing.T, sample string) float64 {
+func (h *Hastate) Metric(t testing.TB, sample string) float64 {
 	t.Helper()
 	code, body, err := h.get("/-/metrics")
 	if err != nil || code != http.StatusOK {
@@ -361,7 +380,7 @@ func (h *Hastate) Metric(t *testing.T, sample string) float64 {
 // until the server closes. It returns the answer line without its LF, or ""
 // when the connection was closed without an answer. An answer without LF
 // fails the test: HAProxy only parses a line once it has its LF.
-func (h *Hastate) Ask(t *testing.T, server string) string {
+func (h *Hastate) Ask(t testing.TB, server string) string {
 	t.Helper()
 	p := h.Probe(t, []byte(server+"\n"), false)
 	if p.Err != nil {
@@ -379,7 +398,7 @@ type ProbeResult struct {
 }
 
 // Line returns the answer without its LF; "" when there was none.
-func (p ProbeResult) Line(t *testing.T) string {
+func (p ProbeResult) Line(t testing.TB) string {
 	t.Helper()
 	if len(p.Answer) == 0 {
 		return ""
@@ -393,7 +412,7 @@ func (p ProbeResult) Line(t *testing.T) string {
 // Probe connects to the agent port, writes payload (nothing when nil),
 // half-closes the write side when closeWrite, and reads until the server
 // closes the connection or probeTimeout passes.
-func (h *Hastate) Probe(t *testing.T, payload []byte, closeWrite bool) ProbeResult {
+func (h *Hastate) Probe(t testing.TB, payload []byte, closeWrite bool) ProbeResult {
 	t.Helper()
 	start := time.Now()
 	c, err := net.DialTimeout("tcp", h.AgentAddr, probeTimeout)
@@ -426,7 +445,7 @@ func (h *Hastate) Probe(t *testing.T, payload []byte, closeWrite bool) ProbeResu
 }
 
 // Answers asks for every server and returns server -> answer line.
-func (h *Hastate) Answers(t *testing.T, servers ...string) map[string]string {
+func (h *Hastate) Answers(t testing.TB, servers ...string) map[string]string {
 	t.Helper()
 	m := make(map[string]string, len(servers))
 	for _, s := range servers {
@@ -436,7 +455,7 @@ func (h *Hastate) Answers(t *testing.T, servers ...string) map[string]string {
 }
 
 // WaitAnswer waits until the agent answers want for server.
-func (h *Hastate) WaitAnswer(t *testing.T, server, want string) {
+func (h *Hastate) WaitAnswer(t testing.TB, server, want string) {
 	t.Helper()
 	var got string
 	eventually(t, 10*time.Second, func() bool {
@@ -446,7 +465,7 @@ func (h *Hastate) WaitAnswer(t *testing.T, server, want string) {
 }
 
 // LogContains reports whether the replica's log has a line containing s.
-func (h *Hastate) LogContains(t *testing.T, s string) bool {
+func (h *Hastate) LogContains(t testing.TB, s string) bool {
 	t.Helper()
 	b, err := os.ReadFile(h.logPath)
 	if err != nil {
@@ -456,7 +475,7 @@ func (h *Hastate) LogContains(t *testing.T, s string) bool {
 }
 
 // LogLine returns the last line of the replica's log containing s ("" if none).
-func (h *Hastate) LogLine(t *testing.T, s string) string {
+func (h *Hastate) LogLine(t testing.TB, s string) string {
 	t.Helper()
 	b, err := os.ReadFile(h.logPath)
 	if err != nil {
@@ -473,7 +492,7 @@ func (h *Hastate) LogLine(t *testing.T, s string) string {
 
 // checkLog fails the test on a data race report and prints the log when
 // the test failed.
-func (h *Hastate) checkLog(t *testing.T) {
+func (h *Hastate) checkLog(t testing.TB) {
 	b, err := os.ReadFile(h.logPath)
 	if err != nil {
 		t.Logf("harness: hastate log: %v", err)
@@ -501,7 +520,7 @@ type Operator struct {
 
 // Run runs `hastate args...` and returns its combined output; a non-zero
 // exit fails the test.
-func (o Operator) Run(t *testing.T, args ...string) string {
+func (o Operator) Run(t testing.TB, args ...string) string {
 	t.Helper()
 	out, code := o.RunCode(t, args...)
 	if code != 0 {
@@ -511,7 +530,7 @@ func (o Operator) Run(t *testing.T, args ...string) string {
 }
 
 // RunCode runs `hastate args...` and returns its combined output and exit code.
-func (o Operator) RunCode(t *testing.T, args ...string) (string, int) {
+func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -533,7 +552,7 @@ func (o Operator) RunCode(t *testing.T, args ...string) (string, int) {
 
 // eventually polls cond every 50ms until it is true; after timeout it fails
 // the test with msg().
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg func() string) {
+func eventually(t testing.TB, timeout time.Duration, cond func() bool, msg func() string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -550,7 +569,7 @@ func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg func(
 // consistently checks cond every 50ms for d and fails the test with msg()
 // the first time it is false. Use it only after something proves the
 // system was exercised during d (e.g. probe counters moved).
-func consistently(t *testing.T, d time.Duration, cond func() bool, msg func() string) {
+func consistently(t testing.TB, d time.Duration, cond func() bool, msg func() string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
@@ -567,6 +586,12 @@ type ClusterInfo struct {
 	State        string `json:"state"`
 	LeaderID     string `json:"leader_id"`
 	AppliedIndex uint64 `json:"applied_index"`
+	CommitIndex  uint64 `json:"commit_index"`
+	Term         uint64 `json:"term"`
+	KVIndex      uint64 `json:"kv_index"`
+	KVKeys       int    `json:"kv_keys"`
+	KVDigest     string `json:"kv_digest"` // equal on replicas holding the same KV content
+	CaughtUp     bool   `json:"caught_up"`
 	Members      []struct {
 		ID      string `json:"id"`
 		Address string `json:"address"`
@@ -574,7 +599,7 @@ type ClusterInfo struct {
 }
 
 // Cluster returns the replica's /v1/cluster.
-func (h *Hastate) Cluster(t *testing.T) ClusterInfo {
+func (h *Hastate) Cluster(t testing.TB) ClusterInfo {
 	t.Helper()
 	var c ClusterInfo
 	h.GetJSON(t, "/v1/cluster", &c)
@@ -583,7 +608,7 @@ func (h *Hastate) Cluster(t *testing.T) ClusterInfo {
 
 // WaitLeader waits until one of the replicas says it leads and every other
 // one names it as leader, and returns it.
-func WaitLeader(t *testing.T, timeout time.Duration, hs ...*Hastate) *Hastate {
+func WaitLeader(t testing.TB, timeout time.Duration, hs ...*Hastate) *Hastate {
 	t.Helper()
 	var leader *Hastate
 	var seen []string
