@@ -17,6 +17,7 @@ cleanup() {
   for ((i=${#pids[@]}-1; i>=0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
   echo "demo: stopped (logs and data kept in $demo)"
+  exit 0
 }
 trap cleanup INT TERM EXIT
 
@@ -125,4 +126,4 @@ hastate demo is running. In another shell:
 Ctrl-C stops the demo.
 TXT
 wait -n "${pids[@]}" || true
-echo "demo: a process exited; see $demo/*.log"
+echo "demo: a process exited unexpectedly; see $demo/*.log"
