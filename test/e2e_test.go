@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hastate/hastate/internal/ctl"
 	"github.com/hastate/hastate/internal/testenv"
 )
 
@@ -218,28 +219,11 @@ func holdWhileAsked(t *testing.T, hs *Hastate, hap *HAProxy, want map[string]Row
 	}
 }
 
-// stateRow is one server of /v1/state.
-type stateRow struct {
-	Backend  string `json:"backend"`
-	Server   string `json:"server"`
-	Key      string `json:"key"`
-	Source   string `json:"source"`
-	Value    string `json:"value"`
-	Desired  string `json:"desired"`
-	Valid    bool   `json:"valid"`
-	Error    string `json:"error"`
-	Reason   string `json:"reason"`
-	By       string `json:"by"`
-	Answer   string `json:"answer"`
-	Withheld bool   `json:"withheld"`
-}
-
-// stateView is /v1/state.
-type stateView struct {
-	HoldsState  bool       `json:"holds_state"`
-	Servers     []stateRow `json:"servers"`
-	InvalidKeys []stateRow `json:"invalid_keys"`
-}
+// The tests read /v1/state as the operator commands do.
+type (
+	stateRow  = ctl.Row
+	stateView = ctl.StateView
+)
 
 // TestE2EConsulOutage: stale is not wrong. With Consul down hastate keeps
 // answering the last mirrored state, also across its own restart, and it
