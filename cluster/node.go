@@ -155,6 +155,9 @@ func New(o Options) (*Node, error) {
 		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
 	}
 	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{})}
+	// The metrics exist before raft starts: the FSM reports into them as
+	// soon as raft applies an entry.
+	n.metrics = newMetrics(n)
 	n.fsm = newFSM()
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
@@ -225,7 +228,6 @@ func New(o Options) (*Node, error) {
 		n.log.Info("raft bootstrapped", zap.Int("servers", len(servers)))
 	}
 
-	n.metrics = newMetrics(n)
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(n.metrics); err != nil {
 			_ = r.Shutdown().Error()
@@ -240,6 +242,7 @@ func New(o Options) (*Node, error) {
 	})
 	r.RegisterObserver(n.observer)
 
+	sl.serveQueries()
 	n.wg.Add(3)
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)

@@ -52,11 +52,15 @@ type streamLayer struct {
 	log       *zap.Logger
 
 	raftConns chan net.Conn
-	mu        sync.Mutex
-	open      map[net.Conn]struct{} // raft conns handed out, closed on Close
-	closed    chan struct{}
-	closeOnce sync.Once
-	wg        sync.WaitGroup
+	// queriesReady is closed once the node can answer status and named
+	// queries (its raft is up); until then those connections wait.
+	queriesReady chan struct{}
+	readyOnce    sync.Once
+	mu           sync.Mutex
+	open         map[net.Conn]struct{} // raft conns handed out, closed on Close
+	closed       chan struct{}
+	closeOnce    sync.Once
+	wg           sync.WaitGroup
 }
 
 type advertiseAddr string
@@ -81,7 +85,7 @@ func newStreamLayer(bind, advertise string, tlsConf *tls.Config, status func() P
 		ln = tls.NewListener(ln, tlsConf)
 	}
 	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), tls: tlsConf, status: status, queries: queries, log: log,
-		raftConns: make(chan net.Conn), open: map[net.Conn]struct{}{}, closed: make(chan struct{})}
+		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), open: map[net.Conn]struct{}{}, closed: make(chan struct{})}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -130,6 +134,25 @@ func (s *streamLayer) route(c net.Conn) {
 		case <-s.closed:
 			c.Close()
 		}
+	case connStatus, connQuery:
+		select {
+		case <-s.queriesReady:
+		case <-s.closed:
+			c.Close()
+			return
+		}
+		s.answer(c, kind[0])
+	default:
+		c.Close()
+	}
+}
+
+// serveQueries lets status and named queries be answered.
+func (s *streamLayer) serveQueries() { s.readyOnce.Do(func() { close(s.queriesReady) }) }
+
+// answer serves one status or named query and closes the connection.
+func (s *streamLayer) answer(c net.Conn, kind byte) {
+	switch kind {
 	case connStatus:
 		defer c.Close()
 		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
@@ -150,8 +173,6 @@ func (s *streamLayer) route(c net.Conn) {
 			v = q()
 		}
 		_ = json.NewEncoder(c).Encode(v)
-	default:
-		c.Close()
 	}
 }
 
