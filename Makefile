@@ -25,6 +25,8 @@ fmt-check:
 
 test: deps vet fmt-check
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -race -count=1 -timeout 40m ./...
+	# Allocation counts need a build without -race (it makes sync.Pool drop items).
+	$(GO) test -count=1 -run 'Alloc' ./server ./state
 
 # Benchmarks report ratios against baselines measured in the same run.
 bench: deps

@@ -112,30 +112,6 @@ func TestAgentServeConn(t *testing.T) {
 	}
 }
 
-// TestAgentServeConnAllocs: serving a probe allocates nothing beyond what
-// the connection itself needs.
-func TestAgentServeConnAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are not meaningful under the race detector")
-	}
-	s := newTestServer(t, AgentOptions{Source: staticSource(t, testKV)})
-	for _, tc := range handlerCases() {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newFakeConn(tc.script...)
-			allocs := testing.AllocsPerRun(1000, func() {
-				c.reset()
-				s.serveConn(c, time.Now())
-			})
-			if allocs != 0 {
-				t.Errorf("serveConn allocates %v times per probe, want 0", allocs)
-			}
-			if string(c.written) != tc.want {
-				t.Errorf("answer %q, want %q", c.written, tc.want)
-			}
-		})
-	}
-}
-
 func BenchmarkAgentServeConn(b *testing.B) {
 	s := newTestServer(b, AgentOptions{Source: staticSource(b, testKV)})
 	c := newFakeConn(fakeRead{data: "web/a\n"})

@@ -768,9 +768,6 @@ func TestAgentLogsRateLimited(t *testing.T) {
 // write loops would compete with the server for the Go scheduler and
 // measure the test harness instead of the server.
 func TestAgentIdleAndGarbageDoNotSlowChecks(t *testing.T) {
-	if testing.Short() {
-		t.Skip("load test")
-	}
 	f := startAgent(t, AgentOptions{ReadTimeout: 30 * time.Second})
 
 	const idle = 500
