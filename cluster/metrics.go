@@ -53,13 +53,15 @@ func newMetrics(n *Node) *metrics {
 	}
 }
 
+// owned are the collectors the node updates itself.
+func (m *metrics) owned() []prometheus.Collector {
+	return []prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid}
+}
+
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	m.leaderChanges.Describe(ch)
-	m.applyDuration.Describe(ch)
-	m.kvFailovers.Describe(ch)
-	m.rampSteps.Describe(ch)
-	m.entryLag.Describe(ch)
-	m.rampPolicyInvalid.Describe(ch)
+	for _, c := range m.owned() {
+		c.Describe(ch)
+	}
 	ch <- m.rampsActive
 	ch <- m.serverWeight
 	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds} {
@@ -68,12 +70,9 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	m.leaderChanges.Collect(ch)
-	m.applyDuration.Collect(ch)
-	m.kvFailovers.Collect(ch)
-	m.rampSteps.Collect(ch)
-	m.entryLag.Collect(ch)
-	m.rampPolicyInvalid.Collect(ch)
+	for _, c := range m.owned() {
+		c.Collect(ch)
+	}
 	r := m.n.raft
 	cur := r.State()
 	for _, s := range []raft.RaftState{raft.Leader, raft.Follower, raft.Candidate, raft.Shutdown} {

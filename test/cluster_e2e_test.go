@@ -166,12 +166,7 @@ func TestE2EPartition(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := NewCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
 	mesh := newRaftMesh(t, newFaultNet(), hs)
-	for _, h := range hs {
-		h.Start(t)
-	}
-	for _, h := range hs {
-		h.WaitReady(t)
-	}
+	StartAll(t, hs...)
 	op := Operator{ConsulAddr: consul.Addr()}
 	op.Run(t, "drain", "be_part/web1")
 	op.Run(t, "weight", "50%", "be_part/web2")
@@ -266,12 +261,7 @@ func TestE2EConsulUnreachableFromLeader(t *testing.T) {
 		links[h] = fn.Link(t, "consul-"+h.NodeID, consul.Addr())
 		h.AddArgs("--consul-addr", links[h].Addr) // the last --consul-addr wins
 	}
-	for _, h := range hs {
-		h.Start(t)
-	}
-	for _, h := range hs {
-		h.WaitReady(t)
-	}
+	StartAll(t, hs...)
 	op := Operator{ConsulAddr: consul.Addr()}
 	op.Run(t, "drain", "be_cu/web1")
 	if _, err := waitAllAnswer(hs, "be_cu/web1", "drain", 10*time.Second); err != nil {
@@ -350,12 +340,7 @@ func TestE2EAllRestartWithConsulDown(t *testing.T) {
 	}
 
 	start := time.Now()
-	for _, h := range hs { // all at once (podManagementPolicy: Parallel)
-		h.Start(t)
-	}
-	for _, h := range hs {
-		h.WaitReady(t)
-	}
+	StartAll(t, hs...) // all at once (podManagementPolicy: Parallel)
 	ready := time.Since(start)
 	leader = WaitLeader(t, 10*time.Second, hs...)
 	t.Logf("all three restarted with Consul down: ready after %s, leader %s", ready.Round(time.Millisecond), leader.NodeID)

@@ -119,13 +119,20 @@ func NewHastate(t testing.TB, o HastateOptions) *Hastate {
 func StartCluster(t testing.TB, n int, o HastateOptions) []*Hastate {
 	t.Helper()
 	hs := NewCluster(t, n, o)
+	StartAll(t, hs...)
+	return hs
+}
+
+// StartAll starts every replica, all at once as a StatefulSet with
+// podManagementPolicy Parallel does, then waits until each is ready.
+func StartAll(t testing.TB, hs ...*Hastate) {
+	t.Helper()
 	for _, h := range hs {
 		h.Start(t)
 	}
 	for _, h := range hs {
 		h.WaitReady(t)
 	}
-	return hs
 }
 
 // NewCluster prepares n replicas n1..nn whose --peers lists all of them,
