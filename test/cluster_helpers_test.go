@@ -120,7 +120,7 @@ type probeKind int
 
 const (
 	probeAnswered   probeKind = iota // one LF-terminated line
-	probeRefused                     // nothing listens: connection refused
+	probeRefused                     // nothing listens: connection refused, or reset while dialling
 	probeUnanswered                  // connected, then closed or reset without an answer
 	probeFailed                      // anything else: timeout, malformed answer
 )
@@ -132,7 +132,11 @@ func probeAgent(addr, server string) (probeKind, string, error) {
 	start := time.Now()
 	c, err := net.DialTimeout("tcp", addr, probeTimeout)
 	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		// A listener closing while the handshake is in flight resets
+		// it instead of refusing it: both mean nobody listens any more,
+		// and HAProxy treats both as an unreachable agent (last state
+		// kept).
+		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
 			return probeRefused, "", err
 		}
 		return probeFailed, "", err
@@ -193,7 +197,7 @@ func waitAllAnswer(hs []*Hastate, server, want string, timeout time.Duration) (t
 type probeCounts struct {
 	OK         int       // the expected answer
 	Wrong      int       // another answer: never acceptable
-	Refused    int       // connection refused
+	Refused    int       // connection refused (or reset while dialling)
 	Unanswered int       // closed or reset without an answer
 	Failed     int       // timeouts, malformed answers, other errors
 	LastOK     time.Time // when the last correctly answered probe began
