@@ -43,12 +43,16 @@ type applyResult struct {
 // reading the old shape.
 //
 // Version 2 added ramps; version 1 snapshots have none and read fine.
-const snapshotVersion = 2
+// Version 3 added Index; older snapshots restore with Index 0, and the node
+// takes the snapshot's raft index instead (see Node.New).
+const snapshotVersion = 3
 
 type fsmSnapshotData struct {
-	Version int             `json:"version"`
-	KVIndex uint64          `json:"kv_index"`
-	Mirror  state.Persisted `json:"mirror"`
+	Version int    `json:"version"`
+	KVIndex uint64 `json:"kv_index"`
+	// Index is the raft index of the last entry the mirror holds.
+	Index  uint64          `json:"index,omitempty"`
+	Mirror state.Persisted `json:"mirror"`
 }
 
 // fsm applies committed entries to the mirror and publishes a new immutable
@@ -58,6 +62,11 @@ type fsm struct {
 	mu      sync.Mutex
 	mirror  *state.Mirror
 	kvIndex uint64
+	// index is the raft index of the last entry the mirror holds (the
+	// last one applied, or the restored snapshot's). Unlike
+	// raft.AppliedIndex, which counts entries handed to the FSM's queue,
+	// it moves only once the serving snapshot includes the entry.
+	index atomic.Uint64
 
 	serving atomic.Pointer[state.Snapshot]
 	stepped func(int) // called with the number of ramp steps applied; may be nil
@@ -80,6 +89,7 @@ func (f *fsm) ramps() []state.Ramp {
 var _ raft.FSM = (*fsm)(nil)
 
 func (f *fsm) Apply(l *raft.Log) any {
+	defer f.advance(l.Index)
 	if l.Type != raft.LogCommand {
 		return nil
 	}
@@ -109,6 +119,13 @@ func (f *fsm) Apply(l *raft.Log) any {
 		return applyResult{events: events}
 	default:
 		return fmt.Errorf("raft entry %d: unknown type %q (written by a newer hastate? upgrade this replica)", l.Index, c.Type)
+	}
+}
+
+// advance records that the mirror holds the entries up to i.
+func (f *fsm) advance(i uint64) {
+	if i > f.index.Load() { // only raft's FSM goroutine writes
+		f.index.Store(i)
 	}
 }
 
@@ -146,7 +163,7 @@ func (f *fsm) kv() map[string]string {
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return &fsmSnapshot{data: fsmSnapshotData{Version: snapshotVersion, KVIndex: f.kvIndex, Mirror: f.mirror.Export()}}, nil
+	return &fsmSnapshot{data: fsmSnapshotData{Version: snapshotVersion, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export()}}, nil
 }
 
 func (f *fsm) Restore(rc io.ReadCloser) error {
@@ -162,6 +179,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer f.mu.Unlock()
 	f.mirror = state.Restore(d.Mirror)
 	f.kvIndex = d.KVIndex
+	f.index.Store(d.Index)
 	f.publishLocked()
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -212,6 +213,11 @@ func New(o Options) (*Node, error) {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	// A snapshot older than version 3 does not carry the FSM's index; the
+	// snapshot's own raft index is as good.
+	if v, err := strconv.ParseUint(r.Stats()["last_snapshot_index"], 10, 64); err == nil && v > 0 {
+		n.fsm.index.CompareAndSwap(0, v)
+	}
 	if !hasState {
 		servers := []raft.Server{{ID: raft.ServerID(o.ID), Address: raft.ServerAddress(o.Advertise), Suffrage: raft.Voter}}
 		if len(o.Peers) > 0 {
@@ -479,7 +485,7 @@ type ConsulHealth struct {
 }
 
 func (n *Node) peerStatus() PeerStatus {
-	st := PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex()}
+	st := PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load()}
 	if lc := n.raft.LastContact(); !lc.IsZero() && n.raft.State() != raft.Leader {
 		st.LastContact = time.Since(lc).Round(time.Millisecond).String()
 	}
@@ -615,25 +621,44 @@ func (n *Node) observeLoop(obs <-chan raft.Observation) {
 	}
 }
 
-// catchUpLoop marks the node caught up once it has seen a leader and
-// applied everything that leader committed.
+// catchUpLoop marks the node caught up once it serves everything a leader
+// served when this node asked it, after start. The node's own commit index
+// cannot tell: a follower caps it at its last log index, so a follower
+// restarted behind the leader would look caught up before the leader sent
+// it the entries it missed; and raft's applied index counts entries still
+// queued for the FSM. So both sides compare the FSM's own index; the
+// leader's comes over the raft port's status query.
 func (n *Node) catchUpLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
+	var leader raft.ServerID
+	var target uint64 // the leader's state index; 0: not known yet
 	for !n.caughtUp.Load() {
 		select {
 		case <-n.stop:
 			return
 		case <-t.C:
 		}
-		if _, id := n.raft.LeaderWithID(); id != "" && string(id) != n.opts.ID {
-			if c := n.raft.CommitIndex(); c > 0 && n.raft.AppliedIndex() >= c {
-				n.caughtUp.Store(true)
+		addr, id := n.raft.LeaderWithID()
+		if id == "" || string(id) == n.opts.ID {
+			continue // no leader, or this node leads (leaderDuty marks it)
+		}
+		if id != leader {
+			leader, target = id, 0
+		}
+		if target == 0 {
+			st, err := n.stream.queryStatus(n.dialAddress(raft.Server{ID: id, Address: addr}), 500*time.Millisecond)
+			if err != nil || st.ID != string(id) || st.State != stateName(raft.Leader) || st.StateIndex == 0 {
+				continue
 			}
+			target = st.StateIndex
+		}
+		if n.fsm.index.Load() >= target {
+			n.caughtUp.Store(true)
 		}
 	}
-	n.log.Info("raft caught up", zap.Uint64("applied_index", n.raft.AppliedIndex()))
+	n.log.Info("raft caught up", zap.Uint64("state_index", n.fsm.index.Load()), zap.String("leader_id", string(leader)))
 }
 
 // Ready reports whether the replica holds state and has caught up with a
@@ -658,6 +683,7 @@ type Info struct {
 	LeaderAddr   string       `json:"leader_address"`
 	Members      []MemberInfo `json:"members"`
 	AppliedIndex uint64       `json:"applied_index"`
+	StateIndex   uint64       `json:"state_index"` // the last entry served; see PeerStatus
 	CommitIndex  uint64       `json:"commit_index"`
 	Term         uint64       `json:"term"`
 	LastContact  string       `json:"last_contact,omitempty"`
@@ -685,7 +711,7 @@ func (n *Node) Info() Info {
 	kvIndex, keys, synced := n.fsm.info()
 	in := Info{
 		NodeID: n.opts.ID, State: stateName(n.raft.State()), LeaderID: string(lid), LeaderAddr: string(addr),
-		AppliedIndex: n.raft.AppliedIndex(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
+		AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
 		KVIndex: kvIndex, KVKeys: keys, KVDigest: n.fsm.digest(), HoldsState: synced, CaughtUp: n.caughtUp.Load(),
 		Members: []MemberInfo{},
 	}

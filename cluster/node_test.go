@@ -209,6 +209,7 @@ func TestFSMSnapshotVersioning(t *testing.T) {
 	m := state.NewMirror()
 	m.Apply(state.Change{Set: map[string]string{"state/a/b": "drain"}})
 	f.mirror, f.kvIndex = m, 9
+	f.index.Store(42)
 	snap, err := f.Snapshot()
 	if err != nil {
 		t.Fatal(err)
@@ -221,8 +222,17 @@ func TestFSMSnapshotVersioning(t *testing.T) {
 	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
 		t.Fatal(err)
 	}
-	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "drain\n" || g.kvIndex != 9 {
-		t.Fatalf("restored answer %q index %d", got, g.kvIndex)
+	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "drain\n" || g.kvIndex != 9 || g.index.Load() != 42 {
+		t.Fatalf("restored answer %q kv index %d state index %d, want drain, 9, 42", got, g.kvIndex, g.index.Load())
+	}
+	// A version 2 snapshot has no state index: it restores with 0 (the
+	// node then takes the snapshot's raft index).
+	v2 := `{"version":2,"kv_index":9,"mirror":{"synced":true,"kv":{"state/a/b":"maint"}}}`
+	if err := g.Restore(io.NopCloser(strings.NewReader(v2))); err != nil {
+		t.Fatalf("restoring a version 2 snapshot: %v", err)
+	}
+	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "maint\n" || g.index.Load() != 0 {
+		t.Fatalf("version 2 snapshot restored answer %q state index %d, want maint, 0", got, g.index.Load())
 	}
 	newer := strings.Replace(sink.String(), fmt.Sprintf(`"version":%d`, snapshotVersion), fmt.Sprintf(`"version":%d`, snapshotVersion+1), 1)
 	if err := g.Restore(io.NopCloser(strings.NewReader(newer))); err == nil || !strings.Contains(err.Error(), "upgrade") {
@@ -273,5 +283,61 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if _, err := New(Options{ID: "x", BindAddr: ":0", DataDir: t.TempDir()}); err == nil {
 		t.Fatal("missing advertise accepted")
+	}
+}
+
+// A follower restarted behind the leader is not ready until it has applied
+// what the leader had applied: readiness means "serves what the cluster
+// serves", so a load balancer must not send it probes before.
+func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
+	nodes := startCluster(t, nil)
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	l := leaderOf(nodes)
+	ctx := context.Background()
+	kv := map[string]string{}
+	if err := l.ApplyKV(ctx, 1, kv); err != nil {
+		t.Fatal(err)
+	}
+	var f *testNode
+	for _, n := range nodes {
+		eventually(t, 5*time.Second, func() bool { ok, _ := n.Ready(); return ok }, "%s not ready", n.opts.ID)
+		if n != l {
+			f = n
+		}
+	}
+	if err := f.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		kv[fmt.Sprintf("state/web/s%03d", i%50)] = fmt.Sprintf("%d%%", i)
+		if err := l.ApplyKV(ctx, uint64(i+2), kv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, digest := l.fsm.index.Load(), l.Info().KVDigest
+
+	r := startNode(t, f.opts)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ok, _ := r.Ready(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("restarted %s not ready after 10s: %+v", r.opts.ID, r.Info())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := r.fsm.index.Load(); got < want {
+		t.Fatalf("restarted %s ready at state index %d, behind the leader's %d", r.opts.ID, got, want)
+	}
+	if got := r.Info().KVDigest; got != digest {
+		lkv, rkv := l.fsm.kv(), r.fsm.kv()
+		var diff []string
+		for k, v := range lkv {
+			if rkv[k] != v {
+				diff = append(diff, fmt.Sprintf("%s=%q (leader %q)", k, rkv[k], v))
+			}
+		}
+		t.Fatalf("restarted %s ready with kv_digest %.12s, want the leader's %.12s; %d keys differ: %v", r.opts.ID, got, digest, len(diff), diff)
 	}
 }

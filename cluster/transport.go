@@ -36,6 +36,10 @@ type PeerStatus struct {
 	// (empty on the leader itself).
 	LastContact  string `json:"last_contact,omitempty"`
 	AppliedIndex uint64 `json:"applied_index"`
+	// StateIndex is the raft index of the last entry this node serves
+	// (raft's applied index may run ahead while entries wait in the FSM's
+	// queue).
+	StateIndex uint64 `json:"state_index"`
 }
 
 // streamLayer is raft's network layer over plain TCP (or mutual TLS). It

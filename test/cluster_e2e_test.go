@@ -470,7 +470,8 @@ func TestE2EWriteStorm(t *testing.T) {
 	f.Start(t)
 	f.WaitReady(t)
 	if c := f.Cluster(t); c.KVDigest != digest {
-		t.Errorf("%s restarted after the storm holds kv_digest %.12s, want %.12s", f.NodeID, c.KVDigest, digest)
+		t.Errorf("%s restarted after the storm holds kv_digest %.12s (%d keys, applied index %d), want %.12s (%d keys); differences: %v",
+			f.NodeID, c.KVDigest, c.KVKeys, c.AppliedIndex, digest, len(final), kvDiff(t, f, final))
 	}
 	checkAnswers(f)
 }

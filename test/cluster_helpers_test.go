@@ -369,6 +369,33 @@ func waitMirrorsConsul(t testing.TB, timeout time.Duration, consul *testenv.Cons
 	return want
 }
 
+// kvDiff lists the state keys whose value h serves in /v1/state differs
+// from want (KV relative to the prefix), for failure messages.
+func kvDiff(t testing.TB, h *Hastate, want map[string]string) []string {
+	t.Helper()
+	var v stateView
+	h.GetJSON(t, "/v1/state", &v)
+	got := map[string]string{}
+	for _, r := range append(v.Servers, v.InvalidKeys...) {
+		if r.Key != "" {
+			got[r.Key] = r.Value
+		}
+	}
+	var diff []string
+	for k, w := range want {
+		if g, ok := got[k]; !ok || g != w {
+			diff = append(diff, fmt.Sprintf("%s: %q (present %v), want %q", k, g, ok, w))
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			diff = append(diff, fmt.Sprintf("%s: %q, want absent", k, g))
+		}
+	}
+	slices.Sort(diff)
+	return diff
+}
+
 // stateServers returns /v1/state's server rows and invalid keys as JSON,
 // to compare replicas.
 func stateServers(t testing.TB, h *Hastate) string {
