@@ -124,7 +124,10 @@ func (f *fsm) Apply(l *raft.Log) any {
 
 // advance records that the mirror holds the entries up to i.
 func (f *fsm) advance(i uint64) {
-	if i > f.index.Load() { // only raft's FSM goroutine writes
+	// Only raft's FSM goroutine writes, apart from Node.New's one
+	// compare-and-swap from 0 to the startup snapshot's index, which every
+	// later entry exceeds.
+	if i > f.index.Load() {
 		f.index.Store(i)
 	}
 }
