@@ -3,10 +3,14 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc64"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -340,4 +344,75 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 		}
 		t.Fatalf("restarted %s ready with kv_digest %.12s, want the leader's %.12s; %d keys differ: %v", r.opts.ID, got, digest, len(diff), diff)
 	}
+}
+
+// A version 2 snapshot (before the FSM's state index) restores with the
+// raft snapshot's index as the state index, so readiness still works after
+// an upgrade.
+func TestVersion2SnapshotTakesTheRaftSnapshotIndex(t *testing.T) {
+	dir := t.TempDir()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	o := Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: dir}
+	n := startNode(t, o)
+	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+	ctx := context.Background()
+	if err := n.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rewrite the snapshot as version 2 wrote it: no "index".
+	metas, err := filepath.Glob(filepath.Join(dir, "snapshots", "*", "meta.json"))
+	if err != nil || len(metas) != 1 {
+		t.Fatalf("snapshots: %v %v", metas, err)
+	}
+	statePath := filepath.Join(filepath.Dir(metas[0]), "state.bin")
+	var data map[string]any
+	readJSON(t, statePath, &data)
+	delete(data, "index")
+	data["version"] = 2
+	body := writeJSON(t, statePath, data)
+	var meta map[string]any
+	readJSON(t, metas[0], &meta)
+	sum := crc64.New(crc64.MakeTable(crc64.ECMA))
+	sum.Write(body)
+	meta["CRC"], meta["Size"] = sum.Sum(nil), len(body)
+	writeJSON(t, metas[0], meta)
+	snapIndex := uint64(meta["Index"].(float64))
+
+	r := startNode(t, o)
+	if got := r.fsm.index.Load(); got != snapIndex {
+		t.Fatalf("state index after restoring a version 2 snapshot: %d, want the snapshot's raft index %d", got, snapIndex)
+	}
+	if got := answer(r.Node, "web/a"); got != "drain\n" {
+		t.Fatalf("answer after restoring a version 2 snapshot: %q", got)
+	}
+}
+
+func readJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+func writeJSON(t *testing.T, path string, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
