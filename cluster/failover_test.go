@@ -186,3 +186,27 @@ func TestMutualTLSOnTheRaftPort(t *testing.T) {
 		t.Fatal("partial TLS flags accepted")
 	}
 }
+
+// HandOver moves leadership away but keeps the node a member: it goes on
+// applying entries and answering, which is what a replica draining before
+// shutdown needs.
+func TestHandOverKeepsTheNodeFollowing(t *testing.T) {
+	nodes := startCluster(t, nil)
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	old := leaderOf(nodes)
+	ctx := context.Background()
+	if err := old.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	old.HandOver(ctx)
+	if old.IsLeader() {
+		t.Fatal("still the leader after HandOver")
+	}
+	eventually(t, 2*time.Second, func() bool { l := leaderOf(nodes); return l != nil && l != old }, "no other node leads after HandOver")
+	if err := leaderOf(nodes).ApplyKV(ctx, 2, map[string]string{"state/web/a": "maint"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() bool { return answer(old.Node, "web/a") == "maint\n" }, "the node that handed over stopped following")
+	// A follower has nothing to hand over.
+	old.HandOver(ctx)
+}

@@ -755,23 +755,32 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	return n.stopErr
 }
 
-func (n *Node) shutdown(ctx context.Context) error {
-	if n.raft.State() == raft.Leader && n.voters() > 1 {
-		start := time.Now()
-		f := n.raft.LeadershipTransfer()
-		errc := make(chan error, 1)
-		go func() { errc <- f.Error() }()
-		select {
-		case err := <-errc:
-			if err != nil {
-				n.log.Warn("leadership transfer before shutdown failed; followers will elect a new leader after the election timeout", zap.Error(err))
-			} else {
-				n.log.Info("leadership transferred before shutdown", zap.Duration("took", time.Since(start)))
-			}
-		case <-ctx.Done():
-			n.log.Warn("leadership transfer did not finish before the shutdown deadline")
-		}
+// HandOver transfers leadership to another voter when this node leads a
+// cluster of several, and waits for the transfer or for ctx. The node stays
+// a member: as a follower it keeps applying entries and serving. Shutdown
+// calls it first; a replica about to stop can call it earlier.
+func (n *Node) HandOver(ctx context.Context) {
+	if n.raft.State() != raft.Leader || n.voters() < 2 {
+		return
 	}
+	start := time.Now()
+	f := n.raft.LeadershipTransfer()
+	errc := make(chan error, 1)
+	go func() { errc <- f.Error() }() // ends when raft resolves the future, at the latest at raft shutdown
+	select {
+	case err := <-errc:
+		if err != nil {
+			n.log.Warn("leadership transfer before shutdown failed; followers will elect a new leader after the election timeout", zap.Error(err))
+		} else {
+			n.log.Info("leadership transferred before shutdown", zap.Duration("took", time.Since(start)))
+		}
+	case <-ctx.Done():
+		n.log.Warn("leadership transfer did not finish before the shutdown deadline")
+	}
+}
+
+func (n *Node) shutdown(ctx context.Context) error {
+	n.HandOver(ctx)
 	close(n.stop)
 	n.wg.Wait()
 	n.raft.DeregisterObserver(n.observer)

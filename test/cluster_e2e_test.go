@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -476,6 +477,19 @@ func TestE2EWriteStorm(t *testing.T) {
 	checkAnswers(f)
 }
 
+// startDrained starts Consul and three replicas with args, drains server
+// and waits until all three answer drain. It returns the leader too.
+func startDrained(t *testing.T, server string, args ...string) (*testenv.Consul, []*Hastate, *Hastate) {
+	t.Helper()
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: args})
+	Operator{ConsulAddr: consul.Addr()}.Run(t, "drain", server)
+	if _, err := waitAllAnswer(hs, server, "drain", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return consul, hs, WaitLeader(t, 10*time.Second, hs...)
+}
+
 // TestE2ELeaderSIGTERM: probes run against all three replicas while the
 // leader gets SIGTERM. It hands leadership over before it exits (no
 // election timeout), and no probe fails: the survivors answer every probe
@@ -484,14 +498,8 @@ func TestE2EWriteStorm(t *testing.T) {
 // refused, never answered wrongly.
 func TestE2ELeaderSIGTERM(t *testing.T) {
 	const server = "be_term/web1"
-	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
-	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
+	consul, hs, leader := startDrained(t, server)
 	op := Operator{ConsulAddr: consul.Addr()}
-	op.Run(t, "drain", server)
-	if _, err := waitAllAnswer(hs, server, "drain", 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	leader := WaitLeader(t, 10*time.Second, hs...)
 	survivors := others(hs, leader)
 
 	p := startProbers(hs, 3, server, "drain")
@@ -584,5 +592,55 @@ func TestE2ELeaderSIGTERM(t *testing.T) {
 	op.Run(t, "maint", server)
 	if _, err := waitAllAnswer(survivors, server, "maint", 10*time.Second); err != nil {
 		t.Fatalf("after the handover: %v", err)
+	}
+}
+
+// TestE2EShutdownDelay: with --shutdown-delay, a leader that gets SIGTERM
+// fails readiness at once (a load balancer takes it out), hands leadership
+// over, and keeps answering probes with current answers, following raft as
+// a follower, until the delay ends; then it exits cleanly.
+func TestE2EShutdownDelay(t *testing.T) {
+	const server, delay = "be_delay/web1", 4 * time.Second
+	consul, hs, leader := startDrained(t, server, "--shutdown-delay", delay.String())
+	survivors := others(hs, leader)
+
+	sent := leader.Signal(t, syscall.SIGTERM)
+	eventually(t, time.Second, func() bool { code, _ := leader.Readiness(t); return code == 503 },
+		func() string { return fmt.Sprintf("%s still ready after SIGTERM", leader.NodeID) })
+	unready := time.Since(sent)
+	next := WaitLeader(t, 2*time.Second, survivors...)
+	led := time.Since(sent)
+	// The draining replica follows raft: a write now reaches it too.
+	consul.Put(t, stateKey(server), "maint")
+	if _, err := waitAllAnswer(hs, server, "maint", delay/2); err != nil {
+		t.Fatalf("during the shutdown delay: %v", err)
+	}
+	answered := time.Since(sent)
+	if answered >= delay {
+		t.Fatalf("the write was answered %s after SIGTERM, after the %s delay: the test proves nothing", answered, delay)
+	}
+	code, took := leader.Wait(t, sent)
+	t.Logf("SIGTERM with --shutdown-delay %s: readiness 503 after %s; %s led after %s; a write answered by all three (the draining one included) %s after SIGTERM; exit code %d after %s",
+		delay, unready.Round(time.Millisecond), next.NodeID, led.Round(time.Millisecond), answered.Round(time.Millisecond), code, took.Round(time.Millisecond))
+	if code != 0 {
+		t.Errorf("exit code %d after SIGTERM, want 0", code)
+	}
+	if took < delay {
+		t.Errorf("exited %s after SIGTERM, before the %s shutdown delay", took, delay)
+	}
+	if !leader.LogContains(t, "leadership transferred before shutdown") {
+		t.Errorf("%s did not log a leadership transfer", leader.NodeID)
+	}
+
+	// A second signal cuts the delay short.
+	f := others(survivors, next)[0]
+	sent = f.Signal(t, syscall.SIGTERM)
+	eventually(t, time.Second, func() bool { code, _ := f.Readiness(t); return code == 503 },
+		func() string { return fmt.Sprintf("%s still ready after SIGTERM", f.NodeID) })
+	f.Signal(t, syscall.SIGTERM)
+	if code, took := f.Wait(t, sent); code != 0 || took >= delay {
+		t.Errorf("%s after two SIGTERMs: exit code %d after %s; want 0, before the %s delay", f.NodeID, code, took, delay)
+	} else {
+		t.Logf("%s after two SIGTERMs: exit code 0 after %s", f.NodeID, took.Round(time.Millisecond))
 	}
 }

@@ -254,13 +254,30 @@ func (h *Hastate) Kill() {
 // stopTimeout is killed and the test fails.
 func (h *Hastate) Stop(t testing.TB) (code int, took time.Duration) {
 	t.Helper()
-	cmd, done := h.running()
+	return h.Wait(t, h.Signal(t, syscall.SIGTERM))
+}
+
+// Signal sends sig to the running process and returns when it sent it.
+func (h *Hastate) Signal(t testing.TB, sig os.Signal) time.Time {
+	t.Helper()
+	cmd, _ := h.running()
 	if cmd == nil {
-		t.Fatal("harness: Stop: hastate is not running")
+		t.Fatal("harness: Signal: hastate is not running")
 	}
-	start := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		t.Fatalf("harness: SIGTERM hastate: %v", err)
+	sent := time.Now()
+	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("harness: %v to hastate: %v", sig, err)
+	}
+	return sent
+}
+
+// Wait waits for the process to exit after a signal sent at start, as
+// Stop does, and returns the exit code and the time since start.
+func (h *Hastate) Wait(t testing.TB, start time.Time) (code int, took time.Duration) {
+	t.Helper()
+	_, done := h.running()
+	if done == nil {
+		t.Fatal("harness: Wait: hastate is not running")
 	}
 	select {
 	case <-done:

@@ -157,6 +157,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
+	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
 	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate")
@@ -177,6 +178,10 @@ func serve(ctx context.Context, o app.Options) error {
 	}
 	<-ctx.Done()
 	o.Logger.Info("signal received: shutting down (a leader hands over first; agent answers continue until raft is down)")
+	// A second signal cuts the shutdown delay short.
+	dctx, dstop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	a.Drain(dctx)
+	dstop()
 	sctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
 	return a.Stop(sctx)

@@ -61,6 +61,10 @@ type Options struct {
 	RaftTLS *tls.Config
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
+	// ShutdownDelay is how long Drain keeps the replica answering probes
+	// with readiness failing, so that a load balancer in front stops
+	// sending probes here before the agent listener closes (0: none).
+	ShutdownDelay time.Duration
 
 	Logger *zap.Logger // nil: no logs
 	// Registry receives every metric of the replica (nil: a new one).
@@ -126,6 +130,7 @@ type App struct {
 	serveWG         sync.WaitGroup
 	stopOnce        sync.Once
 	stopErr         error
+	draining        atomic.Bool // Drain began: readiness fails
 }
 
 // New validates the options and builds the replica; Start runs it.
@@ -274,6 +279,26 @@ func (a *App) HTTPAddr() net.Addr { return a.httpLn.Addr() }
 // Node is the raft node.
 func (a *App) Node() *cluster.Node { return a.node }
 
+// Drain prepares the replica to stop while it keeps answering: readiness
+// fails from now on, so load balancers take the replica out; a leader hands
+// leadership over, so the cluster keeps following KV without an election;
+// as a follower the replica keeps applying entries, so its answers stay
+// current. Drain then waits for ShutdownDelay, or until ctx ends (a second
+// signal), and returns. Stop follows.
+func (a *App) Drain(ctx context.Context) {
+	a.draining.Store(true)
+	a.log.Info("draining before shutdown: readiness fails, agent probes are still answered",
+		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
+	a.node.HandOver(ctx)
+	t := time.NewTimer(a.o.ShutdownDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		a.log.Info("shutdown delay cut short")
+	}
+}
+
 // Stop shuts the replica down in order: HTTP, then raft (a leader hands over
 // leadership first), and the agent listener last, so probes keep being
 // answered while raft shuts down. Safe to call more than once.
@@ -314,8 +339,13 @@ func (a *App) stop(ctx context.Context) error {
 type replica struct{ a *App }
 
 func (r replica) Snapshot() *state.Snapshot { return r.a.node.Snapshot() }
-func (r replica) Ready() (bool, string)     { return r.a.node.Ready() }
-func (r replica) ClusterInfo() any          { return r.a.node.Info() }
+func (r replica) Ready() (bool, string) {
+	if r.a.draining.Load() {
+		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"
+	}
+	return r.a.node.Ready()
+}
+func (r replica) ClusterInfo() any { return r.a.node.Info() }
 
 // PeerPollers asks the other replicas for their pollers.
 func (r replica) PeerPollers() []server.Poll {

@@ -134,3 +134,65 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// Drain keeps the replica answering probes while readiness fails, for the
+// shutdown delay; a cancelled context (a second signal) cuts it short.
+func TestDrainAnswersWhileReadinessFails(t *testing.T) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	consul.Put(t, "hastate/state/web/a", "drain")
+	raft := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	const delay = 600 * time.Millisecond
+	a, err := New(Options{
+		NodeID: "d", AgentAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RaftAddr: raft, RaftAdvertise: raft,
+		DataDir: t.TempDir(), ConsulAddr: consul.Addr(), Logger: zaptest.NewLogger(t), ShutdownDelay: delay,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	eventually(t, 10*time.Second, func() bool { return ask(t, a, "web/a") == "drain\n" }, "never answered drain")
+
+	start := time.Now()
+	drained := make(chan struct{})
+	go func() { // owned here: the test waits for it below
+		defer close(drained)
+		a.Drain(context.Background())
+	}()
+	eventually(t, delay/2, func() bool { code, _ := httpGet(t, a, "/-/readiness"); return code == 503 }, "readiness did not fail while draining")
+	if code, body := httpGet(t, a, "/-/readiness"); !strings.Contains(body, "shutting down") {
+		t.Errorf("readiness while draining: %d %s; want a body that says it is shutting down", code, body)
+	}
+	if got := ask(t, a, "web/a"); got != "drain\n" {
+		t.Errorf("answer while draining: %q, want the current one", got)
+	}
+	<-drained
+	if took := time.Since(start); took < delay {
+		t.Errorf("Drain returned after %s, before the shutdown delay %s", took, delay)
+	}
+	if err := a.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// A cancelled context ends the delay at once.
+	b, err := New(Options{
+		NodeID: "e", AgentAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RaftAddr: raft, RaftAdvertise: raft,
+		DataDir: t.TempDir(), ConsulAddr: consul.Addr(), Logger: zaptest.NewLogger(t), ShutdownDelay: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	b.Drain(ctx)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Drain with a cancelled context took %s, want it cut short", took)
+	}
+}
