@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
 )
 
 type health struct {
@@ -38,7 +40,7 @@ func (h *health) fail() {
 
 func startCluster(t *testing.T, mod func(i int, o *Options)) []*testNode {
 	t.Helper()
-	ports := []int{freePort(t), freePort(t), freePort(t)}
+	ports := []int{testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)}
 	var peers []Peer
 	for i, p := range ports {
 		peers = append(peers, Peer{ID: fmt.Sprintf("n%d", i), Address: fmt.Sprintf("127.0.0.1:%d", p)})

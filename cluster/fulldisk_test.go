@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
 )
 
 // A full data disk: the write that does not fit fails with an error that
@@ -26,7 +28,7 @@ func TestFullDiskKeepsServingAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := filepath.Join(dir, "data")
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	n := startNode(t, Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: data})
 	eventually(t, 5*time.Second, n.IsLeader, "no leader")
 	ctx := context.Background()

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"hash/crc64"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,22 +15,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 func eventually(t *testing.T, d time.Duration, cond func() bool, msg string, args ...any) {
 	t.Helper()
@@ -70,7 +60,7 @@ func answer(n *Node, req string) string {
 
 func TestSingleNodeAppliesAndSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	o := Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: dir}
 	n := startNode(t, o)
 
@@ -140,7 +130,7 @@ func TestSingleNodeAppliesAndSurvivesRestart(t *testing.T) {
 }
 
 func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
-	ports := []int{freePort(t), freePort(t), freePort(t)}
+	ports := []int{testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)}
 	var peers []Peer
 	for i, p := range ports {
 		host := "127.0.0.1"
@@ -351,7 +341,7 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 // an upgrade.
 func TestVersion2SnapshotTakesTheRaftSnapshotIndex(t *testing.T) {
 	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	o := Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: dir}
 	n := startNode(t, o)
 	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
