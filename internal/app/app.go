@@ -287,6 +287,10 @@ func (a *App) Node() *cluster.Node { return a.node }
 // signal), and returns. Stop follows.
 func (a *App) Drain(ctx context.Context) {
 	a.draining.Store(true)
+	if a.o.ShutdownDelay <= 0 {
+		a.node.HandOver(ctx)
+		return
+	}
 	a.log.Info("draining before shutdown: readiness fails, agent probes are still answered",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
