@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
 )
 
 // Backend is one HAProxy backend of the test configuration.
@@ -28,10 +30,7 @@ type HAProxy struct {
 	Frontend string // host:port of the frontend
 	dir      string
 	sock     string
-	logPath  string
-
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc     testenv.Process
 }
 
 // serverWeight is the weight configured on every server line, so that the
@@ -98,7 +97,7 @@ func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, backend
 		Frontend: freeAddr(t),
 		dir:      dir,
 		sock:     filepath.Join(dir, "admin.sock"),
-		logPath:  filepath.Join(dir, "haproxy.log"),
+		proc:     testenv.Process{Bin: bin, LogPath: filepath.Join(dir, "haproxy.log")},
 	}
 
 	var cfg strings.Builder
@@ -145,37 +144,19 @@ frontend fe
 		t.Fatalf("haproxy -c rejected the test configuration: %v\n%s\n%s", err, out, cfg.String())
 	}
 
-	logf, err := os.Create(h.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	h.cmd = exec.Command(bin, "-db", "-f", cfgPath)
-	h.cmd.Stdout, h.cmd.Stderr = logf, logf
-	h.cmd.SysProcAttr = procAttr()
-	if err := h.cmd.Start(); err != nil {
-		t.Fatalf("start haproxy: %v", err)
-	}
-	h.done = make(chan struct{})
-	go func() { // owned by h: the cleanup waits for it
-		_ = h.cmd.Wait()
-		close(h.done)
-	}()
+	h.proc.Start(t, "-db", "-f", cfgPath)
 	t.Cleanup(func() {
-		_ = h.cmd.Process.Kill()
-		<-h.done
+		h.proc.Kill()
 		if t.Failed() {
-			b, _ := os.ReadFile(h.logPath)
-			t.Logf("haproxy.cfg:\n%s\nhaproxy log (%s):\n%s", cfg.String(), h.logPath, b)
+			b, _ := os.ReadFile(h.proc.LogPath)
+			t.Logf("haproxy.cfg:\n%s\nhaproxy log (%s):\n%s", cfg.String(), h.proc.LogPath, b)
 		}
 	})
 
 	var last string
 	eventually(t, 15*time.Second, func() bool {
-		select {
-		case <-h.done:
+		if h.proc.Exited() {
 			t.Fatalf("haproxy exited at start")
-		default:
 		}
 		st, err := h.stat()
 		if err != nil {
@@ -353,6 +334,5 @@ func (h *HAProxy) Hold(t *testing.T, d time.Duration, want map[string]Row) {
 // Stop kills HAProxy and waits for it to exit.
 func (h *HAProxy) Stop(t *testing.T) {
 	t.Helper()
-	_ = h.cmd.Process.Kill()
-	<-h.done
+	h.proc.Kill()
 }

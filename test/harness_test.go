@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,13 +54,10 @@ type Hastate struct {
 	HTTPAddr  string // host:port of the HTTP listener
 	RaftAddr  string
 
-	args    []string
-	logPath string
+	proc testenv.Process
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed once cmd has exited and been waited for
-	ps   *os.ProcessState
+	args []string
 }
 
 // StartHastate starts a one-replica hastate and waits until it is ready.
@@ -87,7 +85,7 @@ func NewHastate(t testing.TB, o HastateOptions) *Hastate {
 		AgentAddr: freeAddr(t),
 		HTTPAddr:  freeAddr(t),
 		RaftAddr:  freeAddr(t),
-		logPath:   filepath.Join(logDir, "hastate.log"),
+		proc:      testenv.Process{Bin: hastateBin, Env: hermeticEnv(), LogPath: filepath.Join(logDir, "hastate.log")},
 	}
 	h.args = []string{"serve",
 		"--node-id", h.NodeID,
@@ -186,68 +184,14 @@ func hermeticEnv(extra ...string) []string {
 func (h *Hastate) Start(t testing.TB) {
 	t.Helper()
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.cmd != nil {
-		t.Fatal("harness: hastate is already running")
-	}
-	logf, err := os.OpenFile(h.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatalf("harness: hastate log: %v", err)
-	}
-	defer logf.Close() // the child holds its own descriptor
-	fmt.Fprintf(logf, "==> harness: %s %s\n", hastateBin, strings.Join(h.args, " "))
-	cmd := exec.Command(hastateBin, h.args...)
-	cmd.Env = hermeticEnv()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = procAttr()
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("harness: start hastate: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { // owned by h: Kill and Stop wait for it
-		_ = cmd.Wait()
-		h.mu.Lock()
-		h.ps = cmd.ProcessState
-		h.mu.Unlock()
-		close(done)
-	}()
-	h.cmd, h.done, h.ps = cmd, done, nil
-}
-
-// running returns the process and its done channel, or nil when stopped.
-func (h *Hastate) running() (*exec.Cmd, chan struct{}) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.cmd, h.done
-}
-
-// exited reports whether the process started last has exited on its own.
-func (h *Hastate) exited() bool {
-	_, done := h.running()
-	if done == nil {
-		return true
-	}
-	select {
-	case <-done:
-		return true
-	default:
-		return false
-	}
+	args := slices.Clone(h.args)
+	h.mu.Unlock()
+	h.proc.Start(t, args...)
 }
 
 // Kill sends SIGKILL and waits for the process to exit. Killing a stopped
 // replica does nothing.
-func (h *Hastate) Kill() {
-	cmd, done := h.running()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Kill()
-	<-done
-	h.mu.Lock()
-	h.cmd, h.done = nil, nil
-	h.mu.Unlock()
-}
+func (h *Hastate) Kill() { h.proc.Kill() }
 
 // Stop sends SIGTERM and waits for the process to exit; it returns the exit
 // code and how long the exit took. A process that has not exited within
@@ -260,37 +204,15 @@ func (h *Hastate) Stop(t testing.TB) (code int, took time.Duration) {
 // Signal sends sig to the running process and returns when it sent it.
 func (h *Hastate) Signal(t testing.TB, sig os.Signal) time.Time {
 	t.Helper()
-	cmd, _ := h.running()
-	if cmd == nil {
-		t.Fatal("harness: Signal: hastate is not running")
-	}
-	sent := time.Now()
-	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		t.Fatalf("harness: %v to hastate: %v", sig, err)
-	}
-	return sent
+	return h.proc.Signal(t, sig)
 }
 
 // Wait waits for the process to exit after a signal sent at start, as
 // Stop does, and returns the exit code and the time since start.
 func (h *Hastate) Wait(t testing.TB, start time.Time) (code int, took time.Duration) {
 	t.Helper()
-	_, done := h.running()
-	if done == nil {
-		t.Fatal("harness: Wait: hastate is not running")
-	}
-	select {
-	case <-done:
-	case <-time.After(stopTimeout):
-		h.Kill()
-		t.Fatalf("harness: hastate did not exit within %s of SIGTERM; killed it", stopTimeout)
-	}
-	took = time.Since(start)
-	h.mu.Lock()
-	ps := h.ps
-	h.cmd, h.done = nil, nil
-	h.mu.Unlock()
-	return ps.ExitCode(), took
+	code = h.proc.Wait(t, stopTimeout)
+	return code, time.Since(start)
 }
 
 // Restart stops the replica with SIGTERM (it must exit with code 0) if it
@@ -298,7 +220,7 @@ func (h *Hastate) Wait(t testing.TB, start time.Time) (code int, took time.Durat
 // does not wait for readiness.
 func (h *Hastate) Restart(t testing.TB) {
 	t.Helper()
-	if cmd, _ := h.running(); cmd != nil {
+	if h.proc.Running() {
 		if code, took := h.Stop(t); code != 0 {
 			t.Fatalf("hastate exited with code %d after SIGTERM (took %s)", code, took)
 		}
@@ -311,7 +233,7 @@ func (h *Hastate) WaitReady(t testing.TB) {
 	t.Helper()
 	var last string
 	eventually(t, readyTimeout, func() bool {
-		if h.exited() {
+		if h.proc.Exited() {
 			t.Fatalf("hastate exited before it was ready")
 		}
 		code, body, err := h.get("/-/readiness")
@@ -493,7 +415,7 @@ func (h *Hastate) WaitAnswer(t testing.TB, server, want string) {
 // LogContains reports whether the replica's log has a line containing s.
 func (h *Hastate) LogContains(t testing.TB, s string) bool {
 	t.Helper()
-	b, err := os.ReadFile(h.logPath)
+	b, err := os.ReadFile(h.proc.LogPath)
 	if err != nil {
 		t.Fatalf("read hastate log: %v", err)
 	}
@@ -503,7 +425,7 @@ func (h *Hastate) LogContains(t testing.TB, s string) bool {
 // LogLine returns the last line of the replica's log containing s ("" if none).
 func (h *Hastate) LogLine(t testing.TB, s string) string {
 	t.Helper()
-	b, err := os.ReadFile(h.logPath)
+	b, err := os.ReadFile(h.proc.LogPath)
 	if err != nil {
 		t.Fatalf("read hastate log: %v", err)
 	}
@@ -519,7 +441,7 @@ func (h *Hastate) LogLine(t testing.TB, s string) string {
 // checkLog fails the test on a data race report and prints the log when
 // the test failed.
 func (h *Hastate) checkLog(t testing.TB) {
-	b, err := os.ReadFile(h.logPath)
+	b, err := os.ReadFile(h.proc.LogPath)
 	if err != nil {
 		t.Logf("harness: hastate log: %v", err)
 		return
@@ -534,7 +456,7 @@ func (h *Hastate) checkLog(t testing.TB) {
 	if len(b) > max {
 		b = b[len(b)-max:]
 	}
-	t.Logf("harness: hastate %s log %s (last %d bytes):\n%s", h.NodeID, h.logPath, len(b), b)
+	t.Logf("harness: hastate %s log %s (last %d bytes):\n%s", h.NodeID, h.proc.LogPath, len(b), b)
 }
 
 // Operator runs the operator commands (`hastate drain|maint|ready|weight|
@@ -562,7 +484,7 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, hastateBin, args...)
 	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
-	cmd.SysProcAttr = procAttr()
+	cmd.SysProcAttr = testenv.ProcAttr()
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {

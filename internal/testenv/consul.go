@@ -103,14 +103,11 @@ type ConsulOptions struct {
 // Consul is a Consul agent run by a test. Its methods are meant for the
 // test's own goroutine; Kill is also safe from a cleanup.
 type Consul struct {
-	bin     string
-	args    []string
-	logPath string
-	addr    string
+	proc Process
+	args []string
+	addr string
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
-	done   chan struct{} // closed when cmd has exited and been waited for
 	client *api.Client
 }
 
@@ -151,15 +148,15 @@ func StartConsul(t testing.TB, opts ConsulOptions) *Consul {
 		args = append(args, "-dev")
 	}
 	c := &Consul{
-		bin:     ConsulBin(t),
-		args:    args,
-		logPath: filepath.Join(dir, "consul.log"),
-		addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+		proc: Process{Bin: ConsulBin(t), LogPath: filepath.Join(dir, "consul.log")},
+		args: args,
+		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
 	}
 	t.Cleanup(func() {
 		c.Kill()
 		if t.Failed() {
-			c.logTail(t)
+			b, err := c.proc.Log(32 << 10)
+			t.Logf("testenv: consul log %s (last %d bytes, %v):\n%s", c.proc.LogPath, len(b), err, b)
 		}
 	})
 	c.start(t)
@@ -187,16 +184,7 @@ func (c *Consul) Client(t testing.TB) *api.Client {
 
 // Kill sends SIGKILL to the agent and waits for it to exit. Killing an
 // agent that is not running does nothing.
-func (c *Consul) Kill() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cmd == nil {
-		return
-	}
-	_ = c.cmd.Process.Kill()
-	<-c.done
-	c.cmd, c.done = nil, nil
-}
+func (c *Consul) Kill() { c.proc.Kill() }
 
 // Restart kills the agent if it runs and starts it again with the same
 // ports and data directory, returning once the KV API answers.
@@ -236,29 +224,8 @@ func (c *Consul) Delete(t testing.TB, key string) uint64 {
 
 func (c *Consul) start(t testing.TB) {
 	t.Helper()
-	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatalf("testenv: consul log: %v", err)
-	}
-	defer logf.Close() // the agent holds its own descriptor
-	fmt.Fprintf(logf, "==> testenv: %s %q\n", c.bin, c.args)
-
-	cmd := exec.Command(c.bin, c.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = procAttr()
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("testenv: start consul: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { // owned by c: Kill waits for it
-		_ = cmd.Wait()
-		close(done)
-	}()
-	c.mu.Lock()
-	c.cmd, c.done = cmd, done
-	c.mu.Unlock()
-
-	if err := c.waitReady(done); err != nil {
+	c.proc.Start(t, c.args...)
+	if err := c.waitReady(c.proc.Done()); err != nil {
 		// The cleanup prints the agent's log since the test failed.
 		t.Fatalf("testenv: consul at %s: %v", c.addr, err)
 	}
@@ -300,19 +267,4 @@ func (c *Consul) waitReady(exited <-chan struct{}) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("KV API not ready within %s: %v", readyTimeout, lastErr)
-}
-
-// logTail prints the end of the agent's log.
-func (c *Consul) logTail(t testing.TB) {
-	t.Helper()
-	b, err := os.ReadFile(c.logPath)
-	if err != nil {
-		t.Logf("testenv: consul log: %v", err)
-		return
-	}
-	const max = 32 << 10
-	if len(b) > max {
-		b = b[len(b)-max:]
-	}
-	t.Logf("testenv: consul log %s (last %d bytes):\n%s", c.logPath, len(b), b)
 }

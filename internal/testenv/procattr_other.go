@@ -4,4 +4,5 @@ package testenv
 
 import "syscall"
 
-func procAttr() *syscall.SysProcAttr { return nil }
+// ProcAttr is nil where the kernel cannot kill a child with its parent.
+func ProcAttr() *syscall.SysProcAttr { return nil }
