@@ -284,13 +284,13 @@ func (a *App) Node() *cluster.Node { return a.node }
 // leadership over, so the cluster keeps following KV without an election;
 // as a follower the replica keeps applying entries, so its answers stay
 // current. Drain then waits for ShutdownDelay, or until ctx ends (a second
-// signal), and returns. Stop follows.
+// signal), and returns. Stop follows. Without a ShutdownDelay, Drain does
+// nothing: Stop hands leadership over itself.
 func (a *App) Drain(ctx context.Context) {
-	a.draining.Store(true)
 	if a.o.ShutdownDelay <= 0 {
-		a.node.HandOver(ctx)
 		return
 	}
+	a.draining.Store(true)
 	a.log.Info("draining before shutdown: readiness fails, agent probes are still answered",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
