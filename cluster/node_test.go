@@ -311,6 +311,8 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 	want, digest := l.fsm.index.Load(), l.Info().KVDigest
 
 	r := startNode(t, f.opts)
+	// Polled every millisecond, not with eventually (20ms): the state is
+	// checked at the first moment the node says it is ready.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if ok, _ := r.Ready(); ok {
