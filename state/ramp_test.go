@@ -2,6 +2,7 @@ package state
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -35,15 +36,15 @@ func TestRampWeightSchedules(t *testing.T) {
 			RampPolicy{Start: 0, Duration: 100 * s, Interval: s, Aggression: 0.5},
 			[]time.Duration{0, 50 * s, 90 * s},
 			[]int{0, 25, 81}},
-		{"aggression 0 is linear",
-			RampPolicy{Start: 0, Duration: 10 * s, Interval: s},
+		{"aggression 0 (a Go zero value) is linear after WithDefaults",
+			RampPolicy{Start: 0, Duration: 10 * s, Interval: s}.WithDefaults(),
 			[]time.Duration{5 * s}, []int{50}},
 		{"duration shorter than one interval: start, then 100",
 			RampPolicy{Start: 10, Duration: 5 * s, Interval: 10 * s, Aggression: 1},
 			[]time.Duration{0, 4 * s, 5 * s},
 			[]int{10, 10, 100}},
 		{"no ramp",
-			RampPolicy{Start: 10, Duration: 0, Interval: s},
+			RampPolicy{Start: 10, Duration: 0, Interval: s, Aggression: 1},
 			[]time.Duration{0}, []int{100}},
 		{"negative elapsed (clock skew between leaders) stays at start",
 			RampPolicy{Start: 10, Duration: 10 * s, Interval: s, Aggression: 1},
@@ -91,29 +92,61 @@ func TestRampWeightIsMonotonicAndClamped(t *testing.T) {
 	}
 }
 
-func TestRampNextStep(t *testing.T) {
-	p := RampPolicy{Start: 10, Duration: 10 * time.Second, Interval: 3 * time.Second}
-	for e, want := range map[time.Duration]time.Duration{0: 3 * time.Second, 3 * time.Second: 6 * time.Second, 9 * time.Second: 10 * time.Second, -time.Second: 3 * time.Second} {
-		if got := p.NextStep(e); got != want {
-			t.Errorf("NextStep(%s) = %s, want %s", e, got, want)
+func TestRampPolicyValidate(t *testing.T) {
+	ok := DefaultRampPolicy()
+	for _, tt := range []struct {
+		name string
+		edit func(*RampPolicy)
+	}{
+		{"start below 0", func(p *RampPolicy) { p.Start = -1 }},
+		{"start above 100", func(p *RampPolicy) { p.Start = 101 }},
+		{"negative duration", func(p *RampPolicy) { p.Duration = -time.Minute }},
+		{"duration above the bound", func(p *RampPolicy) { p.Duration = MaxRampDuration + 1 }},
+		{"zero interval", func(p *RampPolicy) { p.Interval = 0 }},
+		{"zero interval with ramps off (a key may turn them on)", func(p *RampPolicy) { p.Interval, p.Duration = 0, 0 }},
+		{"negative interval", func(p *RampPolicy) { p.Interval = -time.Second }},
+		{"interval below the floor", func(p *RampPolicy) { p.Interval = time.Millisecond }},
+		{"interval above the bound", func(p *RampPolicy) { p.Interval = MaxRampDuration + 1 }},
+		{"negative aggression", func(p *RampPolicy) { p.Aggression = -1 }},
+		{"zero aggression", func(p *RampPolicy) { p.Aggression = 0 }},
+		{"NaN aggression", func(p *RampPolicy) { p.Aggression = math.NaN() }},
+		{"infinite aggression", func(p *RampPolicy) { p.Aggression = math.Inf(1) }},
+	} {
+		p := ok
+		tt.edit(&p)
+		if err := p.Validate(); !errors.Is(err, ErrInvalidRamp) || !strings.Contains(err.Error(), "want") {
+			t.Errorf("%s: Validate(%+v) = %v, want ErrInvalidRamp saying what to set", tt.name, p, err)
 		}
+	}
+	for _, p := range []RampPolicy{ok, {Interval: MinRampInterval, Aggression: 1}, RampPolicy{}.WithDefaults(),
+		{Start: 100, Duration: MaxRampDuration, Interval: MaxRampDuration, Aggression: 1e-9}} {
+		if err := p.Validate(); err != nil {
+			t.Errorf("Validate(%+v) = %v, want nil", p, err)
+		}
+	}
+	if _, err := (RampPolicy{Duration: 0, Interval: 0}).WithDuration(10 * time.Minute); !errors.Is(err, ErrInvalidRamp) {
+		t.Errorf("a key's 10m ramp on a policy with interval 0 = %v, want ErrInvalidRamp", err)
 	}
 }
 
-func TestRampPolicyValidate(t *testing.T) {
+// TestRampWeightIsTotal: Weight answers for policies that fail Validate
+// (restored from an old snapshot or log) instead of panicking; the answer
+// stays within 0..100.
+func TestRampWeightIsTotal(t *testing.T) {
 	for _, p := range []RampPolicy{
-		{Start: -1, Duration: time.Minute, Interval: time.Second},
-		{Start: 101, Duration: time.Minute, Interval: time.Second},
-		{Start: 10, Duration: -time.Minute, Interval: time.Second},
-		{Start: 10, Duration: time.Minute, Interval: 0},
-		{Start: 10, Duration: time.Minute, Interval: time.Second, Aggression: -1},
+		{Start: 10, Duration: 10 * time.Minute},
+		{Start: 10, Duration: 10 * time.Minute, Interval: -time.Second, Aggression: math.NaN()},
+		{Start: -50, Duration: time.Minute, Interval: time.Second, Aggression: math.Inf(-1)},
+		{Start: 500, Duration: time.Minute, Interval: time.Second, Aggression: 1},
+		{Start: 10, Duration: time.Minute, Interval: time.Nanosecond, Aggression: 1e-300},
+		{Start: 10, Duration: time.Duration(math.MaxInt64), Interval: time.Duration(math.MaxInt64), Aggression: 1e300},
 	} {
-		if err := p.Validate(); !errors.Is(err, ErrInvalidRamp) {
-			t.Errorf("Validate(%+v) = %v, want ErrInvalidRamp", p, err)
+		for _, e := range []time.Duration{math.MinInt64, -1, 0, 1, time.Second, 30 * time.Second, p.Duration, math.MaxInt64} {
+			w, _ := p.Weight(e)
+			if w < 0 || w > 100 {
+				t.Errorf("%+v: Weight(%d) = %d, want 0..100", p, e, w)
+			}
 		}
-	}
-	if err := DefaultRampPolicy().Validate(); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -131,7 +164,9 @@ func TestParseRampPolicy(t *testing.T) {
 	if err != nil || p.Start != 5 || p.Enabled() || p.Interval != base.Interval {
 		t.Fatalf("partial override: %+v %v", p, err)
 	}
-	for _, bad := range []string{`{"start":"lots"}`, `{"duration":"soon"}`, `{"interval":"0"}`, `{"speed":1}`, `nope`, `{"start":"150%"}`} {
+	for _, bad := range []string{`{"start":"lots"}`, `{"duration":"soon"}`, `{"interval":"0"}`, `{"duration":"0","interval":"0"}`, `{"interval":"1ms"}`,
+		`{"duration":"25h"}`, `{"duration":"-1m"}`, `{"duration":10}`, `{"aggression":"fast"}`, `{"aggression":0}`, `{"aggression":-2}`,
+		`{"start":true}`, `{"start":"-5%"}`, `{"from_maint":"yes"}`, `{"duration":"5m"} {"start":1}`, `[]`, `null`, `""`, `{"speed":1}`, `nope`, `{"start":"150%"}`} {
 		got, err := ParseRampPolicy(bad, base)
 		if !errors.Is(err, ErrInvalidRamp) || got != base {
 			t.Errorf("ParseRampPolicy(%s) = %+v, %v; want base and ErrInvalidRamp", bad, got, err)

@@ -76,7 +76,9 @@ func (m *Mirror) startsRamp(before Value, beforeOK bool, p RampPolicy) bool {
 // ramps: a target whose effective state goes from drain (or maint, with
 // FromMaint) to plain ready starts a ramp under policy, or under the key's
 // own "ramp" duration (the new value's, else the old one's); a target that
-// becomes anything but plain ready ends its ramp at once.
+// becomes anything but plain ready ends its ramp at once. A policy that
+// fails Validate, alone or with the key's duration, starts no ramp: the
+// target goes straight to ready 100%, the same way on every replica.
 func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent {
 	type before struct {
 		v        Value
@@ -119,14 +121,16 @@ func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent 
 		if plainReady(b.v, b.ok) || !m.startsRamp(b.v, b.ok, policy) {
 			continue
 		}
-		p := policy
+		p, err := policy, policy.Validate()
 		switch {
+		case err != nil:
+			continue
 		case v.RampSet:
-			p.Duration = v.Ramp
+			p, err = policy.WithDuration(v.Ramp)
 		case b.override != nil:
-			p.Duration = *b.override
+			p, err = policy.WithDuration(*b.override)
 		}
-		if !p.Enabled() {
+		if err != nil || !p.Enabled() {
 			continue
 		}
 		w, _ := p.Weight(0)

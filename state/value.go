@@ -130,17 +130,26 @@ func parseJSON(s string) (Value, error) {
 	return v, nil
 }
 
-// ParseRamp parses a ramp duration: a Go duration ("90s", "10m") or "0".
+// ParseRamp parses a ramp duration: a Go duration ("90s", "10m") up to
+// MaxRampDuration, or "0".
 func ParseRamp(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
 	if s == "0" {
 		return 0, nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return 0, fmt.Errorf("ramp %q: want a duration such as \"10m\", or \"0\" for no ramp", s)
+	if err != nil || d < 0 || d > MaxRampDuration {
+		return 0, fmt.Errorf("ramp %q: want a duration up to %s such as \"10m\", or \"0\" for no ramp", cut(s, 40), MaxRampDuration)
 	}
 	return d, nil
+}
+
+// cut shortens s to at most n bytes for an error message.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 func parseShort(s string) (Value, error) {
@@ -193,12 +202,7 @@ func parsePercent(s string) (int, bool) {
 }
 
 func invalid(raw, why string) error {
-	const max = 80
-	shown := raw
-	if len(shown) > max {
-		shown = shown[:max] + "..."
-	}
-	return fmt.Errorf("%w %q: %s; valid forms: %s", ErrInvalidValue, shown, why, ValidForms)
+	return fmt.Errorf("%w %q: %s; valid forms: %s", ErrInvalidValue, cut(raw, 80), why, ValidForms)
 }
 
 // ParseRequest splits an agent-check request into backend and server. It

@@ -109,6 +109,8 @@ func TestParseValue(t *testing.T) {
 		{name: "JSON ramp empty", raw: `{"state":"ready","ramp":""}`, err: `ramp ""`},
 		{name: "JSON ramp no unit", raw: `{"state":"ready","ramp":"10"}`, err: `ramp "10"`},
 		{name: "JSON ramp number", raw: `{"state":"ready","ramp":600}`, err: "bad JSON"},
+		{name: "JSON ramp above the bound", raw: `{"state":"ready","ramp":"25h"}`, err: `ramp "25h"`},
+		{name: "JSON ramp object", raw: `{"state":"ready","ramp":{"d":"1m"}}`, err: "bad JSON"},
 		{name: "JSON missing state", raw: `{"reason":"x","by":"alice"}`, err: `needs a "state"`},
 		{name: "JSON empty object", raw: `{}`, err: `needs a "state"`},
 		{name: "JSON null state", raw: `{"state":null}`, err: `needs a "state"`},
@@ -233,6 +235,11 @@ func TestParseRamp(t *testing.T) {
 		{in: "10", wantErr: true},
 		{in: "", wantErr: true},
 		{in: "10 m", wantErr: true},
+		{in: "24h", want: 24 * time.Hour},
+		{in: "24h0m1s", wantErr: true},
+		{in: "1000000h", wantErr: true},
+		{in: "99999999999999999999h", wantErr: true},
+		{in: "NaN", wantErr: true},
 	}
 	for _, tt := range tests {
 		got, err := state.ParseRamp(tt.in)
