@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,9 @@ type fsm struct {
 	// lag is called with the time from the leader writing an entry to this
 	// replica applying it; may be nil.
 	lag func(time.Duration)
+	// rejected is called for every entry Apply skips or applies only in
+	// part; may be nil.
+	rejected func(error)
 }
 
 func newFSM() *fsm {
@@ -88,6 +92,13 @@ func (f *fsm) ramps() []state.Ramp {
 
 var _ raft.FSM = (*fsm)(nil)
 
+// Apply is total: no committed entry can crash a replica, since every
+// replica would crash again on it when it replays its log. An entry that
+// cannot be decoded, has an unknown type, or panics while applied is
+// reported (logged and counted) and skipped; an entry whose ramp policy is
+// invalid (written by an older leader that did not validate it) is applied
+// with ramps off. All of this depends on the entry alone, so every replica
+// does the same.
 func (f *fsm) Apply(l *raft.Log) any {
 	defer f.advance(l.Index)
 	if l.Type != raft.LogCommand {
@@ -95,31 +106,59 @@ func (f *fsm) Apply(l *raft.Log) any {
 	}
 	var c command
 	if err := json.Unmarshal(l.Data, &c); err != nil {
-		return fmt.Errorf("raft entry %d: %w", l.Index, err)
+		return f.reject(l.Index, fmt.Errorf("undecodable entry: %w", err))
 	}
 	if f.lag != nil && !c.At.IsZero() {
 		f.lag(time.Since(c.At))
 	}
 	switch c.Type {
 	case cmdKV:
-		f.mu.Lock()
-		events := f.mirror.ApplyAt(c.Change, c.At, c.Ramp)
-		f.kvIndex = c.KVIndex
-		f.publishLocked()
-		f.mu.Unlock()
-		return applyResult{events: events}
+		policy := c.Ramp
+		if err := policy.Validate(); err != nil && policy != (state.RampPolicy{}) {
+			f.reject(l.Index, fmt.Errorf("%w; the change is applied without ramps", err))
+			policy = state.RampPolicy{}
+		}
+		return f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent {
+			events := m.ApplyAt(c.Change, c.At, policy)
+			f.kvIndex = c.KVIndex
+			return events
+		})
 	case cmdRamp:
-		f.mu.Lock()
-		events := f.mirror.ApplySteps(c.Steps)
-		f.publishLocked()
-		f.mu.Unlock()
+		res := f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent { return m.ApplySteps(c.Steps) })
 		if f.stepped != nil {
 			f.stepped(len(c.Steps.Weights) + len(c.Steps.Done))
 		}
-		return applyResult{events: events}
+		return res
 	default:
-		return fmt.Errorf("raft entry %d: unknown type %q (written by a newer hastate? upgrade this replica)", l.Index, c.Type)
+		return f.reject(l.Index, fmt.Errorf("unknown type %q (written by a newer hastate? upgrade this replica)", c.Type))
 	}
+}
+
+// mutate runs apply on the mirror under the lock and publishes the result.
+// A panic in apply is reported instead of crashing the replica; what the
+// mirror holds then is still published, so serving matches the mirror.
+func (f *fsm) mutate(index uint64, apply func(*state.Mirror) []state.RampEvent) (res any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	defer func() {
+		if r := recover(); r != nil {
+			f.publishLocked()
+			res = f.reject(index, fmt.Errorf("panic while applying: %v\n%s", r, debug.Stack()))
+		}
+	}()
+	events := apply(f.mirror)
+	f.publishLocked()
+	return applyResult{events: events}
+}
+
+// reject reports an entry the FSM cannot apply as it stands and returns the
+// error for the leader that wrote it.
+func (f *fsm) reject(index uint64, err error) error {
+	err = fmt.Errorf("raft entry %d: %w", index, err)
+	if f.rejected != nil {
+		f.rejected(err)
+	}
+	return err
 }
 
 // advance records that the mirror holds the entries up to i.

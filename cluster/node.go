@@ -103,6 +103,10 @@ func (o *Options) validate() error {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
+	o.Ramp = o.Ramp.WithDefaults()
+	if err := o.Ramp.Validate(); err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
 	if o.KVFailoverAfter == 0 {
 		o.KVFailoverAfter = 30 * time.Second
 	}
@@ -162,6 +166,10 @@ func New(o Options) (*Node, error) {
 	n.fsm = newFSM()
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
+	n.fsm.rejected = func(err error) {
+		n.metrics.applyErrors.Inc()
+		n.log.Error("raft entry not applied as written; every replica skips it the same way (report this with the entry's index)", zap.Error(err))
+	}
 
 	store, err := raftboltdb.NewBoltStore(filepath.Join(o.DataDir, "raft.db"))
 	if err != nil {

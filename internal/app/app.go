@@ -94,6 +94,7 @@ func (o *Options) validate() error {
 		}
 		o.RaftAdvertise = net.JoinHostPort(o.NodeID, port)
 	}
+	o.Ramp = o.Ramp.WithDefaults()
 	if err := o.Ramp.Validate(); err != nil {
 		return fmt.Errorf("ramp flags: %w", err)
 	}
