@@ -197,3 +197,40 @@ func TestRampsSurviveExportRestore(t *testing.T) {
 		t.Fatalf("resolution %+v", res)
 	}
 }
+
+// TestRampEntriesBoundedByWeights: weights are whole percents, so however
+// small the interval, a leader that asks for steps at every tick writes at
+// most one entry per weight change plus the end: about 100 per ramp. Asked
+// every millisecond with a 1ms interval (a schedule of 600,000 steps), a
+// ramp from 10% costs at most 91 entries, and no entry is empty.
+func TestRampEntriesBoundedByWeights(t *testing.T) {
+	for _, p := range []RampPolicy{
+		{Start: 10, Duration: 10 * time.Minute, Interval: time.Millisecond, Aggression: 1},
+		{Start: 0, Duration: 10 * time.Minute, Interval: time.Millisecond, Aggression: 0.2},
+		{Start: 10, Duration: 10 * time.Minute, Interval: MinRampInterval, Aggression: 5},
+	} {
+		// Started directly: a 1ms interval fails Validate today, but a
+		// ramp restored from an older snapshot may carry one.
+		m := NewMirror()
+		m.Apply(Change{})
+		w, _ := p.Weight(0)
+		m.ramps["web/a"] = &Ramp{Target: "web/a", Started: t0, Policy: p, Weight: w}
+		entries := 0
+		for now := t0; len(m.Ramps()) > 0; now = now.Add(time.Millisecond) {
+			s := NextSteps(m.Ramps(), now)
+			if s.Empty() {
+				continue
+			}
+			entries++
+			before := m.Ramps()[0].Weight
+			m.ApplySteps(s)
+			if len(m.Ramps()) > 0 && m.Ramps()[0].Weight == before {
+				t.Fatalf("%+v: entry %d at %s changed no weight: %+v", p, entries, now.Sub(t0), s)
+			}
+		}
+		if max := 100 - p.Start + 1; entries > max || entries < 2 {
+			t.Errorf("%+v: %d entries for one ramp, want at most %d", p, entries, max)
+		}
+		t.Logf("interval %s aggression %v: %d entries for one ramp from %d%%", p.Interval, p.Aggression, entries, p.Start)
+	}
+}
