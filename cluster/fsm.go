@@ -179,12 +179,23 @@ func (f *fsm) publishLocked() {
 	}
 }
 
-// diff returns the change that turns the mirror into kv, and whether the
-// mirror already holds state.
-func (f *fsm) diff(kv map[string]string) (state.Change, bool) {
+// diff returns the change that turns the mirror into kv, the values the
+// changed keys hold now (absent keys are missing), and whether the mirror
+// already holds state.
+func (f *fsm) diff(kv map[string]string) (c state.Change, old map[string]string, synced bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.mirror.Diff(kv), f.mirror.Synced()
+	c = f.mirror.Diff(kv)
+	old = make(map[string]string, len(c.Set)+len(c.Delete))
+	for k := range c.Set {
+		if v, ok := f.mirror.Raw(k); ok {
+			old[k] = v
+		}
+	}
+	for _, k := range c.Delete {
+		old[k], _ = f.mirror.Raw(k)
+	}
+	return c, old, f.mirror.Synced()
 }
 
 func (f *fsm) info() (kvIndex uint64, keys int, synced bool) {

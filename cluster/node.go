@@ -279,7 +279,7 @@ func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) 
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
 	}
-	change, synced := n.fsm.diff(kv)
+	change, old, synced := n.fsm.diff(kv)
 	if change.Empty() && synced {
 		return nil
 	}
@@ -288,7 +288,9 @@ func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) 
 	if err != nil {
 		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
 	}
-	n.log.Info("kv change applied", zap.Uint64("kv_index", index), zap.Int("set", len(change.Set)), zap.Int("deleted", len(change.Delete)), zap.Uint64("raft_index", raftIndex))
+	n.log.Info("kv change applied", append([]zap.Field{zap.Uint64("kv_index", index), zap.Uint64("raft_index", raftIndex),
+		zap.Int("set", len(change.Set)), zap.Int("deleted", len(change.Delete))}, changeFields(change, old)...)...)
+	n.logInvalid(change)
 	n.logRampEvents(res.events)
 	return nil
 }
@@ -341,9 +343,9 @@ func (n *Node) rampPolicy(kv map[string]string) state.RampPolicy {
 	p, err := state.ParseRampPolicy(raw, n.opts.Ramp)
 	if err != nil {
 		n.metrics.rampPolicyInvalid.Set(1)
-		if n.lastBadPolicy.Swap(&raw) == nil || *n.lastBadPolicy.Load() != raw {
+		if prev := n.lastBadPolicy.Swap(&raw); prev == nil || *prev != raw {
 			n.log.Warn("ignoring invalid ramp policy in KV; the --ramp-* flags apply (fix or delete the key)",
-				zap.String("key", RampConfigKey), zap.String("value", raw), zap.Error(err))
+				zap.String("key", RampConfigKey), zap.String("value", cutValue(raw)), zap.Error(err))
 		}
 		return n.opts.Ramp
 	}

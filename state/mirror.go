@@ -117,11 +117,25 @@ func newEntry(key string) *Entry {
 	return e
 }
 
+func keyError(key string) error {
+	return fmt.Errorf("%w %q: want %s<backend>/<server> or %s<backend>/%s",
+		ErrInvalidKey, cut(key, 80), StatePrefix, StatePrefix, Wildcard)
+}
+
+// CheckKV reports why a key under state/ and its value are ignored (the
+// key's shape, else the value), or nil when they are valid.
+func CheckKV(key, raw string) error {
+	if newEntry(key).Backend == "" {
+		return keyError(key)
+	}
+	_, err := ParseValue(raw)
+	return err
+}
+
 func (e *Entry) set(raw string) {
 	e.Raw = raw
 	if e.Backend == "" {
-		e.Err = fmt.Errorf("%w %q: want %s<backend>/<server> or %s<backend>/%s",
-			ErrInvalidKey, e.Key, StatePrefix, StatePrefix, Wildcard).Error()
+		e.Err = keyError(e.Key).Error()
 		return
 	}
 	v, err := ParseValue(raw)
@@ -172,6 +186,12 @@ func Restore(p Persisted) *Mirror {
 	}
 	m.synced = p.Synced
 	return m
+}
+
+// Raw returns the mirrored raw value of a key.
+func (m *Mirror) Raw(key string) (string, bool) {
+	v, ok := m.raw[key]
+	return v, ok
 }
 
 // KV returns a copy of the mirrored KV content.
