@@ -23,6 +23,8 @@ type metrics struct {
 	rampsActive, serverWeight *prometheus.Desc
 
 	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
+
+	kvSyncAge, kvReachable, leaderless *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -53,6 +55,12 @@ func newMetrics(n *Node) *metrics {
 		term:        prometheus.NewDesc("hastate_raft_term", "Current raft term.", nil, nil),
 		keys:        prometheus.NewDesc("hastate_state_keys", "State keys in the mirror by validity.", []string{"validity"}, nil),
 		holds:       prometheus.NewDesc("hastate_state_held", "1 when the replica holds state (a KV sync or a restored snapshot).", nil, nil),
+		kvSyncAge: prometheus.NewDesc("hastate_kv_sync_age_seconds",
+			"Cluster-wide, the same on every replica: seconds since the raft leader last knew its mirror held Consul's KV content (the leader's report, aged since; before any sync, seconds since this replica started). A few seconds when healthy.", nil, nil),
+		kvReachable: prometheus.NewDesc("hastate_kv_reachable",
+			"Cluster-wide, the same on every replica: 1 when the raft leader reads Consul and its watch is delivering, as the leader reported within the last 5s; 0 otherwise (Consul down, no leader).", nil, nil),
+		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
+			"Seconds this replica has been without a known raft leader (0 with one); it keeps serving its last state meanwhile.", nil, nil),
 	}
 }
 
@@ -67,7 +75,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- m.rampsActive
 	ch <- m.serverWeight
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless} {
 		ch <- d
 	}
 }
@@ -114,4 +122,15 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		held = 1
 	}
 	ch <- prometheus.MustNewConstMetric(m.holds, prometheus.GaugeValue, held)
+	kv := m.n.KVView()
+	ch <- prometheus.MustNewConstMetric(m.kvSyncAge, prometheus.GaugeValue, kv.SyncAgeSeconds)
+	ch <- prometheus.MustNewConstMetric(m.kvReachable, prometheus.GaugeValue, boolGauge(kv.Reachable))
+	ch <- prometheus.MustNewConstMetric(m.leaderless, prometheus.GaugeValue, m.n.leaderless().Seconds())
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -142,6 +142,7 @@ type Node struct {
 
 	caughtUp      atomic.Bool
 	lastBadPolicy atomic.Pointer[string]
+	kvState
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -160,6 +161,8 @@ func New(o Options) (*Node, error) {
 		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
 	}
 	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{})}
+	n.started = time.Now()
+	n.leaderSeen.Store(n.started.UnixNano())
 	// The metrics exist before raft starts: the FSM reports into them as
 	// soon as raft applies an entry.
 	n.metrics = newMetrics(n)
@@ -257,10 +260,11 @@ func New(o Options) (*Node, error) {
 	r.RegisterObserver(n.observer)
 
 	sl.serveQueries()
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)
 	go n.catchUpLoop()
+	go n.leaderReportLoop()
 	return n, nil
 }
 
@@ -486,14 +490,6 @@ func (n *Node) leaderDuty(ctx context.Context) {
 	wg.Wait()
 }
 
-// ConsulHealth is one node's view of its Consul.
-type ConsulHealth struct {
-	Reachable bool
-	// FailingSince is when Consul became unreachable (zero when reachable).
-	FailingSince time.Time
-	Checked      time.Time
-}
-
 func (n *Node) peerStatus() PeerStatus {
 	st := PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load()}
 	if lc := n.raft.LastContact(); !lc.IsZero() && n.raft.State() != raft.Leader {
@@ -502,6 +498,10 @@ func (n *Node) peerStatus() PeerStatus {
 	if n.opts.ConsulHealth != nil {
 		h := n.opts.ConsulHealth()
 		st.ConsulReachable, st.ConsulChecked = h.Reachable, h.Checked
+	}
+	if n.raft.State() == raft.Leader {
+		v := n.KVView()
+		st.KVSynced, st.KVSyncAgeSeconds = v.Synced, v.SyncAgeSeconds
 	}
 	return st
 }
@@ -564,56 +564,6 @@ func (n *Node) dialAddress(s raft.Server) string {
 		return a
 	}
 	return string(s.Address)
-}
-
-// kvFailoverLoop hands leadership to a follower that can reach Consul when
-// this leader has not reached it for KVFailoverAfter.
-func (n *Node) kvFailoverLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	var lastAttempt time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		h := n.opts.ConsulHealth()
-		if h.Reachable || h.FailingSince.IsZero() || time.Since(h.FailingSince) < n.opts.KVFailoverAfter ||
-			time.Since(lastAttempt) < n.opts.KVFailoverAfter {
-			continue
-		}
-		lastAttempt = time.Now()
-		if target, ok := n.reachableFollower(); ok {
-			n.log.Warn("leader cannot reach Consul; handing leadership to a follower that can",
-				zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)), zap.String("to", string(target.ID)))
-			if err := n.raft.LeadershipTransferToServer(target.ID, target.Address).Error(); err != nil {
-				n.log.Warn("leadership transfer for Consul failover failed; will retry", zap.Error(err))
-			} else {
-				n.metrics.kvFailovers.Inc()
-			}
-			continue
-		}
-		n.log.Warn("leader cannot reach Consul and no follower reports it can; keeping leadership and serving the last state",
-			zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)))
-	}
-}
-
-func (n *Node) reachableFollower() (raft.Server, bool) {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return raft.Server{}, false
-	}
-	statuses := n.PeerStatuses(2 * time.Second)
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == n.opts.ID || s.Suffrage != raft.Voter {
-			continue
-		}
-		if st, ok := statuses[string(s.ID)]; ok && st.ConsulReachable {
-			return s, true
-		}
-	}
-	return raft.Server{}, false
 }
 
 func (n *Node) observeLoop(obs <-chan raft.Observation) {
@@ -682,6 +632,9 @@ func (n *Node) Ready() (bool, string) {
 	case !caught:
 		return false, "holds state but has not caught up with a raft leader since start (check peers and the raft port)"
 	}
+	if w := n.KVView().Warning; w != "" {
+		return true, "holds state and caught up with a leader; " + w
+	}
 	return true, "holds state and caught up with a leader"
 }
 
@@ -702,6 +655,11 @@ type Info struct {
 	KVDigest     string       `json:"kv_digest"` // equal on replicas that hold the same KV content
 	HoldsState   bool         `json:"holds_state"`
 	CaughtUp     bool         `json:"caught_up"`
+	// KV is the cluster's view of the Consul sync (the leader's report).
+	KV KVView `json:"kv"`
+	// LeaderlessSeconds is how long this node has been without a known
+	// leader (0 with one); it keeps serving its last state meanwhile.
+	LeaderlessSeconds float64 `json:"leaderless_seconds"`
 }
 
 // MemberInfo is one member of the raft configuration.
@@ -723,7 +681,7 @@ func (n *Node) Info() Info {
 		NodeID: n.opts.ID, State: stateName(n.raft.State()), LeaderID: string(lid), LeaderAddr: string(addr),
 		AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
 		KVIndex: kvIndex, KVKeys: keys, KVDigest: n.fsm.digest(), HoldsState: synced, CaughtUp: n.caughtUp.Load(),
-		Members: []MemberInfo{},
+		KV: n.KVView(), LeaderlessSeconds: n.leaderless().Seconds(), Members: []MemberInfo{},
 	}
 	if lc := n.raft.LastContact(); !lc.IsZero() && in.State != "leader" {
 		in.LastContact = time.Since(lc).Round(time.Millisecond).String()

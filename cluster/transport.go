@@ -40,6 +40,10 @@ type PeerStatus struct {
 	// (raft's applied index may run ahead while entries wait in the FSM's
 	// queue).
 	StateIndex uint64 `json:"state_index"`
+	// KVSynced and KVSyncAgeSeconds are the leader's KV sync report
+	// (see KVView); a leader's ConsulReachable includes its watch.
+	KVSynced         bool    `json:"kv_synced,omitempty"`
+	KVSyncAgeSeconds float64 `json:"kv_sync_age_seconds,omitempty"`
 }
 
 // streamLayer is raft's network layer over plain TCP (or mutual TLS). It

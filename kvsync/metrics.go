@@ -27,27 +27,27 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hastate_kv_last_success_timestamp_seconds",
-			Help: "Unix time of the last Consul KV read that the sink is in sync with.",
+			Help: "Leader only (on followers: the last time this replica led): Unix time of the last Consul KV read that the raft mirror is in sync with. For alerts use the cluster-wide hastate_kv_sync_age_seconds.",
 		}),
 		index: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hastate_kv_index",
-			Help: "Consul index (X-Consul-Index) of the last KV read of the prefix.",
+			Help: "Leader only (on followers: the last time this replica led): Consul index (X-Consul-Index) of the last KV read of the prefix.",
 		}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_kv_sync_errors_total",
-			Help: "Failed KV syncs: Consul reads that failed and sink applies that failed.",
+			Help: "Failed KV syncs while this replica led: Consul reads that failed and raft applies of a read that failed.",
 		}),
 		reachable: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "hastate_kv_reachable",
-			Help: "1 if the last Consul KV read succeeded, else 0.",
+			Name: "hastate_kv_watch_reachable",
+			Help: "Leader only (on followers: the last time this replica led): 1 if the watch's last Consul KV read succeeded, else 0. It changes only when a blocking query returns (up to a minute); for alerts use the cluster-wide hastate_kv_reachable.",
 		}),
 		keys: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hastate_kv_keys",
-			Help: "Number of keys under the prefix in the last KV read.",
+			Help: "Leader only (on followers: the last time this replica led): number of keys under the prefix in the last KV read.",
 		}),
 		updates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_kv_updates_total",
-			Help: "Changed KV reads handed to the sink successfully.",
+			Help: "Changed KV reads this replica applied to raft while it led.",
 		}),
 	}
 	if reg != nil {

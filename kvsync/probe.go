@@ -19,10 +19,19 @@ type Probe struct {
 	o         ProbeOptions
 	reachable prometheus.Gauge
 
-	mu           sync.Mutex
-	ok           bool
-	failingSince time.Time
-	checked      time.Time
+	mu sync.Mutex
+	h  ProbeHealth
+}
+
+// ProbeHealth is the result of a Probe's checks.
+type ProbeHealth struct {
+	// Reachable: the last check succeeded.
+	Reachable bool
+	// FailingSince is when checks began to fail (zero when reachable).
+	FailingSince time.Time
+	// Checked is when the last check ended, LastOK when the last
+	// successful one did.
+	Checked, LastOK time.Time
 }
 
 // ProbeOptions configure a Probe. Client and Prefix are required.
@@ -85,25 +94,25 @@ func (p *Probe) check(ctx context.Context) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.checked = now
+	h := &p.h
+	h.Checked = now
 	switch {
-	case err == nil && !p.ok:
-		if !p.failingSince.IsZero() {
-			p.o.Logger.Info("Consul reachable again from this replica", zap.Duration("was_down_for", now.Sub(p.failingSince).Round(time.Millisecond)))
+	case err == nil:
+		if !h.Reachable && !h.FailingSince.IsZero() {
+			p.o.Logger.Info("Consul reachable again from this replica", zap.Duration("was_down_for", now.Sub(h.FailingSince).Round(time.Millisecond)))
 		}
-		p.ok, p.failingSince = true, time.Time{}
+		h.Reachable, h.FailingSince, h.LastOK = true, time.Time{}, now
 		p.reachable.Set(1)
-	case err != nil && (p.ok || p.failingSince.IsZero()):
+	case h.Reachable || h.FailingSince.IsZero():
 		p.o.Logger.Warn("Consul not reachable from this replica (check CONSUL_HTTP_ADDR / --consul-addr, TLS and token)", zap.Error(err))
-		p.ok, p.failingSince = false, now
+		h.Reachable, h.FailingSince = false, now
 		p.reachable.Set(0)
 	}
 }
 
-// Health reports the last check: reachable, since when it has been failing
-// (zero when reachable), and when it was checked.
-func (p *Probe) Health() (reachable bool, failingSince, checked time.Time) {
+// Health reports the checks so far.
+func (p *Probe) Health() ProbeHealth {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.ok, p.failingSince, p.checked
+	return p.h
 }

@@ -32,8 +32,10 @@ type Status struct {
 	LastErrorTime time.Time `json:"last_error_time"`
 	// Index is the Consul index of the last successful read.
 	Index uint64 `json:"index"`
-	// ConsecutiveErrors counts failures since the last success.
-	ConsecutiveErrors int `json:"consecutive_errors"`
+	// ConsecutiveErrors counts failures since the last success, and
+	// FailingSince is when the first of them happened (zero with none).
+	ConsecutiveErrors int       `json:"consecutive_errors"`
+	FailingSince      time.Time `json:"failing_since,omitzero"`
 	// Reachable is true when the last Consul read succeeded.
 	Reachable bool `json:"reachable"`
 }
@@ -205,6 +207,9 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	w.m.errors.Inc()
 	w.mu.Lock()
 	w.st.LastError, w.st.LastErrorTime, w.st.ConsecutiveErrors = err.Error(), now, failures
+	if failures == 1 {
+		w.st.FailingSince = now
+	}
 	if consul {
 		w.st.Reachable = false
 	}
@@ -246,7 +251,7 @@ func (w *Watcher) succeeded() {
 	now := w.o.Now()
 	w.m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
 	w.mu.Lock()
-	w.st.LastSuccess, w.st.ConsecutiveErrors = now, 0
+	w.st.LastSuccess, w.st.ConsecutiveErrors, w.st.FailingSince = now, 0, time.Time{}
 	w.mu.Unlock()
 }
 

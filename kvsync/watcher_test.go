@@ -224,7 +224,7 @@ func TestWatcherErrorsBackOffLogAndRecover(t *testing.T) {
 	for name, want := range map[string]float64{
 		"hastate_kv_sync_errors_total":              6,
 		"hastate_kv_updates_total":                  1,
-		"hastate_kv_reachable":                      1,
+		"hastate_kv_watch_reachable":                      1,
 		"hastate_kv_index":                          9,
 		"hastate_kv_keys":                           1,
 		"hastate_kv_last_success_timestamp_seconds": float64(now.Unix()),
@@ -255,8 +255,8 @@ func TestWatcherStatusWhileFailing(t *testing.T) {
 	if st.Reachable || !st.LastSuccess.IsZero() || !strings.Contains(st.LastError, "connection refused") {
 		t.Errorf("status = %+v, want unreachable, never succeeded, the error", st)
 	}
-	if got := gauge(t, reg, "hastate_kv_reachable"); got != 0 {
-		t.Errorf("hastate_kv_reachable = %v, want 0", got)
+	if got := gauge(t, reg, "hastate_kv_watch_reachable"); got != 0 {
+		t.Errorf("hastate_kv_watch_reachable = %v, want 0", got)
 	}
 }
 
@@ -331,7 +331,7 @@ func TestMetricsRegisterOnce(t *testing.T) {
 		"hastate_kv_index",
 		"hastate_kv_keys",
 		"hastate_kv_last_success_timestamp_seconds",
-		"hastate_kv_reachable",
+		"hastate_kv_watch_reachable",
 		"hastate_kv_sync_errors_total",
 		"hastate_kv_updates_total",
 	}

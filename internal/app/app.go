@@ -245,6 +245,7 @@ func (a *App) watchConsul(ctx context.Context) {
 		return
 	}
 	a.watcher.Store(w)
+	defer a.watcher.Store(nil)
 	a.log.Info("leader: watching Consul KV", zap.String("prefix", a.o.KVPrefix))
 	_ = w.Run(ctx)
 	a.log.Info("leader duty ended: Consul watch stopped")
@@ -266,9 +267,33 @@ func (a *App) sweepPollers(ctx context.Context) {
 	}
 }
 
+// consulHealth is this replica's view of Consul: its probe's, and on the
+// leader also whether the watch is delivering. A blocking query only returns
+// every minute when nothing changes, so the probe (every 2s) is what keeps
+// SyncedAt fresh while the watch waits and what notices a dead Consul fast.
 func (a *App) consulHealth() cluster.ConsulHealth {
-	ok, since, checked := a.probe.Health()
-	return cluster.ConsulHealth{Reachable: ok, FailingSince: since, Checked: checked}
+	p := a.probe.Health()
+	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked}
+	w := a.watcher.Load()
+	if w == nil {
+		return h
+	}
+	switch st := w.Status(); {
+	case st.ConsecutiveErrors > 0:
+		// Consul answers the probe, but the watch fails to read or to
+		// apply: the mirror is not in sync.
+		h.Reachable = false
+		if h.FailingSince.IsZero() || st.FailingSince.Before(h.FailingSince) {
+			h.FailingSince = st.FailingSince
+		}
+		h.SyncedAt = st.LastSuccess
+	case !st.LastSuccess.IsZero():
+		h.SyncedAt = st.LastSuccess
+		if p.LastOK.After(h.SyncedAt) {
+			h.SyncedAt = p.LastOK
+		}
+	}
+	return h
 }
 
 // AgentAddr and HTTPAddr are the bound addresses (useful with port 0).

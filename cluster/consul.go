@@ -1,0 +1,210 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"go.uber.org/zap"
+)
+
+// This file holds what the cluster knows about Consul: each node's own
+// reachability (for the leader's Consul failover) and the cluster-wide view
+// of the KV sync, which is the leader's report and reads the same on every
+// replica.
+
+// ConsulHealth is one node's view of its Consul, from the wiring.
+type ConsulHealth struct {
+	// Reachable: this node can read the KV prefix and, on the leader, its
+	// watch is delivering (not failing reads or applies).
+	Reachable bool
+	// FailingSince is when Consul became unreachable (zero when reachable).
+	FailingSince time.Time
+	Checked      time.Time
+	// SyncedAt is, on the leader, the last time its mirror was known to
+	// hold Consul's content; zero when it has not synced in this term.
+	SyncedAt time.Time
+}
+
+// KVView is the cluster's view of its Consul sync: what the leader
+// reported, aged by the time since. Every replica computes the same, so one
+// alert or dashboard expression works on any of them.
+type KVView struct {
+	// LeaderID is the leader whose report this is ("" when none is known).
+	LeaderID string `json:"leader_id"`
+	// Known: this node leads, or its leader answered the status query
+	// within kvReportFresh. Without a fresh report, Reachable is false.
+	Known bool `json:"known"`
+	// Reachable: the leader reads Consul and its watch is delivering.
+	Reachable bool `json:"reachable"`
+	// Synced: a leader has synced KV since this replica started (or in
+	// the report it holds); SyncAge is then the time since it last was
+	// in sync, else the time since this replica started.
+	Synced         bool          `json:"synced"`
+	SyncAge        time.Duration `json:"-"`
+	SyncAgeSeconds float64       `json:"sync_age_seconds"`
+	// Warning says what is wrong, e.g. "Consul not synced for 42s"; empty
+	// when the sync is current.
+	Warning string `json:"warning,omitempty"`
+}
+
+// Bounds of the KV view.
+const (
+	// kvReportEvery is how often a follower asks its leader for the report.
+	kvReportEvery = time.Second
+	// kvReportFresh is how old a follower's last report may be before it
+	// stops trusting it (the leader is gone or partitioned away).
+	kvReportFresh = 5 * time.Second
+	// kvStaleAfter is the sync age past which a reachable Consul still
+	// gets a warning (the watch is stuck, or the leader cannot apply).
+	kvStaleAfter = 15 * time.Second
+)
+
+// kvReport is the last report a follower received from its leader.
+type kvReport struct {
+	leader    string
+	reachable bool
+	synced    bool
+	age       time.Duration // as the leader computed it
+	at        time.Time     // when it arrived (monotonic)
+}
+
+// KVView returns the cluster's view of its Consul sync.
+func (n *Node) KVView() KVView {
+	now := time.Now()
+	var v KVView
+	if n.raft.State() == raft.Leader && n.opts.ConsulHealth != nil {
+		h := n.opts.ConsulHealth()
+		v = KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable}
+		if !h.SyncedAt.IsZero() {
+			v.Synced, v.SyncAge = true, max(now.Sub(h.SyncedAt), 0)
+		} else if r := n.kvReport.Load(); r != nil && r.synced {
+			// Not synced in this term yet: the last leader's sync is
+			// the last one known.
+			v.Synced, v.SyncAge = true, r.age+now.Sub(r.at)
+		}
+	} else if r := n.kvReport.Load(); r != nil {
+		v = KVView{LeaderID: r.leader, Synced: r.synced, SyncAge: r.age + now.Sub(r.at)}
+		v.Known = now.Sub(r.at) <= kvReportFresh
+		v.Reachable = v.Known && r.reachable
+	}
+	if !v.Synced {
+		v.SyncAge = now.Sub(n.started)
+	}
+	v.SyncAgeSeconds = v.SyncAge.Seconds()
+	v.Warning = kvWarning(v)
+	return v
+}
+
+func kvWarning(v KVView) string {
+	age := v.SyncAge.Round(time.Second)
+	switch {
+	case !v.Synced:
+		return fmt.Sprintf("Consul not synced: no leader has mirrored KV in the %s since this replica started (check the leader's logs and Consul)", age)
+	case !v.Known:
+		return fmt.Sprintf("Consul not synced for %s: no raft leader is reporting (check the raft peers); serving the last state", age)
+	case !v.Reachable:
+		return fmt.Sprintf("Consul not synced for %s: the leader %s cannot read it (check Consul and the leader's logs); serving the last state", age, v.LeaderID)
+	case v.SyncAge > kvStaleAfter:
+		return fmt.Sprintf("Consul not synced for %s (check the leader %s's logs)", age, v.LeaderID)
+	}
+	return ""
+}
+
+// leaderReportLoop keeps, on a follower, the leader's last KV report and
+// when this node last knew a leader.
+func (n *Node) leaderReportLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(kvReportEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		addr, id := n.raft.LeaderWithID()
+		if id != "" {
+			n.leaderSeen.Store(time.Now().UnixNano())
+		}
+		if id == "" || string(id) == n.opts.ID {
+			continue
+		}
+		st, err := n.stream.queryStatus(n.dialAddress(raft.Server{ID: id, Address: addr}), kvReportEvery)
+		if err != nil || st.ID != string(id) || st.State != stateName(raft.Leader) {
+			continue
+		}
+		n.kvReport.Store(&kvReport{leader: st.ID, reachable: st.ConsulReachable, synced: st.KVSynced,
+			age: time.Duration(st.KVSyncAgeSeconds * float64(time.Second)), at: time.Now()})
+	}
+}
+
+// leaderless is how long this node has been without a known leader (0 with
+// one).
+func (n *Node) leaderless() time.Duration {
+	if _, id := n.raft.LeaderWithID(); id != "" {
+		n.leaderSeen.Store(time.Now().UnixNano())
+		return 0
+	}
+	return time.Since(time.Unix(0, n.leaderSeen.Load()))
+}
+
+// kvState is the part of a node that follows the leader's KV report.
+type kvState struct {
+	kvReport   atomic.Pointer[kvReport]
+	leaderSeen atomic.Int64 // unix nanoseconds
+	started    time.Time
+}
+
+// kvFailoverLoop hands leadership to a follower that can reach Consul when
+// this leader has not reached it for KVFailoverAfter.
+func (n *Node) kvFailoverLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var lastAttempt time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		h := n.opts.ConsulHealth()
+		if h.Reachable || h.FailingSince.IsZero() || time.Since(h.FailingSince) < n.opts.KVFailoverAfter ||
+			time.Since(lastAttempt) < n.opts.KVFailoverAfter {
+			continue
+		}
+		lastAttempt = time.Now()
+		if target, ok := n.reachableFollower(); ok {
+			n.log.Warn("leader cannot reach Consul; handing leadership to a follower that can",
+				zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)), zap.String("to", string(target.ID)))
+			if err := n.raft.LeadershipTransferToServer(target.ID, target.Address).Error(); err != nil {
+				n.log.Warn("leadership transfer for Consul failover failed; will retry", zap.Error(err))
+			} else {
+				n.metrics.kvFailovers.Inc()
+			}
+			continue
+		}
+		n.log.Warn("leader cannot reach Consul and no follower reports it can; keeping leadership and serving the last state",
+			zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)))
+	}
+}
+
+func (n *Node) reachableFollower() (raft.Server, bool) {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return raft.Server{}, false
+	}
+	statuses := n.PeerStatuses(2 * time.Second)
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == n.opts.ID || s.Suffrage != raft.Voter {
+			continue
+		}
+		if st, ok := statuses[string(s.ID)]; ok && st.ConsulReachable {
+			return s, true
+		}
+	}
+	return raft.Server{}, false
+}
+
