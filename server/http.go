@@ -157,6 +157,17 @@ func parseLimit(r *http.Request) (int, error) {
 	return n, nil
 }
 
+// limitOf reads ?limit for a JSON list; when it is bad it answers 400
+// with what to send and returns false.
+func limitOf(w http.ResponseWriter, r *http.Request) (int, bool) {
+	n, err := parseLimit(r)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return 0, false
+	}
+	return n, true
+}
+
 // cut returns the first limit rows of rows, and whether it cut any.
 func cut[T any](rows []T, limit int) ([]T, bool) {
 	if len(rows) <= limit {
@@ -259,9 +270,8 @@ type PollersView struct {
 }
 
 func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
-	limit, err := parseLimit(r)
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+	limit, ok := limitOf(w, r)
+	if !ok {
 		return
 	}
 	v := PollersView{Scope: "replica", Pollers: h.localPolls()}
@@ -287,12 +297,9 @@ func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *httpAPI) stateAll(w http.ResponseWriter, r *http.Request) {
-	limit, err := parseLimit(r)
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
-		return
+	if limit, ok := limitOf(w, r); ok {
+		writeJSON(w, http.StatusOK, h.view(limit))
 	}
-	writeJSON(w, http.StatusOK, h.view(limit))
 }
 
 func (h *httpAPI) stateOne(w http.ResponseWriter, r *http.Request) {

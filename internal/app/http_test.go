@@ -2,10 +2,8 @@ package app
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/internal/testenv"
-	"go.uber.org/zap/zaptest"
 )
 
 // The HTTP port holds no one forever: 300 idle TCP connections to it do not
@@ -24,20 +21,10 @@ import (
 func TestHTTPPortHoldsNoOneForever(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	consul.Put(t, "hastate/state/web/a", "drain")
-	raft := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	const idle, read = 400 * time.Millisecond, time.Second
-	a, err := New(Options{
-		NodeID: "h", AgentAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RaftAddr: raft, RaftAdvertise: raft,
-		DataDir: t.TempDir(), ConsulAddr: consul.Addr(), Logger: zaptest.NewLogger(t),
-		HTTPIdleTimeout: idle, HTTPReadTimeout: read, PollersMax: 2,
+	a := startApp(t, consul.Addr(), "h", func(o *Options) {
+		o.HTTPIdleTimeout, o.HTTPReadTimeout, o.PollersMax = idle, read, 2
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Stop(context.Background()) })
 	eventually(t, 10*time.Second, func() bool { return ask(t, a, "web/a") == "drain\n" }, "replica never answered drain")
 
 	t.Run("idle connections", func(t *testing.T) {
