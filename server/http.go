@@ -313,10 +313,18 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 }).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>hastate</title>
 <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.bad{color:#b00}</style></head><body>
 <h1>hastate</h1><p>{{.Ready}} — generated {{now}}. JSON: <a href="/v1/state">/v1/state</a>, <a href="/v1/cluster">/v1/cluster</a>, <a href="/-/metrics">/-/metrics</a></p>
-{{with .Cut}}<p class="bad" id="truncated">showing {{count .Shown}} of {{count .Total}} servers; add <a href="/?limit={{.More}}">?limit={{.More}}</a> to see more (at most {{count .Max}})</p>{{end}}
+{{with .Cut}}<p class="bad" id="truncated">showing {{count .Shown}} of {{count .Total}} servers; {{if lt .Shown .More}}add <a href="/?limit={{.More}}">?limit={{.More}}</a> to see more (at most {{count .Max}}){{else}}no page shows more; read one server at /v1/state/&lt;backend&gt;/&lt;server&gt;{{end}}</p>{{end}}
 <table><tr><th>backend</th><th>server</th><th>answer</th><th>value</th><th>ramp</th><th>reason</th><th>by</th><th>error</th></tr>
 {{range .View.Servers}}<tr><td>{{.Backend}}</td><td>{{.Server}}</td><td>{{if .Withheld}}(withheld){{else}}{{.Answer}}{{end}}</td><td>{{.Value}}</td><td>{{with .Ramping}}{{.WeightPercent}}% until {{.ETA.Format "15:04:05"}}{{end}}</td><td>{{.Reason}}</td><td>{{.By}}</td><td class="bad">{{.Error}}</td></tr>
 {{end}}</table></body></html>`))
+
+// pageData is what the status page shows; Cut is its note when the table
+// is cut (nil: not cut).
+type pageData struct {
+	Ready string
+	View  StateView
+	Cut   *pageCut
+}
 
 // pageCut is the status page's note when its table is cut.
 type pageCut struct{ Shown, Total, More, Max int }
@@ -338,11 +346,7 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 		c = &pageCut{Shown: len(v.Servers), Total: v.Total, More: min(v.Total, MaxLimit), Max: MaxLimit}
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := pageTmpl.Execute(w, struct {
-		Ready string
-		View  StateView
-		Cut   *pageCut
-	}{ready, v, c}); err != nil {
+	if err := pageTmpl.Execute(w, pageData{ready, v, c}); err != nil {
 		h.o.Logger.Warn("render status page", zap.Error(err))
 	}
 }

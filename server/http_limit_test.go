@@ -134,6 +134,18 @@ func TestHTTPPageSaysWhenCut(t *testing.T) {
 	}
 }
 
+// Past MaxLimit servers the note does not offer a larger limit.
+func TestHTTPPageNoteAtMaxLimit(t *testing.T) {
+	var b strings.Builder
+	cut := &pageCut{Shown: MaxLimit, Total: 120_000, More: MaxLimit, Max: MaxLimit}
+	if err := pageTmpl.Execute(&b, pageData{"ready", StateView{}, cut}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "showing 100,000 of 120,000 servers; no page shows more; read one server at /v1/state/&lt;backend&gt;/&lt;server&gt;"; !strings.Contains(b.String(), want) {
+		t.Errorf("note at MaxLimit: %s\nwant %q", b.String(), want)
+	}
+}
+
 func TestThousands(t *testing.T) {
 	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 52000: "52,000", 1234567: "1,234,567"} {
 		if got := thousands(n); got != want {
