@@ -1,10 +1,13 @@
 package server
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,8 +44,10 @@ type HTTPOptions struct {
 }
 
 // NewHTTPHandler returns the handler for --http-addr: /-/liveness,
-// /-/readiness, /-/metrics, /v1/state[/<backend>/<server>], /v1/cluster and
-// the status page at /.
+// /-/readiness, /-/metrics, /v1/state[/<backend>/<server>], /v1/cluster,
+// /v1/pollers and the status page at /. The lists (/v1/state, /v1/pollers,
+// /) carry at most ?limit= rows (default DefaultLimit, at most MaxLimit)
+// and say how many there are in all.
 func NewHTTPHandler(o HTTPOptions) http.Handler {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -120,6 +125,55 @@ type StateView struct {
 	Servers     []ServerState `json:"servers"`
 	InvalidKeys []ServerState `json:"invalid_keys"`
 	KV          any           `json:"kv"`
+	// Total and InvalidTotal count every server and invalid key; Servers
+	// and InvalidKeys hold at most the request's limit of each, the first
+	// in order, and Truncated says that either was cut.
+	Total        int  `json:"total"`
+	InvalidTotal int  `json:"invalid_total"`
+	Truncated    bool `json:"truncated"`
+}
+
+// The lists (/v1/state, /v1/pollers, the status page) answer at most
+// ?limit= rows, so that one request cannot make a replica build an answer
+// of unbounded size.
+const (
+	// DefaultLimit is the number of rows answered without ?limit.
+	DefaultLimit = 1000
+	// MaxLimit is the largest ?limit accepted: about 30 MB of JSON.
+	MaxLimit = 100_000
+)
+
+// parseLimit reads ?limit; the error says what to send.
+func parseLimit(r *http.Request) (int, error) {
+	q := r.URL.Query().Get("limit")
+	if q == "" {
+		return DefaultLimit, nil
+	}
+	n, err := strconv.Atoi(q)
+	if err != nil || n < 1 || n > MaxLimit {
+		return 0, fmt.Errorf("limit %q: send ?limit=N with N a whole number from 1 to %d (default %d); "+
+			"the answer's total says how many rows there are", q, MaxLimit, DefaultLimit)
+	}
+	return n, nil
+}
+
+// limitOf reads ?limit for a JSON list; when it is bad it answers 400
+// with what to send and returns false.
+func limitOf(w http.ResponseWriter, r *http.Request) (int, bool) {
+	n, err := parseLimit(r)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return 0, false
+	}
+	return n, true
+}
+
+// cut returns the first limit rows of rows, and whether it cut any.
+func cut[T any](rows []T, limit int) ([]T, bool) {
+	if len(rows) <= limit {
+		return rows, false
+	}
+	return rows[:limit:limit], true
 }
 
 func rowFor(r state.Resolution) ServerState {
@@ -141,35 +195,51 @@ func rowFor(r state.Resolution) ServerState {
 	return row
 }
 
-func (h *httpAPI) view() StateView {
+// view is /v1/state with at most limit servers and limit invalid keys.
+// Rows are resolved only for the servers answered.
+func (h *httpAPI) view(limit int) StateView {
 	snap := h.o.Replica.Snapshot()
 	v := StateView{HoldsState: snap != nil, Servers: []ServerState{}, InvalidKeys: []ServerState{}, KV: h.o.Replica.KVStatus()}
+	var invalid []state.Entry
 	for _, e := range snap.Entries() {
+		if e.Backend == "" || !e.Valid() {
+			invalid = append(invalid, e)
+		}
+	}
+	v.InvalidTotal = len(invalid)
+	invalid, cutInvalid := cut(invalid, limit)
+	for _, e := range invalid {
 		if e.Backend == "" {
 			v.InvalidKeys = append(v.InvalidKeys, ServerState{Key: e.Key, Value: e.Raw, Error: e.Err, Source: e.Key})
-		} else if !e.Valid() {
+		} else {
 			v.InvalidKeys = append(v.InvalidKeys, rowFor(snap.Resolve(e.Backend, e.Server)))
 		}
 	}
 	// Every server or backend wildcard with a key or a ramp, and every
 	// server an HAProxy asked this replica about. For a wildcard,
 	// Resolve(backend, "*") finds the wildcard key itself.
-	seen := map[state.Target]bool{}
-	for _, t := range snap.Targets() {
-		seen[t] = true
-		v.Servers = append(v.Servers, rowFor(snap.Resolve(t.Backend, t.Server)))
-	}
+	targets := snap.Targets()
 	if snap != nil {
+		seen := make(map[state.Target]bool, len(targets))
+		for _, t := range targets {
+			seen[t] = true
+		}
 		for _, p := range h.localPolls() {
 			if t := (state.Target{Backend: p.Backend, Server: p.Server}); !seen[t] {
 				seen[t] = true
-				v.Servers = append(v.Servers, rowFor(snap.Resolve(t.Backend, t.Server)))
+				targets = append(targets, t)
 			}
 		}
 	}
-	slices.SortFunc(v.Servers, func(a, b ServerState) int {
+	slices.SortFunc(targets, func(a, b state.Target) int {
 		return strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server)
 	})
+	v.Total = len(targets)
+	targets, cutServers := cut(targets, limit)
+	for _, t := range targets {
+		v.Servers = append(v.Servers, rowFor(snap.Resolve(t.Backend, t.Server)))
+	}
+	v.Truncated = cutServers || cutInvalid
 	return v
 }
 
@@ -192,15 +262,28 @@ func (h *httpAPI) localPolls() []Poll {
 type PollersView struct {
 	Scope   string `json:"scope"` // "replica" or "cluster"
 	Pollers []Poll `json:"pollers"`
+	// Total counts every poll; Pollers holds at most the request's limit
+	// of them, the first by server, HAProxy and replica, and Truncated says
+	// they were cut.
+	Total     int  `json:"total"`
+	Truncated bool `json:"truncated"`
 }
 
 func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
+	limit, ok := limitOf(w, r)
+	if !ok {
+		return
+	}
 	v := PollersView{Scope: "replica", Pollers: h.localPolls()}
 	switch r.URL.Query().Get("scope") {
 	case "", "replica":
 	case "cluster":
 		v.Scope = "cluster"
 		v.Pollers = append(v.Pollers, h.o.Replica.PeerPollers()...)
+		slices.SortFunc(v.Pollers, func(a, b Poll) int {
+			return cmp.Or(strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server),
+				strings.Compare(a.HAProxy, b.HAProxy), strings.Compare(a.Replica, b.Replica))
+		})
 	default:
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "scope must be replica or cluster"})
 		return
@@ -208,11 +291,15 @@ func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
 	if v.Pollers == nil {
 		v.Pollers = []Poll{}
 	}
+	v.Total = len(v.Pollers)
+	v.Pollers, v.Truncated = cut(v.Pollers, limit)
 	writeJSON(w, http.StatusOK, v)
 }
 
-func (h *httpAPI) stateAll(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, h.view())
+func (h *httpAPI) stateAll(w http.ResponseWriter, r *http.Request) {
+	if limit, ok := limitOf(w, r); ok {
+		writeJSON(w, http.StatusOK, h.view(limit))
+	}
 }
 
 func (h *httpAPI) stateOne(w http.ResponseWriter, r *http.Request) {
@@ -220,28 +307,62 @@ func (h *httpAPI) stateOne(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rowFor(h.o.Replica.Snapshot().Resolve(b, s)))
 }
 
-var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{"now": func() string {
-	return time.Now().UTC().Format(time.RFC3339)
-}}).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>hastate</title>
+var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
+	"now":   func() string { return time.Now().UTC().Format(time.RFC3339) },
+	"count": thousands,
+}).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>hastate</title>
 <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.bad{color:#b00}</style></head><body>
 <h1>hastate</h1><p>{{.Ready}} — generated {{now}}. JSON: <a href="/v1/state">/v1/state</a>, <a href="/v1/cluster">/v1/cluster</a>, <a href="/-/metrics">/-/metrics</a></p>
+{{with .Cut}}<p class="bad" id="truncated">showing {{count .Shown}} of {{count .Total}} servers; {{if lt .Shown .More}}add <a href="/?limit={{.More}}">?limit={{.More}}</a> to see more (at most {{count .Max}}){{else}}no page shows more; read one server at /v1/state/&lt;backend&gt;/&lt;server&gt;{{end}}</p>{{end}}
 <table><tr><th>backend</th><th>server</th><th>answer</th><th>value</th><th>ramp</th><th>reason</th><th>by</th><th>error</th></tr>
 {{range .View.Servers}}<tr><td>{{.Backend}}</td><td>{{.Server}}</td><td>{{if .Withheld}}(withheld){{else}}{{.Answer}}{{end}}</td><td>{{.Value}}</td><td>{{with .Ramping}}{{.WeightPercent}}% until {{.ETA.Format "15:04:05"}}{{end}}</td><td>{{.Reason}}</td><td>{{.By}}</td><td class="bad">{{.Error}}</td></tr>
 {{end}}</table></body></html>`))
 
-func (h *httpAPI) page(w http.ResponseWriter, _ *http.Request) {
+// pageData is what the status page shows; Cut is its note when the table
+// is cut (nil: not cut).
+type pageData struct {
+	Ready string
+	View  StateView
+	Cut   *pageCut
+}
+
+// pageCut is the status page's note when its table is cut.
+type pageCut struct{ Shown, Total, More, Max int }
+
+func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
+	limit, err := parseLimit(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	ok, detail := h.o.Replica.Ready()
 	ready := "ready: " + detail
 	if !ok {
 		ready = "NOT READY: " + detail
 	}
+	v := h.view(limit)
+	var c *pageCut
+	if len(v.Servers) < v.Total {
+		c = &pageCut{Shown: len(v.Servers), Total: v.Total, More: min(v.Total, MaxLimit), Max: MaxLimit}
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := pageTmpl.Execute(w, struct {
-		Ready string
-		View  StateView
-	}{ready, h.view()}); err != nil {
+	if err := pageTmpl.Execute(w, pageData{ready, v, c}); err != nil {
 		h.o.Logger.Warn("render status page", zap.Error(err))
 	}
+}
+
+// thousands writes n (not negative) with commas between groups of three
+// digits: 52,000.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -17,6 +17,7 @@ import (
 type fakeReplica struct {
 	snap  func() *state.Snapshot
 	ready func() (bool, string)
+	peers func() []Poll // nil: one poll from "peer"
 }
 
 var _ Replica = (*fakeReplica)(nil)
@@ -26,6 +27,9 @@ func (f *fakeReplica) Ready() (bool, string)     { return f.ready() }
 func (f *fakeReplica) ClusterInfo() any          { return map[string]string{"node_id": "n1"} }
 func (f *fakeReplica) KVStatus() any             { return map[string]bool{"watching": true} }
 func (f *fakeReplica) PeerPollers() []Poll {
+	if f.peers != nil {
+		return f.peers()
+	}
 	return []Poll{{HAProxy: "127.0.0.9", Backend: "web", Server: "z", Answer: "ready 100%", Replica: "peer"}}
 }
 

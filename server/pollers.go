@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/state"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Pollers remembers, for every HAProxy address and server it asked about,
@@ -16,8 +18,9 @@ import (
 // `hastate wait` know when every HAProxy has seen a change. Recording a
 // probe that was seen before allocates nothing. Safe for concurrent use.
 type Pollers struct {
-	shards [pollerShards]pollerShard
-	max    int
+	shards  [pollerShards]pollerShard
+	max     int
+	dropped prometheus.Counter
 }
 
 const pollerShards = 16
@@ -37,16 +40,47 @@ type pollEntry struct {
 // DefaultMaxPollers bounds the (HAProxy, server) pairs remembered.
 const DefaultMaxPollers = 200_000
 
-// NewPollers returns an empty record of at most max pairs (0: DefaultMaxPollers).
-func NewPollers(max int) *Pollers {
-	if max <= 0 {
-		max = DefaultMaxPollers
+// PollersOptions configure NewPollers.
+type PollersOptions struct {
+	// Max bounds the (HAProxy, server) pairs remembered (0:
+	// DefaultMaxPollers). A new pair beyond it is dropped and counted.
+	Max int
+	// Registerer receives hastate_pollers_dropped_total and
+	// hastate_pollers_entries. Nil: the metrics are kept but not exported.
+	Registerer prometheus.Registerer
+}
+
+// NewPollers returns an empty record. It fails only when Max is negative
+// or the metrics cannot be registered (one registry per replica).
+func NewPollers(o PollersOptions) (*Pollers, error) {
+	if o.Max < 0 {
+		return nil, fmt.Errorf("pollers: max %d is negative: set --pollers-max to a positive number of (HAProxy, server) pairs, or 0 for %d", o.Max, DefaultMaxPollers)
 	}
-	p := &Pollers{max: max}
+	if o.Max == 0 {
+		o.Max = DefaultMaxPollers
+	}
+	p := &Pollers{max: o.Max, dropped: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hastate_pollers_dropped_total",
+		Help: "Probes of a new (HAProxy, server) pair that this replica did not remember because its poller table was full (--pollers-max). Per replica: each replica keeps its own table. Such pairs are missing from /v1/pollers and `hastate wait` does not wait for them; raise --pollers-max.",
+	})}
 	for i := range p.shards {
 		p.shards[i].m = map[string]*pollEntry{}
 	}
-	return p
+	if o.Registerer == nil {
+		return p, nil
+	}
+	entries := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hastate_pollers_entries",
+		Help: "(HAProxy, server) pairs this replica remembers in its poller table (per replica; at most --pollers-max).",
+	}, func() float64 { return float64(p.Len()) })
+	if err := o.Registerer.Register(p.dropped); err != nil {
+		return nil, fmt.Errorf("pollers: register metrics: %w (one registry per replica)", err)
+	}
+	if err := o.Registerer.Register(entries); err != nil {
+		o.Registerer.Unregister(p.dropped)
+		return nil, fmt.Errorf("pollers: register metrics: %w (one registry per replica)", err)
+	}
+	return p, nil
 }
 
 // keyBufSize holds the key: the address length, the address (4 or 16
@@ -55,7 +89,7 @@ const keyBufSize = 1 + 16 + state.MaxRequest
 
 // Record notes that the HAProxy at addr asked for req ("backend/server",
 // without terminator) at now and was told line (nil: withheld). A new pair
-// beyond the bound is dropped.
+// beyond the bound is dropped and counted in hastate_pollers_dropped_total.
 func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
 	if p == nil {
 		return
@@ -79,6 +113,7 @@ func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
 	sh.mu.RUnlock()
 	if e == nil {
 		if p.Len() >= p.max {
+			p.dropped.Inc()
 			return
 		}
 		sh.mu.Lock()

@@ -22,6 +22,7 @@ import (
 	"github.com/hastate/hastate/internal/app"
 	"github.com/hastate/hastate/internal/ctl"
 	"github.com/hastate/hastate/kvsync"
+	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -121,6 +122,9 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			if err := o.Ramp.Validate(); err != nil {
 				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 			}
+			if o.PollersMax < 1 {
+				return fmt.Errorf("%w: --pollers-max %d: want a positive number of (HAProxy, server) pairs, e.g. %d", ctl.ErrUsage, o.PollersMax, server.DefaultMaxPollers)
+			}
 			dial, err := cluster.ParsePeers(raftDial)
 			if err != nil {
 				return fmt.Errorf("%w: --raft-dial: %v", ctl.ErrUsage, err)
@@ -158,6 +162,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
+	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and `hastate wait`; probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
 	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate")

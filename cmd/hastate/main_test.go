@@ -31,6 +31,7 @@ func TestInvalidInputIsRefusedWithTheValidForms(t *testing.T) {
 		{[]string{"drain", "web/a", "--ramp", "soon"}, "ramp"},
 		{[]string{"serve", "--peers", "x"}, "id=host:port"},
 		{[]string{"serve", "--log-format", "xml"}, "json or console"},
+		{[]string{"serve", "--pollers-max", "0"}, "--pollers-max 0: want a positive number"},
 		{[]string{"status", "-o", "yaml"}, "table or json"},
 	} {
 		var out bytes.Buffer
@@ -46,5 +47,11 @@ func TestEnvOverridesFlagDefaults(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"serve"}, &out, &out); code != 2 || !strings.Contains(out.String(), "xml") {
 		t.Fatalf("HASTATE_LOG_FORMAT not read: exit %d %q", code, out.String())
+	}
+	t.Setenv("HASTATE_LOG_FORMAT", "json")
+	t.Setenv("HASTATE_POLLERS_MAX", "-3")
+	out.Reset()
+	if code := run([]string{"serve"}, &out, &out); code != 2 || !strings.Contains(out.String(), "--pollers-max -3") {
+		t.Fatalf("HASTATE_POLLERS_MAX not read: exit %d %q", code, out.String())
 	}
 }

@@ -59,6 +59,22 @@ type Options struct {
 	SnapshotThreshold uint64
 	// RaftTLS, when set, secures the raft port with mutual TLS.
 	RaftTLS *tls.Config
+	// The HTTP server's limits, so that no client holds a connection of
+	// --http-addr forever. HTTPReadTimeout bounds reading a request
+	// (0: 10s); HTTPWriteTimeout bounds a request from the end of its
+	// headers to the end of its answer (0: 30s: /v1/cluster and
+	// /v1/pollers?scope=cluster ask the peers over the raft port, 2s each);
+	// HTTPIdleTimeout closes a keep-alive connection that has been idle
+	// this long (0: 60s); HTTPMaxHeaderBytes bounds the request headers
+	// (0: 64 KiB).
+	HTTPReadTimeout    time.Duration
+	HTTPWriteTimeout   time.Duration
+	HTTPIdleTimeout    time.Duration
+	HTTPMaxHeaderBytes int
+	// PollersMax bounds the (HAProxy, server) pairs this replica remembers
+	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
+	// and counted (0: server.DefaultMaxPollers).
+	PollersMax int
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
 	// ShutdownDelay is how long Drain keeps the replica answering probes
@@ -110,6 +126,31 @@ func (o *Options) validate() error {
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 20 * time.Second
 	}
+	for _, d := range []struct {
+		v    *time.Duration
+		def  time.Duration
+		name string
+	}{
+		{&o.HTTPReadTimeout, 10 * time.Second, "HTTPReadTimeout"},
+		{&o.HTTPWriteTimeout, 30 * time.Second, "HTTPWriteTimeout"},
+		{&o.HTTPIdleTimeout, 60 * time.Second, "HTTPIdleTimeout"},
+	} {
+		if *d.v < 0 {
+			return fmt.Errorf("%s %s is negative: leave it 0 for %s", d.name, *d.v, d.def)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if o.HTTPMaxHeaderBytes < 0 {
+		return fmt.Errorf("HTTPMaxHeaderBytes %d is negative: leave it 0 for 64 KiB", o.HTTPMaxHeaderBytes)
+	}
+	if o.HTTPMaxHeaderBytes == 0 {
+		o.HTTPMaxHeaderBytes = 64 << 10
+	}
+	if o.PollersMax < 0 {
+		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
+	}
 	return nil
 }
 
@@ -143,8 +184,11 @@ func New(o Options) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
-	a := &App{o: o, log: o.Logger, consul: consul, pollers: server.NewPollers(0)}
+	a := &App{o: o, log: o.Logger, consul: consul}
 	reg := o.Registry
+	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
+		return nil, err
+	}
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -201,7 +245,12 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
 			Pollers: a.pollers, NodeID: a.o.NodeID}),
-		ReadHeaderTimeout: 5 * time.Second,
+		ReadHeaderTimeout: min(5*time.Second, a.o.HTTPReadTimeout),
+		ReadTimeout:       a.o.HTTPReadTimeout,
+		WriteTimeout:      a.o.HTTPWriteTimeout,
+		IdleTimeout:       a.o.HTTPIdleTimeout,
+		MaxHeaderBytes:    a.o.HTTPMaxHeaderBytes,
+		ErrorLog:          zap.NewStdLog(a.log.Named("http")),
 	}
 	bgCtx, stopBackground := context.WithCancel(context.Background())
 	a.stopBackground = stopBackground

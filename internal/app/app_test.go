@@ -24,13 +24,19 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func startApp(t *testing.T, consulAddr, id string) *App {
+// startApp starts a one-node replica on loopback ports; set changes its
+// options first.
+func startApp(t *testing.T, consulAddr, id string, set ...func(*Options)) *App {
 	t.Helper()
 	raft := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	a, err := New(Options{
+	o := Options{
 		NodeID: id, AgentAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RaftAddr: raft, RaftAdvertise: raft,
 		DataDir: t.TempDir(), ConsulAddr: consulAddr, Logger: zaptest.NewLogger(t),
-	})
+	}
+	for _, f := range set {
+		f(&o)
+	}
+	a, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,14 +13,20 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"
 )
 
 // MaxTxnKeys is the most keys one Consul transaction may carry.
 const MaxTxnKeys = 64
 
-// ErrUsage marks errors in what the operator typed.
-var ErrUsage = errors.New("usage")
+var (
+	// ErrUsage marks errors in what the operator typed.
+	ErrUsage = errors.New("usage")
+	// ErrTruncated marks a list a replica cut at the most rows one answer
+	// carries: no command acts on a partial list.
+	ErrTruncated = errors.New("list cut by the replica")
+)
 
 // Target is one backend/server (server may be "*" for the whole backend).
 type Target struct{ Backend, Server string }
@@ -157,13 +163,32 @@ type StateView struct {
 	HoldsState  bool  `json:"holds_state"`
 	Servers     []Row `json:"servers"`
 	InvalidKeys []Row `json:"invalid_keys"`
+	Total       int   `json:"total"`
+	Truncated   bool  `json:"truncated"`
 }
 
-// FetchState reads /v1/state from a replica at base (e.g. http://127.0.0.1:9778).
+// FetchState reads /v1/state from a replica at base (e.g.
+// http://127.0.0.1:9778), every server and invalid key of it: it asks for
+// the most rows a replica answers, and fails with ErrTruncated if the
+// answer is still cut.
 func FetchState(ctx context.Context, base string) (StateView, error) {
 	var v StateView
-	err := getJSON(ctx, base, "/v1/state", &v)
-	return v, err
+	p := fmt.Sprintf("/v1/state?limit=%d", server.MaxLimit)
+	if err := getJSON(ctx, base, p, &v); err != nil {
+		return v, err
+	}
+	return v, whole(base, p, v.Truncated, len(v.Servers), v.Total, "servers")
+}
+
+// whole fails closed when a replica cut a list.
+func whole(base, path string, truncated bool, got, total int, what string) error {
+	if !truncated {
+		return nil
+	}
+	return fmt.Errorf("GET %s%s: %w: the replica knows %d %s and answered %d, the most one answer carries; "+
+		"refusing to act on a partial list (it could hide a drained server or a lagging HAProxy); "+
+		"a fleet this large needs a narrower read than hastate offers today: report it to the hastate maintainers",
+		strings.TrimSuffix(base, "/"), path, ErrTruncated, total, what, got)
 }
 
 // Match reports whether a row matches a selector "backend/server" with

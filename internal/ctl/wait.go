@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"
 )
 
@@ -111,9 +112,15 @@ func waitLag(ctx context.Context, addr, selector, digest string) ([]string, erro
 		}
 	}
 	var pv struct {
-		Pollers []Poll `json:"pollers"`
+		Pollers   []Poll `json:"pollers"`
+		Total     int    `json:"total"`
+		Truncated bool   `json:"truncated"`
 	}
-	if err := getJSON(ctx, addr, "/v1/pollers?scope=cluster", &pv); err != nil {
+	p := fmt.Sprintf("/v1/pollers?scope=cluster&limit=%d", server.MaxLimit)
+	if err := getJSON(ctx, addr, p, &pv); err != nil {
+		return nil, err
+	}
+	if err := whole(addr, p, pv.Truncated, len(pv.Pollers), pv.Total, "polls"); err != nil {
 		return nil, err
 	}
 	latest := map[[2]string]Poll{} // (server, haproxy) -> latest poll on any replica
