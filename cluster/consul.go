@@ -207,4 +207,3 @@ func (n *Node) reachableFollower() (raft.Server, bool) {
 	}
 	return raft.Server{}, false
 }
-

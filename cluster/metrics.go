@@ -19,6 +19,7 @@ type metrics struct {
 	entryLag          prometheus.Histogram
 	rampPolicyInvalid prometheus.Gauge
 	applyErrors       prometheus.Counter
+	dutyFailures      prometheus.Counter
 
 	rampsActive, serverWeight *prometheus.Desc
 
@@ -43,6 +44,8 @@ func newMetrics(n *Node) *metrics {
 			Name: "hastate_ramp_policy_invalid", Help: "1 when <prefix>config/ramp is invalid and ignored (set on the leader)."}),
 		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_fsm_apply_errors_total", Help: "Committed raft entries this replica could not apply as written (undecodable, unknown type, invalid ramp policy, a panic while applying): each is logged and skipped, or applied without ramps, identically on every replica. Any increase is a bug to report."}),
+		dutyFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hastate_leader_duty_failures_total", Help: "Times this replica, as leader, could not run its duty (building the Consul watch) and handed leadership over or retried."}),
 		rampsActive:  prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress.", nil, nil),
 		serverWeight: prometheus.NewDesc("hastate_server_weight_percent", "Weight in percent each known server is told (0 for drain and maint); server \"*\" is a backend wildcard.", []string{"backend", "server"}, nil),
 		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -66,7 +69,7 @@ func newMetrics(n *Node) *metrics {
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	return []prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors}
+	return []prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures}
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {

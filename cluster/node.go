@@ -33,7 +33,10 @@ var (
 // LeaderDuty is work that runs only on the leader: it is started once the
 // leader's FSM has caught up (a barrier) and its context is cancelled when
 // leadership is lost or the node shuts down. It must return promptly then.
-type LeaderDuty func(ctx context.Context)
+// An error returned before that means this node cannot do the duty: it
+// hands leadership to another voter and, while it still leads, tries the
+// duty again after a pause.
+type LeaderDuty func(ctx context.Context) error
 
 // Options configure a Node. Required: ID, BindAddr, Advertise, DataDir.
 type Options struct {
@@ -485,9 +488,38 @@ func (n *Node) leaderDuty(ctx context.Context) {
 		}()
 	}
 	if n.opts.LeaderDuty != nil {
-		n.opts.LeaderDuty(ctx)
+		n.runLeaderDuty(ctx)
 	}
 	wg.Wait()
+}
+
+// leaderDutyRetry is the pause before a leader that could not hand over
+// tries its failed duty again.
+const leaderDutyRetry = 5 * time.Second
+
+// runLeaderDuty runs the wiring's duty until ctx ends; when the duty fails
+// it hands leadership over, or retries it while this node still leads.
+func (n *Node) runLeaderDuty(ctx context.Context) {
+	for {
+		err := n.opts.LeaderDuty(ctx)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		n.metrics.dutyFailures.Inc()
+		if n.voters() < 2 {
+			n.log.Error("leader duty failed and no other replica can take over; retrying", zap.Error(err), zap.Duration("retry_in", leaderDutyRetry))
+		} else {
+			n.log.Error("leader duty failed; handing leadership to another replica", zap.Error(err))
+			if terr := n.raft.LeadershipTransfer().Error(); terr != nil {
+				n.log.Warn("leadership transfer after a failed leader duty failed; retrying the duty", zap.Error(terr), zap.Duration("retry_in", leaderDutyRetry))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(leaderDutyRetry):
+		}
+	}
 }
 
 func (n *Node) peerStatus() PeerStatus {

@@ -181,7 +181,16 @@ func serve(ctx context.Context, o app.Options) error {
 	if err := a.Start(ctx); err != nil {
 		return err
 	}
-	<-ctx.Done()
+	select {
+	case err := <-a.Failed():
+		// A replica that cannot answer probes must not stay up looking
+		// ready: exit non-zero so that it is restarted.
+		sctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+		defer cancel()
+		_ = a.Stop(sctx)
+		return fmt.Errorf("%w; exiting so that the replica is restarted", err)
+	case <-ctx.Done():
+	}
 	o.Logger.Info("signal received: shutting down (a leader hands over first; agent answers continue until raft is down)")
 	// A second signal cuts the shutdown delay short.
 	dctx, dstop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -173,6 +173,11 @@ type App struct {
 	stopOnce        sync.Once
 	stopErr         error
 	draining        atomic.Bool // Drain began: readiness fails
+	// failed receives the error of a listener that stopped for another
+	// reason than Stop (see Failed).
+	failed chan error
+	// newWatcher builds the leader's Consul watch (tests replace it).
+	newWatcher func() (*kvsync.Watcher, error)
 }
 
 // New validates the options and builds the replica; Start runs it.
@@ -184,7 +189,7 @@ func New(o Options) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
-	a := &App{o: o, log: o.Logger, consul: consul}
+	a := &App{o: o, log: o.Logger, consul: consul, failed: make(chan error, 2)}
 	reg := o.Registry
 	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
 		return nil, err
@@ -265,15 +270,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}()
 	go func() {
 		defer a.serveWG.Done()
-		if err := a.agent.Serve(a.agentLn); err != nil && !errors.Is(err, server.ErrServerClosed) {
-			a.log.Error("agent server stopped", zap.Error(err))
-		}
+		a.fail("agent-check listener", a.agent.Serve(a.agentLn), server.ErrServerClosed)
 	}()
 	go func() {
 		defer a.serveWG.Done()
-		if err := a.http.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("http server stopped", zap.Error(err))
-		}
+		a.fail("HTTP listener", a.http.Serve(a.httpLn), http.ErrServerClosed)
 	}()
 	a.log.Info("hastate started",
 		zap.String("agent_addr", a.agentLn.Addr().String()), zap.String("http_addr", a.httpLn.Addr().String()),
@@ -282,22 +283,48 @@ func (a *App) Start(ctx context.Context) (err error) {
 	return nil
 }
 
-// watchConsul is the leader's duty: mirror the KV prefix into raft.
-func (a *App) watchConsul(ctx context.Context) {
-	w, err := kvsync.New(kvsync.Options{
-		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm,
-		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
-		BackoffMax: 5 * time.Second,
-	})
-	if err != nil {
-		a.log.Error("cannot start the Consul watch", zap.Error(err))
+// fail reports a listener's Serve that returned: unless it was stopped
+// (closed), the replica can no longer do its job while it may still look
+// ready, so Failed tells the owner to exit.
+func (a *App) fail(what string, err, closed error) {
+	if errors.Is(err, closed) {
 		return
+	}
+	err = fmt.Errorf("%s stopped: %w", what, err)
+	a.log.Error("a listener stopped while the replica runs; exiting so that it is restarted", zap.Error(err))
+	select {
+	case a.failed <- err:
+	default:
+	}
+}
+
+// Failed receives an error when a listener stops for another reason than
+// Stop. The replica is then broken (it may still look ready), and its owner
+// should Stop it and exit non-zero so that it is restarted.
+func (a *App) Failed() <-chan error { return a.failed }
+
+// watchConsul is the leader's duty: mirror the KV prefix into raft. It
+// returns an error when the watch cannot be built, and the node then hands
+// leadership to another replica.
+func (a *App) watchConsul(ctx context.Context) error {
+	w, err := a.newWatcher()
+	if err != nil {
+		return fmt.Errorf("cannot build the Consul watch: %w", err)
 	}
 	a.watcher.Store(w)
 	defer a.watcher.Store(nil)
 	a.log.Info("leader: watching Consul KV", zap.String("prefix", a.o.KVPrefix))
 	_ = w.Run(ctx)
 	a.log.Info("leader duty ended: Consul watch stopped")
+	return nil
+}
+
+func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
+	return kvsync.New(kvsync.Options{
+		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm,
+		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
+		BackoffMax: 5 * time.Second,
+	})
 }
 
 // pollersQuery is the peer query that returns a replica's pollers.

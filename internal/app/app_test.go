@@ -28,6 +28,17 @@ func TestMain(m *testing.M) {
 // options first.
 func startApp(t *testing.T, consulAddr, id string, set ...func(*Options)) *App {
 	t.Helper()
+	a := newApp(t, consulAddr, id, set...)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	return a
+}
+
+// newApp builds a replica on loopback ports without starting it.
+func newApp(t *testing.T, consulAddr, id string, set ...func(*Options)) *App {
+	t.Helper()
 	raft := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	o := Options{
 		NodeID: id, AgentAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RaftAddr: raft, RaftAdvertise: raft,
@@ -40,10 +51,6 @@ func startApp(t *testing.T, consulAddr, id string, set ...func(*Options)) *App {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Stop(context.Background()) })
 	return a
 }
 
