@@ -18,6 +18,7 @@ type metrics struct {
 	rampSteps         prometheus.Counter
 	entryLag          prometheus.Histogram
 	rampPolicyInvalid prometheus.Gauge
+	port              *portMetrics // the raft port's connections and TLS
 
 	rampsActive, serverWeight *prometheus.Desc
 
@@ -26,7 +27,8 @@ type metrics struct {
 
 func newMetrics(n *Node) *metrics {
 	return &metrics{
-		n: n,
+		n:    n,
+		port: newPortMetrics(),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_raft_leader_changes_total", Help: "Leader changes this node observed."}),
 		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
@@ -55,7 +57,8 @@ func newMetrics(n *Node) *metrics {
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	return []prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid}
+	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid},
+		m.port.collectors()...)
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
