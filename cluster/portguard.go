@@ -43,13 +43,19 @@ const (
 
 var rejectReasons = []string{rejectPerIP, rejectTotal, rejectTLS, rejectIdentify, rejectKind}
 
-// rejectHints say, in each rate-limited log line, what the rejection means.
-var rejectHints = map[string]string{
-	rejectPerIP:    "raft port: connection over the per-address cap closed (a peer holds a handful; see what else connects from this address)",
-	rejectTotal:    "raft port: connection over the total cap closed (see which addresses hold connections: hastate_raft_conns_open)",
-	rejectTLS:      "raft port: TLS handshake failed, connection closed (plain TCP, no client certificate, or one not signed by --raft-tls-ca)",
-	rejectIdentify: "raft port: connection did not identify itself in time, closed (not a hastate peer, or a very slow link)",
-	rejectKind:     "raft port: unknown connection kind, closed (not a hastate peer)",
+// rejectHint says, in each rate-limited log line, what a rejection means.
+func rejectHint(reason string) string {
+	switch reason {
+	case rejectPerIP:
+		return "raft port: connection over the per-address cap closed (a peer holds a handful; see what else connects from this address)"
+	case rejectTotal:
+		return "raft port: connection over the total cap closed (hastate_raft_conns_open counts what is held; look for many addresses connecting)"
+	case rejectTLS:
+		return "raft port: TLS handshake failed, connection closed (plain TCP, no client certificate, or one not signed by --raft-tls-ca)"
+	case rejectIdentify:
+		return "raft port: connection did not identify itself in time, closed (not a hastate peer, or a very slow link)"
+	}
+	return "raft port: unknown connection kind, closed (not a hastate peer)"
 }
 
 // validatePort checks the raft port's limits and sets their defaults.
@@ -228,5 +234,5 @@ func (l *rejectLog) warn(reason string, remote net.Addr, err error) {
 	if err != nil {
 		fields = append(fields, zap.Error(err))
 	}
-	l.log.Warn(rejectHints[reason], fields...)
+	l.log.Warn(rejectHint(reason), fields...)
 }
