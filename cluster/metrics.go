@@ -20,6 +20,7 @@ type metrics struct {
 	rampPolicyInvalid prometheus.Gauge
 	applyErrors       prometheus.Counter
 	dutyFailures      prometheus.Counter
+	port              *portMetrics // the raft port's connections and TLS
 
 	rampsActive, serverWeight *prometheus.Desc
 
@@ -30,7 +31,8 @@ type metrics struct {
 
 func newMetrics(n *Node) *metrics {
 	return &metrics{
-		n: n,
+		n:    n,
+		port: newPortMetrics(),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_raft_leader_changes_total", Help: "Leader changes this node observed."}),
 		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
@@ -69,7 +71,8 @@ func newMetrics(n *Node) *metrics {
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	return []prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures}
+	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures},
+		m.port.collectors()...)
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {

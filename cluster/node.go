@@ -51,9 +51,19 @@ type Options struct {
 	// sidecar. Peers not listed are dialled at their configured address.
 	DialOverride map[string]string
 	DataDir      string
-	// TLS, when set, is used for both the raft listener and dials (set
-	// ClientCAs/RootCAs and ClientAuth for mutual TLS).
+	// TLS, when set, is used for both the raft listener and dials. It must
+	// require and verify client certificates: build it with MutualTLS.
+	// Nil: plain TCP (a multi-node cluster warns at start).
 	TLS *tls.Config
+	// MaxConnsPerIP and MaxConns cap the inbound connections open on the
+	// raft port from one remote address and in total; a connection over a
+	// cap is closed at once and counted. IdentifyTimeout is how long a new
+	// connection has to complete the TLS handshake and send its kind byte.
+	// Zero: DefaultMaxConnsPerIP (64), DefaultMaxConns (1024),
+	// DefaultIdentifyTimeout (3s).
+	MaxConnsPerIP   int
+	MaxConns        int
+	IdentifyTimeout time.Duration
 
 	Logger     *zap.Logger           // nil: no logs
 	Registerer prometheus.Registerer // nil: metrics not registered
@@ -102,6 +112,9 @@ func (o *Options) validate() error {
 		if !found {
 			return fmt.Errorf("cluster: node ID %q is not in --peers: list every replica, this one included", o.ID)
 		}
+	}
+	if err := o.validatePort(); err != nil {
+		return err
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -188,7 +201,11 @@ func New(o Options) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
-	sl, err := newStreamLayer(o.BindAddr, o.Advertise, o.TLS, n.peerStatus, o.PeerQueries, o.Logger.Named("transport"))
+	sl, err := newStreamLayer(streamConfig{
+		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries,
+		Log: o.Logger.Named("transport"), Metrics: n.metrics.port, Peers: len(o.Peers),
+		MaxConnsPerIP: o.MaxConnsPerIP, MaxConns: o.MaxConns, IdentifyTimeout: o.IdentifyTimeout,
+	})
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)

@@ -51,24 +51,47 @@ type PeerStatus struct {
 // name at connect time: a StatefulSet pod that comes back with a new IP
 // under the same DNS name is reached again without reconfiguring raft.
 // (raft.NewTCPTransport insists on an IP advertise address.)
+//
+// Every inbound connection passes the guard (caps per remote address and in
+// total, closed at once when over), then must identify itself (the TLS
+// handshake, then its kind byte) within the identify timeout. Only then is
+// it handed to raft or answered.
 type streamLayer struct {
-	ln        net.Listener
+	ln        net.Listener // plain TCP; TLS is layered per connection
 	advertise advertiseAddr
 	tls       *tls.Config // nil: plain TCP
 	status    func() PeerStatus
 	queries   map[string]func() any
 	log       *zap.Logger
+	identify  time.Duration
+	guard     *connGuard
+	metrics   *portMetrics
+	rejects   *rejectLog
 
 	raftConns chan net.Conn
 	// queriesReady is closed once the node can answer status and named
 	// queries (its raft is up); until then those connections wait.
 	queriesReady chan struct{}
 	readyOnce    sync.Once
-	mu           sync.Mutex
-	open         map[net.Conn]struct{} // raft conns handed out, closed on Close
 	closed       chan struct{}
 	closeOnce    sync.Once
 	wg           sync.WaitGroup
+}
+
+// streamConfig is what newStreamLayer needs from the node's Options.
+type streamConfig struct {
+	Bind, Advertise string
+	TLS             *tls.Config
+	Status          func() PeerStatus
+	Queries         map[string]func() any
+	Log             *zap.Logger
+	Metrics         *portMetrics
+	MaxConnsPerIP   int
+	MaxConns        int
+	IdentifyTimeout time.Duration
+	// Peers is the size of the initial cluster; more than one without TLS
+	// is warned about.
+	Peers int
 }
 
 type advertiseAddr string
@@ -81,19 +104,25 @@ var _ raft.StreamLayer = (*streamLayer)(nil)
 // errLayerClosed is returned by Accept after Close.
 var errLayerClosed = errors.New("raft stream layer closed")
 
-func newStreamLayer(bind, advertise string, tlsConf *tls.Config, status func() PeerStatus, queries map[string]func() any, log *zap.Logger) (*streamLayer, error) {
-	if _, _, err := net.SplitHostPort(advertise); err != nil {
-		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", advertise, err)
+func newStreamLayer(c streamConfig) (*streamLayer, error) {
+	if _, _, err := net.SplitHostPort(c.Advertise); err != nil {
+		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", c.Advertise, err)
 	}
-	ln, err := net.Listen("tcp", bind)
+	ln, err := net.Listen("tcp", c.Bind)
 	if err != nil {
-		return nil, fmt.Errorf("raft listen on %s: %w (is another hastate using this --raft-addr?)", bind, err)
+		return nil, fmt.Errorf("raft listen on %s: %w (is another hastate using this --raft-addr?)", c.Bind, err)
 	}
-	if tlsConf != nil {
-		ln = tls.NewListener(ln, tlsConf)
+	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, status: c.Status, queries: c.Queries, log: c.Log,
+		identify: c.IdentifyTimeout, guard: newConnGuard(c.MaxConnsPerIP, c.MaxConns, c.Metrics.open), metrics: c.Metrics,
+		rejects:   newRejectLog(c.Log, time.Second),
+		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
+	if c.TLS != nil {
+		c.Metrics.tlsEnabled.Set(1)
+	} else if c.Peers > 1 {
+		c.Log.Warn("the raft port of this multi-node cluster runs without TLS: anyone who reaches it can send raft RPCs (and so change what replicas serve) and read status and pollers; "+
+			"turn mutual TLS on with --raft-tls-cert, --raft-tls-key and --raft-tls-ca (see the README, \"Raft mutual TLS\")",
+			zap.String("raft_addr", c.Bind), zap.Int("peers", c.Peers))
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), tls: tlsConf, status: status, queries: queries, log: log,
-		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), open: map[net.Conn]struct{}{}, closed: make(chan struct{})}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -120,21 +149,50 @@ func (s *streamLayer) acceptLoop() {
 			continue
 		}
 		delay = 0
+		gc, reason := s.guard.admit(c)
+		if reason != "" {
+			s.reject(c, reason, nil)
+			continue
+		}
 		s.wg.Add(1)
-		go s.route(c)
+		go s.route(gc)
 	}
 }
 
-// route reads the connection's kind and hands it to raft or answers it.
+// reject closes a connection unserved, counts it and logs it (rate-limited).
+// Connections cut by Close are neither counted nor logged.
+func (s *streamLayer) reject(c net.Conn, reason string, err error) {
+	c.Close()
+	select {
+	case <-s.closed:
+		return
+	default:
+	}
+	s.metrics.rejected.WithLabelValues(reason).Inc()
+	s.rejects.warn(reason, c.RemoteAddr(), err)
+}
+
+// route makes the connection identify itself (the TLS handshake, then its
+// kind byte) within the identify timeout, then hands it to raft or answers
+// it. A connection that fails TLS never reaches raft, status or queries.
 func (s *streamLayer) route(c net.Conn) {
 	defer s.wg.Done()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	raw := c
+	_ = c.SetDeadline(time.Now().Add(s.identify))
+	if s.tls != nil {
+		tc := tls.Server(c, s.tls)
+		if err := tc.Handshake(); err != nil {
+			s.reject(raw, rejectTLS, err)
+			return
+		}
+		c = tc
+	}
 	var kind [1]byte
 	if _, err := io.ReadFull(c, kind[:]); err != nil {
-		c.Close()
+		s.reject(raw, rejectIdentify, err)
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	switch kind[0] {
 	case connRaft:
 		select {
@@ -151,7 +209,7 @@ func (s *streamLayer) route(c net.Conn) {
 		}
 		s.answer(c, kind[0])
 	default:
-		c.Close()
+		s.reject(raw, rejectKind, fmt.Errorf("first byte %#x", kind[0]))
 	}
 }
 
@@ -188,44 +246,24 @@ func (s *streamLayer) answer(c net.Conn, kind byte) {
 func (s *streamLayer) Accept() (net.Conn, error) {
 	select {
 	case c := <-s.raftConns:
-		s.mu.Lock()
-		s.open[c] = struct{}{}
-		s.mu.Unlock()
-		return &trackedConn{Conn: c, s: s}, nil
+		return c, nil
 	case <-s.closed:
 		return nil, errLayerClosed
 	}
 }
 
-// Close stops accepting and waits for the routing goroutines.
+// Close stops accepting, closes every inbound connection (raft's handlers
+// of inbound connections only return when their connection closes) and
+// waits for the routing goroutines.
 func (s *streamLayer) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		close(s.closed)
 		err = s.ln.Close()
+		s.guard.closeAll()
 		s.wg.Wait()
-		// raft's handlers of inbound connections only return when their
-		// connection closes.
-		s.mu.Lock()
-		for c := range s.open {
-			c.Close()
-		}
-		s.mu.Unlock()
 	})
 	return err
-}
-
-// trackedConn forgets itself in the layer when raft closes it.
-type trackedConn struct {
-	net.Conn
-	s *streamLayer
-}
-
-func (c *trackedConn) Close() error {
-	c.s.mu.Lock()
-	delete(c.s.open, c.Conn)
-	c.s.mu.Unlock()
-	return c.Conn.Close()
 }
 
 // Addr is the advertised address, which raft hands to its peers.

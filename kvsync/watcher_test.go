@@ -224,7 +224,7 @@ func TestWatcherErrorsBackOffLogAndRecover(t *testing.T) {
 	for name, want := range map[string]float64{
 		"hastate_kv_sync_errors_total":              6,
 		"hastate_kv_updates_total":                  1,
-		"hastate_kv_watch_reachable":                      1,
+		"hastate_kv_watch_reachable":                1,
 		"hastate_kv_index":                          9,
 		"hastate_kv_keys":                           1,
 		"hastate_kv_last_success_timestamp_seconds": float64(now.Unix()),

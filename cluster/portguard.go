@@ -1,0 +1,238 @@
+package cluster
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Defaults of the raft port's limits (Options.MaxConnsPerIP, MaxConns,
+// IdentifyTimeout), used where a field is zero.
+const (
+	// DefaultMaxConnsPerIP: a peer keeps at most a dozen inbound
+	// connections open at once (raft's pool of 3, the replication pipeline,
+	// a snapshot, a vote, and short status and query connections). 64
+	// leaves room for two peers behind one address (a sidecar or a proxy)
+	// and bursts of status queries, and still stops one address from
+	// holding the port.
+	DefaultMaxConnsPerIP = 64
+	// DefaultMaxConns bounds the goroutines, buffers and file descriptors
+	// the port can cost, whatever the number of addresses.
+	DefaultMaxConns = 1024
+	// DefaultIdentifyTimeout: a peer sends its first byte (after the TLS
+	// handshake, with TLS) right after it connects. 3s covers a slow
+	// handshake with a lost packet or two.
+	DefaultIdentifyTimeout = 3 * time.Second
+)
+
+// Reasons an inbound raft-port connection is closed unserved: the values of
+// hastate_raft_conns_rejected_total{reason}.
+const (
+	rejectPerIP    = "per_ip_cap"
+	rejectTotal    = "total_cap"
+	rejectTLS      = "tls"
+	rejectIdentify = "identify"
+	rejectKind     = "unknown_kind"
+)
+
+var rejectReasons = []string{rejectPerIP, rejectTotal, rejectTLS, rejectIdentify, rejectKind}
+
+// rejectHint says, in each rate-limited log line, what a rejection means.
+func rejectHint(reason string) string {
+	switch reason {
+	case rejectPerIP:
+		return "raft port: connection over the per-address cap closed (a peer holds a handful; see what else connects from this address)"
+	case rejectTotal:
+		return "raft port: connection over the total cap closed (hastate_raft_conns_open counts what is held; look for many addresses connecting)"
+	case rejectTLS:
+		return "raft port: TLS handshake failed, connection closed (plain TCP, no client certificate, or one not signed by --raft-tls-ca)"
+	case rejectIdentify:
+		return "raft port: connection did not identify itself in time, closed (not a hastate peer, or a very slow link)"
+	}
+	return "raft port: unknown connection kind, closed (not a hastate peer)"
+}
+
+// validatePort checks the raft port's limits and sets their defaults.
+func (o *Options) validatePort() error {
+	switch {
+	case o.MaxConnsPerIP < 0:
+		return fmt.Errorf("cluster: MaxConnsPerIP %d is negative: use 0 for the default (%d)", o.MaxConnsPerIP, DefaultMaxConnsPerIP)
+	case o.MaxConns < 0:
+		return fmt.Errorf("cluster: MaxConns %d is negative: use 0 for the default (%d)", o.MaxConns, DefaultMaxConns)
+	case o.IdentifyTimeout < 0:
+		return fmt.Errorf("cluster: IdentifyTimeout %v is negative: use 0 for the default (%v)", o.IdentifyTimeout, DefaultIdentifyTimeout)
+	case o.TLS != nil && o.TLS.ClientAuth != tls.RequireAndVerifyClientCert:
+		return errors.New("cluster: raft TLS must require and verify client certificates, or any TLS client could read status and send raft RPCs: build it with MutualTLS")
+	}
+	if o.MaxConnsPerIP == 0 {
+		o.MaxConnsPerIP = DefaultMaxConnsPerIP
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.IdentifyTimeout == 0 {
+		o.IdentifyTimeout = DefaultIdentifyTimeout
+	}
+	return nil
+}
+
+// portMetrics are the raft port's own metrics, registered with the node's.
+type portMetrics struct {
+	rejected   *prometheus.CounterVec
+	open       prometheus.Gauge
+	tlsEnabled prometheus.Gauge
+}
+
+func newPortMetrics() *portMetrics {
+	m := &portMetrics{
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hastate_raft_conns_rejected_total",
+			Help: "Inbound raft-port connections closed unserved, by reason: per_ip_cap, total_cap, tls (handshake failed), identify (no first byte in time), unknown_kind."},
+			[]string{"reason"}),
+		open: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hastate_raft_conns_open", Help: "Inbound raft-port connections open (raft, status and queries, and those not identified yet)."}),
+		tlsEnabled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hastate_raft_tls_enabled", Help: "1 when the raft port requires mutual TLS; 0 means anyone who reaches it can send raft RPCs and read status."}),
+	}
+	for _, r := range rejectReasons {
+		m.rejected.WithLabelValues(r)
+	}
+	return m
+}
+
+func (m *portMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.rejected, m.open, m.tlsEnabled}
+}
+
+// connGuard caps the inbound connections of the raft port, per remote
+// address and in total, from accept until close, and can close them all.
+type connGuard struct {
+	perIP, total int
+	openGauge    prometheus.Gauge
+
+	mu     sync.Mutex
+	closed bool
+	byIP   map[string]int
+	conns  map[*guardedConn]struct{}
+}
+
+func newConnGuard(perIP, total int, open prometheus.Gauge) *connGuard {
+	return &connGuard{perIP: perIP, total: total, openGauge: open, byIP: map[string]int{}, conns: map[*guardedConn]struct{}{}}
+}
+
+// admit returns c wrapped so that closing it frees its place, or the reason
+// it is over a cap. After closeAll every connection is refused.
+func (g *connGuard) admit(c net.Conn) (net.Conn, string) {
+	ip := remoteIP(c)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.closed || len(g.conns) >= g.total:
+		return nil, rejectTotal
+	case g.byIP[ip] >= g.perIP:
+		return nil, rejectPerIP
+	}
+	gc := &guardedConn{Conn: c, g: g, ip: ip}
+	g.conns[gc] = struct{}{}
+	g.byIP[ip]++
+	g.openGauge.Inc()
+	return gc, ""
+}
+
+func (g *connGuard) release(gc *guardedConn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.conns[gc]; !ok {
+		return
+	}
+	delete(g.conns, gc)
+	if g.byIP[gc.ip]--; g.byIP[gc.ip] == 0 {
+		delete(g.byIP, gc.ip)
+	}
+	g.openGauge.Dec()
+}
+
+// openFrom is the number of connections open from ip.
+func (g *connGuard) openFrom(ip string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byIP[ip]
+}
+
+// closeAll closes every admitted connection and refuses new ones.
+func (g *connGuard) closeAll() {
+	g.mu.Lock()
+	g.closed = true
+	conns := make([]*guardedConn, 0, len(g.conns))
+	for c := range g.conns {
+		conns = append(conns, c)
+	}
+	g.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+func remoteIP(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// guardedConn gives its place in the guard back when it is closed.
+type guardedConn struct {
+	net.Conn
+	g    *connGuard
+	ip   string
+	once sync.Once
+}
+
+func (c *guardedConn) Close() error {
+	c.once.Do(func() { c.g.release(c) })
+	return c.Conn.Close()
+}
+
+// rejectLog lets one warning per reason through per interval and counts
+// the ones it held back, so a flood of connections costs one line a second.
+type rejectLog struct {
+	every time.Duration
+	log   *zap.Logger
+
+	mu     sync.Mutex
+	next   map[string]time.Time
+	hidden map[string]int
+}
+
+func newRejectLog(log *zap.Logger, every time.Duration) *rejectLog {
+	return &rejectLog{every: every, log: log, next: map[string]time.Time{}, hidden: map[string]int{}}
+}
+
+func (l *rejectLog) warn(reason string, remote net.Addr, err error) {
+	now := time.Now()
+	l.mu.Lock()
+	if now.Before(l.next[reason]) {
+		l.hidden[reason]++
+		l.mu.Unlock()
+		return
+	}
+	l.next[reason] = now.Add(l.every)
+	hidden := l.hidden[reason]
+	l.hidden[reason] = 0
+	l.mu.Unlock()
+	fields := []zap.Field{zap.String("reason", reason), zap.Stringer("remote", remote), zap.Int("suppressed", hidden)}
+	if err != nil {
+		fields = append(fields, zap.Error(err))
+	}
+	l.log.Warn(rejectHint(reason), fields...)
+}
