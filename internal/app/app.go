@@ -190,6 +190,7 @@ func New(o Options) (*App, error) {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
 	a := &App{o: o, log: o.Logger, consul: consul, failed: make(chan error, 2)}
+	a.newWatcher = a.defaultWatcher
 	reg := o.Registry
 	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
 		return nil, err
