@@ -156,7 +156,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			defer func() { _ = log.Sync() }()
 			build := version.Get()
 			log.Info("hastate starting", zap.String("version", build.Version), zap.String("revision", build.Revision),
-				zap.Bool("modified", build.Modified), zap.String("goversion", build.GoVersion))
+				zap.String("goversion", build.GoVersion))
 			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
 				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
 			}

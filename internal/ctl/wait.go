@@ -147,7 +147,7 @@ func waitLag(ctx context.Context, addr, selector, digest string) ([]string, erro
 func Precheck(ctx context.Context, addr, selector string) (problems []string, checked int, err error) {
 	v, err := FetchState(ctx, addr)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("cannot confirm %s: %w", selector, err)
 	}
 	if !v.HoldsState {
 		return nil, 0, fmt.Errorf("replica at %s holds no state yet: cannot tell; ask another replica (HASTATE_ADDR)", addr)
