@@ -5,8 +5,14 @@ export GOTOOLCHAIN ?= local
 
 .PHONY: demo test deps build vet fmt-check bench fuzz clean
 
+# What `hastate version`, hastate_build_info and the first log line say.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+VERSION_PKG := github.com/hastate/hastate/internal/version
+LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
+
 build:
-	$(GO) build -o bin/hastate ./cmd/hastate
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/hastate ./cmd/hastate
 
 # deps: a Consul binary (found or built once, cached outside the tree) and HAProxy.
 deps:

@@ -17,11 +17,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/cluster"
 	"github.com/hastate/hastate/internal/app"
 	"github.com/hastate/hastate/internal/ctl"
-	"github.com/hastate/hastate/kvsync"
+	"github.com/hastate/hastate/internal/version"
 	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
@@ -53,25 +52,68 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 cluster and answers HAProxy agent-check probes for the whole fleet.
 
 Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...,"ramp":...}`,
+		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("{{.Version}}")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(serveCmd(stderr))
+	root.AddCommand(serveCmd(stderr), versionCmd(stdout))
 	for _, st := range []string{"drain", "maint", "ready"} {
-		root.AddCommand(setCmd(st, stdout))
+		root.AddCommand(withTimeout(setCmd(st, stdout)))
 	}
-	root.AddCommand(weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout))
+	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), probeCmd(stdout)} {
+		root.AddCommand(withTimeout(c))
+	}
 	return root
 }
+
+func versionCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version, git revision and Go version of this binary",
+		Example: `  hastate version
+  hastate --version`,
+		Args: cobra.NoArgs,
+		Run: func(*cobra.Command, []string) {
+			fmt.Fprint(stdout, version.Get())
+		},
+	}
+}
+
+// withTimeout gives an operator command --timeout (and HASTATE_<FLAG> for
+// its flags) and runs it under a context with that deadline, which bounds
+// every call it makes to Consul, to a replica or to an agent port.
+func withTimeout(c *cobra.Command) *cobra.Command {
+	var timeout time.Duration
+	c.Flags().DurationVar(&timeout, "timeout", ctl.DefaultTimeout, "give up after this long (exit 1); bounds every call to Consul and to hastate")
+	run := c.RunE
+	c.RunE = func(c *cobra.Command, args []string) error {
+		if err := bindEnv(c.Flags()); err != nil {
+			return err
+		}
+		if timeout <= 0 {
+			return fmt.Errorf("%w: --timeout %s: want a positive duration such as 10s", ctl.ErrUsage, timeout)
+		}
+		ctx, cancel := ctl.WithTimeout(c.Context(), timeout)
+		defer cancel()
+		c.SetContext(ctx)
+		return run(c, args)
+	}
+	return c
+}
+
+// noEnv marks a flag bindEnv leaves alone (its HASTATE_<FLAG> means
+// something else).
+const noEnv = "hastate-no-env"
 
 // bindEnv sets every flag not given on the command line from
 // HASTATE_<FLAG> (upper case, dashes as underscores).
 func bindEnv(fs *pflag.FlagSet) error {
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Changed || err != nil {
+		if _, skip := f.Annotations[noEnv]; f.Changed || skip || err != nil {
 			return
 		}
 		name := "HASTATE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -113,6 +155,9 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 				return err
 			}
 			defer func() { _ = log.Sync() }()
+			build := version.Get()
+			log.Info("hastate starting", zap.String("version", build.Version), zap.String("revision", build.Revision),
+				zap.String("goversion", build.GoVersion))
 			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
 				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
 			}
@@ -239,19 +284,7 @@ func (w *writeFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&w.prefix, "kv-prefix", "hastate/", "Consul KV prefix (also HASTATE_KV_PREFIX)")
 }
 
-func (w *writeFlags) writer(c *cobra.Command) (ctl.Writer, error) {
-	if err := bindEnv(c.Flags()); err != nil {
-		return ctl.Writer{}, err
-	}
-	if !strings.HasSuffix(w.prefix, "/") {
-		return ctl.Writer{}, fmt.Errorf("%w: --kv-prefix %q must end with '/'", ctl.ErrUsage, w.prefix)
-	}
-	cl, err := api.NewClient(kvsync.ClientConfig(w.consulAddr))
-	if err != nil {
-		return ctl.Writer{}, fmt.Errorf("consul client: %w (check CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", err)
-	}
-	return ctl.Writer{Client: cl, Prefix: w.prefix}, nil
-}
+func (w *writeFlags) writer() (ctl.Writer, error) { return ctl.NewWriter(w.consulAddr, w.prefix) }
 
 func osUser() string {
 	if u, err := user.Current(); err == nil && u.Username != "" {
@@ -277,7 +310,7 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w, err := wf.writer(c)
+			w, err := wf.writer()
 			if err != nil {
 				return err
 			}
@@ -318,7 +351,7 @@ func weightCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			wr, err := wf.writer(c)
+			wr, err := wf.writer()
 			if err != nil {
 				return err
 			}
@@ -346,7 +379,7 @@ func clearCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w, err := wf.writer(c)
+			w, err := wf.writer()
 			if err != nil {
 				return err
 			}
@@ -419,23 +452,23 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringVar(&addr, "addr", hastateAddr(), "a replica's HTTP address (HASTATE_ADDR)")
+	replicaFlag(c, &addr)
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
 	return c
 }
 
-// hastateAddr is the default replica address for reads.
-func hastateAddr() string {
+// replicaFlag adds --addr, the replica that reads ask (HASTATE_ADDR).
+func replicaFlag(c *cobra.Command, addr *string) {
+	def := "http://127.0.0.1:9778"
 	if a := os.Getenv("HASTATE_ADDR"); a != "" {
-		return a
+		def = a
 	}
-	return "http://127.0.0.1:9778"
+	c.Flags().StringVar(addr, "addr", def, "a replica's HTTP address, http://host:port or host:port (HASTATE_ADDR)")
 }
 
 func waitCmd(stdout io.Writer) *cobra.Command {
 	var wf writeFlags
 	var addr string
-	var timeout time.Duration
 	c := &cobra.Command{
 		Use:   "wait <selector>",
 		Short: "Wait until every HAProxy polling the selected servers was served their current answer",
@@ -446,17 +479,15 @@ any replica) was last told that server's current answer. Exit 0 when done,
 		Example: `  hastate drain 'canary_web/*' --reason deploy && hastate wait 'canary_web/*' --timeout 1m`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			w, err := wf.writer(c)
+			w, err := wf.writer()
 			if err != nil {
 				return err
 			}
 			if _, err := ctl.Match(args[0], ctl.Row{}); err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(c.Context(), timeout)
-			defer cancel()
 			start := time.Now()
-			if err := ctl.Wait(ctx, ctl.WaitOptions{Consul: w.Client, Prefix: w.Prefix, Addr: addr, Selector: args[0]}); err != nil {
+			if err := ctl.Wait(c.Context(), ctl.WaitOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Addr: addr, Selector: args[0]}); err != nil {
 				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
 			}
 			fmt.Fprintf(stdout, "every HAProxy polling %s was served the current answer (%s)\n", args[0], time.Since(start).Round(time.Millisecond))
@@ -464,8 +495,7 @@ any replica) was last told that server's current answer. Exit 0 when done,
 		},
 	}
 	wf.add(c)
-	c.Flags().StringVar(&addr, "addr", hastateAddr(), "a replica's HTTP address (HASTATE_ADDR)")
-	c.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up after this long (exit 1)")
+	replicaFlag(c, &addr)
 	return c
 }
 
@@ -488,7 +518,36 @@ func precheckCmd(stdout io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringVar(&addr, "addr", hastateAddr(), "a replica's HTTP address (HASTATE_ADDR)")
+	replicaFlag(c, &addr)
+	return c
+}
+
+func probeCmd(stdout io.Writer) *cobra.Command {
+	var addr string
+	c := &cobra.Command{
+		Use:   "probe <backend>/<server>",
+		Short: "Send one agent check as HAProxy does and print the answer",
+		Long: `probe connects to an agent port, sends "<backend>/<server>\n" as HAProxy's
+agent-send does, and prints the one-line answer. It exits 1 when no answer
+comes: refused, closed without a line (the answer is withheld), or timed out.`,
+		Example: `  hastate probe canary_web/gke-cny-web
+  hastate probe canary_web/gke-cny-web --addr 10.0.0.9:9777 --timeout 2s   # through the load balancer`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			targets, err := ctl.ParseTargets(args)
+			if err != nil {
+				return err
+			}
+			answer, err := ctl.Probe(c.Context(), addr, targets[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, answer)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&addr, "addr", ctl.DefaultAgentAddr, "agent-check address, host:port")
+	_ = c.Flags().SetAnnotation("addr", noEnv, []string{"HASTATE_ADDR is the HTTP address"})
 	return c
 }
 

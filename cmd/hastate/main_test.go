@@ -2,8 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/hastate/hastate/internal/version"
 )
 
 func TestEveryCommandHasHelpWithExample(t *testing.T) {
@@ -53,5 +57,36 @@ func TestEnvOverridesFlagDefaults(t *testing.T) {
 	out.Reset()
 	if code := run([]string{"serve"}, &out, &out); code != 2 || !strings.Contains(out.String(), "--pollers-max -3") {
 		t.Fatalf("HASTATE_POLLERS_MAX not read: exit %d %q", code, out.String())
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var sub, flag bytes.Buffer
+	if code := run([]string{"version"}, &sub, &sub); code != 0 {
+		t.Fatalf("hastate version: exit %d %q", code, sub.String())
+	}
+	if code := run([]string{"--version"}, &flag, &flag); code != 0 || flag.String() != sub.String() {
+		t.Fatalf("hastate --version: exit %d %q, want what hastate version prints: %q", code, flag.String(), sub.String())
+	}
+	for _, want := range []string{"hastate ", "revision: ", "go version: " + runtime.Version()} {
+		if !strings.Contains(sub.String(), want) {
+			t.Errorf("hastate version printed %q, want %q in it", sub.String(), want)
+		}
+	}
+}
+
+// The first log line of serve says which build it is, even when serve
+// then fails.
+func TestServeLogsVersionFirst(t *testing.T) {
+	var out bytes.Buffer
+	run([]string{"serve", "--peers", "x"}, &out, &out)
+	first, _, _ := strings.Cut(out.String(), "\n")
+	var line map[string]any
+	if err := json.Unmarshal([]byte(first), &line); err != nil {
+		t.Fatalf("first line %q is not a JSON log line: %v", first, err)
+	}
+	b := version.Get()
+	if line["msg"] != "hastate starting" || line["version"] != b.Version || line["revision"] != b.Revision || line["goversion"] != b.GoVersion {
+		t.Fatalf("first log line %q lacks version %s, revision %s, goversion %s", first, b.Version, b.Revision, b.GoVersion)
 	}
 }

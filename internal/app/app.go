@@ -12,13 +12,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/internal/version"
 	"github.com/hastate/hastate/kvsync"
 	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"
@@ -26,9 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 )
-
-// Version is the build version, set by the linker in release builds.
-const Version = "dev"
 
 // Options configure a replica. Zero values get the defaults of DESIGN.md.
 type Options struct {
@@ -195,12 +192,13 @@ func New(o Options) (*App, error) {
 	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
 		return nil, err
 	}
+	build := version.Get()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hastate_build_info", Help: "Build information; always 1.",
-			ConstLabels: prometheus.Labels{"version": Version, "goversion": runtime.Version()},
+			ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
 		}, func() float64 { return 1 }),
 	)
 	a.kvm = kvsync.NewMetrics(reg)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/internal/version"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 )
@@ -208,4 +210,32 @@ func TestDrainAnswersWhileReadinessFails(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("Drain with a cancelled context took %s, want it cut short", took)
 	}
+}
+
+// hastate_build_info says which build runs: version, revision, Go version.
+func TestBuildInfoMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := New(Options{NodeID: "a", DataDir: t.TempDir(), ConsulAddr: "127.0.0.1:1", Registry: reg}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := version.Get()
+	want := map[string]string{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion}
+	for _, mf := range mfs {
+		if mf.GetName() != "hastate_build_info" {
+			continue
+		}
+		got := map[string]string{}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("hastate_build_info labels %v, want %v", got, want)
+		}
+		return
+	}
+	t.Fatal("hastate_build_info not registered")
 }

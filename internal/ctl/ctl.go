@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/kvsync"
 	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"
 )
@@ -89,6 +90,33 @@ func Value(st, reason, by, ramp string) (string, error) {
 type Writer struct {
 	Client *api.Client
 	Prefix string
+	Addr   string // Consul's address, for messages
+}
+
+// NewWriter returns a Writer for the Consul at addr ("": CONSUL_HTTP_ADDR,
+// else 127.0.0.1:8500; see kvsync.ClientConfig) and the KV prefix.
+func NewWriter(addr, prefix string) (Writer, error) {
+	if !strings.HasSuffix(prefix, "/") {
+		return Writer{}, fmt.Errorf("%w: --kv-prefix %q must end with '/'", ErrUsage, prefix)
+	}
+	cfg := kvsync.ClientConfig(addr)
+	cl, err := api.NewClient(cfg)
+	if err != nil {
+		return Writer{}, fmt.Errorf("consul client for %q: %w (check CONSUL_HTTP_ADDR / --consul-addr and the CONSUL_* TLS variables)", cfg.Address, err)
+	}
+	return Writer{Client: cl, Prefix: prefix, Addr: cfg.Address}, nil
+}
+
+// consulError explains a failed call to the Consul at addr; note (if
+// any) comes before the advice, e.g. "nothing was written".
+func consulError(ctx context.Context, addr string, err error, note string) error {
+	if addr == "" {
+		addr = "CONSUL_HTTP_ADDR"
+	}
+	if note != "" {
+		note += "; "
+	}
+	return callError(ctx, "consul", addr, err, note+"check CONSUL_HTTP_ADDR / --consul-addr and CONSUL_HTTP_TOKEN")
 }
 
 // Set writes value to every target's key in one transaction.
@@ -112,7 +140,12 @@ func (w Writer) Clear(ctx context.Context, targets []Target) error {
 func (w Writer) txn(ctx context.Context, ops api.TxnOps) error {
 	ok, resp, _, err := w.Client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		return fmt.Errorf("consul transaction: %w (check CONSUL_HTTP_ADDR / --consul-addr and CONSUL_HTTP_TOKEN; nothing was written)", err)
+		note := "nothing was written"
+		if ctx.Err() != nil {
+			// The request may have reached Consul before the deadline.
+			note = "the transaction may or may not have been applied (all or nothing); running the command again is safe"
+		}
+		return consulError(ctx, w.Addr, err, note)
 	}
 	if !ok {
 		var msgs []string
@@ -168,9 +201,9 @@ type StateView struct {
 }
 
 // FetchState reads /v1/state from a replica at base (e.g.
-// http://127.0.0.1:9778), every server and invalid key of it: it asks for
-// the most rows a replica answers, and fails with ErrTruncated if the
-// answer is still cut.
+// http://127.0.0.1:9778 or 127.0.0.1:9778), every server and invalid key of
+// it: it asks for the most rows a replica answers, and fails with
+// ErrTruncated if the answer is still cut.
 func FetchState(ctx context.Context, base string) (StateView, error) {
 	var v StateView
 	p := fmt.Sprintf("/v1/state?limit=%d", server.MaxLimit)

@@ -68,7 +68,10 @@ func TestValue(t *testing.T) {
 func TestWriterTransactions(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	cl := consul.Client(t)
-	w := Writer{Client: cl, Prefix: "gitlab-haproxy-agent/"}
+	w, err := NewWriter(consul.Addr(), "gitlab-haproxy-agent/")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	targets, _ := ParseTargets([]string{"web/a", "web/*"})
 	if err := w.Set(ctx, targets, `{"state":"drain"}`); err != nil {
@@ -89,8 +92,9 @@ func TestWriterTransactions(t *testing.T) {
 
 	// Consul down: a clear error that says nothing was written and what to check.
 	consul.Kill()
-	err := w.Set(ctx, targets, "drain")
-	if err == nil || !strings.Contains(err.Error(), "nothing was written") || !strings.Contains(err.Error(), "CONSUL_HTTP_ADDR") {
+	err = w.Set(ctx, targets, "drain")
+	if err == nil || !strings.Contains(err.Error(), "nothing was written") || !strings.Contains(err.Error(), "CONSUL_HTTP_ADDR") ||
+		!strings.Contains(err.Error(), consul.Addr()) {
 		t.Fatalf("write with Consul down: %v", err)
 	}
 }

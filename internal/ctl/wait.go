@@ -37,12 +37,13 @@ const ActivePoller = time.Minute
 
 // WaitOptions configure Wait.
 type WaitOptions struct {
-	Consul   *api.Client // to read the prefix and know what is current
-	Prefix   string
-	Addr     string // a replica's HTTP address
-	Selector string
-	Interval time.Duration // 0: 500ms between looks
-	Out      io.Writer     // progress lines; nil: none
+	Consul     *api.Client // to read the prefix and know what is current
+	ConsulAddr string      // for messages
+	Prefix     string
+	Addr       string // a replica's HTTP address (a bare host:port works)
+	Selector   string
+	Interval   time.Duration // 0: 500ms between looks
+	Out        io.Writer     // progress lines; nil: none
 }
 
 // Wait returns once the replica at Addr holds Consul's current content of
@@ -59,7 +60,7 @@ func Wait(ctx context.Context, o WaitOptions) error {
 	}
 	pairs, _, err := o.Consul.KV().List(o.Prefix, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		return fmt.Errorf("read %s from Consul: %w (check CONSUL_HTTP_ADDR / --consul-addr and CONSUL_HTTP_TOKEN)", o.Prefix, err)
+		return consulError(ctx, o.ConsulAddr, err, "")
 	}
 	kv := map[string]string{}
 	for _, p := range pairs {
@@ -70,7 +71,11 @@ func Wait(ctx context.Context, o WaitOptions) error {
 	want := state.Digest(kv)
 	var lag []string
 	for {
+		last := lag
 		lag, err = waitLag(ctx, o.Addr, o.Selector, want)
+		if err != nil && ctx.Err() != nil && len(last) > 0 {
+			return fmt.Errorf("%w: still waiting for:\n  %s", ErrNotDone, strings.Join(last, "\n  "))
+		}
 		if err != nil {
 			return err
 		}
@@ -149,7 +154,7 @@ func waitLag(ctx context.Context, addr, selector, digest string) ([]string, erro
 func Precheck(ctx context.Context, addr, selector string) (problems []string, checked int, err error) {
 	v, err := FetchState(ctx, addr)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("cannot confirm %s: %w", selector, err)
 	}
 	if !v.HoldsState {
 		return nil, 0, fmt.Errorf("replica at %s holds no state yet: cannot tell; ask another replica (HASTATE_ADDR)", addr)
@@ -175,23 +180,25 @@ func Precheck(ctx context.Context, addr, selector string) (problems []string, ch
 	return problems, checked, nil
 }
 
-func getJSON(ctx context.Context, base, path string, v any) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+path, nil)
+// getJSON reads path from the replica at addr into v; ctx bounds all of
+// it, the body included.
+func getJSON(ctx context.Context, addr, path string, v any) error {
+	base := ReplicaURL(addr)
+	const advice = "check HASTATE_ADDR / --addr (a replica's HTTP address, port 9778) or ask another replica"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
-		return fmt.Errorf("HASTATE_ADDR %q: %w", base, err)
+		return fmt.Errorf("%w: HASTATE_ADDR / --addr %q: %v", ErrUsage, addr, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("GET %s%s: %w (set HASTATE_ADDR to a replica's HTTP address)", base, path, err)
+		return callError(ctx, "hastate replica", base, err, advice)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s%s: HTTP %s", base, path, resp.Status)
+		return fmt.Errorf("hastate replica at %s: GET %s: HTTP %s: %s", base, path, resp.Status, advice)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		return fmt.Errorf("GET %s%s: %w", base, path, err)
+		return callError(ctx, "hastate replica", base, fmt.Errorf("GET %s: %w", path, err), advice)
 	}
 	return nil
 }

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// commandsAgainst lists every operator command pointed at consul (host:port),
+// a replica's HTTP address and an agent port.
+func commandsAgainst(consul, replica, agent string) [][]string {
+	c := []string{"--consul-addr", consul}
+	r := []string{"--addr", replica}
+	return [][]string{
+		append([]string{"drain", "web/a"}, c...),
+		append([]string{"maint", "web/a"}, c...),
+		append([]string{"ready", "web/a"}, c...),
+		append([]string{"weight", "50%", "web/a"}, c...),
+		append([]string{"clear", "web/a"}, c...),
+		append([]string{"status"}, r...),
+		append([]string{"precheck", "web/*"}, r...),
+		append(append([]string{"wait", "web/*"}, c...), r...),
+		{"probe", "web/a", "--addr", agent},
+	}
+}
+
+// A hung Consul, replica or agent port (accepts, never answers) costs an
+// operator --timeout, not minutes, and the error names what hung and what
+// to check.
+func TestHungServerGivesUpAtTimeout(t *testing.T) {
+	hungConsul, hungReplica, hungAgent := testenv.HungServer(t), testenv.HungServer(t), testenv.HungServer(t)
+	// wait reads Consul first; this one answers "no keys" so that wait gets
+	// to the hung replica.
+	emptyConsul := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(emptyConsul.Close)
+	emptyAddr := strings.TrimPrefix(emptyConsul.URL, "http://")
+
+	cmds := commandsAgainst(hungConsul, hungReplica, hungAgent)
+	cmds = append(cmds, []string{"wait", "web/*", "--consul-addr", emptyAddr, "--addr", "http://" + hungReplica})
+	const timeout, slack = time.Second, time.Second
+	for _, args := range cmds {
+		args = append(args, "--timeout", timeout.String())
+		named := hungConsul
+		switch {
+		case args[0] == "probe":
+			named = hungAgent
+		case args[0] == "status" || args[0] == "precheck" || args[2] == "--consul-addr" && args[3] == emptyAddr:
+			named = hungReplica
+		}
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			t.Parallel()
+			var out bytes.Buffer
+			start := time.Now()
+			code := run(args, &out, &out)
+			took := time.Since(start)
+			t.Logf("exit %d after %s: %s", code, took.Round(time.Millisecond), strings.TrimSpace(out.String()))
+			if code != 1 || took < timeout || took > timeout+slack || args[0] == "precheck" && !strings.Contains(out.String(), "cannot confirm") ||
+				!strings.Contains(out.String(), named) || !strings.Contains(out.String(), "did not answer within 1s") {
+				t.Errorf("exit %d after %s, output %q; want exit 1 after %s..%s naming %s", code, took, out.String(), timeout, timeout+slack, named)
+			}
+			// A write that timed out may have reached Consul: no false comfort.
+			if named == hungConsul && args[0] != "wait" && !strings.Contains(out.String(), "may or may not have been applied") {
+				t.Errorf("%q does not say the write may have been applied", out.String())
+			}
+		})
+	}
+}
+
+// Nothing listening: every command says so at once, naming the address.
+func TestRefusedConnectionFailsFast(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	for _, args := range commandsAgainst(addr, addr, addr) {
+		var out bytes.Buffer
+		start := time.Now()
+		code := run(args, &out, &out)
+		took := time.Since(start)
+		if code != 1 || took > time.Second || !strings.Contains(out.String(), addr) || !strings.Contains(out.String(), "refused the connection") ||
+			args[0] != "wait" && strings.Contains(out.String(), "consul") && !strings.Contains(out.String(), "nothing was written") {
+			t.Errorf("hastate %s: exit %d after %s, output %q; want exit 1 at once, naming %s and the refusal",
+				strings.Join(args, " "), code, took, out.String(), addr)
+		}
+	}
+}
+
+func TestTimeoutMustBePositive(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"status", "--timeout", "0s"}, &out, &out); code != 2 || !strings.Contains(out.String(), "positive duration") {
+		t.Fatalf("--timeout 0s: exit %d %q, want a usage error", code, out.String())
+	}
+}

@@ -1,0 +1,62 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DefaultTimeout bounds every operator command (--timeout): the Consul
+// transaction or reads, and every read from a replica.
+const DefaultTimeout = 10 * time.Second
+
+type timeoutKey struct{}
+
+// WithTimeout is context.WithTimeout that also remembers d, so that an
+// error can say "did not answer within 1s".
+func WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithValue(parent, timeoutKey{}, d), d)
+}
+
+// ReplicaURL turns HASTATE_ADDR / --addr into a base URL: a bare
+// host:port gets http:// in front.
+func ReplicaURL(addr string) string {
+	addr = strings.TrimSuffix(strings.TrimSpace(addr), "/")
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	return addr
+}
+
+// callError explains why a call to the server at addr failed: it names the
+// server, says whether it refused or did not answer in time, and ends with
+// what to do (advice). The cause stays wrapped.
+func callError(ctx context.Context, who, addr string, err error, advice string) error {
+	var nerr net.Error
+	switch {
+	case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &nerr) && nerr.Timeout()):
+		within := "in time"
+		if d, ok := ctx.Value(timeoutKey{}).(time.Duration); ok {
+			within = "within " + d.String()
+		}
+		return &explained{fmt.Sprintf("%s at %s did not answer %s: %s, or raise --timeout", who, addr, within, advice), err}
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return &explained{fmt.Sprintf("%s at %s refused the connection (is it running?): %s", who, addr, advice), err}
+	default:
+		return fmt.Errorf("%s at %s: %w: %s", who, addr, err, advice)
+	}
+}
+
+// explained is an error whose message replaces the cause's (a Go net/http
+// error says nothing an operator needs once explained) but still wraps it.
+type explained struct {
+	msg string
+	err error
+}
+
+func (e *explained) Error() string { return e.msg }
+func (e *explained) Unwrap() error { return e.err }

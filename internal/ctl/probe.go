@@ -1,0 +1,51 @@
+package ctl
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+)
+
+// DefaultAgentAddr is where Probe connects without --addr.
+const DefaultAgentAddr = "127.0.0.1:9777"
+
+// maxAnswer bounds the answer Probe reads; a real one is about 12 bytes.
+const maxAnswer = 256
+
+// Probe performs one agent check as HAProxy does: connect to the agent port
+// at addr, send "backend/server\n", read one LF-terminated line. It returns
+// the line without its LF. No answer (the replica withholds it, or the
+// request was refused), a closed or refused connection and an expired ctx
+// are errors that say so.
+func Probe(ctx context.Context, addr string, t Target) (string, error) {
+	const advice = "check --addr (the agent port, 9777, or the load balancer in front of it)"
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", callError(ctx, "agent", addr, err, advice)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	if _, err := io.WriteString(conn, t.String()+"\n"); err != nil {
+		return "", callError(ctx, "agent", addr, err, advice)
+	}
+	line, err := bufio.NewReaderSize(io.LimitReader(conn, maxAnswer), maxAnswer).ReadString('\n')
+	switch {
+	case err == nil:
+		return strings.TrimSuffix(line, "\n"), nil
+	case ctx.Err() != nil:
+		return "", callError(ctx, "agent", addr, err, advice)
+	case errors.Is(err, io.EOF) && line == "":
+		return "", fmt.Errorf("agent at %s closed the connection without an answer for %s: HAProxy keeps its current state; "+
+			"`hastate status %s` shows whether the key is invalid (then its answer is withheld)", addr, t, t)
+	case errors.Is(err, io.EOF):
+		return "", fmt.Errorf("agent at %s answered %q for %s without a line feed (HAProxy ignores such an answer): %s", addr, line, t, advice)
+	default:
+		return "", callError(ctx, "agent", addr, err, advice)
+	}
+}
