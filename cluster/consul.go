@@ -117,8 +117,9 @@ func kvWarning(v KVView) string {
 // when this node last knew a leader.
 func (n *Node) leaderReportLoop() {
 	defer n.wg.Done()
-	t := time.NewTicker(kvReportEvery)
+	t := time.NewTicker(kvReportEvery / 4)
 	defer t.Stop()
+	var asked time.Time
 	for {
 		select {
 		case <-n.stop:
@@ -129,9 +130,12 @@ func (n *Node) leaderReportLoop() {
 		if id != "" {
 			n.leaderSeen.Store(time.Now().UnixNano())
 		}
-		if id == "" || string(id) == n.opts.ID {
+		// Ask every kvReportEvery, and at once when the leader is new.
+		r := n.kvReport.Load()
+		if id == "" || string(id) == n.opts.ID || (time.Since(asked) < kvReportEvery && r != nil && r.leader == string(id)) {
 			continue
 		}
+		asked = time.Now()
 		st, err := n.stream.queryStatus(n.dialAddress(raft.Server{ID: id, Address: addr}), kvReportEvery)
 		if err != nil || st.ID != string(id) || st.State != stateName(raft.Leader) {
 			continue

@@ -264,13 +264,18 @@ func (h *Hastate) Readiness(t testing.TB) (int, Readiness) {
 type Readiness struct {
 	Ready  bool   `json:"ready"`
 	Detail string `json:"detail"`
-	KV     struct {
-		Watching bool `json:"watching"`
-		Status   struct {
+	// KV is the cluster's view of the Consul sync, the same on every
+	// replica, and on the leader its own watch.
+	KV struct {
+		Reachable      bool    `json:"reachable"`
+		SyncAgeSeconds float64 `json:"sync_age_seconds"`
+		Warning        string  `json:"warning"`
+		Watching       bool    `json:"watching"`
+		Watch          struct {
 			Reachable         bool   `json:"reachable"`
 			ConsecutiveErrors int    `json:"consecutive_errors"`
 			LastError         string `json:"last_error"`
-		} `json:"status"`
+		} `json:"watch"`
 	} `json:"kv"`
 }
 

@@ -414,6 +414,10 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if w := v.KV.Warning; w != "" {
+				// Stale is not wrong, but the operator must know.
+				fmt.Fprintln(c.ErrOrStderr(), "warning:", w)
+			}
 			var rows []ctl.Row
 			for _, r := range v.Servers {
 				ok, err := ctl.Match(sel, r)

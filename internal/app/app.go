@@ -471,12 +471,20 @@ func (r replica) PeerPollers() []server.Poll {
 
 // KVStatus is the Consul watch status; only the leader watches.
 func (r replica) KVStatus() any {
-	if !r.a.node.IsLeader() {
-		return map[string]any{"watching": false, "note": "followers serve their raft state; the leader watches Consul"}
+	st := kvStatus{KVView: r.a.node.KVView(), Note: "followers serve their raft state; the leader watches Consul"}
+	if w := r.a.watcher.Load(); w != nil && r.a.node.IsLeader() {
+		ws := w.Status()
+		st.Watching, st.Watch, st.Note = true, &ws, ""
 	}
-	w := r.a.watcher.Load()
-	if w == nil {
-		return map[string]any{"watching": false}
-	}
-	return map[string]any{"watching": true, "status": w.Status()}
+	return st
+}
+
+// kvStatus is the "kv" object of /-/readiness and /v1/state: the cluster's
+// view of the Consul sync (the same on every replica) and, on the leader,
+// its watch.
+type kvStatus struct {
+	cluster.KVView
+	Watching bool           `json:"watching"`
+	Watch    *kvsync.Status `json:"watch,omitempty"`
+	Note     string         `json:"note,omitempty"`
 }

@@ -198,6 +198,10 @@ type StateView struct {
 	InvalidKeys []Row `json:"invalid_keys"`
 	Total       int   `json:"total"`
 	Truncated   bool  `json:"truncated"`
+	// KV is the cluster's view of the Consul sync.
+	KV struct {
+		Warning string `json:"warning"`
+	} `json:"kv"`
 }
 
 // FetchState reads /v1/state from a replica at base (e.g.
