@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/hastate/hastate/internal/testenv"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -19,9 +17,7 @@ import (
 // logged again.
 func TestLogsAreAnAuditTrail(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	n := startNode(t, Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: t.TempDir(), Logger: zap.New(core)})
-	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+	n := startLeader(t, Options{Logger: zap.New(core)})
 	ctx := context.Background()
 	apply := func(i uint64, kv map[string]string) {
 		t.Helper()

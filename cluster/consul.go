@@ -75,8 +75,8 @@ type kvReport struct {
 func (n *Node) KVView() KVView {
 	now := time.Now()
 	var v KVView
-	if n.raft.State() == raft.Leader && n.opts.ConsulHealth != nil {
-		h := n.opts.ConsulHealth()
+	if n.raft.State() == raft.Leader {
+		h := n.consulHealth()
 		v = KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable}
 		if !h.SyncedAt.IsZero() {
 			v.Synced, v.SyncAge = true, max(now.Sub(h.SyncedAt), 0)
@@ -111,6 +111,19 @@ func kvWarning(v KVView) string {
 		return fmt.Sprintf("Consul not synced for %s (check the leader %s's logs)", age, v.LeaderID)
 	}
 	return ""
+}
+
+// consulHealth is the wiring's ConsulHealth; without one, Consul counts as
+// reachable and the mirror, once it holds state, as in sync.
+func (n *Node) consulHealth() ConsulHealth {
+	if n.opts.ConsulHealth != nil {
+		return n.opts.ConsulHealth()
+	}
+	h := ConsulHealth{Reachable: true, Checked: time.Now()}
+	if _, _, synced := n.fsm.info(); synced {
+		h.SyncedAt = h.Checked
+	}
+	return h
 }
 
 // leaderReportLoop keeps, on a follower, the leader's last KV report and

@@ -3,14 +3,12 @@ package cluster
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"math"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -104,11 +102,8 @@ func TestFSMApplyRecoversFromPanic(t *testing.T) {
 // entries the FSM rejects (among them issue 7's divide-by-zero) replays them
 // at start, comes back ready and serves.
 func TestReplicaRestartsOverRejectedEntries(t *testing.T) {
-	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	o := Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: dir}
-	n := startNode(t, o)
-	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+	n := startLeader(t, Options{})
+	o := n.opts
 	ctx := context.Background()
 	if err := n.ApplyKV(ctx, 1, map[string]string{"state/web/b": "maint"}); err != nil {
 		t.Fatal(err)

@@ -53,6 +53,25 @@ func startNode(t *testing.T, o Options) *testNode {
 	return tn
 }
 
+// startLeader starts a one-node cluster on loopback (o's ID, addresses and
+// data dir are filled in when empty) and waits until it leads.
+func startLeader(t *testing.T, o Options) *testNode {
+	t.Helper()
+	if o.BindAddr == "" {
+		o.BindAddr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		o.Advertise = o.BindAddr
+	}
+	if o.ID == "" {
+		o.ID = "n1"
+	}
+	if o.DataDir == "" {
+		o.DataDir = t.TempDir()
+	}
+	n := startNode(t, o)
+	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+	return n
+}
+
 func answer(n *Node, req string) string {
 	i := strings.IndexByte(req, '/')
 	return string(n.Snapshot().Lookup([]byte(req), i))
@@ -342,11 +361,8 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 // raft snapshot's index as the state index, so readiness still works after
 // an upgrade.
 func TestVersion2SnapshotTakesTheRaftSnapshotIndex(t *testing.T) {
-	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	o := Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: dir}
-	n := startNode(t, o)
-	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+	n := startLeader(t, Options{})
+	o, dir := n.opts, n.opts.DataDir
 	ctx := context.Background()
 	if err := n.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
 		t.Fatal(err)

@@ -331,9 +331,9 @@ func TestMetricsRegisterOnce(t *testing.T) {
 		"hastate_kv_index",
 		"hastate_kv_keys",
 		"hastate_kv_last_success_timestamp_seconds",
-		"hastate_kv_watch_reachable",
 		"hastate_kv_sync_errors_total",
 		"hastate_kv_updates_total",
+		"hastate_kv_watch_reachable",
 	}
 	if !slices.Equal(names, want) {
 		t.Errorf("metric names = %v, want %v", names, want)
