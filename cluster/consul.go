@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"github.com/hastate/hastate/api"
 	"sync/atomic"
 	"time"
 
@@ -24,30 +25,10 @@ type ConsulHealth struct {
 	FailingSince time.Time
 	Checked      time.Time
 	// SyncedAt is, on the leader, the last time its mirror was known to
-	// hold Consul's content; zero when it has not synced in this term.
-	SyncedAt time.Time
-}
-
-// KVView is the cluster's view of its Consul sync: what the leader
-// reported, aged by the time since. Every replica computes the same, so one
-// alert or dashboard expression works on any of them.
-type KVView struct {
-	// LeaderID is the leader whose report this is ("" when none is known).
-	LeaderID string `json:"leader_id"`
-	// Known: this node leads, or its leader answered the status query
-	// within kvReportFresh. Without a fresh report, Reachable is false.
-	Known bool `json:"known"`
-	// Reachable: the leader reads Consul and its watch is delivering.
-	Reachable bool `json:"reachable"`
-	// Synced: a leader has synced KV since this replica started (or in
-	// the report it holds); SyncAge is then the time since it last was
-	// in sync, else the time since this replica started.
-	Synced         bool          `json:"synced"`
-	SyncAge        time.Duration `json:"-"`
-	SyncAgeSeconds float64       `json:"sync_age_seconds"`
-	// Warning says what is wrong, e.g. "Consul not synced for 42s"; empty
-	// when the sync is current.
-	Warning string `json:"warning,omitempty"`
+	// hold Consul's content, and SyncedIndex the Consul index it then held;
+	// zero when it has not synced in this term.
+	SyncedAt    time.Time
+	SyncedIndex uint64
 }
 
 // Bounds of the KV view.
@@ -69,15 +50,20 @@ type kvReport struct {
 	synced    bool
 	age       time.Duration // as the leader computed it
 	at        time.Time     // when it arrived (monotonic)
+	// consulIndex is the Consul index the leader's state held when it
+	// reported, and stateIndex the raft index of that state: a follower
+	// that serves stateIndex holds consulIndex.
+	consulIndex, stateIndex uint64
 }
 
 // KVView returns the cluster's view of its Consul sync.
-func (n *Node) KVView() KVView {
+func (n *Node) KVView() api.KVView {
 	now := time.Now()
-	var v KVView
+	kvIndex, _, _ := n.fsm.info()
+	var v api.KVView
 	if n.raft.State() == raft.Leader {
 		h := n.consulHealth()
-		v = KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable}
+		v = api.KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable, SyncedIndex: max(h.SyncedIndex, kvIndex)}
 		if !h.SyncedAt.IsZero() {
 			v.Synced, v.SyncAge = true, max(now.Sub(h.SyncedAt), 0)
 		} else if r := n.kvReport.Load(); r != nil && r.synced {
@@ -85,8 +71,13 @@ func (n *Node) KVView() KVView {
 			// the last one known.
 			v.Synced, v.SyncAge = true, r.age+now.Sub(r.at)
 		}
-	} else if r := n.kvReport.Load(); r != nil {
-		v = KVView{LeaderID: r.leader, Synced: r.synced, SyncAge: r.age + now.Sub(r.at)}
+	} else if r := n.kvReport.Load(); r == nil {
+		v.SyncedIndex = kvIndex
+	} else {
+		v = api.KVView{LeaderID: r.leader, Synced: r.synced, SyncAge: r.age + now.Sub(r.at), SyncedIndex: kvIndex}
+		if n.fsm.index.Load() >= r.stateIndex {
+			v.SyncedIndex = max(kvIndex, r.consulIndex)
+		}
 		v.Known = now.Sub(r.at) <= kvReportFresh
 		v.Reachable = v.Known && r.reachable
 	}
@@ -98,7 +89,7 @@ func (n *Node) KVView() KVView {
 	return v
 }
 
-func kvWarning(v KVView) string {
+func kvWarning(v api.KVView) string {
 	age := v.SyncAge.Round(time.Second)
 	switch {
 	case !v.Synced:
@@ -154,7 +145,8 @@ func (n *Node) leaderReportLoop() {
 			continue
 		}
 		n.kvReport.Store(&kvReport{leader: st.ID, reachable: st.ConsulReachable, synced: st.KVSynced,
-			age: time.Duration(st.KVSyncAgeSeconds * float64(time.Second)), at: time.Now()})
+			age: time.Duration(st.KVSyncAgeSeconds * float64(time.Second)), at: time.Now(),
+			consulIndex: st.KVSyncedIndex, stateIndex: st.StateIndex})
 	}
 }
 

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"github.com/hastate/hastate/api"
 	"strings"
 	"sync"
 	"testing"
@@ -59,7 +60,7 @@ func TestKVViewIsTheSameOnEveryReplica(t *testing.T) {
 	for _, h := range hs {
 		h.set(true)
 	}
-	everywhere := func(cond func(KVView) bool) func() bool {
+	everywhere := func(cond func(api.KVView) bool) func() bool {
 		return func() bool {
 			for _, n := range nodes {
 				if !cond(n.KVView()) {
@@ -73,7 +74,7 @@ func TestKVViewIsTheSameOnEveryReplica(t *testing.T) {
 	if err := l.ApplyKV(context.Background(), 1, map[string]string{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, everywhere(func(v KVView) bool {
+	eventually(t, 5*time.Second, everywhere(func(v api.KVView) bool {
 		return v.Known && v.Reachable && v.Synced && v.Warning == "" && v.SyncAge < 3*time.Second && v.LeaderID == l.opts.ID
 	}), "the replicas never agreed that Consul is in sync")
 
@@ -83,7 +84,7 @@ func TestKVViewIsTheSameOnEveryReplica(t *testing.T) {
 		}
 	}
 	lost := time.Now()
-	eventually(t, 5*time.Second, everywhere(func(v KVView) bool {
+	eventually(t, 5*time.Second, everywhere(func(v api.KVView) bool {
 		return !v.Reachable && strings.Contains(v.Warning, "Consul not synced for")
 	}), "the replicas never said Consul is lost")
 	t.Logf("Consul loss seen on every replica after %s", time.Since(lost).Round(time.Millisecond))

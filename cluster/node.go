@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/hastate/hastate/api"
 	"maps"
 	"os"
 	"path/filepath"
@@ -539,8 +540,8 @@ func (n *Node) runLeaderDuty(ctx context.Context) {
 	}
 }
 
-func (n *Node) peerStatus() PeerStatus {
-	st := PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load()}
+func (n *Node) peerStatus() api.PeerStatus {
+	st := api.PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load()}
 	if lc := n.raft.LastContact(); !lc.IsZero() && n.raft.State() != raft.Leader {
 		st.LastContact = time.Since(lc).Round(time.Millisecond).String()
 	}
@@ -550,7 +551,10 @@ func (n *Node) peerStatus() PeerStatus {
 	}
 	if n.raft.State() == raft.Leader {
 		v := n.KVView()
-		st.KVSynced, st.KVSyncAgeSeconds = v.Synced, v.SyncAgeSeconds
+		st.KVSynced, st.KVSyncAgeSeconds, st.KVSyncedIndex = v.Synced, v.SyncAgeSeconds, v.SyncedIndex
+		// Read after the synced index: the state that holds it is
+		// applied by the time the watch records it.
+		st.StateIndex = n.fsm.index.Load()
 	}
 	return st
 }
@@ -558,8 +562,8 @@ func (n *Node) peerStatus() PeerStatus {
 // PeerStatuses asks every member for its status over the raft port (this
 // node answers for itself); members that do not answer within timeout are
 // missing from the result.
-func (n *Node) PeerStatuses(timeout time.Duration) map[string]PeerStatus {
-	out := map[string]PeerStatus{n.opts.ID: n.peerStatus()}
+func (n *Node) PeerStatuses(timeout time.Duration) map[string]api.PeerStatus {
+	out := map[string]api.PeerStatus{n.opts.ID: n.peerStatus()}
 	var mu sync.Mutex
 	n.forEachPeer(func(s raft.Server) {
 		if st, err := n.stream.queryStatus(n.dialAddress(s), timeout); err == nil {
@@ -571,18 +575,25 @@ func (n *Node) PeerStatuses(timeout time.Duration) map[string]PeerStatus {
 	return out
 }
 
+// PeerAnswer is one member's answer to a named query: Raw, or Err when it
+// did not answer.
+type PeerAnswer struct {
+	Raw json.RawMessage
+	Err error
+}
+
 // QueryPeers asks every other member for the answer to a named query
-// (Options.PeerQueries on their side). Members that do not answer within
-// timeout are missing from the result.
-func (n *Node) QueryPeers(name string, timeout time.Duration) map[string]json.RawMessage {
-	out := map[string]json.RawMessage{}
+// (Options.PeerQueries on their side), in parallel, each within timeout.
+// Every member of the configuration is in the result, those that did not
+// answer with their error, so that a caller can say whom it missed.
+func (n *Node) QueryPeers(name string, timeout time.Duration) map[string]PeerAnswer {
+	out := map[string]PeerAnswer{}
 	var mu sync.Mutex
 	n.forEachPeer(func(s raft.Server) {
-		if raw, err := n.stream.query(n.dialAddress(s), name, timeout); err == nil {
-			mu.Lock()
-			out[string(s.ID)] = raw
-			mu.Unlock()
-		}
+		raw, err := n.stream.query(n.dialAddress(s), name, timeout)
+		mu.Lock()
+		out[string(s.ID)] = PeerAnswer{Raw: raw, Err: err}
+		mu.Unlock()
 	})
 	return out
 }
@@ -687,50 +698,15 @@ func (n *Node) Ready() (bool, string) {
 	return true, "holds state and caught up with a leader"
 }
 
-// Info is the node's view of the cluster.
-type Info struct {
-	NodeID       string       `json:"node_id"`
-	State        string       `json:"state"`
-	LeaderID     string       `json:"leader_id"`
-	LeaderAddr   string       `json:"leader_address"`
-	Members      []MemberInfo `json:"members"`
-	AppliedIndex uint64       `json:"applied_index"`
-	StateIndex   uint64       `json:"state_index"` // the last entry served; see PeerStatus
-	CommitIndex  uint64       `json:"commit_index"`
-	Term         uint64       `json:"term"`
-	LastContact  string       `json:"last_contact,omitempty"`
-	KVIndex      uint64       `json:"kv_index"`
-	KVKeys       int          `json:"kv_keys"`
-	KVDigest     string       `json:"kv_digest"` // equal on replicas that hold the same KV content
-	HoldsState   bool         `json:"holds_state"`
-	CaughtUp     bool         `json:"caught_up"`
-	// KV is the cluster's view of the Consul sync (the leader's report).
-	KV KVView `json:"kv"`
-	// LeaderlessSeconds is how long this node has been without a known
-	// leader (0 with one); it keeps serving its last state meanwhile.
-	LeaderlessSeconds float64 `json:"leaderless_seconds"`
-}
-
-// MemberInfo is one member of the raft configuration.
-type MemberInfo struct {
-	ID       string `json:"id"`
-	Address  string `json:"address"`
-	Suffrage string `json:"suffrage"`
-	Leader   bool   `json:"leader"`
-	// Status is what the member reported over the raft port; nil when it
-	// did not answer within a second.
-	Status *PeerStatus `json:"status"`
-}
-
 // Info returns the node's view of the cluster.
-func (n *Node) Info() Info {
+func (n *Node) Info() api.ClusterInfo {
 	addr, lid := n.raft.LeaderWithID()
 	kvIndex, keys, synced := n.fsm.info()
-	in := Info{
+	in := api.ClusterInfo{
 		NodeID: n.opts.ID, State: stateName(n.raft.State()), LeaderID: string(lid), LeaderAddr: string(addr),
 		AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
 		KVIndex: kvIndex, KVKeys: keys, KVDigest: n.fsm.digest(), HoldsState: synced, CaughtUp: n.caughtUp.Load(),
-		KV: n.KVView(), LeaderlessSeconds: n.leaderless().Seconds(), Members: []MemberInfo{},
+		KV: n.KVView(), LeaderlessSeconds: n.leaderless().Seconds(), Members: []api.MemberInfo{},
 	}
 	if lc := n.raft.LastContact(); !lc.IsZero() && in.State != "leader" {
 		in.LastContact = time.Since(lc).Round(time.Millisecond).String()
@@ -738,7 +714,7 @@ func (n *Node) Info() Info {
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		statuses := n.PeerStatuses(time.Second)
 		for _, s := range f.Configuration().Servers {
-			m := MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid}
+			m := api.MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid}
 			if st, ok := statuses[string(s.ID)]; ok {
 				m.Status = &st
 			}

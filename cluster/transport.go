@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/hastate/hastate/api"
 	"io"
 	"net"
 	"strings"
@@ -26,26 +27,6 @@ const (
 	connQuery  byte = 'Q' // followed by a query name and LF; answered with JSON
 )
 
-// PeerStatus is what a node reports about itself over the raft port.
-type PeerStatus struct {
-	ID              string    `json:"id"`
-	ConsulReachable bool      `json:"consul_reachable"`
-	ConsulChecked   time.Time `json:"consul_checked"`
-	State           string    `json:"state"`
-	// LastContact is how long ago this node last heard from the leader
-	// (empty on the leader itself).
-	LastContact  string `json:"last_contact,omitempty"`
-	AppliedIndex uint64 `json:"applied_index"`
-	// StateIndex is the raft index of the last entry this node serves
-	// (raft's applied index may run ahead while entries wait in the FSM's
-	// queue).
-	StateIndex uint64 `json:"state_index"`
-	// KVSynced and KVSyncAgeSeconds are the leader's KV sync report
-	// (see KVView); a leader's ConsulReachable includes its watch.
-	KVSynced         bool    `json:"kv_synced,omitempty"`
-	KVSyncAgeSeconds float64 `json:"kv_sync_age_seconds,omitempty"`
-}
-
 // streamLayer is raft's network layer over plain TCP (or mutual TLS). It
 // listens on a bind address but advertises a host name, and dials peers by
 // name at connect time: a StatefulSet pod that comes back with a new IP
@@ -60,7 +41,7 @@ type streamLayer struct {
 	ln        net.Listener // plain TCP; TLS is layered per connection
 	advertise advertiseAddr
 	tls       *tls.Config // nil: plain TCP
-	status    func() PeerStatus
+	status    func() api.PeerStatus
 	queries   map[string]func() any
 	log       *zap.Logger
 	identify  time.Duration
@@ -82,7 +63,7 @@ type streamLayer struct {
 type streamConfig struct {
 	Bind, Advertise string
 	TLS             *tls.Config
-	Status          func() PeerStatus
+	Status          func() api.PeerStatus
 	Queries         map[string]func() any
 	Log             *zap.Logger
 	Metrics         *portMetrics
@@ -222,7 +203,7 @@ func (s *streamLayer) answer(c net.Conn, kind byte) {
 	case connStatus:
 		defer c.Close()
 		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		var st PeerStatus
+		var st api.PeerStatus
 		if s.status != nil {
 			st = s.status()
 		}
@@ -311,9 +292,9 @@ func (s *streamLayer) query(address, name string, timeout time.Duration) (json.R
 	return raw, err
 }
 
-// queryStatus asks the node at address for its PeerStatus.
-func (s *streamLayer) queryStatus(address string, timeout time.Duration) (PeerStatus, error) {
-	var st PeerStatus
+// queryStatus asks the node at address for its api.PeerStatus.
+func (s *streamLayer) queryStatus(address string, timeout time.Duration) (api.PeerStatus, error) {
+	var st api.PeerStatus
 	c, err := s.dial(address, connStatus, timeout)
 	if err != nil {
 		return st, err

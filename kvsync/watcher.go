@@ -11,7 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/consul/api"
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/api"
 	"go.uber.org/zap"
 )
 
@@ -21,24 +22,8 @@ import (
 const requestSlack = 10 * time.Second
 
 // Status is a Watcher's view of its sync, for readiness details and the
-// status page.
-type Status struct {
-	// LastSuccess is when a Consul read last succeeded with the Sink in sync
-	// with it (zero: never, in this process).
-	LastSuccess time.Time `json:"last_success"`
-	// LastError and LastErrorTime describe the last failure, Consul or Sink;
-	// they are kept after a recovery.
-	LastError     string    `json:"last_error,omitempty"`
-	LastErrorTime time.Time `json:"last_error_time"`
-	// Index is the Consul index of the last successful read.
-	Index uint64 `json:"index"`
-	// ConsecutiveErrors counts failures since the last success, and
-	// FailingSince is when the first of them happened (zero with none).
-	ConsecutiveErrors int       `json:"consecutive_errors"`
-	FailingSince      time.Time `json:"failing_since,omitzero"`
-	// Reachable is true when the last Consul read succeeded.
-	Reachable bool `json:"reachable"`
-}
+// status page; it is part of the HTTP API.
+type Status = api.WatchStatus
 
 // Watcher mirrors one KV prefix into a Sink. Create it with New, drive it
 // with Run. Status is safe for concurrent use.
@@ -149,7 +134,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 				zap.Uint64("consul_index", got), zap.Int("keys", len(kv)))
 			failures = 0
 		}
-		w.succeeded()
+		w.succeeded(index)
 	}
 }
 
@@ -159,7 +144,7 @@ func (w *Watcher) read(ctx context.Context, index uint64) (uint64, map[string]st
 	limit := w.o.WaitTime + w.o.WaitTime/16 + w.slack
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	q := (&api.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(ctx)
+	q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(ctx)
 	pairs, meta, err := w.o.KV.List(w.o.Prefix, q)
 	switch {
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -234,7 +219,7 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 
 // consulHint says what an operator should check for err.
 func consulHint(err error) string {
-	var se api.StatusError
+	var se consul.StatusError
 	switch {
 	case errors.Is(err, errFilteredByACLs):
 		return "give the token (CONSUL_HTTP_TOKEN) key_prefix read on the whole prefix"
@@ -247,11 +232,13 @@ func consulHint(err error) string {
 	}
 }
 
-func (w *Watcher) succeeded() {
+// succeeded records that the Sink holds Consul's content at index.
+func (w *Watcher) succeeded(index uint64) {
 	now := w.o.Now()
 	w.m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
 	w.mu.Lock()
 	w.st.LastSuccess, w.st.ConsecutiveErrors, w.st.FailingSince = now, 0, time.Time{}
+	w.st.SyncedIndex = index
 	w.mu.Unlock()
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"github.com/hastate/hastate/api"
 	"html/template"
 	"net/http"
 	"slices"
@@ -23,13 +24,14 @@ type Replica interface {
 	SnapshotSource
 	// Ready reports readiness per DESIGN.md with a human-readable detail.
 	Ready() (bool, string)
-	// ClusterInfo is the replica's view of the raft cluster, JSON-encodable.
-	ClusterInfo() any
-	// KVStatus is the Consul sync status as this replica sees it, JSON-encodable.
-	KVStatus() any
+	// ClusterInfo is the replica's view of the raft cluster.
+	ClusterInfo() api.ClusterInfo
+	// KVStatus is the cluster's view of the Consul sync and, on the
+	// leader, its watch.
+	KVStatus() api.KVStatus
 	// PeerPollers returns the other replicas' pollers, each Poll naming
-	// its replica (for /v1/pollers?scope=cluster).
-	PeerPollers() []Poll
+	// its replica, and which replicas answered (for ?scope=cluster).
+	PeerPollers() ([]api.Poll, []api.ReplicaAnswer)
 }
 
 // HTTPOptions configure the HTTP handler. Replica is required.
@@ -46,7 +48,7 @@ type HTTPOptions struct {
 // NewHTTPHandler returns the handler for --http-addr: /-/liveness,
 // /-/readiness, /-/metrics, /v1/state[/<backend>/<server>], /v1/cluster,
 // /v1/pollers and the status page at /. The lists (/v1/state, /v1/pollers,
-// /) carry at most ?limit= rows (default DefaultLimit, at most MaxLimit)
+// /) carry at most ?limit= rows (default api.DefaultLimit, at most api.MaxLimit)
 // and say how many there are in all.
 func NewHTTPHandler(o HTTPOptions) http.Handler {
 	if o.Logger == nil {
@@ -74,85 +76,25 @@ func NewHTTPHandler(o HTTPOptions) http.Handler {
 
 type httpAPI struct{ o HTTPOptions }
 
-// Readiness is the /-/readiness body.
-type Readiness struct {
-	Ready  bool   `json:"ready"`
-	Detail string `json:"detail"`
-	KV     any    `json:"kv"`
-}
-
 func (h *httpAPI) readiness(w http.ResponseWriter, _ *http.Request) {
 	ok, detail := h.o.Replica.Ready()
 	code := http.StatusOK
 	if !ok {
 		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, Readiness{Ready: ok, Detail: detail, KV: h.o.Replica.KVStatus()})
+	writeJSON(w, code, api.Readiness{Ready: ok, Detail: detail, KV: h.o.Replica.KVStatus()})
 }
-
-// ServerState is one row of /v1/state.
-type ServerState struct {
-	Backend  string `json:"backend"`
-	Server   string `json:"server"`
-	Key      string `json:"key,omitempty"`     // the KV key the answer comes from
-	Source   string `json:"source"`            // the key, "absent" or "no-state"
-	Value    string `json:"value,omitempty"`   // the raw KV value
-	Desired  string `json:"desired,omitempty"` // the last valid value in short form
-	Valid    bool   `json:"valid"`
-	Error    string `json:"error,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	By       string `json:"by,omitempty"`
-	Ramp     string `json:"ramp,omitempty"`
-	Answer   string `json:"answer"`
-	Withheld bool   `json:"withheld"`
-	// Ramping is the undrain ramp setting this server's weight, if any.
-	Ramping *RampProgress `json:"ramping,omitempty"`
-}
-
-// RampProgress is one ramp as shown to operators.
-type RampProgress struct {
-	Target        string    `json:"target"` // backend/server or backend/*
-	WeightPercent int       `json:"weight_percent"`
-	Started       time.Time `json:"started"`
-	ETA           time.Time `json:"eta"`
-	Duration      string    `json:"duration"`
-	Interval      string    `json:"interval"`
-}
-
-// StateView is the /v1/state body.
-type StateView struct {
-	HoldsState  bool          `json:"holds_state"`
-	Servers     []ServerState `json:"servers"`
-	InvalidKeys []ServerState `json:"invalid_keys"`
-	KV          any           `json:"kv"`
-	// Total and InvalidTotal count every server and invalid key; Servers
-	// and InvalidKeys hold at most the request's limit of each, the first
-	// in order, and Truncated says that either was cut.
-	Total        int  `json:"total"`
-	InvalidTotal int  `json:"invalid_total"`
-	Truncated    bool `json:"truncated"`
-}
-
-// The lists (/v1/state, /v1/pollers, the status page) answer at most
-// ?limit= rows, so that one request cannot make a replica build an answer
-// of unbounded size.
-const (
-	// DefaultLimit is the number of rows answered without ?limit.
-	DefaultLimit = 1000
-	// MaxLimit is the largest ?limit accepted: about 30 MB of JSON.
-	MaxLimit = 100_000
-)
 
 // parseLimit reads ?limit; the error says what to send.
 func parseLimit(r *http.Request) (int, error) {
 	q := r.URL.Query().Get("limit")
 	if q == "" {
-		return DefaultLimit, nil
+		return api.DefaultLimit, nil
 	}
 	n, err := strconv.Atoi(q)
-	if err != nil || n < 1 || n > MaxLimit {
+	if err != nil || n < 1 || n > api.MaxLimit {
 		return 0, fmt.Errorf("limit %q: send ?limit=N with N a whole number from 1 to %d (default %d); "+
-			"the answer's total says how many rows there are", q, MaxLimit, DefaultLimit)
+			"the answer's total says how many rows there are", q, api.MaxLimit, api.DefaultLimit)
 	}
 	return n, nil
 }
@@ -176,11 +118,11 @@ func cut[T any](rows []T, limit int) ([]T, bool) {
 	return rows[:limit:limit], true
 }
 
-func rowFor(r state.Resolution) ServerState {
-	row := ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
+func rowFor(r state.Resolution) api.ServerState {
+	row := api.ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
 		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true}
 	if rp := r.Ramp; rp != nil {
-		row.Ramping = &RampProgress{Target: rp.Target, WeightPercent: rp.Weight, Started: rp.Started, ETA: rp.ETA(),
+		row.Ramping = &api.RampProgress{Target: rp.Target, WeightPercent: rp.Weight, Started: rp.Started, ETA: rp.ETA(),
 			Duration: rp.Policy.Duration.String(), Interval: rp.Policy.Interval.String()}
 	}
 	if e := r.Entry; e != nil {
@@ -196,10 +138,18 @@ func rowFor(r state.Resolution) ServerState {
 }
 
 // view is /v1/state with at most limit servers and limit invalid keys.
-// Rows are resolved only for the servers answered.
-func (h *httpAPI) view(limit int) StateView {
+// Rows are resolved only for the servers answered. A cluster view also
+// counts the servers and polls the other replicas saw.
+func (h *httpAPI) view(limit int, cluster bool) api.StateView {
 	snap := h.o.Replica.Snapshot()
-	v := StateView{HoldsState: snap != nil, Servers: []ServerState{}, InvalidKeys: []ServerState{}, KV: h.o.Replica.KVStatus()}
+	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus()}
+	polls := h.localPolls()
+	if cluster {
+		v.Scope = "cluster"
+		var peers []api.Poll
+		peers, answers := h.peerPolls()
+		polls, v.Replicas = append(polls, peers...), answers
+	}
 	var invalid []state.Entry
 	for _, e := range snap.Entries() {
 		if e.Backend == "" || !e.Valid() {
@@ -210,21 +160,22 @@ func (h *httpAPI) view(limit int) StateView {
 	invalid, cutInvalid := cut(invalid, limit)
 	for _, e := range invalid {
 		if e.Backend == "" {
-			v.InvalidKeys = append(v.InvalidKeys, ServerState{Key: e.Key, Value: e.Raw, Error: e.Err, Source: e.Key})
+			v.InvalidKeys = append(v.InvalidKeys, api.ServerState{Key: e.Key, Value: e.Raw, Error: e.Err, Source: e.Key})
 		} else {
 			v.InvalidKeys = append(v.InvalidKeys, rowFor(snap.Resolve(e.Backend, e.Server)))
 		}
 	}
 	// Every server or backend wildcard with a key or a ramp, and every
-	// server an HAProxy asked this replica about. For a wildcard,
-	// Resolve(backend, "*") finds the wildcard key itself.
+	// server an HAProxy asked about. For a wildcard, Resolve(backend, "*")
+	// finds the wildcard key itself.
 	targets := snap.Targets()
+	told := toldCounts(polls, time.Now().Add(-api.PollerTTL))
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
 			seen[t] = true
 		}
-		for _, p := range h.localPolls() {
+		for _, p := range polls {
 			if t := (state.Target{Backend: p.Backend, Server: p.Server}); !seen[t] {
 				seen[t] = true
 				targets = append(targets, t)
@@ -237,17 +188,60 @@ func (h *httpAPI) view(limit int) StateView {
 	v.Total = len(targets)
 	targets, cutServers := cut(targets, limit)
 	for _, t := range targets {
-		v.Servers = append(v.Servers, rowFor(snap.Resolve(t.Backend, t.Server)))
+		row := rowFor(snap.Resolve(t.Backend, t.Server))
+		for _, answer := range told[t] {
+			row.Polled++
+			if answer == row.Answer {
+				row.Told++
+			}
+		}
+		v.Servers = append(v.Servers, row)
 	}
 	v.Truncated = cutServers || cutInvalid
 	return v
 }
 
-// PollerWindow is how far back /v1/pollers and /v1/state look: an HAProxy
-// that has not asked for this long is no longer counted as polling.
+// toldCounts returns, for each server, the last answer each HAProxy that
+// asked for it since since was told, over all the polls given (an HAProxy
+// asks every replica behind the load balancer; the latest answer counts).
+func toldCounts(polls []api.Poll, since time.Time) map[state.Target]map[string]string {
+	latest := map[state.Target]map[string]time.Time{}
+	out := map[state.Target]map[string]string{}
+	for _, p := range polls {
+		if p.LastAsked.Before(since) {
+			continue
+		}
+		t := state.Target{Backend: p.Backend, Server: p.Server}
+		if out[t] == nil {
+			out[t], latest[t] = map[string]string{}, map[string]time.Time{}
+		}
+		if last, ok := latest[t][p.HAProxy]; !ok || p.LastAsked.After(last) {
+			latest[t][p.HAProxy] = p.LastAsked
+			answer := p.Answer
+			if p.Withheld {
+				answer = ""
+			}
+			out[t][p.HAProxy] = answer
+		}
+	}
+	return out
+}
+
+// peerPolls returns the other replicas' polls and, sorted, which replicas
+// answered (this one included).
+func (h *httpAPI) peerPolls() ([]api.Poll, []api.ReplicaAnswer) {
+	polls, answers := h.o.Replica.PeerPollers()
+	answers = append(answers, api.ReplicaAnswer{ID: h.o.NodeID, Answered: true})
+	slices.SortFunc(answers, func(a, b api.ReplicaAnswer) int { return strings.Compare(a.ID, b.ID) })
+	return polls, answers
+}
+
+// PollerWindow is how far back /v1/pollers looks: an HAProxy that has not
+// asked for this long is forgotten. (Counting as polling takes asking
+// within api.PollerTTL.)
 const PollerWindow = 10 * time.Minute
 
-func (h *httpAPI) localPolls() []Poll {
+func (h *httpAPI) localPolls() []api.Poll {
 	if h.o.Pollers == nil {
 		return nil
 	}
@@ -258,38 +252,27 @@ func (h *httpAPI) localPolls() []Poll {
 	return ps
 }
 
-// PollersView is the /v1/pollers body.
-type PollersView struct {
-	Scope   string `json:"scope"` // "replica" or "cluster"
-	Pollers []Poll `json:"pollers"`
-	// Total counts every poll; Pollers holds at most the request's limit
-	// of them, the first by server, HAProxy and replica, and Truncated says
-	// they were cut.
-	Total     int  `json:"total"`
-	Truncated bool `json:"truncated"`
-}
-
 func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
 	limit, ok := limitOf(w, r)
 	if !ok {
 		return
 	}
-	v := PollersView{Scope: "replica", Pollers: h.localPolls()}
-	switch r.URL.Query().Get("scope") {
-	case "", "replica":
-	case "cluster":
+	cluster, ok := scopeOf(w, r)
+	if !ok {
+		return
+	}
+	v := api.PollersView{Scope: "replica", Pollers: h.localPolls()}
+	if cluster {
 		v.Scope = "cluster"
-		v.Pollers = append(v.Pollers, h.o.Replica.PeerPollers()...)
-		slices.SortFunc(v.Pollers, func(a, b Poll) int {
+		peers, answers := h.peerPolls()
+		v.Pollers, v.Replicas = append(v.Pollers, peers...), answers
+		slices.SortFunc(v.Pollers, func(a, b api.Poll) int {
 			return cmp.Or(strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server),
 				strings.Compare(a.HAProxy, b.HAProxy), strings.Compare(a.Replica, b.Replica))
 		})
-	default:
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "scope must be replica or cluster"})
-		return
 	}
 	if v.Pollers == nil {
-		v.Pollers = []Poll{}
+		v.Pollers = []api.Poll{}
 	}
 	v.Total = len(v.Pollers)
 	v.Pollers, v.Truncated = cut(v.Pollers, limit)
@@ -297,9 +280,27 @@ func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *httpAPI) stateAll(w http.ResponseWriter, r *http.Request) {
-	if limit, ok := limitOf(w, r); ok {
-		writeJSON(w, http.StatusOK, h.view(limit))
+	limit, ok := limitOf(w, r)
+	if !ok {
+		return
 	}
+	cluster, ok := scopeOf(w, r)
+	if ok {
+		writeJSON(w, http.StatusOK, h.view(limit, cluster))
+	}
+}
+
+// scopeOf reads ?scope (replica, the default, or cluster); when it is bad
+// it answers 400 with what to send and returns false.
+func scopeOf(w http.ResponseWriter, r *http.Request) (cluster, ok bool) {
+	switch r.URL.Query().Get("scope") {
+	case "", "replica":
+		return false, true
+	case "cluster":
+		return true, true
+	}
+	writeJSON(w, http.StatusBadRequest, map[string]string{"error": "scope must be replica or cluster"})
+	return false, false
 }
 
 func (h *httpAPI) stateOne(w http.ResponseWriter, r *http.Request) {
@@ -322,7 +323,7 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 // is cut (nil: not cut).
 type pageData struct {
 	Ready string
-	View  StateView
+	View  api.StateView
 	Cut   *pageCut
 }
 
@@ -340,10 +341,10 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		ready = "NOT READY: " + detail
 	}
-	v := h.view(limit)
+	v := h.view(limit, true)
 	var c *pageCut
 	if len(v.Servers) < v.Total {
-		c = &pageCut{Shown: len(v.Servers), Total: v.Total, More: min(v.Total, MaxLimit), Max: MaxLimit}
+		c = &pageCut{Shown: len(v.Servers), Total: v.Total, More: min(v.Total, api.MaxLimit), Max: api.MaxLimit}
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := pageTmpl.Execute(w, pageData{ready, v, c}); err != nil {

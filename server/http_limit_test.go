@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/hastate/hastate/api"
 	"net"
 	"net/http"
 	"strings"
@@ -34,8 +35,8 @@ func limitFixture(t *testing.T, pollers int) http.Handler {
 	return NewHTTPHandler(HTTPOptions{Pollers: p, NodeID: "self", Replica: &fakeReplica{
 		snap:  func() *state.Snapshot { return snap },
 		ready: func() (bool, string) { return true, "" },
-		peers: func() []Poll {
-			return []Poll{
+		peers: func() []api.Poll {
+			return []api.Poll{
 				{HAProxy: "127.0.0.3", Backend: "web", Server: "p0000", LastAsked: now, Replica: "peer"},
 				{HAProxy: "127.0.0.3", Backend: "api", Server: "a", LastAsked: now, Replica: "peer"},
 			}
@@ -65,11 +66,11 @@ func TestHTTPListLimits(t *testing.T) {
 	} {
 		code, body := get(t, h, tt.path)
 		var v struct {
-			Servers     []ServerState `json:"servers"`
-			Pollers     []Poll        `json:"pollers"`
-			InvalidKeys []ServerState `json:"invalid_keys"`
-			Total       int           `json:"total"`
-			Truncated   bool          `json:"truncated"`
+			Servers     []api.ServerState `json:"servers"`
+			Pollers     []api.Poll        `json:"pollers"`
+			InvalidKeys []api.ServerState `json:"invalid_keys"`
+			Total       int               `json:"total"`
+			Truncated   bool              `json:"truncated"`
 		}
 		if err := json.Unmarshal([]byte(body), &v); err != nil || code != http.StatusOK {
 			t.Errorf("%s: %d %v %s", tt.path, code, err, body)
@@ -119,30 +120,31 @@ func TestHTTPBadLimit(t *testing.T) {
 	}
 }
 
-// The status page shows DefaultLimit servers and says when it is cut.
+// The status page shows api.DefaultLimit servers and says when it is cut.
+// It shows the cluster's view: the peer's api/a too.
 func TestHTTPPageSaysWhenCut(t *testing.T) {
-	h := limitFixture(t, 1200) // 1205 servers
+	h := limitFixture(t, 1200) // 1205 servers here, 1206 in the cluster
 	code, body := get(t, h, "/")
-	if code != http.StatusOK || strings.Count(body, "<tr>") != DefaultLimit+1 {
-		t.Fatalf("status page: %d with %d rows, want the header and %d servers", code, strings.Count(body, "<tr>"), DefaultLimit)
+	if code != http.StatusOK || strings.Count(body, "<tr>") != api.DefaultLimit+1 {
+		t.Fatalf("status page: %d with %d rows, want the header and %d servers", code, strings.Count(body, "<tr>"), api.DefaultLimit)
 	}
-	if want := `showing 1,000 of 1,205 servers; add <a href="/?limit=1205">?limit=1205</a> to see more (at most 100,000)`; !strings.Contains(body, want) {
+	if want := `showing 1,000 of 1,206 servers; add <a href="/?limit=1206">?limit=1206</a> to see more (at most 100,000)`; !strings.Contains(body, want) {
 		t.Errorf("status page without the note %q", want)
 	}
-	if _, body := get(t, h, "/?limit=1205"); strings.Contains(body, "showing") || strings.Count(body, "<tr>") != 1206 {
-		t.Errorf("?limit=1205: %d rows, note %v; want every server and no note", strings.Count(body, "<tr>"), strings.Contains(body, "showing"))
+	if _, body := get(t, h, "/?limit=1206"); strings.Contains(body, "showing") || strings.Count(body, "<tr>") != 1207 {
+		t.Errorf("?limit=1206: %d rows, note %v; want every server and no note", strings.Count(body, "<tr>"), strings.Contains(body, "showing"))
 	}
 }
 
-// Past MaxLimit servers the note does not offer a larger limit.
+// Past api.MaxLimit servers the note does not offer a larger limit.
 func TestHTTPPageNoteAtMaxLimit(t *testing.T) {
 	var b strings.Builder
-	cut := &pageCut{Shown: MaxLimit, Total: 120_000, More: MaxLimit, Max: MaxLimit}
-	if err := pageTmpl.Execute(&b, pageData{"ready", StateView{}, cut}); err != nil {
+	cut := &pageCut{Shown: api.MaxLimit, Total: 120_000, More: api.MaxLimit, Max: api.MaxLimit}
+	if err := pageTmpl.Execute(&b, pageData{"ready", api.StateView{}, cut}); err != nil {
 		t.Fatal(err)
 	}
 	if want := "showing 100,000 of 120,000 servers; no page shows more; read one server at /v1/state/&lt;backend&gt;/&lt;server&gt;"; !strings.Contains(b.String(), want) {
-		t.Errorf("note at MaxLimit: %s\nwant %q", b.String(), want)
+		t.Errorf("note at api.MaxLimit: %s\nwant %q", b.String(), want)
 	}
 }
 

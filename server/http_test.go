@@ -2,7 +2,10 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
+	"github.com/hastate/hastate/api"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,20 +20,26 @@ import (
 type fakeReplica struct {
 	snap  func() *state.Snapshot
 	ready func() (bool, string)
-	peers func() []Poll // nil: one poll from "peer"
+	peers func() []api.Poll // nil: one poll from "peer"
+	// down names peers that do not answer.
+	down []string
 }
 
 var _ Replica = (*fakeReplica)(nil)
 
-func (f *fakeReplica) Snapshot() *state.Snapshot { return f.snap() }
-func (f *fakeReplica) Ready() (bool, string)     { return f.ready() }
-func (f *fakeReplica) ClusterInfo() any          { return map[string]string{"node_id": "n1"} }
-func (f *fakeReplica) KVStatus() any             { return map[string]bool{"watching": true} }
-func (f *fakeReplica) PeerPollers() []Poll {
-	if f.peers != nil {
-		return f.peers()
+func (f *fakeReplica) Snapshot() *state.Snapshot    { return f.snap() }
+func (f *fakeReplica) Ready() (bool, string)        { return f.ready() }
+func (f *fakeReplica) ClusterInfo() api.ClusterInfo { return api.ClusterInfo{NodeID: "n1"} }
+func (f *fakeReplica) KVStatus() api.KVStatus       { return api.KVStatus{Watching: true} }
+func (f *fakeReplica) PeerPollers() ([]api.Poll, []api.ReplicaAnswer) {
+	answered := []api.ReplicaAnswer{{ID: "peer", Answered: true}}
+	for _, d := range f.down {
+		answered = append(answered, api.ReplicaAnswer{ID: d, Error: "connection refused"})
 	}
-	return []Poll{{HAProxy: "127.0.0.9", Backend: "web", Server: "z", Answer: "ready 100%", Replica: "peer"}}
+	if f.peers != nil {
+		return f.peers(), answered
+	}
+	return []api.Poll{{HAProxy: "127.0.0.9", Backend: "web", Server: "z", Answer: "ready 100%", Replica: "peer"}}, answered
 }
 
 func get(t *testing.T, h http.Handler, path string) (int, string) {
@@ -74,11 +83,11 @@ func TestHTTPAPI(t *testing.T) {
 	}
 
 	code, body := get(t, h, "/v1/state")
-	var v StateView
+	var v api.StateView
 	if err := json.Unmarshal([]byte(body), &v); err != nil || code != 200 {
 		t.Fatalf("/v1/state: %d %v %s", code, err, body)
 	}
-	rows := map[string]ServerState{}
+	rows := map[string]api.ServerState{}
 	for _, r := range v.Servers {
 		rows[r.Backend+"/"+r.Server] = r
 	}
@@ -123,7 +132,7 @@ func TestHTTPStateShowsRamps(t *testing.T) {
 		ready: func() (bool, string) { return true, "" },
 	}})
 	_, body := get(t, h, "/v1/state")
-	var v StateView
+	var v api.StateView
 	if err := json.Unmarshal([]byte(body), &v); err != nil {
 		t.Fatal(err)
 	}
@@ -137,5 +146,57 @@ func TestHTTPStateShowsRamps(t *testing.T) {
 	}
 	if _, body := get(t, h, "/v1/state/api/any"); !strings.Contains(body, `"target": "api/*"`) {
 		t.Errorf("a server under a ramping wildcard: %s", body)
+	}
+}
+
+// ?scope=cluster: the servers other replicas' HAProxy nodes polled, how
+// many HAProxy nodes poll each server and how many were told its current
+// answer (the latest poll of each counts), and which replicas answered.
+func TestStateClusterScope(t *testing.T) {
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: map[string]string{"state/web/a": "drain"}})
+	snap := m.Snapshot()
+	p := newPollers(t, PollersOptions{})
+	now := time.Now()
+	p.Record(&net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, []byte("web/a"), []byte("drain\n"), now)
+	p.Record(&net.TCPAddr{IP: net.ParseIP("127.0.0.3")}, []byte("web/a"), []byte("ready 100%\n"), now.Add(-time.Second))
+	p.Record(&net.TCPAddr{IP: net.ParseIP("127.0.0.4")}, []byte("web/a"), []byte("drain\n"), now.Add(-2*api.PollerTTL))
+	h := NewHTTPHandler(HTTPOptions{Pollers: p, NodeID: "self", Replica: &fakeReplica{
+		snap:  func() *state.Snapshot { return snap },
+		ready: func() (bool, string) { return true, "" },
+		peers: func() []api.Poll {
+			return []api.Poll{
+				// Newer than 127.0.0.3's poll here: it now knows drain.
+				{HAProxy: "127.0.0.3", Backend: "web", Server: "a", Answer: "drain", LastAsked: now, Replica: "peer"},
+				{HAProxy: "127.0.0.5", Backend: "web", Server: "b", Answer: "ready 100%", LastAsked: now, Replica: "peer"},
+			}
+		},
+		down: []string{"hs3"},
+	}})
+	var local, cluster api.StateView
+	for path, v := range map[string]*api.StateView{"/v1/state": &local, "/v1/state?scope=cluster": &cluster} {
+		code, body := get(t, h, path)
+		if code != http.StatusOK || json.Unmarshal([]byte(body), v) != nil {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+	}
+	rows := func(v api.StateView) string {
+		var s []string
+		for _, r := range v.Servers {
+			s = append(s, fmt.Sprintf("%s/%s %s told %d/%d", r.Backend, r.Server, r.Answer, r.Told, r.Polled))
+		}
+		return strings.Join(s, "; ")
+	}
+	if got, want := rows(local), "web/a drain told 1/2"; local.Scope != "replica" || got != want || local.Replicas != nil {
+		t.Errorf("replica scope %s: %q, want %q", local.Scope, got, want)
+	}
+	if got, want := rows(cluster), "web/a drain told 2/2; web/b ready 100% told 1/1"; cluster.Scope != "cluster" || got != want {
+		t.Errorf("cluster scope: %q, want %q", got, want)
+	}
+	if got := fmt.Sprint(cluster.Replicas); got != "[{hs3 false connection refused} {peer true } {self true }]" {
+		t.Errorf("replicas %s, want hs3 missing and the others answered", got)
+	}
+	if code, _ := get(t, h, "/v1/state?scope=fleet"); code != http.StatusBadRequest {
+		t.Errorf("?scope=fleet: %d, want 400", code)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"github.com/hastate/hastate/api"
 	"net"
 	"net/netip"
 	"slices"
@@ -166,22 +167,10 @@ func (p *Pollers) Sweep(before time.Time) {
 	}
 }
 
-// Poll is one HAProxy's last probe for one server.
-type Poll struct {
-	HAProxy   string    `json:"haproxy"` // the prober's IP address
-	Backend   string    `json:"backend"`
-	Server    string    `json:"server"`
-	LastAsked time.Time `json:"last_asked"`
-	Answer    string    `json:"answer"` // without LF; "" when withheld
-	Withheld  bool      `json:"withheld"`
-	Count     uint64    `json:"count"`
-	Replica   string    `json:"replica,omitempty"` // the replica that answered
-}
-
 // List returns the pairs asked about since since, sorted by server then
 // HAProxy.
-func (p *Pollers) List(since time.Time) []Poll {
-	out := []Poll{}
+func (p *Pollers) List(since time.Time) []api.Poll {
+	out := []api.Poll{}
 	for i := range p.shards {
 		sh := &p.shards[i]
 		sh.mu.RLock()
@@ -194,7 +183,7 @@ func (p *Pollers) List(since time.Time) []Poll {
 			}
 			ipb, req := k[1:1+int(k[0])], k[1+int(k[0]):]
 			b, s, _ := strings.Cut(req, "/")
-			pl := Poll{Backend: b, Server: s, LastAsked: last, Count: count,
+			pl := api.Poll{Backend: b, Server: s, LastAsked: last, Count: count,
 				Answer: strings.TrimSuffix(string(line), "\n"), Withheld: line == nil}
 			if ip, ok := netip.AddrFromSlice([]byte(ipb)); ok {
 				pl.HAProxy = ip.String()
@@ -203,7 +192,7 @@ func (p *Pollers) List(since time.Time) []Poll {
 		}
 		sh.mu.RUnlock()
 	}
-	slices.SortFunc(out, func(a, b Poll) int {
+	slices.SortFunc(out, func(a, b api.Poll) int {
 		if c := strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server); c != 0 {
 			return c
 		}

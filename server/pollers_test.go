@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/hastate/hastate/api"
 	"net"
 	"strings"
 	"testing"
@@ -33,7 +34,7 @@ func TestPollersRecordAndList(t *testing.T) {
 	if len(got) != 3 {
 		t.Fatalf("List = %+v", got)
 	}
-	want := []Poll{
+	want := []api.Poll{
 		{HAProxy: "127.0.0.2", Backend: "api", Server: "x", LastAsked: t0, Answer: "maint", Count: 1},
 		{HAProxy: "127.0.0.2", Backend: "web", Server: "a", LastAsked: t0.Add(time.Second), Answer: "ready 100%", Count: 2},
 		{HAProxy: "::1", Backend: "web", Server: "a", LastAsked: t0, Withheld: true, Count: 1},

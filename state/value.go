@@ -39,7 +39,7 @@ const MaxWeight = 256
 
 // ValidForms lists the accepted value forms; error messages show it so that
 // an operator who typed a wrong value sees what to type instead.
-const ValidForms = `ready | drain | maint | N% (N = 0..256) | {"state":"drain","reason":"...","by":"...","ramp":"10m"}`
+const ValidForms = `ready | drain | maint | N% (N = 0..256) | {"state":"drain","reason":"...","by":"...","ramp":"10m","until":"2026-12-01T15:00:00Z"}`
 
 // Errors returned by the parsers. Callers match them with errors.Is; the
 // wrapped message names the offending input.
@@ -66,6 +66,10 @@ type Value struct {
 	// is true; zero means no ramp.
 	Ramp    time.Duration
 	RampSet bool
+	// Until, when set, is when the state expires: after it the leader
+	// treats the key as absent. At is when the CLI wrote the value.
+	Until time.Time
+	At    time.Time
 }
 
 // String renders the value in its short form ("drain", "25%", ...).
@@ -81,6 +85,8 @@ type jsonValue struct {
 	Reason string  `json:"reason"`
 	By     string  `json:"by"`
 	Ramp   *string `json:"ramp"`
+	Until  *string `json:"until"`
+	At     *string `json:"at"`
 }
 
 // ParseValue parses a KV value: a word (ready, drain, maint; any case), a
@@ -126,6 +132,20 @@ func parseJSON(s string) (Value, error) {
 			return Value{}, invalid(s, err.Error())
 		}
 		v.Ramp, v.RampSet = d, true
+	}
+	for _, f := range []struct {
+		name string
+		in   *string
+		out  *time.Time
+	}{{"until", j.Until, &v.Until}, {"at", j.At, &v.At}} {
+		if f.in == nil {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, strings.TrimSpace(*f.in))
+		if err != nil {
+			return Value{}, invalid(s, fmt.Sprintf("%s %q: want an RFC 3339 time such as 2026-12-01T15:04:05Z", f.name, cut(*f.in, 40)))
+		}
+		*f.out = t.UTC()
 	}
 	return v, nil
 }

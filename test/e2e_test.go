@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/testenv"
 )
 
@@ -219,10 +219,10 @@ func holdWhileAsked(t *testing.T, hs *Hastate, hap *HAProxy, want map[string]Row
 	}
 }
 
-// The tests read /v1/state as the operator commands do.
+// The tests read /v1/state with the API's own types.
 type (
-	stateRow  = ctl.Row
-	stateView = ctl.StateView
+	stateRow  = api.ServerState
+	stateView = api.StateView
 )
 
 // TestE2EConsulOutage: stale is not wrong. With Consul down hastate keeps

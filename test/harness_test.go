@@ -466,10 +466,19 @@ func (h *Hastate) checkLog(t testing.TB) {
 
 // Operator runs the operator commands (`hastate drain|maint|ready|weight|
 // clear|status`) as an SRE would: the same binary, CONSUL_HTTP_ADDR set.
+//
+// Writes check the servers the cluster knows through a replica
+// (HASTATE_ADDR): that no HAProxy polling a server is a typo, --min-ready.
+// Most tests write for servers no HAProxy has asked about yet, so writes
+// get --force unless Checks is set; the tests of those checks set it.
 type Operator struct {
 	ConsulAddr string
-	Env        []string // extra KEY=VALUE, e.g. HASTATE_KV_PREFIX=...
+	Env        []string // extra KEY=VALUE, e.g. HASTATE_KV_PREFIX=... or HASTATE_ADDR=...
+	Checks     bool
 }
+
+// writeCommands are the operator commands that write to Consul.
+var writeCommands = map[string]bool{"drain": true, "maint": true, "ready": true, "weight": true, "clear": true}
 
 // Run runs `hastate args...` and returns its combined output; a non-zero
 // exit fails the test.
@@ -487,6 +496,9 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if len(args) > 0 && writeCommands[args[0]] && !o.Checks {
+		args = append(slices.Clone(args), "--force")
+	}
 	cmd := exec.CommandContext(ctx, hastateBin, args...)
 	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
 	cmd.SysProcAttr = testenv.ProcAttr()

@@ -50,7 +50,7 @@ func TestE2EPollersWaitPrecheck(t *testing.T) {
 			t.Fatalf("hastate wait returned but HAProxy shows %s: %s", s, r)
 		}
 	}
-	if out, code := op.RunCode(t, "precheck", "be_web/*"); code != 1 || !strings.Contains(out, "be_web/web1 is drain (deploy)") {
+	if out, code := op.RunCode(t, "precheck", "be_web/*"); code != 1 || !strings.Contains(out, "be_web/web1 is drained") || !strings.Contains(out, "deploy") {
 		t.Fatalf("precheck during the drain: exit %d\n%s", code, out)
 	}
 	if out, code := op.RunCode(t, "precheck", "be_api/*"); code != 0 {

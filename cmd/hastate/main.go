@@ -4,17 +4,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/hastate/hastate/cluster"
@@ -36,8 +33,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(stderr, "hastate:", err)
-		if errors.Is(err, ctl.ErrUsage) {
+		switch {
+		case errors.Is(err, ctl.ErrUsage):
 			return 2
+		case errors.Is(err, ctl.ErrNoMatch):
+			return 3
 		}
 		return 1
 	}
@@ -59,6 +59,7 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 	root.SetVersionTemplate("{{.Version}}")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	root.SetFlagErrorFunc(usageError)
 	root.AddCommand(serveCmd(stderr), versionCmd(stdout))
 	for _, st := range []string{"drain", "maint", "ready"} {
 		root.AddCommand(withTimeout(setCmd(st, stdout)))
@@ -272,293 +273,4 @@ func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core).With(zap.String("ident", "hastate")), nil
-}
-
-// writeFlags are shared by the commands that write to Consul.
-type writeFlags struct {
-	consulAddr, prefix string
-}
-
-func (w *writeFlags) add(c *cobra.Command) {
-	c.Flags().StringVar(&w.consulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
-	c.Flags().StringVar(&w.prefix, "kv-prefix", "hastate/", "Consul KV prefix (also HASTATE_KV_PREFIX)")
-}
-
-func (w *writeFlags) writer() (ctl.Writer, error) { return ctl.NewWriter(w.consulAddr, w.prefix) }
-
-func osUser() string {
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		return u.Username
-	}
-	return os.Getenv("USER")
-}
-
-func setCmd(st string, stdout io.Writer) *cobra.Command {
-	var wf writeFlags
-	var reason, by, ramp string
-	c := &cobra.Command{
-		Use:   st + " <backend>/<server>...",
-		Short: map[string]string{"drain": "Drain servers: no new sessions, existing ones finish", "maint": "Put servers in maintenance: no traffic at all", "ready": "Mark servers ready (overrides a backend-wide key)"}[st],
-		Example: fmt.Sprintf(`  hastate %s canary_web/gke-cny-web --reason "zonal maintenance"
-  hastate %s canary_web/*            # every server of the backend without its own key`, st, st),
-		RunE: func(c *cobra.Command, args []string) error {
-			targets, err := ctl.ParseTargets(args)
-			if err != nil {
-				return err
-			}
-			val, err := ctl.Value(st, reason, by, ramp)
-			if err != nil {
-				return err
-			}
-			w, err := wf.writer()
-			if err != nil {
-				return err
-			}
-			if err := w.Set(c.Context(), targets, val); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "%s: %s (%d key(s) written to Consul)\n", st, joinTargets(targets), len(targets))
-			return nil
-		},
-	}
-	wf.add(c)
-	c.Flags().StringVar(&reason, "reason", "", "why, shown in status")
-	c.Flags().StringVar(&by, "by", osUser(), "who, shown in status")
-	c.Flags().StringVar(&ramp, "ramp", "", `undrain ramp duration for these keys, e.g. 10m ("0": no ramp)`)
-	return c
-}
-
-func weightCmd(stdout io.Writer) *cobra.Command {
-	var wf writeFlags
-	var reason, by string
-	c := &cobra.Command{
-		Use:     "weight <N>% <backend>/<server>...",
-		Short:   "Set servers ready at N% of their configured weight (0..256)",
-		Example: `  hastate weight 25% canary_web/gke-cny-web canary_web/gke-cny-api`,
-		RunE: func(c *cobra.Command, args []string) error {
-			if len(args) < 2 {
-				return fmt.Errorf("%w: want a weight and at least one server, e.g. hastate weight 25%% canary_web/gke-cny-web", ctl.ErrUsage)
-			}
-			w := args[0]
-			if !strings.HasSuffix(w, "%") {
-				w += "%"
-			}
-			targets, err := ctl.ParseTargets(args[1:])
-			if err != nil {
-				return err
-			}
-			val, err := ctl.Value(w, reason, by, "")
-			if err != nil {
-				return err
-			}
-			wr, err := wf.writer()
-			if err != nil {
-				return err
-			}
-			if err := wr.Set(c.Context(), targets, val); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "weight %s: %s (%d key(s) written to Consul)\n", w, joinTargets(targets), len(targets))
-			return nil
-		},
-	}
-	wf.add(c)
-	c.Flags().StringVar(&reason, "reason", "", "why, shown in status")
-	c.Flags().StringVar(&by, "by", osUser(), "who, shown in status")
-	return c
-}
-
-func clearCmd(stdout io.Writer) *cobra.Command {
-	var wf writeFlags
-	c := &cobra.Command{
-		Use:     "clear <backend>/<server>...",
-		Short:   "Delete servers' keys: they fall back to the backend-wide key, else ready",
-		Example: `  hastate clear canary_web/gke-cny-web canary_web/*`,
-		RunE: func(c *cobra.Command, args []string) error {
-			targets, err := ctl.ParseTargets(args)
-			if err != nil {
-				return err
-			}
-			w, err := wf.writer()
-			if err != nil {
-				return err
-			}
-			if err := w.Clear(c.Context(), targets); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "cleared: %s (%d key(s) deleted from Consul)\n", joinTargets(targets), len(targets))
-			return nil
-		},
-	}
-	wf.add(c)
-	return c
-}
-
-func statusCmd(stdout io.Writer) *cobra.Command {
-	var addr, output string
-	c := &cobra.Command{
-		Use:   "status [<selector>]",
-		Short: "Show desired state and the answer each server gets, from a hastate replica",
-		Example: `  HASTATE_ADDR=http://hastate.internal:9778 hastate status 'canary_*/*'
-  hastate status -o json`,
-		Args: cobra.MaximumNArgs(1),
-		RunE: func(c *cobra.Command, args []string) error {
-			if output != "table" && output != "json" {
-				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
-			}
-			sel := ""
-			if len(args) == 1 {
-				sel = args[0]
-			}
-			v, err := ctl.FetchState(c.Context(), addr)
-			if err != nil {
-				return err
-			}
-			if w := v.KV.Warning; w != "" {
-				// Stale is not wrong, but the operator must know.
-				fmt.Fprintln(c.ErrOrStderr(), "warning:", w)
-			}
-			var rows []ctl.Row
-			for _, r := range v.Servers {
-				ok, err := ctl.Match(sel, r)
-				if err != nil {
-					return err
-				}
-				if ok {
-					rows = append(rows, r)
-				}
-			}
-			if output == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rows)
-			}
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tVALUE\tRAMP\tREASON\tBY\tPROBLEM")
-			for _, r := range rows {
-				ans := r.Answer
-				if r.Withheld {
-					ans = "(withheld)"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Backend, r.Server, ans, r.Desired, r.Ramping.String(), r.Reason, r.By, r.Error)
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			if !v.HoldsState {
-				fmt.Fprintln(stdout, "warning: this replica holds no state yet; its answers are withheld")
-			}
-			for _, r := range v.InvalidKeys {
-				if r.Backend == "" {
-					fmt.Fprintf(stdout, "invalid key %s: %s\n", r.Key, r.Error)
-				}
-			}
-			return nil
-		},
-	}
-	replicaFlag(c, &addr)
-	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
-	return c
-}
-
-// replicaFlag adds --addr, the replica that reads ask (HASTATE_ADDR).
-func replicaFlag(c *cobra.Command, addr *string) {
-	def := "http://127.0.0.1:9778"
-	if a := os.Getenv("HASTATE_ADDR"); a != "" {
-		def = a
-	}
-	c.Flags().StringVar(addr, "addr", def, "a replica's HTTP address, http://host:port or host:port (HASTATE_ADDR)")
-}
-
-func waitCmd(stdout io.Writer) *cobra.Command {
-	var wf writeFlags
-	var addr string
-	c := &cobra.Command{
-		Use:   "wait <selector>",
-		Short: "Wait until every HAProxy polling the selected servers was served their current answer",
-		Long: `wait reads the prefix from Consul, waits until the replica holds that content,
-then until every HAProxy that polled a selected server in the last minute (on
-any replica) was last told that server's current answer. Exit 0 when done,
-1 on timeout with what still lags.`,
-		Example: `  hastate drain 'canary_web/*' --reason deploy && hastate wait 'canary_web/*' --timeout 1m`,
-		Args:    cobra.ExactArgs(1),
-		RunE: func(c *cobra.Command, args []string) error {
-			w, err := wf.writer()
-			if err != nil {
-				return err
-			}
-			if _, err := ctl.Match(args[0], ctl.Row{}); err != nil {
-				return err
-			}
-			start := time.Now()
-			if err := ctl.Wait(c.Context(), ctl.WaitOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Addr: addr, Selector: args[0]}); err != nil {
-				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
-			}
-			fmt.Fprintf(stdout, "every HAProxy polling %s was served the current answer (%s)\n", args[0], time.Since(start).Round(time.Millisecond))
-			return nil
-		},
-	}
-	wf.add(c)
-	replicaFlag(c, &addr)
-	return c
-}
-
-func precheckCmd(stdout io.Writer) *cobra.Command {
-	var addr string
-	c := &cobra.Command{
-		Use:     "precheck <selector>",
-		Short:   "Exit 0 only if nothing selected is draining (drain or maint) or ramping",
-		Example: `  hastate precheck 'canary_*/*' && ./deploy.sh`,
-		Args:    cobra.ExactArgs(1),
-		RunE: func(c *cobra.Command, args []string) error {
-			problems, n, err := ctl.Precheck(c.Context(), addr, args[0])
-			if err != nil {
-				return err
-			}
-			if len(problems) > 0 {
-				return fmt.Errorf("%w: %d of %d selected servers are not settled:\n  %s", ctl.ErrNotDone, len(problems), n, strings.Join(problems, "\n  "))
-			}
-			fmt.Fprintf(stdout, "ok: %d selected servers, none draining or ramping\n", n)
-			return nil
-		},
-	}
-	replicaFlag(c, &addr)
-	return c
-}
-
-func probeCmd(stdout io.Writer) *cobra.Command {
-	var addr string
-	c := &cobra.Command{
-		Use:   "probe <backend>/<server>",
-		Short: "Send one agent check as HAProxy does and print the answer",
-		Long: `probe connects to an agent port, sends "<backend>/<server>\n" as HAProxy's
-agent-send does, and prints the one-line answer. It exits 1 when no answer
-comes: refused, closed without a line (the answer is withheld), or timed out.`,
-		Example: `  hastate probe canary_web/gke-cny-web
-  hastate probe canary_web/gke-cny-web --addr 10.0.0.9:9777 --timeout 2s   # through the load balancer`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(c *cobra.Command, args []string) error {
-			targets, err := ctl.ParseTargets(args)
-			if err != nil {
-				return err
-			}
-			answer, err := ctl.Probe(c.Context(), addr, targets[0])
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(stdout, answer)
-			return nil
-		},
-	}
-	c.Flags().StringVar(&addr, "addr", ctl.DefaultAgentAddr, "agent-check address, host:port")
-	_ = c.Flags().SetAnnotation("addr", noEnv, []string{"HASTATE_ADDR is the HTTP address"})
-	return c
-}
-
-func joinTargets(ts []ctl.Target) string {
-	s := make([]string, len(ts))
-	for i, t := range ts {
-		s[i] = t.String()
-	}
-	return strings.Join(s, " ")
 }

@@ -28,8 +28,13 @@ func TestInvalidInputIsRefusedWithTheValidForms(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"weight", "300%", "web/a"}, "valid forms"},
+		{[]string{"weight", "300%", "web/a"}, "weight 300% is above 256%"},
+		{[]string{"weight", "-5%", "web/a"}, "weight -5% is below 0%"},
 		{[]string{"weight", "web/a"}, "want a weight"},
+		{[]string{"weight", "--bogus", "5%", "web/a"}, "unknown flag: --bogus"},
+		{[]string{"drain", "web/a", "--for", "soon"}, "invalid argument"},
+		{[]string{"precheck"}, "at least one"},
+		{[]string{"probe", "a/b", "c/d"}, "one <backend>/<server>"},
 		{[]string{"drain"}, "at least one"},
 		{[]string{"drain", "web"}, "<backend>/<server>"},
 		{[]string{"drain", "web/a", "--ramp", "soon"}, "ramp"},

@@ -16,7 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/consul/api"
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cluster"
 	"github.com/hastate/hastate/internal/version"
 	"github.com/hastate/hastate/kvsync"
@@ -155,7 +156,7 @@ func (o *Options) validate() error {
 type App struct {
 	o      Options
 	log    *zap.Logger
-	consul *api.Client
+	consul *consul.Client
 	kvm    *kvsync.Metrics
 	node   *cluster.Node
 	agent  *server.AgentServer
@@ -182,7 +183,7 @@ func New(o Options) (*App, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	consul, err := api.NewClient(kvsync.ClientConfig(o.ConsulAddr))
+	consul, err := consul.NewClient(kvsync.ClientConfig(o.ConsulAddr))
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
@@ -363,7 +364,7 @@ func (a *App) consulHealth() cluster.ConsulHealth {
 		}
 		h.SyncedAt = st.LastSuccess
 	case !st.LastSuccess.IsZero():
-		h.SyncedAt = st.LastSuccess
+		h.SyncedAt, h.SyncedIndex = st.LastSuccess, st.SyncedIndex
 		if p.LastOK.After(h.SyncedAt) {
 			h.SyncedAt = p.LastOK
 		}
@@ -450,41 +451,37 @@ func (r replica) Ready() (bool, string) {
 	}
 	return r.a.node.Ready()
 }
-func (r replica) ClusterInfo() any { return r.a.node.Info() }
+func (r replica) ClusterInfo() api.ClusterInfo { return r.a.node.Info() }
 
 // PeerPollers asks the other replicas for their pollers.
-func (r replica) PeerPollers() []server.Poll {
-	var out []server.Poll
-	for id, raw := range r.a.node.QueryPeers(pollersQuery, 2*time.Second) {
-		var ps []server.Poll
-		if err := json.Unmarshal(raw, &ps); err != nil {
-			r.a.log.Warn("bad pollers answer from a peer", zap.String("peer", id), zap.Error(err))
+func (r replica) PeerPollers() ([]api.Poll, []api.ReplicaAnswer) {
+	var out []api.Poll
+	var answers []api.ReplicaAnswer
+	for id, pa := range r.a.node.QueryPeers(pollersQuery, 2*time.Second) {
+		var ps []api.Poll
+		err := pa.Err
+		if err == nil {
+			err = json.Unmarshal(pa.Raw, &ps)
+		}
+		if err != nil {
+			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
 			continue
 		}
 		for i := range ps {
 			ps[i].Replica = id
 		}
 		out = append(out, ps...)
+		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
 	}
-	return out
+	return out, answers
 }
 
 // KVStatus is the Consul watch status; only the leader watches.
-func (r replica) KVStatus() any {
-	st := kvStatus{KVView: r.a.node.KVView(), Note: "followers serve their raft state; the leader watches Consul"}
+func (r replica) KVStatus() api.KVStatus {
+	st := api.KVStatus{KVView: r.a.node.KVView(), Note: "followers serve their raft state; the leader watches Consul"}
 	if w := r.a.watcher.Load(); w != nil && r.a.node.IsLeader() {
 		ws := w.Status()
 		st.Watching, st.Watch, st.Note = true, &ws, ""
 	}
 	return st
-}
-
-// kvStatus is the "kv" object of /-/readiness and /v1/state: the cluster's
-// view of the Consul sync (the same on every replica) and, on the leader,
-// its watch.
-type kvStatus struct {
-	cluster.KVView
-	Watching bool           `json:"watching"`
-	Watch    *kvsync.Status `json:"watch,omitempty"`
-	Note     string         `json:"note,omitempty"`
 }

@@ -2,32 +2,38 @@ package ctl
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
-	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 )
 
-func TestParseTargets(t *testing.T) {
+func TestParseSelectors(t *testing.T) {
 	for _, tt := range []struct {
 		args []string
-		want string // joined targets, or the error substring after "ERR:"
+		want string // joined selectors, or the error substring after "ERR:"
 	}{
 		{[]string{"web/a", "web/*", "web/a"}, "web/a web/*"},
-		{nil, "ERR:at least one"},
 		{[]string{"web"}, "ERR:not <backend>/<server>"},
+		{[]string{"canary_*/*", "*/gke-cny-web", "*/*-us-east1-b"}, "canary_*/* */gke-cny-web */*-us-east1-b"},
+		{nil, "ERR:at least one"},
 		{[]string{"web/"}, "ERR:not <backend>/<server>"},
 		{[]string{"/a"}, "ERR:not <backend>/<server>"},
 		{[]string{"a/b/c"}, "ERR:not <backend>/<server>"},
 		{[]string{"a/b c"}, "ERR:not <backend>/<server>"},
+		{[]string{"web/[a"}, "ERR:bad glob"},
 	} {
-		got, err := ParseTargets(tt.args)
+		got, err := ParseSelectors(tt.args)
 		if strings.HasPrefix(tt.want, "ERR:") {
 			if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), tt.want[4:]) {
-				t.Errorf("ParseTargets(%q) err = %v, want usage error with %q", tt.args, err, tt.want[4:])
+				t.Errorf("ParseSelectors(%q) err = %v, want usage error with %q", tt.args, err, tt.want[4:])
 			}
 			continue
 		}
@@ -36,32 +42,238 @@ func TestParseTargets(t *testing.T) {
 			s = append(s, x.String())
 		}
 		if err != nil || strings.Join(s, " ") != tt.want {
-			t.Errorf("ParseTargets(%q) = %v, %v", tt.args, s, err)
+			t.Errorf("ParseSelectors(%q) = %v, %v", tt.args, s, err)
 		}
-	}
-	many := make([]string, MaxTxnKeys+1)
-	for i := range many {
-		many[i] = fmt.Sprintf("b/s%d", i)
-	}
-	if _, err := ParseTargets(many); err == nil || !strings.Contains(err.Error(), "split") {
-		t.Errorf("%d targets: %v, want a usage error telling to split", len(many), err)
 	}
 }
 
 func TestValue(t *testing.T) {
-	v, err := Value("drain", "zonal maintenance", "alice", "10m")
+	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	v, err := Value("drain", ValueOptions{Reason: "zonal maintenance", By: "alice", Ramp: "10m", For: 2 * time.Hour, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p, err := state.ParseValue(v)
-	if err != nil || p.Admin != state.Drain || p.Reason != "zonal maintenance" || p.By != "alice" || !p.RampSet {
+	if err != nil || p.Admin != state.Drain || p.Reason != "zonal maintenance" || p.By != "alice" || !p.RampSet ||
+		!p.Until.Equal(now.Add(2*time.Hour)) || !p.At.Equal(now) {
 		t.Fatalf("Value round trip: %q -> %+v, %v", v, p, err)
 	}
-	for _, bad := range [][2]string{{"300%", ""}, {"drian", ""}, {"drain", "ten minutes"}} {
-		_, err := Value(bad[0], "", "", bad[1])
-		if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "valid forms") {
-			t.Errorf("Value(%q, ramp %q) = %v, want usage error showing the valid forms", bad[0], bad[1], err)
+	for _, bad := range []struct {
+		st   string
+		o    ValueOptions
+		want string
+	}{
+		{"drian", ValueOptions{}, `state "drian": want ready, drain, maint`},
+		{"drain", ValueOptions{Ramp: "ten minutes"}, `--ramp: ramp "ten minutes"`},
+		{"drain", ValueOptions{For: -time.Hour}, "--for -1h0m0s: want a positive duration"},
+	} {
+		_, err := Value(bad.st, bad.o)
+		if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), bad.want) || strings.Contains(err.Error(), "{") {
+			t.Errorf("Value(%q, %+v) = %v, want a usage error %q without JSON", bad.st, bad.o, err, bad.want)
 		}
+	}
+}
+
+func TestParseWeight(t *testing.T) {
+	for in, want := range map[string]string{"25%": "25%", "25": "25%", "0%": "0%", "256%": "256%",
+		"300%": "ERR:weight 300% is above 256%", "-5%": "ERR:weight -5% is below 0%", "lots": "ERR:want a whole percentage", "2.5%": "ERR:want a whole"} {
+		got, err := ParseWeight(in)
+		if strings.HasPrefix(want, "ERR:") {
+			if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), want[4:]) {
+				t.Errorf("ParseWeight(%q) = %q, %v; want usage error %q", in, got, err, want[4:])
+			}
+		} else if got != want || err != nil {
+			t.Errorf("ParseWeight(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+// fleet is a cluster view for planning tests: backends canary_web (web-1,
+// web-2 polled; web-2 keeps 50% of its own), canary_api (api-1 polled, a
+// drained wildcard), main_web (m-1, m-2 polled, m-3 known only by its key),
+// and gke-cny-web in two backends.
+func fleet() *api.StateView {
+	row := func(b, s, answer string, polled int, key string) api.ServerState {
+		r := api.ServerState{Backend: b, Server: s, Answer: answer, Polled: polled, Told: polled, Source: "absent"}
+		if key != "" {
+			r.Key, r.Source, r.Desired = "state/"+b+"/"+key, "state/"+b+"/"+key, answer
+		}
+		return r
+	}
+	return &api.StateView{HoldsState: true, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}},
+		Servers: []api.ServerState{
+			row("canary_api", "*", "drain", 0, "*"),
+			row("canary_api", "api-1", "drain", 2, "*"),
+			row("canary_web", "web-1", "ready 100%", 2, ""),
+			row("canary_web", "web-2", "ready 50%", 2, "web-2"),
+			row("main_api", "gke-cny-web", "ready 100%", 2, ""),
+			row("main_api", "x-us-east1-b", "ready 100%", 1, ""),
+			row("main_api", "y-us-east1-c", "ready 100%", 1, ""),
+			row("main_web", "gke-cny-web", "ready 100%", 2, ""),
+			row("main_web", "m-1", "ready 100%", 2, ""),
+			row("main_web", "m-2", "ready 100%", 2, ""),
+			row("main_web", "m-3", "maint", 0, "m-3"),
+		}}
+}
+
+func planKeys(p Plan) string {
+	var s []string
+	for _, o := range p.Ops {
+		k := strings.TrimPrefix(o.Key, "hastate/state/")
+		if o.Delete {
+			k = "-" + k
+		}
+		s = append(s, k)
+	}
+	return strings.Join(s, " ")
+}
+
+func TestPlanWrite(t *testing.T) {
+	for _, tt := range []struct {
+		name, cmd string
+		args      []string
+		o         WriteOptions
+		want      string // keys ("-" for a delete), or "ERR:" and the error text
+		note      string // in the plan's notes
+		noFleet   bool
+	}{
+		{name: "one server", cmd: "drain", args: []string{"canary_web/web-1"}, want: "canary_web/web-1"},
+		{name: "backend-wide names who keeps its own key", cmd: "drain", args: []string{"canary_web/*"}, want: "canary_web/*",
+			note: "canary_web/* does not reach servers with their own key: web-2 keeps ready 50%"},
+		{name: "backend-wide with override clears them in the same transaction", cmd: "drain", args: []string{"canary_web/*"},
+			o: WriteOptions{Override: true}, want: "canary_web/* -canary_web/web-2"},
+		{name: "canary drain: one wildcard per known backend", cmd: "drain", args: []string{"canary_*/*"}, want: "canary_api/* canary_web/*"},
+		{name: "one server across backends", cmd: "drain", args: []string{"*/gke-cny-web"}, want: "main_api/gke-cny-web main_web/gke-cny-web"},
+		{name: "zonal drain", cmd: "drain", args: []string{"*/*-us-east1-b"}, want: "main_api/x-us-east1-b"},
+		{name: "a glob that matches nothing", cmd: "drain", args: []string{"canary_wbe*/*"}, want: "ERR:no server matches 'canary_wbe*/*'; known backends: canary_api, canary_web, main_api, main_web"},
+		{name: "a server glob that matches nothing", cmd: "drain", args: []string{"*/nope-*"}, want: "ERR:no server matches '*/nope-*'"},
+		{name: "a server no HAProxy polls", cmd: "drain", args: []string{"canary_web/web1"},
+			want: "ERR:no HAProxy has polled canary_web/web1 in the last 1m0s (a typo?); known servers of canary_web: web-1, web-2; add --force"},
+		{name: "forced", cmd: "drain", args: []string{"canary_web/web1"}, o: WriteOptions{Force: true}, want: "canary_web/web1"},
+		{name: "the last ready server", cmd: "drain", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
+			want: "ERR:main_web would have 0 ready of the servers HAProxy polls (now 3), fewer than --min-ready 1"},
+		{name: "the last ready server, forced", cmd: "maint", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
+			o: WriteOptions{Force: true}, want: "main_web/m-1 main_web/m-2 main_web/gke-cny-web"},
+		{name: "an unknown backend", cmd: "drain", args: []string{"canary_wbe/*"}, want: "ERR:no server matches 'canary_wbe/*'"},
+		{name: "min-ready 3", cmd: "drain", args: []string{"main_web/m-1"}, o: WriteOptions{MinReady: 3},
+			want: "ERR:main_web would have 2 ready"},
+		{name: "a backend-wide drain may empty the backend", cmd: "drain", args: []string{"main_web/*"}, want: "main_web/* -main_web/m-3",
+			o: WriteOptions{Override: true}},
+		{name: "ready is never refused for min-ready", cmd: "ready", args: []string{"canary_api/api-1"}, want: "canary_api/api-1"},
+		{name: "clear expands against keys only", cmd: "clear", args: []string{"main_web/*", "*/m-*"}, want: "-main_web/* -main_web/m-3"},
+		{name: "no replica: literal keys with --force", cmd: "drain", args: []string{"web/a"}, o: WriteOptions{Force: true}, noFleet: true, want: "web/a"},
+		{name: "no replica: no globs", cmd: "drain", args: []string{"web/a-*"}, o: WriteOptions{Force: true}, noFleet: true, want: "ERR:needs the servers the cluster knows"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sels, err := ParseSelectors(tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := tt.o
+			o.Command, o.Value, o.Prefix = tt.cmd, `{"state":"`+tt.cmd+`"}`, "hastate/"
+			if o.MinReady == 0 {
+				o.MinReady = 1
+			}
+			f := fleet()
+			if tt.noFleet {
+				f = nil
+			}
+			p, err := PlanWrite(f, sels, o)
+			if want, ok := strings.CutPrefix(tt.want, "ERR:"); ok {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("err = %v, want %q", err, want)
+				}
+				return
+			}
+			if err != nil || planKeys(p) != tt.want {
+				t.Fatalf("plan %q, %v; want %q", planKeys(p), err, tt.want)
+			}
+			if tt.note != "" && !strings.Contains(strings.Join(p.Notes, "\n"), tt.note) {
+				t.Errorf("notes %q, want %q", p.Notes, tt.note)
+			}
+			for _, op := range p.Ops {
+				if strings.ContainsAny(strings.TrimSuffix(op.Key, "/*"), "*?[") {
+					t.Errorf("a literal key with glob characters: %s", op.Key)
+				}
+			}
+		})
+	}
+	// Past one transaction: refused whole, with advice.
+	f := fleet()
+	for i := range MaxTxnKeys {
+		f.Servers = append(f.Servers, api.ServerState{Backend: "big", Server: "s" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Polled: 1, Answer: "ready 100%"})
+	}
+	sels, _ := ParseSelectors([]string{"big/s*", "canary_web/web-1"})
+	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
+		t.Errorf("%d keys: %v, want a refusal with advice", MaxTxnKeys+1, err)
+	}
+	// A replica did not answer: refused unless --force.
+	f = fleet()
+	f.Replicas[1] = api.ReplicaAnswer{ID: "n2", Error: "connection refused"}
+	sels, _ = ParseSelectors([]string{"canary_*/*"})
+	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Prefix: "hastate/"}); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "replica n2 unreachable") {
+		t.Errorf("with n2 unreachable: %v, want cannot confirm naming n2", err)
+	}
+}
+
+// fakeFleet serves a cluster view as /v1/state.
+func fakeFleet(t *testing.T, v *api.StateView) *Replica {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(v)
+	}))
+	t.Cleanup(srv.Close)
+	return replicaAt(t, srv.URL)
+}
+
+func TestPrecheckFollowsTheDeployContract(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name string
+		sel  string
+		edit func(*api.StateView)
+		want string // "ok", "block:<text>", "ERR:<text>"
+	}{
+		{"all ready", "canary_web/*", nil, "ok"},
+		{"maint passes", "main_web/m-3", nil, "ok"},
+		{"one drained", "canary_*/*", nil, "block:canary_api/api-1 is drained"},
+		{"one ramping", "canary_web/*", func(v *api.StateView) {
+			v.Servers[2].Ramping = &api.RampProgress{WeightPercent: 40}
+		}, "block:canary_web/web-1 is ramping: 40%"},
+		{"an invalid key with no valid value", "canary_web/web-1", func(v *api.StateView) {
+			v.Servers[2].Withheld, v.Servers[2].Error = true, "invalid value"
+		}, "block:cannot confirm"},
+		{"nothing matched", "canary_wbe/web-1", nil, "ERR:no server matches 'canary_wbe/web-1'; known backends: canary_api, canary_web"},
+		{"a replica down", "canary_web/*", func(v *api.StateView) {
+			v.Replicas[1] = api.ReplicaAnswer{ID: "n2", Error: "i/o timeout"}
+		}, "ERR:cannot confirm: replica n2 unreachable"},
+		{"Consul not in sync", "canary_web/*", func(v *api.StateView) {
+			v.KV.Warning = "Consul not synced for 42s"
+		}, "ERR:cannot confirm: Consul not synced for 42s"},
+		{"no state", "canary_web/*", func(v *api.StateView) { v.HoldsState = false }, "ERR:holds no state"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := fleet()
+			if tt.edit != nil {
+				tt.edit(v)
+			}
+			sels, _ := ParseSelectors([]string{tt.sel})
+			n, blocking, err := Precheck(ctx, fakeFleet(t, v), sels)
+			switch kind, text, _ := strings.Cut(tt.want, ":"); kind {
+			case "ok":
+				if err != nil || len(blocking) > 0 || n == 0 {
+					t.Fatalf("precheck = %d %v %v, want ok", n, blocking, err)
+				}
+			case "block":
+				if err != nil || !strings.Contains(strings.Join(blocking, "\n"), text) {
+					t.Fatalf("precheck = %v %v, want blocked by %q", blocking, err, text)
+				}
+			default:
+				if err == nil || !strings.Contains(err.Error(), text) {
+					t.Fatalf("precheck = %v %v, want error %q", blocking, err, text)
+				}
+			}
+		})
 	}
 }
 
@@ -73,17 +285,24 @@ func TestWriterTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	targets, _ := ParseTargets([]string{"web/a", "web/*"})
-	if err := w.Set(ctx, targets, `{"state":"drain"}`); err != nil {
+	set := Plan{Ops: []Op{{Key: "gitlab-haproxy-agent/state/web/a", Value: `{"state":"drain"}`}, {Key: "gitlab-haproxy-agent/state/web/*", Value: `{"state":"drain"}`}}}
+	if err := w.Apply(ctx, set); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"gitlab-haproxy-agent/state/web/a", "gitlab-haproxy-agent/state/web/*"} {
-		p, _, err := cl.KV().Get(k, nil)
-		if err != nil || p == nil || string(p.Value) != `{"state":"drain"}` {
-			t.Fatalf("%s = %v, %v", k, p, err)
+	for _, o := range set.Ops {
+		p, _, err := cl.KV().Get(o.Key, nil)
+		if err != nil || p == nil || string(p.Value) != o.Value {
+			t.Fatalf("%s = %v, %v", o.Key, p, err)
 		}
 	}
-	if err := w.Clear(ctx, targets[:1]); err != nil {
+	clear := Plan{Ops: []Op{{Delete: true, Key: "gitlab-haproxy-agent/state/web/a"}, {Delete: true, Key: "gitlab-haproxy-agent/state/web/b"}}}
+	if err := w.DropAbsent(ctx, &clear); err != nil {
+		t.Fatal(err)
+	}
+	if planKeys(clear) != "-gitlab-haproxy-agent/state/web/a" || !strings.Contains(strings.Join(clear.Notes, ""), "nothing to clear: gitlab-haproxy-agent/state/web/b") {
+		t.Fatalf("clear of one present and one absent key: %q %q", planKeys(clear), clear.Notes)
+	}
+	if err := w.Apply(ctx, clear); err != nil {
 		t.Fatal(err)
 	}
 	if p, _, _ := cl.KV().Get("gitlab-haproxy-agent/state/web/a", nil); p != nil {
@@ -92,21 +311,9 @@ func TestWriterTransactions(t *testing.T) {
 
 	// Consul down: a clear error that says nothing was written and what to check.
 	consul.Kill()
-	err = w.Set(ctx, targets, "drain")
+	err = w.Apply(ctx, set)
 	if err == nil || !strings.Contains(err.Error(), "nothing was written") || !strings.Contains(err.Error(), "CONSUL_HTTP_ADDR") ||
 		!strings.Contains(err.Error(), consul.Addr()) {
 		t.Fatalf("write with Consul down: %v", err)
-	}
-}
-
-func TestMatch(t *testing.T) {
-	r := Row{Backend: "canary_web", Server: "gke-1"}
-	for sel, want := range map[string]bool{"": true, "canary_*/*": true, "canary_web": true, "canary_web/gke-2": false, "*/gke-?": true, "main_*/*": false} {
-		if got, err := Match(sel, r); err != nil || got != want {
-			t.Errorf("Match(%q) = %v, %v; want %v", sel, got, err, want)
-		}
-	}
-	if _, err := Match("[", r); !errors.Is(err, ErrUsage) {
-		t.Errorf("bad glob: %v", err)
 	}
 }

@@ -21,7 +21,7 @@ const maxAnswer = 256
 // the line without its LF. No answer (the replica withholds it, or the
 // request was refused), a closed or refused connection and an expired ctx
 // are errors that say so.
-func Probe(ctx context.Context, addr string, t Target) (string, error) {
+func Probe(ctx context.Context, addr string, t Selector) (string, error) {
 	const advice = "check --addr (the agent port, 9777, or the load balancer in front of it)"
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)

@@ -53,7 +53,7 @@ func TestProbe(t *testing.T) {
 		{"hung", testenv.HungServer(t), "ERR:did not answer within 200ms"},
 	} {
 		ctx, cancel := WithTimeout(context.Background(), 200*time.Millisecond)
-		got, err := Probe(ctx, tt.addr, Target{"web", "a"})
+		got, err := Probe(ctx, tt.addr, Selector{"web", "a"})
 		cancel()
 		if want, isErr := strings.CutPrefix(tt.want, "ERR:"); isErr {
 			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), tt.addr) {

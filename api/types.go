@@ -1,0 +1,241 @@
+// Package api holds the JSON types of hastate's HTTP API (/v1/...,
+// /-/readiness) and a small client for it, as consul/api is for Consul. The
+// server encodes these types, the operator commands and the tests decode
+// them: one definition, no copies. It imports only the standard library.
+package api
+
+import (
+	"fmt"
+	"time"
+)
+
+// The lists (/v1/state, /v1/pollers, the status page) answer at most
+// ?limit= rows, so that one request cannot make a replica build an answer
+// of unbounded size.
+const (
+	// DefaultLimit is the number of rows answered without ?limit.
+	DefaultLimit = 1000
+	// MaxLimit is the largest ?limit accepted: about 30 MB of JSON.
+	MaxLimit = 100_000
+)
+
+// PollerTTL is how recently an HAProxy must have asked for a server to
+// count as polling it: ServerState.Polled and Told, `hastate wait`, and the
+// write commands' "no HAProxy polls this server" check. HAProxy asks every
+// agent-inter (2 s), so a minute is 30 missed checks.
+const PollerTTL = time.Minute
+
+// ServerState is one row of /v1/state: a server (or a backend wildcard,
+// Server "*"), what it is told and why.
+type ServerState struct {
+	Backend  string `json:"backend"`
+	Server   string `json:"server"`
+	Key      string `json:"key,omitempty"`     // the KV key the answer comes from
+	Source   string `json:"source"`            // the key, "absent" or "no-state"
+	Value    string `json:"value,omitempty"`   // the raw KV value
+	Desired  string `json:"desired,omitempty"` // the last valid value in short form
+	Valid    bool   `json:"valid"`
+	Error    string `json:"error,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	By       string `json:"by,omitempty"`
+	Ramp     string `json:"ramp,omitempty"`
+	Answer   string `json:"answer"`
+	Withheld bool   `json:"withheld"`
+	// Ramping is the undrain ramp setting this server's weight, if any.
+	Ramping *RampProgress `json:"ramping,omitempty"`
+	// Polled counts the HAProxy nodes that asked for this server within
+	// the poller window, and Told those of them last told Answer (over
+	// the replicas the view covers: see StateView.Scope).
+	Polled int `json:"polled"`
+	Told   int `json:"told"`
+}
+
+// RampProgress is one ramp as shown to operators.
+type RampProgress struct {
+	Target        string    `json:"target"` // backend/server or backend/*
+	WeightPercent int       `json:"weight_percent"`
+	Started       time.Time `json:"started"`
+	ETA           time.Time `json:"eta"`
+	Duration      string    `json:"duration"`
+	Interval      string    `json:"interval"`
+}
+
+// String renders the ramp for a status table.
+func (r *RampProgress) String() string {
+	if r == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d%% (eta %s)", r.WeightPercent, r.ETA.Local().Format("15:04:05"))
+}
+
+// StateView is the /v1/state body.
+type StateView struct {
+	// Scope is "replica" (the servers this replica knows) or "cluster"
+	// (?scope=cluster: also the servers HAProxy polled on the others).
+	Scope       string        `json:"scope"`
+	HoldsState  bool          `json:"holds_state"`
+	Servers     []ServerState `json:"servers"`
+	InvalidKeys []ServerState `json:"invalid_keys"`
+	KV          KVStatus      `json:"kv"`
+	// Replicas says, for a cluster view, which replicas answered; a
+	// missing one means the view may lack what only it saw.
+	Replicas []ReplicaAnswer `json:"replicas,omitempty"`
+	// Total and InvalidTotal count every server and invalid key; Servers
+	// and InvalidKeys hold at most the request's limit of each, the first
+	// in order, and Truncated says that either was cut.
+	Total        int  `json:"total"`
+	InvalidTotal int  `json:"invalid_total"`
+	Truncated    bool `json:"truncated"`
+}
+
+// ReplicaAnswer is whether one replica answered a cluster-wide query.
+type ReplicaAnswer struct {
+	ID       string `json:"id"`
+	Answered bool   `json:"answered"`
+	Error    string `json:"error,omitempty"`
+}
+
+// Poll is one HAProxy's last probe for one server.
+type Poll struct {
+	HAProxy   string    `json:"haproxy"` // the prober's IP address
+	Backend   string    `json:"backend"`
+	Server    string    `json:"server"`
+	LastAsked time.Time `json:"last_asked"`
+	Answer    string    `json:"answer"` // without LF; "" when withheld
+	Withheld  bool      `json:"withheld"`
+	Count     uint64    `json:"count"`
+	Replica   string    `json:"replica,omitempty"` // the replica that answered
+}
+
+// PollersView is the /v1/pollers body.
+type PollersView struct {
+	Scope   string `json:"scope"` // "replica" or "cluster"
+	Pollers []Poll `json:"pollers"`
+	// Replicas says, for scope=cluster, which replicas answered.
+	Replicas []ReplicaAnswer `json:"replicas,omitempty"`
+	// Total counts every poll; Pollers holds at most the request's limit
+	// of them, the first by server, HAProxy and replica, and Truncated says
+	// they were cut.
+	Total     int  `json:"total"`
+	Truncated bool `json:"truncated"`
+}
+
+// Readiness is the /-/readiness body.
+type Readiness struct {
+	Ready  bool     `json:"ready"`
+	Detail string   `json:"detail"`
+	KV     KVStatus `json:"kv"`
+}
+
+// KVView is the cluster's view of its Consul sync: what the raft leader
+// reported, aged by the time since. Every replica computes the same.
+type KVView struct {
+	// LeaderID is the leader whose report this is ("" when none is known).
+	LeaderID string `json:"leader_id"`
+	// Known: this replica leads, or its leader answered recently. Without
+	// a fresh report, Reachable is false.
+	Known bool `json:"known"`
+	// Reachable: the leader reads Consul and its watch is delivering.
+	Reachable bool `json:"reachable"`
+	// Synced: a leader has synced KV since this replica started (or in
+	// the report it holds); SyncAge is then the time since it last was
+	// in sync, else the time since this replica started.
+	Synced         bool          `json:"synced"`
+	SyncAge        time.Duration `json:"-"`
+	SyncAgeSeconds float64       `json:"sync_age_seconds"`
+	// SyncedIndex is the highest Consul index this replica's state is
+	// known to hold (the leader's watch index once this replica has
+	// applied the leader's state at that time; 0: unknown).
+	SyncedIndex uint64 `json:"synced_index"`
+	// Warning says what is wrong, e.g. "Consul not synced for 42s"; empty
+	// when the sync is current.
+	Warning string `json:"warning,omitempty"`
+}
+
+// KVStatus is the "kv" object of /-/readiness and /v1/state: the cluster's
+// view of the Consul sync and, on the leader, its watch.
+type KVStatus struct {
+	KVView
+	Watching bool         `json:"watching"`
+	Watch    *WatchStatus `json:"watch,omitempty"`
+	Note     string       `json:"note,omitempty"`
+}
+
+// WatchStatus is the leader's Consul watch, for readiness details and the
+// status page.
+type WatchStatus struct {
+	// LastSuccess is when a Consul read last succeeded with the mirror in
+	// sync with it (zero: never, in this process).
+	LastSuccess time.Time `json:"last_success"`
+	// LastError and LastErrorTime describe the last failure, Consul or
+	// apply; they are kept after a recovery.
+	LastError     string    `json:"last_error,omitempty"`
+	LastErrorTime time.Time `json:"last_error_time"`
+	// Index is the Consul index of the last successful read, and
+	// SyncedIndex the one the mirror is known to hold.
+	Index       uint64 `json:"index"`
+	SyncedIndex uint64 `json:"synced_index"`
+	// ConsecutiveErrors counts failures since the last success, and
+	// FailingSince is when the first of them happened (zero with none).
+	ConsecutiveErrors int       `json:"consecutive_errors"`
+	FailingSince      time.Time `json:"failing_since,omitzero"`
+	// Reachable is true when the last Consul read succeeded.
+	Reachable bool `json:"reachable"`
+}
+
+// ClusterInfo is the /v1/cluster body: a replica's view of the cluster.
+type ClusterInfo struct {
+	NodeID       string       `json:"node_id"`
+	State        string       `json:"state"` // leader, follower, candidate or shutdown
+	LeaderID     string       `json:"leader_id"`
+	LeaderAddr   string       `json:"leader_address"`
+	Members      []MemberInfo `json:"members"`
+	AppliedIndex uint64       `json:"applied_index"`
+	StateIndex   uint64       `json:"state_index"` // the last entry served; see PeerStatus
+	CommitIndex  uint64       `json:"commit_index"`
+	Term         uint64       `json:"term"`
+	LastContact  string       `json:"last_contact,omitempty"`
+	KVIndex      uint64       `json:"kv_index"`
+	KVKeys       int          `json:"kv_keys"`
+	KVDigest     string       `json:"kv_digest"` // equal on replicas that hold the same KV content
+	HoldsState   bool         `json:"holds_state"`
+	CaughtUp     bool         `json:"caught_up"`
+	// KV is the cluster's view of the Consul sync (the leader's report).
+	KV KVView `json:"kv"`
+	// LeaderlessSeconds is how long this replica has been without a known
+	// leader (0 with one); it keeps serving its last state meanwhile.
+	LeaderlessSeconds float64 `json:"leaderless_seconds"`
+}
+
+// MemberInfo is one member of the raft configuration.
+type MemberInfo struct {
+	ID       string `json:"id"`
+	Address  string `json:"address"`
+	Suffrage string `json:"suffrage"`
+	Leader   bool   `json:"leader"`
+	// Status is what the member reported over the raft port; nil when it
+	// did not answer within a second.
+	Status *PeerStatus `json:"status"`
+}
+
+// PeerStatus is what a replica reports about itself over the raft port.
+type PeerStatus struct {
+	ID              string    `json:"id"`
+	ConsulReachable bool      `json:"consul_reachable"`
+	ConsulChecked   time.Time `json:"consul_checked"`
+	State           string    `json:"state"`
+	// LastContact is how long ago this replica last heard from the leader
+	// (empty on the leader itself).
+	LastContact  string `json:"last_contact,omitempty"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// StateIndex is the raft index of the last entry this replica serves
+	// (raft's applied index may run ahead while entries wait in the FSM's
+	// queue).
+	StateIndex uint64 `json:"state_index"`
+	// KVSynced, KVSyncAgeSeconds and KVSyncedIndex are the leader's KV
+	// sync report (see KVView); a leader's ConsulReachable includes its
+	// watch.
+	KVSynced         bool    `json:"kv_synced,omitempty"`
+	KVSyncAgeSeconds float64 `json:"kv_sync_age_seconds,omitempty"`
+	KVSyncedIndex    uint64  `json:"kv_synced_index,omitempty"`
+}

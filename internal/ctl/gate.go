@@ -1,0 +1,193 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
+)
+
+// The gates, precheck and wait, fail closed: anything they cannot confirm
+// (a replica that does not answer, Consul not in sync, an answer withheld)
+// makes them fail and say why.
+
+// Precheck checks the deploy pipeline's contract for the servers the
+// selectors match, over the whole cluster: ready and maint pass; drain, a
+// ramp in progress and anything it cannot confirm block. It returns how
+// many servers it checked and what blocks; an error means it could not
+// check (ErrNoMatch, ErrCannotConfirm, ...).
+func Precheck(ctx context.Context, r *Replica, sels []Selector) (checked int, blocking []string, err error) {
+	fleet, err := r.Fleet(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
+	}
+	if err := confirmable(fleet); err != nil {
+		return 0, nil, err
+	}
+	for _, sel := range sels {
+		if len(Select(fleet.Servers, sel)) == 0 {
+			return 0, nil, noMatch(sel, fleet.Servers)
+		}
+	}
+	for _, row := range Select(fleet.Servers, sels...) {
+		checked++
+		name := row.Backend + "/" + row.Server
+		switch {
+		case row.Ramping != nil:
+			blocking = append(blocking, fmt.Sprintf("%s is ramping: %s", name, row.Ramping))
+		case row.Withheld:
+			blocking = append(blocking, fmt.Sprintf("%s: cannot confirm: its key is invalid and has no valid value (%s)", name, row.Error))
+		case row.Answer == state.Drain.String():
+			blocking = append(blocking, fmt.Sprintf("%s is drained%s", name, why(row)))
+		}
+	}
+	return checked, blocking, nil
+}
+
+func why(r api.ServerState) string {
+	var parts []string
+	if r.By != "" {
+		parts = append(parts, "by "+r.By)
+	}
+	if r.Reason != "" {
+		parts = append(parts, r.Reason)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ": ") + ")"
+}
+
+// confirmable fails when the view cannot be trusted to be the cluster's
+// current one: a replica holds no state or did not answer, or Consul is not
+// in sync.
+func confirmable(v api.StateView) error {
+	switch {
+	case !v.HoldsState:
+		return fmt.Errorf("%w: the replica holds no state yet; ask another replica (HASTATE_ADDR)", ErrCannotConfirm)
+	case v.KV.Warning != "":
+		return fmt.Errorf("%w: %s", ErrCannotConfirm, v.KV.Warning)
+	}
+	return Missing(v.Replicas)
+}
+
+// WaitOptions configure Wait.
+type WaitOptions struct {
+	Consul     *consul.Client // to read the Consul index current at the start
+	ConsulAddr string         // for messages
+	Prefix     string
+	Replica    *Replica
+	Selectors  []Selector
+	Interval   time.Duration // 0: 500ms between looks
+	Out        io.Writer     // progress lines; nil: none
+}
+
+// Wait returns once the replica has applied a Consul index at least the
+// one current when Wait started (so every write made before it is in), and
+// every HAProxy that polled a selected server within api.PollerTTL, on any
+// replica, was last told that server's current answer. It gives up with
+// ErrNotDone when ctx ends, naming what lags; a replica that does not
+// answer lags until it does.
+func Wait(ctx context.Context, o WaitOptions) error {
+	if o.Interval == 0 {
+		o.Interval = 500 * time.Millisecond
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	_, meta, err := o.Consul.KV().List(o.Prefix, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return consulError(ctx, o.ConsulAddr, err, "")
+	}
+	index := meta.LastIndex
+	var lag []string
+	for {
+		last := lag
+		lag, err = waitLag(ctx, o, index)
+		switch {
+		case err != nil && ctx.Err() != nil && len(last) > 0:
+			return fmt.Errorf("%w: still waiting for:\n  %s", ErrNotDone, strings.Join(last, "\n  "))
+		case err != nil:
+			return err
+		case len(lag) == 0:
+			return nil
+		}
+		if strings.Join(lag, "") != strings.Join(last, "") {
+			fmt.Fprintf(o.Out, "waiting for:\n  %s\n", strings.Join(lag, "\n  "))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: still waiting for:\n  %s", ErrNotDone, strings.Join(lag, "\n  "))
+		case <-time.After(o.Interval):
+		}
+	}
+}
+
+// waitLag lists what is not yet current; empty means done.
+func waitLag(ctx context.Context, o WaitOptions, index uint64) ([]string, error) {
+	ci, err := o.Replica.Cluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ci.KV.SyncedIndex < index {
+		return []string{fmt.Sprintf("replica %s has applied Consul index %d, waiting for %d (the writes made before wait started)", ci.NodeID, ci.KV.SyncedIndex, index)}, nil
+	}
+	fleet, err := o.Replica.Fleet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := Missing(fleet.Replicas); err != nil {
+		return []string{err.Error()}, nil
+	}
+	current := map[string]string{}
+	for _, sel := range o.Selectors {
+		rows := Select(fleet.Servers, sel)
+		if len(rows) == 0 {
+			return nil, noMatch(sel, fleet.Servers)
+		}
+		for _, r := range rows {
+			if r.Server != state.Wildcard {
+				current[r.Backend+"/"+r.Server] = r.Answer
+			}
+		}
+	}
+	pv, err := o.Replica.Pollers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := Missing(pv.Replicas); err != nil {
+		return []string{err.Error()}, nil
+	}
+	latest := map[[2]string]api.Poll{} // (server, haproxy) -> latest poll on any replica
+	for _, p := range pv.Pollers {
+		k := [2]string{p.Backend + "/" + p.Server, p.HAProxy}
+		if _, sel := current[k[0]]; !sel || time.Since(p.LastAsked) > api.PollerTTL {
+			continue
+		}
+		if old, ok := latest[k]; !ok || p.LastAsked.After(old.LastAsked) {
+			latest[k] = p
+		}
+	}
+	var lag []string
+	for k, p := range latest {
+		if told := toldAnswer(p); told != current[k[0]] {
+			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
+				k[1], k[0], told, p.Replica, time.Since(p.LastAsked).Round(time.Second), current[k[0]]))
+		}
+	}
+	sort.Strings(lag)
+	return lag, nil
+}
+
+func toldAnswer(p api.Poll) string {
+	if p.Withheld {
+		return ""
+	}
+	return p.Answer
+}
