@@ -43,6 +43,11 @@ type ServerState struct {
 	Withheld bool   `json:"withheld"`
 	// Ramping is the undrain ramp setting this server's weight, if any.
 	Ramping *RampProgress `json:"ramping,omitempty"`
+	// Until is when the state expires (hastate drain --for); Expired
+	// names a key whose until has passed: hastate treats it as absent
+	// (the answer comes from the next key, or is ready) until it changes.
+	Until   *time.Time `json:"until,omitempty"`
+	Expired string     `json:"expired,omitempty"`
 	// Polled counts the HAProxy nodes that asked for this server within
 	// the poller window, and Told those of them last told Answer (over
 	// the replicas the view covers: see StateView.Scope).

@@ -25,13 +25,17 @@ type command struct {
 	Ramp state.RampPolicy `json:"ramp,omitempty"`
 	// Steps is the payload of a ramp entry.
 	Steps state.RampSteps `json:"steps,omitempty"`
+	// Expire lists the keys an expire entry expires (their "until" has
+	// passed at At).
+	Expire []string `json:"expire,omitempty"`
 }
 
 // Entry types. An older binary that meets an unknown type fails the entry
 // loudly instead of guessing.
 const (
-	cmdKV   = "kv"
-	cmdRamp = "ramp"
+	cmdKV     = "kv"
+	cmdRamp   = "ramp"
+	cmdExpire = "expire"
 )
 
 // applyResult is what Apply returns to the leader that wrote the entry.
@@ -46,7 +50,8 @@ type applyResult struct {
 // Version 2 added ramps; version 1 snapshots have none and read fine.
 // Version 3 added Index; older snapshots restore with Index 0, and the node
 // takes the snapshot's raft index instead (see Node.New).
-const snapshotVersion = 3
+// Version 4 added the expired keys (state.Persisted.Expired).
+const snapshotVersion = 4
 
 type fsmSnapshotData struct {
 	Version int    `json:"version"`
@@ -123,6 +128,13 @@ func (f *fsm) Apply(l *raft.Log) any {
 			f.kvIndex = c.KVIndex
 			return events
 		})
+	case cmdExpire:
+		policy := c.Ramp
+		if err := policy.Validate(); err != nil && policy != (state.RampPolicy{}) {
+			f.reject(l.Index, fmt.Errorf("%w; the keys expire without ramps", err))
+			policy = state.RampPolicy{}
+		}
+		return f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent { return m.Expire(c.Expire, c.At, policy) })
 	case cmdRamp:
 		res := f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent { return m.ApplySteps(c.Steps) })
 		if f.stepped != nil {
@@ -202,6 +214,14 @@ func (f *fsm) info() (kvIndex uint64, keys int, synced bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.kvIndex, f.mirror.Len(), f.mirror.Synced()
+}
+
+// due returns the keys to expire at now and the raw value of key.
+func (f *fsm) due(now time.Time, key string) ([]string, string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	raw, ok := f.mirror.Raw(key)
+	return f.mirror.Due(now), raw, ok
 }
 
 // digest is state.Digest of the mirrored KV content.

@@ -308,7 +308,8 @@ func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) 
 	if change.Empty() && synced {
 		return nil
 	}
-	policy := n.rampPolicy(kv)
+	raw, ok := kv[RampConfigKey]
+	policy := n.rampPolicy(raw, ok)
 	res, raftIndex, err := n.apply(ctx, command{Type: cmdKV, KVIndex: index, Change: change, At: n.now(), Ramp: policy})
 	if err != nil {
 		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
@@ -356,11 +357,10 @@ func (n *Node) now() time.Time {
 	return time.Now()
 }
 
-// rampPolicy is the policy in force for a KV read: the flags, overridden by
-// <prefix>config/ramp when that parses. An invalid override is reported
-// once per value and ignored.
-func (n *Node) rampPolicy(kv map[string]string) state.RampPolicy {
-	raw, ok := kv[RampConfigKey]
+// rampPolicy is the policy in force for <prefix>config/ramp's value raw
+// (ok: the key exists): the flags, overridden by the key when that
+// parses. An invalid override is reported once per value and ignored.
+func (n *Node) rampPolicy(raw string, ok bool) state.RampPolicy {
 	if !ok {
 		n.metrics.rampPolicyInvalid.Set(0)
 		return n.opts.Ramp
@@ -493,10 +493,14 @@ func (n *Node) leaderDuty(ctx context.Context) {
 	}
 	n.caughtUp.Store(true)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		n.rampLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		n.expiryLoop(ctx)
 	}()
 	if n.opts.ConsulHealth != nil && n.opts.KVFailoverAfter > 0 {
 		wg.Add(1)

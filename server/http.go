@@ -125,6 +125,13 @@ func rowFor(r state.Resolution) api.ServerState {
 		row.Ramping = &api.RampProgress{Target: rp.Target, WeightPercent: rp.Weight, Started: rp.Started, ETA: rp.ETA(),
 			Duration: rp.Policy.Duration.String(), Interval: rp.Policy.Interval.String()}
 	}
+	if e := r.Expired; e != nil {
+		row.Expired = e.Key
+	}
+	if e := r.Entry; e != nil && !e.Last.Until.IsZero() {
+		until := e.Last.Until
+		row.Until = &until
+	}
 	if e := r.Entry; e != nil {
 		row.Key, row.Value, row.Valid, row.Error = e.Key, e.Raw, e.Valid(), e.Err
 		if e.HasLast {

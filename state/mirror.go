@@ -35,6 +35,9 @@ type Entry struct {
 	Last    Value  // the last valid value; equals Raw's when Err is empty
 	LastRaw string
 	HasLast bool
+	// Expired is true once the leader expired the key (its value's
+	// "until" passed): it then counts as absent, until its value changes.
+	Expired bool
 }
 
 // Valid reports whether the current raw value parsed.
@@ -133,7 +136,7 @@ func CheckKV(key, raw string) error {
 }
 
 func (e *Entry) set(raw string) {
-	e.Raw = raw
+	e.Raw, e.Expired = raw, false
 	if e.Backend == "" {
 		e.Err = keyError(e.Key).Error()
 		return
@@ -155,6 +158,8 @@ type Persisted struct {
 	LastValid map[string]string `json:"last_valid,omitempty"`
 	// Ramps are the ramps in progress.
 	Ramps []Ramp `json:"ramps,omitempty"`
+	// Expired lists the keys the leader expired.
+	Expired []string `json:"expired,omitempty"`
 }
 
 // Export returns the mirror's durable form.
@@ -163,7 +168,11 @@ func (m *Mirror) Export() Persisted {
 	if len(m.ramps) > 0 {
 		p.Ramps = m.Ramps()
 	}
-	for k, e := range m.entries {
+	for _, k := range slices.Sorted(maps.Keys(m.entries)) {
+		e := m.entries[k]
+		if e.Expired {
+			p.Expired = append(p.Expired, k)
+		}
 		if !e.Valid() && e.HasLast {
 			if p.LastValid == nil {
 				p.LastValid = map[string]string{}
@@ -183,6 +192,11 @@ func Restore(p Persisted) *Mirror {
 	m.Apply(Change{Set: p.KV})
 	for _, r := range p.Ramps {
 		m.ramps[r.Target] = &r
+	}
+	for _, k := range p.Expired {
+		if e := m.entries[k]; e != nil {
+			e.Expired = true
+		}
 	}
 	m.synced = p.Synced
 	return m

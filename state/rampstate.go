@@ -56,7 +56,7 @@ func (m *Mirror) effective(target string) (v Value, ok bool) {
 		keys = append(keys, StatePrefix+b+"/"+Wildcard)
 	}
 	for _, k := range keys {
-		if e := m.entries[k]; e != nil {
+		if e := m.entries[k]; e != nil && !e.Expired {
 			return e.Last, e.HasLast
 		}
 	}
@@ -80,6 +80,50 @@ func (m *Mirror) startsRamp(before Value, beforeOK bool, p RampPolicy) bool {
 // fails Validate, alone or with the key's duration, starts no ramp: the
 // target goes straight to ready 100%, the same way on every replica.
 func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent {
+	keys := append(slices.Clone(c.Delete), slices.Collect(maps.Keys(c.Set))...)
+	return m.transition(keys, at, policy, func() { m.Apply(c) })
+}
+
+// Expire treats the keys whose "until" has passed at the leader's time at
+// as absent, with ApplyAt's ramp rules: an expired drain ramps back up. A
+// key that is not due (no until, or until after at) is left alone, so the
+// entry means the same on every replica. A later change of the key's value
+// brings it back.
+func (m *Mirror) Expire(keys []string, at time.Time, policy RampPolicy) []RampEvent {
+	var due []string
+	for _, k := range keys {
+		if e := m.entries[k]; e != nil && e.due(at) {
+			due = append(due, k)
+		}
+	}
+	return m.transition(due, at, policy, func() {
+		for _, k := range due {
+			m.entries[k].Expired = true
+		}
+	})
+}
+
+// Due returns the keys whose "until" has passed at now and that are not
+// yet expired, sorted: what the leader's next expire entry holds.
+func (m *Mirror) Due(now time.Time) []string {
+	var out []string
+	for k, e := range m.entries {
+		if e.due(now) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// due reports whether the entry's until has passed at at.
+func (e *Entry) due(at time.Time) bool {
+	return e.HasLast && !e.Expired && !e.Last.Until.IsZero() && !at.Before(e.Last.Until)
+}
+
+// transition runs change on the mirror and starts or ends the ramps of the
+// targets of keys as their effective state moved (see ApplyAt).
+func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, change func()) []RampEvent {
 	type before struct {
 		v        Value
 		ok       bool
@@ -102,13 +146,10 @@ func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent 
 		}
 		targets[t] = b
 	}
-	for _, k := range c.Delete {
+	for _, k := range keys {
 		note(k)
 	}
-	for k := range c.Set {
-		note(k)
-	}
-	m.Apply(c)
+	change()
 
 	var events []RampEvent
 	for _, t := range slices.Sorted(maps.Keys(targets)) {

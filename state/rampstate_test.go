@@ -234,3 +234,51 @@ func TestRampEntriesBoundedByWeights(t *testing.T) {
 		t.Logf("interval %s aggression %v: %d entries for one ramp from %d%%", p.Interval, p.Aggression, entries, p.Start)
 	}
 }
+
+// An expiring drain ("until"): the leader's Expire treats the key as absent
+// once its time has passed, through a ramp; not before; the expired mark
+// survives a snapshot; a new value brings the key back.
+func TestExpireRampsAnExpiredDrainBackUp(t *testing.T) {
+	m := NewMirror()
+	p := rampPolicy()
+	until := t0.Add(time.Hour).Format(time.RFC3339)
+	m.ApplyAt(set("state/web/a", `{"state":"drain","until":"`+until+`"}`, "state/web/*", "maint"), t0, p)
+	if due := m.Due(t0.Add(59 * time.Minute)); len(due) != 0 {
+		t.Fatalf("due before until: %v", due)
+	}
+	if ev := m.Expire([]string{"state/web/a"}, t0.Add(59*time.Minute), p); len(ev) != 0 || lookup(m, "web/a") != "drain\n" {
+		t.Fatalf("an expire entry before until changed the answer: %v %q", ev, lookup(m, "web/a"))
+	}
+	at := t0.Add(time.Hour)
+	due := m.Due(at)
+	if len(due) != 1 || due[0] != "state/web/a" {
+		t.Fatalf("due at until: %v", due)
+	}
+	// The backend-wide maint applies now; no ramp from drain to maint.
+	if ev := m.Expire(due, at, p); len(ev) != 0 || lookup(m, "web/a") != "maint\n" {
+		t.Fatalf("after expiry: events %v, answer %q; want maint from the wildcard", ev, lookup(m, "web/a"))
+	}
+	r := m.Snapshot().Resolve("web", "a")
+	if r.Expired == nil || r.Expired.Key != "state/web/a" || r.Source != "state/web/*" {
+		t.Fatalf("resolution %+v, want the expired key named and the wildcard as source", r)
+	}
+	if m.Due(at.Add(time.Hour)) != nil {
+		t.Fatal("an expired key is due again")
+	}
+	restored := Restore(m.Export())
+	if lookup(restored, "web/a") != "maint\n" {
+		t.Fatalf("after a snapshot: %q", lookup(restored, "web/a"))
+	}
+	// Without the wildcard, an expired drain ramps back up.
+	m = NewMirror()
+	m.ApplyAt(set("state/web/b", `{"state":"drain","until":"`+until+`"}`), t0, p)
+	ev := m.Expire(m.Due(at), at, p)
+	if len(ev) != 1 || !ev[0].Start || lookup(m, "web/b") != "ready 10%\n" {
+		t.Fatalf("expired drain: events %+v, answer %q; want a ramp from 10%%", ev, lookup(m, "web/b"))
+	}
+	// A new value brings the key back.
+	m.ApplyAt(set("state/web/b", "drain"), at.Add(time.Minute), p)
+	if lookup(m, "web/b") != "drain\n" {
+		t.Fatalf("a new value after expiry: %q", lookup(m, "web/b"))
+	}
+}

@@ -54,6 +54,9 @@ type Resolution struct {
 	Entry *Entry
 	// Ramp is the ramp that sets the weight, if one does.
 	Ramp *Ramp
+	// Expired is the expired key skipped on the way (the server's own, or
+	// its backend's), if any: status shows it as expired.
+	Expired *Entry
 }
 
 // Resolve returns the answer for a server with its provenance, applying the
@@ -67,7 +70,14 @@ func (s *Snapshot) Resolve(backend, server string) Resolution {
 	exact := StatePrefix + backend + "/" + server
 	r.Answer, r.Source = readyFull, SourceAbsent
 	for _, key := range []string{exact, StatePrefix + backend + "/" + Wildcard} {
-		if e := s.entry(key); e != nil {
+		e := s.entry(key)
+		if e != nil && e.Expired {
+			if r.Expired == nil {
+				r.Expired = e
+			}
+			continue
+		}
+		if e != nil {
 			r.Answer, r.Source, r.Entry = entryAnswer(e), Source(key), e
 			break
 		}

@@ -94,14 +94,21 @@ replica that did not answer) go to stderr.`,
 				return enc.Encode(rows)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tVALUE\tRAMP\tTOLD\tREASON\tBY\tPROBLEM")
+			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
 			for _, r := range rows {
 				ans := r.Answer
 				if r.Withheld {
 					ans = "(withheld)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Backend, r.Server, ans, r.Desired, r.Ramping.String(),
-					r.Told, r.Polled, r.Reason, r.By, r.Error)
+				until := ""
+				switch {
+				case r.Expired != "":
+					until = "expired: " + r.Expired
+				case r.Until != nil:
+					until = r.Until.Local().Format("Jan 2 15:04")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Backend, r.Server, ans, r.Desired, r.Ramping.String(),
+					until, r.Told, r.Polled, r.Reason, r.By, r.Error)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

@@ -1,0 +1,41 @@
+package cluster
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// expiryEvery is how often the leader looks for states whose "until" has
+// passed.
+const expiryEvery = 250 * time.Millisecond
+
+// expiryLoop is the leader's expiry engine: when a key's "until" passes
+// (hastate drain --for 2h), it writes an expire entry, and every replica
+// treats the key as absent from then on (an expired drain ramps back up).
+// hastate never writes KV: the key stays in Consul, marked expired in
+// status, until an operator changes or clears it.
+func (n *Node) expiryLoop(ctx context.Context) {
+	t := time.NewTicker(expiryEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := n.now()
+		keys, raw, ok := n.fsm.due(now, RampConfigKey)
+		if len(keys) == 0 {
+			continue
+		}
+		res, raftIndex, err := n.apply(ctx, command{Type: cmdExpire, Expire: keys, At: now, Ramp: n.rampPolicy(raw, ok)})
+		if err != nil {
+			n.log.Warn("expiring states not applied; retrying", zap.Strings("keys", keys), zap.Error(err))
+			continue
+		}
+		n.log.Info("states expired: the keys now count as absent", zap.Strings("keys", keys), zap.Uint64("raft_index", raftIndex))
+		n.logRampEvents(res.events)
+	}
+}
