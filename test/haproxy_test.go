@@ -68,7 +68,7 @@ func haproxyBin(t *testing.T) string {
 // It returns once `show stat` lists every server UP.
 func StartHAProxy(t *testing.T, agentAddr string, backends ...Backend) *HAProxy {
 	t.Helper()
-	return startHAProxy(t, agentAddr, nil, backends)
+	return startHAProxy(t, agentAddr, nil, "", backends)
 }
 
 // StartHAProxyLB is StartHAProxy with the production layout: the agent
@@ -76,10 +76,18 @@ func StartHAProxy(t *testing.T, agentAddr string, backends ...Backend) *HAProxy 
 // HAProxy) in front of every replica's agent port.
 func StartHAProxyLB(t *testing.T, replicas []*Hastate, backends ...Backend) *HAProxy {
 	t.Helper()
-	return startHAProxy(t, freeAddr(t), replicas, backends)
+	return startHAProxy(t, freeAddr(t), replicas, "", backends)
 }
 
-func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, backends []Backend) *HAProxy {
+// StartHAProxyLBFrom is StartHAProxyLB with its agent checks reaching the
+// replicas from source (e.g. 127.0.0.2), so that several HAProxy processes
+// on this machine look like several HAProxy nodes to hastate.
+func StartHAProxyLBFrom(t *testing.T, replicas []*Hastate, source string, backends ...Backend) *HAProxy {
+	t.Helper()
+	return startHAProxy(t, freeAddr(t), replicas, source, backends)
+}
+
+func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, lbSource string, backends []Backend) *HAProxy {
 	t.Helper()
 	bin := haproxyBin(t)
 	agentHost, agentPort, err := net.SplitHostPort(agentAddr)
@@ -126,7 +134,11 @@ frontend fe
 		fmt.Fprintf(&cfg, "\nlisten agent_lb\n    bind %s\n    balance roundrobin\n    option httpchk GET /-/readiness\n", agentAddr)
 		for i, r := range lbReplicas {
 			_, httpPort, _ := net.SplitHostPort(r.HTTPAddr)
-			fmt.Fprintf(&cfg, "    server replica%d %s check port %s inter 200ms fall 1 rise 2\n", i+1, r.AgentAddr, httpPort)
+			src := ""
+			if lbSource != "" {
+				src = " source " + lbSource
+			}
+			fmt.Fprintf(&cfg, "    server replica%d %s check port %s inter 200ms fall 1 rise 2%s\n", i+1, r.AgentAddr, httpPort, src)
 		}
 	}
 	for _, b := range backends {
@@ -330,6 +342,9 @@ func (h *HAProxy) Hold(t *testing.T, d time.Duration, want map[string]Row) {
 		return true
 	}, func() string { return "haproxy " + bad })
 }
+
+// Signal sends sig to HAProxy (SIGSTOP freezes it: its agent checks stop).
+func (h *HAProxy) Signal(t *testing.T, sig os.Signal) { h.proc.Signal(t, sig) }
 
 // Stop kills HAProxy and waits for it to exit.
 func (h *HAProxy) Stop(t *testing.T) {

@@ -155,7 +155,7 @@ does not answer); 3 when the selector matches no server.`,
 				return err
 			}
 			start := time.Now()
-			if err := ctl.Wait(c.Context(), ctl.WaitOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels, Out: c.ErrOrStderr()}); err != nil {
+			if err := ctl.Wait(c.Context(), ctl.GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels, Out: c.ErrOrStderr()}); err != nil {
 				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
 			}
 			fmt.Fprintf(stdout, "every HAProxy polling %s was told the current answer (%s)\n", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
@@ -168,12 +168,14 @@ does not answer); 3 when the selector matches no server.`,
 }
 
 func precheckCmd(stdout io.Writer) *cobra.Command {
+	var cf consulFlags
 	var addr string
 	c := &cobra.Command{
 		Use:   "precheck <selector>...",
 		Short: "Exit 0 only if every selected server is ready or in maint (the deploy contract)",
-		Long: `precheck checks the deploy pipeline's contract over the whole cluster: servers
-that are ready or in maint pass; a drained server, a ramp in progress and
+		Long: `precheck first waits until the replica has applied every write made to Consul
+before it started (bounded by --timeout), then checks the deploy pipeline's
+contract over the whole cluster: servers that are ready or in maint pass; a drained server, a ramp in progress and
 anything it cannot confirm (a replica that does not answer, Consul not in
 sync, an invalid key) block.
 
@@ -186,11 +188,15 @@ selector matches no server.`,
 			if err != nil {
 				return err
 			}
+			w, err := cf.writer()
+			if err != nil {
+				return err
+			}
 			r, err := ctl.NewReplica(addr)
 			if err != nil {
 				return err
 			}
-			n, blocking, err := ctl.Precheck(c.Context(), r, sels)
+			n, blocking, err := ctl.Precheck(c.Context(), ctl.GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels})
 			if err != nil {
 				return err
 			}
@@ -201,6 +207,7 @@ selector matches no server.`,
 			return nil
 		},
 	}
+	cf.add(c)
 	replicaFlag(c, &addr)
 	return c
 }

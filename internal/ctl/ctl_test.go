@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -216,14 +217,35 @@ func TestPlanWrite(t *testing.T) {
 	}
 }
 
-// fakeFleet serves a cluster view as /v1/state.
-func fakeFleet(t *testing.T, v *api.StateView) *Replica {
+// fakeGate is a Consul whose prefix is at index 5 and a replica that has
+// applied it and serves v as /v1/state.
+func fakeGate(t *testing.T, v *api.StateView, sels []Selector) GateOptions {
 	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/cluster" {
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
+			return
+		}
 		_ = json.NewEncoder(w).Encode(v)
 	}))
+	t.Cleanup(replica.Close)
+	c := fakeConsul(t, 5)
+	return GateOptions{Consul: c.Client, ConsulAddr: c.Addr, Prefix: "hastate/", Replica: replicaAt(t, replica.URL), Selectors: sels}
+}
+
+// fakeConsul answers every KV read with no keys at index.
+func fakeConsul(t *testing.T, index int) Writer {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Consul-Index", strconv.Itoa(index))
+		w.WriteHeader(http.StatusNotFound)
+	}))
 	t.Cleanup(srv.Close)
-	return replicaAt(t, srv.URL)
+	w, err := NewWriter(strings.TrimPrefix(srv.URL, "http://"), "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
 
 func TestPrecheckFollowsTheDeployContract(t *testing.T) {
@@ -258,7 +280,7 @@ func TestPrecheckFollowsTheDeployContract(t *testing.T) {
 				tt.edit(v)
 			}
 			sels, _ := ParseSelectors([]string{tt.sel})
-			n, blocking, err := Precheck(ctx, fakeFleet(t, v), sels)
+			n, blocking, err := Precheck(ctx, fakeGate(t, v, sels))
 			switch kind, text, _ := strings.Cut(tt.want, ":"); kind {
 			case "ok":
 				if err != nil || len(blocking) > 0 || n == 0 {

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -18,18 +19,27 @@ import (
 // makes them fail and say why.
 
 // Precheck checks the deploy pipeline's contract for the servers the
-// selectors match, over the whole cluster: ready and maint pass; drain, a
+// selectors match, over the whole cluster, once the replica has applied
+// every write made before Precheck started: ready and maint pass; drain, a
 // ramp in progress and anything it cannot confirm block. It returns how
 // many servers it checked and what blocks; an error means it could not
 // check (ErrNoMatch, ErrCannotConfirm, ...).
-func Precheck(ctx context.Context, r *Replica, sels []Selector) (checked int, blocking []string, err error) {
-	fleet, err := r.Fleet(ctx)
+func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []string, err error) {
+	index, err := o.consulIndex(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
+	}
+	if err := o.synced(ctx, index); err != nil {
+		return 0, nil, err
+	}
+	fleet, err := o.Replica.Fleet(ctx)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
 	}
 	if err := confirmable(fleet); err != nil {
 		return 0, nil, err
 	}
+	sels := o.Selectors
 	for _, sel := range sels {
 		if len(Select(fleet.Servers, sel)) == 0 {
 			return 0, nil, noMatch(sel, fleet.Servers)
@@ -48,6 +58,36 @@ func Precheck(ctx context.Context, r *Replica, sels []Selector) (checked int, bl
 		}
 	}
 	return checked, blocking, nil
+}
+
+// consulIndex reads Consul's current index of the prefix: every write made
+// before it is at or below it.
+func (o GateOptions) consulIndex(ctx context.Context) (uint64, error) {
+	_, meta, err := o.Consul.KV().List(o.Prefix, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return 0, consulError(ctx, o.ConsulAddr, err, "")
+	}
+	return meta.LastIndex, nil
+}
+
+// synced waits until the replica has applied Consul index index, or ctx
+// ends (then it cannot confirm).
+func (o GateOptions) synced(ctx context.Context, index uint64) error {
+	for {
+		ci, err := o.Replica.Cluster(ctx)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrCannotConfirm, err)
+		}
+		if ci.KV.SyncedIndex >= index {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: replica %s has applied Consul index %d, not yet %d (the writes made before this command): %s",
+				ErrCannotConfirm, ci.NodeID, ci.KV.SyncedIndex, index, cmp.Or(ci.KV.Warning, "is the leader syncing?"))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func why(r api.ServerState) string {
@@ -77,15 +117,15 @@ func confirmable(v api.StateView) error {
 	return Missing(v.Replicas)
 }
 
-// WaitOptions configure Wait.
-type WaitOptions struct {
+// GateOptions configure Wait and Precheck.
+type GateOptions struct {
 	Consul     *consul.Client // to read the Consul index current at the start
 	ConsulAddr string         // for messages
 	Prefix     string
 	Replica    *Replica
 	Selectors  []Selector
-	Interval   time.Duration // 0: 500ms between looks
-	Out        io.Writer     // progress lines; nil: none
+	Interval   time.Duration // Wait: 0 is 500ms between looks
+	Out        io.Writer     // Wait's progress lines; nil: none
 }
 
 // Wait returns once the replica has applied a Consul index at least the
@@ -94,18 +134,17 @@ type WaitOptions struct {
 // replica, was last told that server's current answer. It gives up with
 // ErrNotDone when ctx ends, naming what lags; a replica that does not
 // answer lags until it does.
-func Wait(ctx context.Context, o WaitOptions) error {
+func Wait(ctx context.Context, o GateOptions) error {
 	if o.Interval == 0 {
 		o.Interval = 500 * time.Millisecond
 	}
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
-	_, meta, err := o.Consul.KV().List(o.Prefix, (&consul.QueryOptions{}).WithContext(ctx))
+	index, err := o.consulIndex(ctx)
 	if err != nil {
-		return consulError(ctx, o.ConsulAddr, err, "")
+		return err
 	}
-	index := meta.LastIndex
 	var lag []string
 	for {
 		last := lag
@@ -130,7 +169,7 @@ func Wait(ctx context.Context, o WaitOptions) error {
 }
 
 // waitLag lists what is not yet current; empty means done.
-func waitLag(ctx context.Context, o WaitOptions, index uint64) ([]string, error) {
+func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error) {
 	ci, err := o.Replica.Cluster(ctx)
 	if err != nil {
 		return nil, err

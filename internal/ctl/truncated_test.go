@@ -70,10 +70,11 @@ func TestListsCutByTheReplicaFailClosed(t *testing.T) {
 	if _, err := r.Fleet(ctx); err != nil {
 		t.Fatalf("Fleet of a whole list: %v", err)
 	}
-	if n, blocking, err := Precheck(ctx, r, web); err != nil || n != 1 || len(blocking) != 0 {
+	gate := GateOptions{Consul: fakeConsul(t, 5).Client, Prefix: "hastate/", Replica: r, Selectors: web}
+	if n, blocking, err := Precheck(ctx, gate); err != nil || n != 1 || len(blocking) != 0 {
 		t.Fatalf("Precheck of a whole list: %v %d %v", blocking, n, err)
 	}
-	if lag, err := waitLag(ctx, WaitOptions{Replica: r, Selectors: web}, 5); err != nil || len(lag) != 0 {
+	if lag, err := waitLag(ctx, gate, 5); err != nil || len(lag) != 0 {
 		t.Fatalf("waitLag of whole lists: %v %v", lag, err)
 	}
 	for _, q := range qs() {
@@ -87,9 +88,10 @@ func TestListsCutByTheReplicaFailClosed(t *testing.T) {
 	cutState, _ := fakeLists(t, true, false)
 	cutPollers, _ := fakeLists(t, false, true)
 	_, err := replicaAt(t, cutState).Fleet(ctx)
-	_, _, perr := Precheck(ctx, replicaAt(t, cutState), web)
-	_, werr := waitLag(ctx, WaitOptions{Replica: replicaAt(t, cutState), Selectors: web}, 5)
-	_, wperr := waitLag(ctx, WaitOptions{Replica: replicaAt(t, cutPollers), Selectors: web}, 5)
+	gate.Replica = replicaAt(t, cutState)
+	_, _, perr := Precheck(ctx, gate)
+	_, werr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutState), Selectors: web}, 5)
+	_, wperr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutPollers), Selectors: web}, 5)
 	for name, err := range map[string]error{"Fleet": err, "Precheck": perr, "waitLag (state cut)": werr, "waitLag (pollers cut)": wperr} {
 		if !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), "partial list") || !strings.Contains(err.Error(), "100001") {
 			t.Errorf("%s over a cut list: %v; want ErrTruncated saying it refuses a partial list of 100001", name, err)

@@ -103,12 +103,12 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 		}
 		switch {
 		case literal && sel.Server == state.Wildcard:
-			if fleet != nil && !o.Force && !slices.Contains(backends(rows), sel.Backend) {
+			if fleet != nil && !o.Force && !clear && !slices.Contains(backends(rows), sel.Backend) {
 				return p, fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
 			}
 			p.backendWide(rows, sel.Backend, o, add)
 		case literal:
-			if err := polled(rows, fleet != nil, sel, o.Force); err != nil {
+			if err := polled(rows, fleet != nil && !clear, sel, o.Force); err != nil {
 				return p, err
 			}
 			add(setOrDelete(Key(o.Prefix, sel.Backend, sel.Server), o))
