@@ -46,7 +46,9 @@ type applyResult struct {
 // Version 2 added ramps; version 1 snapshots have none and read fine.
 // Version 3 added Index; older snapshots restore with Index 0, and the node
 // takes the snapshot's raft index instead (see Node.New).
-const snapshotVersion = 3
+// Version 4 added the mirror's since (when each key's state took effect);
+// older snapshots restore with it unknown until the key next changes.
+const snapshotVersion = 4
 
 type fsmSnapshotData struct {
 	Version int    `json:"version"`

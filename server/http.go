@@ -107,6 +107,10 @@ type ServerState struct {
 	Withheld bool   `json:"withheld"`
 	// Ramping is the undrain ramp setting this server's weight, if any.
 	Ramping *RampProgress `json:"ramping,omitempty"`
+	// Since is when the answer's state took effect, on the raft leader's
+	// clock (a ramp: its start); absent for the default ready 100% and
+	// when not known (state.Resolution.Since).
+	Since *time.Time `json:"since,omitempty"`
 }
 
 // RampProgress is one ramp as shown to operators.
@@ -179,6 +183,9 @@ func cut[T any](rows []T, limit int) ([]T, bool) {
 func rowFor(r state.Resolution) ServerState {
 	row := ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
 		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true}
+	if since := r.Since(); !since.IsZero() {
+		row.Since = &since
+	}
 	if rp := r.Ramp; rp != nil {
 		row.Ramping = &RampProgress{Target: rp.Target, WeightPercent: rp.Weight, Started: rp.Started, ETA: rp.ETA(),
 			Duration: rp.Policy.Duration.String(), Interval: rp.Policy.Interval.String()}

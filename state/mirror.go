@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // StatePrefix is the part of a KV key, after the configured prefix, under
@@ -35,6 +36,13 @@ type Entry struct {
 	Last    Value  // the last valid value; equals Raw's when Err is empty
 	LastRaw string
 	HasLast bool
+	// Since is when the key's last valid value took the state it holds
+	// (Last.String(): drain, maint, ready, N%): the leader's time in the
+	// raft entry that set it, so it is the same on every replica. A new
+	// reason or an invalid value does not move it. Zero when not known
+	// (applied without a time, or restored from a snapshot written before
+	// hastate recorded it).
+	Since time.Time
 }
 
 // Valid reports whether the current raw value parsed.
@@ -155,6 +163,8 @@ type Persisted struct {
 	LastValid map[string]string `json:"last_valid,omitempty"`
 	// Ramps are the ramps in progress.
 	Ramps []Ramp `json:"ramps,omitempty"`
+	// Since holds each state key's Entry.Since, where known.
+	Since map[string]time.Time `json:"since,omitempty"`
 }
 
 // Export returns the mirror's durable form.
@@ -164,6 +174,12 @@ func (m *Mirror) Export() Persisted {
 		p.Ramps = m.Ramps()
 	}
 	for k, e := range m.entries {
+		if !e.Since.IsZero() {
+			if p.Since == nil {
+				p.Since = map[string]time.Time{}
+			}
+			p.Since[k] = e.Since
+		}
 		if !e.Valid() && e.HasLast {
 			if p.LastValid == nil {
 				p.LastValid = map[string]string{}
@@ -183,6 +199,11 @@ func Restore(p Persisted) *Mirror {
 	m.Apply(Change{Set: p.KV})
 	for _, r := range p.Ramps {
 		m.ramps[r.Target] = &r
+	}
+	for k, t := range p.Since {
+		if e := m.entries[k]; e != nil {
+			e.Since = t
+		}
 	}
 	m.synced = p.Synced
 	return m
