@@ -36,7 +36,7 @@ func newMetrics(n *Node) *metrics {
 		n:    n,
 		port: newPortMetrics(),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_raft_leader_changes_total", Help: "Per replica: leader changes this replica observed (a rate above a few an hour is flapping)."}),
+			Name: "hastate_raft_leader_changes_total", Help: "Per replica: changes of the raft leader this replica observed, losing the leader included (an election usually counts 2: the loss and the new leader). More than a few elections an hour is flapping."}),
 		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_raft_kv_failovers_total", Help: "Per replica: times this replica, as leader, handed leadership to a follower because it could not read Consul."}),
 		entryLag: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -64,7 +64,7 @@ func newMetrics(n *Node) *metrics {
 			"Unix time by which the raft leader owes each ramp its next weight step (or its end), from the ramp's recorded start and schedule; the same on every replica in sync. A value several ramp intervals in the past means ramps are stuck.",
 			[]string{"backend", "server"}, nil),
 		rampInterval: prometheus.NewDesc("hastate_ramp_interval_seconds",
-			"Step interval of each ramp in progress (its policy's --ramp-interval or <prefix>config/ramp interval).",
+			"Step interval of each ramp in progress (its policy's --ramp-interval or <prefix>config/ramp interval). From raft: the same on every replica in sync.",
 			[]string{"backend", "server"}, nil),
 		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "hastate_raft_apply_duration_seconds", Help: "Leader only (observed where the entry was written): time from raft Apply to the entry being committed by a quorum and applied on the leader: the raft commit latency.",
@@ -81,7 +81,7 @@ func newMetrics(n *Node) *metrics {
 		kvReachable: prometheus.NewDesc("hastate_kv_reachable",
 			"Cluster-wide, the same on every replica: 1 when the raft leader reads Consul and its watch is delivering, as the leader reported within the last 5s; 0 otherwise (Consul down, no leader).", nil, nil),
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
-			"Seconds this replica has been without a known raft leader (0 with one); it keeps serving its last state meanwhile.", nil, nil),
+			"Per replica: seconds this replica has been without a known raft leader (0 with one); it keeps serving its last state meanwhile.", nil, nil),
 	}
 }
 
