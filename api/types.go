@@ -43,6 +43,10 @@ type ServerState struct {
 	Withheld bool   `json:"withheld"`
 	// Ramping is the undrain ramp setting this server's weight, if any.
 	Ramping *RampProgress `json:"ramping,omitempty"`
+	// Since is when the answer's state took effect, on the raft leader's
+	// clock (a ramp: its start); absent for the default ready 100% and
+	// when not known.
+	Since *time.Time `json:"since,omitempty"`
 	// Until is when the state expires (hastate drain --for); Expired
 	// names a key whose until has passed: hastate treats it as absent
 	// (the answer comes from the next key, or is ready) until it changes.

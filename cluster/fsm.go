@@ -50,7 +50,9 @@ type applyResult struct {
 // Version 2 added ramps; version 1 snapshots have none and read fine.
 // Version 3 added Index; older snapshots restore with Index 0, and the node
 // takes the snapshot's raft index instead (see Node.New).
-// Version 4 added the expired keys (state.Persisted.Expired).
+// Version 4 added the expired keys (state.Persisted.Expired) and the
+// mirror's since (when each key's state took effect); older snapshots
+// restore with since unknown until the key next changes.
 const snapshotVersion = 4
 
 type fsmSnapshotData struct {

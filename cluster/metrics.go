@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/state"
@@ -22,7 +24,7 @@ type metrics struct {
 	dutyFailures      prometheus.Counter
 	port              *portMetrics // the raft port's connections and TLS
 
-	rampsActive, serverWeight *prometheus.Desc
+	rampsActive, serverWeight, serverState, serverSince, rampStepDue, rampInterval *prometheus.Desc
 
 	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
 
@@ -34,38 +36,52 @@ func newMetrics(n *Node) *metrics {
 		n:    n,
 		port: newPortMetrics(),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_raft_leader_changes_total", Help: "Leader changes this node observed."}),
+			Name: "hastate_raft_leader_changes_total", Help: "Per replica: changes of the raft leader this replica observed, losing the leader included (an election usually counts 2: the loss and the new leader). More than a few elections an hour is flapping."}),
 		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_raft_kv_failovers_total", Help: "Leadership handed to a follower because this leader could not reach Consul."}),
+			Name: "hastate_raft_kv_failovers_total", Help: "Per replica: times this replica, as leader, handed leadership to a follower because it could not read Consul."}),
 		entryLag: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "hastate_raft_entry_lag_seconds", Help: "Time from the leader writing an entry to this replica applying it: commit plus replication latency (across hosts it includes their clock offset).",
+			Name: "hastate_raft_entry_lag_seconds", Help: "Per replica: time from the leader writing an entry to this replica applying it: commit plus replication latency (across hosts it includes their clock offset).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		rampSteps: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_ramp_steps_total", Help: "Ramp steps (weight changes and ends) applied to this replica's state."}),
+			Name: "hastate_ramp_steps_total", Help: "Per replica: ramp steps (weight changes and ends) applied to this replica's state; every replica in sync counts the same."}),
 		rampPolicyInvalid: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "hastate_ramp_policy_invalid", Help: "1 when <prefix>config/ramp is invalid and ignored (set on the leader)."}),
+			Name: "hastate_ramp_policy_invalid", Help: "Leader only (on followers: as of the last time this replica led): 1 when <prefix>config/ramp is invalid and ignored (the --ramp-* flags apply). Use max over replicas."}),
 		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_fsm_apply_errors_total", Help: "Committed raft entries this replica could not apply as written (undecodable, unknown type, invalid ramp policy, a panic while applying): each is logged and skipped, or applied without ramps, identically on every replica. Any increase is a bug to report."}),
+			Name: "hastate_fsm_apply_errors_total", Help: "Per replica: committed raft entries this replica could not apply as written (undecodable, unknown type, invalid ramp policy, a panic while applying): each is logged and skipped, or applied without ramps, identically on every replica. Any increase is a bug to report."}),
 		dutyFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_leader_duty_failures_total", Help: "Times this replica, as leader, could not run its duty (building the Consul watch) and handed leadership over or retried."}),
-		rampsActive:  prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress.", nil, nil),
-		serverWeight: prometheus.NewDesc("hastate_server_weight_percent", "Weight in percent each known server is told (0 for drain and maint); server \"*\" is a backend wildcard.", []string{"backend", "server"}, nil),
+			Name: "hastate_leader_duty_failures_total", Help: "Per replica: times this replica, as leader, could not run its duty (building the Consul watch) and handed leadership over or retried."}),
+		rampsActive: prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress (from raft: the same on every replica in sync).", nil, nil),
+		serverState: prometheus.NewDesc("hastate_server_state",
+			"Always 1: the effective state of each server (or backend wildcard, server \"*\") with a non-default state: drain, maint, weight (an explicit N%), ramping (an undrain ramp sets its weight) or withheld (invalid key without a last valid value: no answer). Servers answered ready 100% have no series. by is the writer named in the key's JSON value (cut to 64 bytes). From raft: the same on every replica in sync.",
+			[]string{"backend", "server", "state", "by"}, nil),
+		serverSince: prometheus.NewDesc("hastate_server_state_since_timestamp_seconds",
+			"Unix time at which each non-default server state (see hastate_server_state) took effect, on the raft leader's clock when it wrote the change (a ramp: its start); the same on every replica in sync. time() minus it is how long a server has been drained. Absent when not known (a key last changed before hastate recorded it).",
+			[]string{"backend", "server", "state"}, nil),
+		serverWeight: prometheus.NewDesc("hastate_server_weight_percent",
+			"Weight in percent each server with a non-default state is told in its 'ready <w>%' answer: an explicit N% or a ramp's current step. Servers told drain, maint or nothing have no series (see hastate_server_state). From raft: the same on every replica in sync.",
+			[]string{"backend", "server"}, nil),
+		rampStepDue: prometheus.NewDesc("hastate_ramp_step_due_timestamp_seconds",
+			"Unix time by which the raft leader owes each ramp its next weight step (or its end), from the ramp's recorded start and schedule; the same on every replica in sync. A value several ramp intervals in the past means ramps are stuck.",
+			[]string{"backend", "server"}, nil),
+		rampInterval: prometheus.NewDesc("hastate_ramp_interval_seconds",
+			"Step interval of each ramp in progress (its policy's --ramp-interval or <prefix>config/ramp interval). From raft: the same on every replica in sync.",
+			[]string{"backend", "server"}, nil),
 		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "hastate_raft_apply_duration_seconds", Help: "Time from raft Apply to the entry being committed and applied on the leader.",
+			Name: "hastate_raft_apply_duration_seconds", Help: "Leader only (observed where the entry was written): time from raft Apply to the entry being committed by a quorum and applied on the leader: the raft commit latency.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		state:       prometheus.NewDesc("hastate_raft_state", "1 for the raft state this node is in.", []string{"state"}, nil),
-		applied:     prometheus.NewDesc("hastate_raft_applied_index", "Last raft index applied to the FSM.", nil, nil),
-		commit:      prometheus.NewDesc("hastate_raft_commit_index", "Last raft index known committed.", nil, nil),
-		lastContact: prometheus.NewDesc("hastate_raft_last_contact_seconds", "Seconds since this follower last heard from the leader (0 on the leader).", nil, nil),
-		term:        prometheus.NewDesc("hastate_raft_term", "Current raft term.", nil, nil),
-		keys:        prometheus.NewDesc("hastate_state_keys", "State keys in the mirror by validity.", []string{"validity"}, nil),
-		holds:       prometheus.NewDesc("hastate_state_held", "1 when the replica holds state (a KV sync or a restored snapshot).", nil, nil),
+		state:       prometheus.NewDesc("hastate_raft_state", "Per replica: 1 for the raft state this replica is in (leader, follower, candidate, shutdown), 0 for the others. sum(hastate_raft_state{state=\"leader\"}) is 1 in a healthy cluster.", []string{"state"}, nil),
+		applied:     prometheus.NewDesc("hastate_raft_applied_index", "Per replica: last raft index handed to the state machine; replicas in sync show the same.", nil, nil),
+		commit:      prometheus.NewDesc("hastate_raft_commit_index", "Per replica: last raft index this replica knows committed.", nil, nil),
+		lastContact: prometheus.NewDesc("hastate_raft_last_contact_seconds", "Per replica: seconds since this follower last heard from the leader (0 on the leader and before any contact).", nil, nil),
+		term:        prometheus.NewDesc("hastate_raft_term", "Per replica: current raft term (it rises with every election).", nil, nil),
+		keys:        prometheus.NewDesc("hastate_state_keys", "State keys (<prefix>state/...) in the mirror by validity (valid, invalid: a typo, 300%, bad JSON; it keeps its last valid value). From raft: the same on every replica in sync.", []string{"validity"}, nil),
+		holds:       prometheus.NewDesc("hastate_state_held", "Per replica: 1 when the replica holds state (a KV sync or a restored snapshot) and answers probes; 0: every answer is withheld.", nil, nil),
 		kvSyncAge: prometheus.NewDesc("hastate_kv_sync_age_seconds",
 			"Cluster-wide, the same on every replica: seconds since the raft leader last knew its mirror held Consul's KV content (the leader's report, aged since; before any sync, seconds since this replica started). A few seconds when healthy.", nil, nil),
 		kvReachable: prometheus.NewDesc("hastate_kv_reachable",
 			"Cluster-wide, the same on every replica: 1 when the raft leader reads Consul and its watch is delivering, as the leader reported within the last 5s; 0 otherwise (Consul down, no leader).", nil, nil),
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
-			"Seconds this replica has been without a known raft leader (0 with one); it keeps serving its last state meanwhile.", nil, nil),
+			"Per replica: seconds this replica has been without a known raft leader (0 with one); it keeps serving its last state meanwhile.", nil, nil),
 	}
 }
 
@@ -79,8 +95,9 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.owned() {
 		c.Describe(ch)
 	}
-	ch <- m.rampsActive
-	ch <- m.serverWeight
+	for _, d := range []*prometheus.Desc{m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
+		ch <- d
+	}
 	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless} {
 		ch <- d
 	}
@@ -114,15 +131,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(len(snap.Entries())-inv), "valid")
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(inv), "invalid")
 	ch <- prometheus.MustNewConstMetric(m.rampsActive, prometheus.GaugeValue, float64(len(snap.Ramps())))
-	for _, t := range snap.Targets() {
-		if r := snap.Resolve(t.Backend, t.Server); !r.Answer.Withheld {
-			w := 0.0
-			if r.Answer.Admin == state.Ready {
-				w = float64(r.Answer.Weight)
-			}
-			ch <- prometheus.MustNewConstMetric(m.serverWeight, prometheus.GaugeValue, w, t.Backend, t.Server)
-		}
-	}
+	m.collectServers(ch, snap)
 	held := 0.0
 	if snap != nil {
 		held = 1
@@ -132,6 +141,49 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.kvSyncAge, prometheus.GaugeValue, kv.SyncAgeSeconds)
 	ch <- prometheus.MustNewConstMetric(m.kvReachable, prometheus.GaugeValue, boolGauge(kv.Reachable))
 	ch <- prometheus.MustNewConstMetric(m.leaderless, prometheus.GaugeValue, m.n.leaderless().Seconds())
+}
+
+// collectServers exports the servers with a non-default state and the
+// ramps: one series each per key or ramp, so cardinality is bounded by the
+// KV content, not by the fleet.
+func (m *metrics) collectServers(ch chan<- prometheus.Metric, snap *state.Snapshot) {
+	for _, t := range snap.Targets() {
+		r := snap.Resolve(t.Backend, t.Server)
+		kind := r.Kind()
+		if kind == state.KindReady {
+			continue
+		}
+		by := ""
+		if r.Entry != nil && r.Entry.HasLast && r.Ramp == nil {
+			by = cutLabel(r.Entry.Last.By, 64)
+		}
+		ch <- prometheus.MustNewConstMetric(m.serverState, prometheus.GaugeValue, 1, t.Backend, t.Server, kind, by)
+		if since := r.Since(); !since.IsZero() {
+			ch <- prometheus.MustNewConstMetric(m.serverSince, prometheus.GaugeValue, unixSeconds(since), t.Backend, t.Server, kind)
+		}
+		if kind == state.KindWeight || kind == state.KindRamping {
+			ch <- prometheus.MustNewConstMetric(m.serverWeight, prometheus.GaugeValue, float64(r.Answer.Weight), t.Backend, t.Server)
+		}
+	}
+	for _, rp := range snap.Ramps() {
+		b, srv, _ := strings.Cut(rp.Target, "/")
+		ch <- prometheus.MustNewConstMetric(m.rampStepDue, prometheus.GaugeValue, unixSeconds(rp.StepDue()), b, srv)
+		ch <- prometheus.MustNewConstMetric(m.rampInterval, prometheus.GaugeValue, rp.Policy.Interval.Seconds(), b, srv)
+	}
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+// cutLabel shortens a free-text label value to at most n bytes, on a rune
+// boundary.
+func cutLabel(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func boolGauge(b bool) float64 {

@@ -93,12 +93,12 @@ func newPortMetrics() *portMetrics {
 	m := &portMetrics{
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hastate_raft_conns_rejected_total",
-			Help: "Inbound raft-port connections closed unserved, by reason: per_ip_cap, total_cap, tls (handshake failed), identify (no first byte in time), unknown_kind."},
+			Help: "Per replica: inbound raft-port connections closed unserved, by reason: per_ip_cap, total_cap, tls (handshake failed), identify (no first byte in time), unknown_kind."},
 			[]string{"reason"}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "hastate_raft_conns_open", Help: "Inbound raft-port connections open (raft, status and queries, and those not identified yet)."}),
+			Name: "hastate_raft_conns_open", Help: "Per replica: inbound raft-port connections open (raft, status and queries, and those not identified yet)."}),
 		tlsEnabled: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "hastate_raft_tls_enabled", Help: "1 when the raft port requires mutual TLS; 0 means anyone who reaches it can send raft RPCs and read status."}),
+			Name: "hastate_raft_tls_enabled", Help: "Per replica: 1 when the raft port requires mutual TLS; 0 means anyone who reaches it can send raft RPCs and read status."}),
 	}
 	for _, r := range rejectReasons {
 		m.rejected.WithLabelValues(r)

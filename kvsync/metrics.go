@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_kv_sync_errors_total",
-			Help: "Failed KV syncs while this replica led: Consul reads that failed and raft applies of a read that failed.",
+			Help: "Per replica, counted while it led (sum over replicas for the cluster): failed KV syncs: Consul reads that failed and raft applies of a read that failed.",
 		}),
 		reachable: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hastate_kv_watch_reachable",
@@ -47,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		updates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_kv_updates_total",
-			Help: "Changed KV reads this replica applied to raft while it led.",
+			Help: "Per replica, counted while it led (sum over replicas for the cluster): changed KV reads applied to raft.",
 		}),
 	}
 	if reg != nil {

@@ -60,7 +60,7 @@ func NewProbe(o ProbeOptions) (*Probe, error) {
 	}
 	p := &Probe{o: o, reachable: prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hastate_kv_probe_reachable",
-		Help: "1 if this replica's last check of Consul KV (every replica checks, leader or not) succeeded.",
+		Help: "Per replica: 1 if this replica's last check of Consul KV (every replica checks, leader or not) succeeded.",
 	})}
 	if o.Registerer != nil {
 		p.reachable = register(o.Registerer, p.reachable)

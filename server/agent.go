@@ -576,7 +576,7 @@ type agentMetrics struct {
 func (m *agentMetrics) init(reg prometheus.Registerer) error {
 	checks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "hastate_agent_checks_total",
-		Help: "Agent-check probes by result: answered, withheld (no answer: the replica holds no valid state for the server), malformed (bad request or read error), timeout (request not complete within the read timeout), rejected (over the connection limit).",
+		Help: "Per replica (sum over replicas for the fleet): agent-check probes by result: answered, withheld (no answer: the replica holds no valid state for the server), malformed (bad request or read error), timeout (request not complete within the read timeout), rejected (over the connection limit).",
 	}, []string{"result"})
 	m.answered = checks.WithLabelValues("answered")
 	m.withheld = checks.WithLabelValues("withheld")
@@ -585,16 +585,16 @@ func (m *agentMetrics) init(reg prometheus.Registerer) error {
 	m.rejected = checks.WithLabelValues("rejected")
 	m.writeErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hastate_agent_write_errors_total",
-		Help: "Agent-check answers that could not be written (the probe is not counted as answered).",
+		Help: "Per replica: agent-check answers that could not be written (the probe is not counted as answered).",
 	})
 	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "hastate_agent_check_duration_seconds",
-		Help:    "Time from accepting an agent-check connection to having written its answer (answered probes only).",
+		Help:    "Per replica: time from accepting an agent-check connection to having written its answer (answered probes only).",
 		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1},
 	})
 	m.active = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hastate_agent_connections_active",
-		Help: "Agent-check connections being served.",
+		Help: "Per replica: agent-check connections being served now.",
 	})
 	if reg == nil {
 		return nil

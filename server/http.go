@@ -121,6 +121,9 @@ func cut[T any](rows []T, limit int) ([]T, bool) {
 func rowFor(r state.Resolution) api.ServerState {
 	row := api.ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
 		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true}
+	if since := r.Since(); !since.IsZero() {
+		row.Since = &since
+	}
 	if rp := r.Ramp; rp != nil {
 		row.Ramping = &api.RampProgress{Target: rp.Target, WeightPercent: rp.Weight, Started: rp.Started, ETA: rp.ETA(),
 			Duration: rp.Policy.Duration.String(), Interval: rp.Policy.Interval.String()}

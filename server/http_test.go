@@ -200,3 +200,33 @@ func TestStateClusterScope(t *testing.T) {
 		t.Errorf("?scope=fleet: %d, want 400", code)
 	}
 }
+
+// Every row says since when its state holds, on the leader's clock: a
+// key's since, a ramp's start; the default ready row has none.
+func TestHTTPStateShowsSince(t *testing.T) {
+	m := state.NewMirror()
+	p := state.RampPolicy{Start: 10, Duration: time.Minute, Interval: time.Second, Aggression: 1}
+	t1 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	m.ApplyAt(state.Change{Set: map[string]string{"state/web/a": "drain", "state/web/r": "drain", "state/web/d": "ready"}}, t1, p)
+	m.ApplyAt(state.Change{Delete: []string{"state/web/r"}}, t1.Add(time.Hour), p)
+	snap := m.Snapshot()
+	h := NewHTTPHandler(HTTPOptions{Replica: &fakeReplica{
+		snap:  func() *state.Snapshot { return snap },
+		ready: func() (bool, string) { return true, "" },
+	}})
+	for path, want := range map[string]string{
+		"/v1/state/web/a":     `"since": "2026-11-30T12:00:00Z"`,
+		"/v1/state/web/r":     `"since": "2026-11-30T13:00:00Z"`,
+		"/v1/state/web/d":     `"since": "2026-11-30T12:00:00Z"`,
+		"/v1/state/web/other": "",
+	} {
+		_, body := get(t, h, path)
+		if want == "" {
+			if strings.Contains(body, `"since"`) {
+				t.Errorf("%s: a default row has no since: %s", path, body)
+			}
+		} else if !strings.Contains(body, want) {
+			t.Errorf("%s: want %s in %s", path, want, body)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // StatePrefix is the part of a KV key, after the configured prefix, under
@@ -38,6 +39,13 @@ type Entry struct {
 	// Expired is true once the leader expired the key (its value's
 	// "until" passed): it then counts as absent, until its value changes.
 	Expired bool
+	// Since is when the key's last valid value took the state it holds
+	// (Last.String(): drain, maint, ready, N%): the leader's time in the
+	// raft entry that set it, so it is the same on every replica. A new
+	// reason or an invalid value does not move it. Zero when not known
+	// (applied without a time, or restored from a snapshot written before
+	// hastate recorded it).
+	Since time.Time
 }
 
 // Valid reports whether the current raw value parsed.
@@ -160,6 +168,8 @@ type Persisted struct {
 	Ramps []Ramp `json:"ramps,omitempty"`
 	// Expired lists the keys the leader expired.
 	Expired []string `json:"expired,omitempty"`
+	// Since holds each state key's Entry.Since, where known.
+	Since map[string]time.Time `json:"since,omitempty"`
 }
 
 // Export returns the mirror's durable form.
@@ -172,6 +182,12 @@ func (m *Mirror) Export() Persisted {
 		e := m.entries[k]
 		if e.Expired {
 			p.Expired = append(p.Expired, k)
+		}
+		if !e.Since.IsZero() {
+			if p.Since == nil {
+				p.Since = map[string]time.Time{}
+			}
+			p.Since[k] = e.Since
 		}
 		if !e.Valid() && e.HasLast {
 			if p.LastValid == nil {
@@ -196,6 +212,11 @@ func Restore(p Persisted) *Mirror {
 	for _, k := range p.Expired {
 		if e := m.entries[k]; e != nil {
 			e.Expired = true
+		}
+	}
+	for k, t := range p.Since {
+		if e := m.entries[k]; e != nil {
+			e.Since = t
 		}
 	}
 	m.synced = p.Synced

@@ -20,6 +20,34 @@ type Ramp struct {
 // ETA is when the ramp reaches 100%.
 func (r Ramp) ETA() time.Time { return r.Started.Add(r.Policy.Duration) }
 
+// StepDue is when the ramp's schedule next moves past its last applied
+// weight (or, with no weight step left, when it ends): the time by which
+// the leader owes the next ramp entry. It depends on the ramp alone, so it
+// is the same on every replica; a StepDue well in the past means the
+// leader is not stepping.
+func (r Ramp) StepDue() time.Time {
+	p := r.Policy
+	if !p.Enabled() || p.Interval <= 0 {
+		return r.ETA()
+	}
+	// Weight only moves at whole intervals and never goes down: find the
+	// first interval whose weight is above the applied one.
+	n := int64(p.Duration / p.Interval) // intervals before the end
+	lo, hi := int64(0), n+1             // hi: no step before the end
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if w, done := p.Weight(time.Duration(mid) * p.Interval); done || w > r.Weight {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	if due := r.Started.Add(time.Duration(lo) * p.Interval); lo <= n && due.Before(r.ETA()) {
+		return due
+	}
+	return r.ETA()
+}
+
 // RampEvent reports a ramp that started or ended while applying an entry.
 type RampEvent struct {
 	Target string
@@ -81,7 +109,33 @@ func (m *Mirror) startsRamp(before Value, beforeOK bool, p RampPolicy) bool {
 // target goes straight to ready 100%, the same way on every replica.
 func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent {
 	keys := append(slices.Clone(c.Delete), slices.Collect(maps.Keys(c.Set))...)
-	return m.transition(keys, at, policy, func() { m.Apply(c) })
+	return m.transition(keys, at, policy, func() { m.applySince(c, at) })
+}
+
+// applySince applies c and starts a new Since, at, for every key whose last
+// valid value changes state (a new reason or an invalid value does not).
+func (m *Mirror) applySince(c Change, at time.Time) {
+	was := make(map[string]string, len(c.Set))
+	for k := range c.Set {
+		if e := m.entries[k]; e != nil && e.HasLast {
+			was[k] = e.Last.String()
+		}
+	}
+	m.Apply(c)
+	if at.IsZero() {
+		return
+	}
+	for k := range c.Set {
+		e := m.entries[k]
+		if e == nil || !e.HasLast {
+			continue
+		}
+		if prev, ok := was[k]; !ok || prev != e.Last.String() {
+			// No monotonic reading and one location, so that a
+			// restored Since compares equal.
+			e.Since = at.UTC().Round(0)
+		}
+	}
 }
 
 // Expire treats the keys whose "until" has passed at the leader's time at

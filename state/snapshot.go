@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Snapshot is an immutable view of the desired state, built by a Mirror
@@ -175,4 +176,48 @@ func (s *Snapshot) Targets() []Target {
 		return strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server)
 	})
 	return out
+}
+
+// Kinds of effective state, as Resolution.Kind names them.
+const (
+	KindReady    = "ready"    // ready 100% without a ramp: the default
+	KindDrain    = "drain"    // drain
+	KindMaint    = "maint"    // maint
+	KindWeight   = "weight"   // an explicit N%
+	KindRamping  = "ramping"  // ready, its weight set by an undrain ramp
+	KindWithheld = "withheld" // no answer: invalid key without a last valid value
+)
+
+// Kind names the server's effective state: KindDrain, KindMaint,
+// KindWeight, KindRamping, KindWithheld, or KindReady for the default
+// (ready 100%, no ramp; an explicit "ready" or "100%" key included).
+func (r Resolution) Kind() string {
+	a := r.Answer
+	switch {
+	case a.Withheld:
+		return KindWithheld
+	case a.Admin == Drain:
+		return KindDrain
+	case a.Admin == Maint:
+		return KindMaint
+	case r.Ramp != nil:
+		return KindRamping
+	case a.Weight != 100:
+		return KindWeight
+	}
+	return KindReady
+}
+
+// Since is when the server's effective state took effect, on the leader's
+// clock: a ramp's start for a ramping server, else its key's Entry.Since.
+// Zero when not known: no key (the default), or a key restored from a
+// snapshot written before hastate recorded it.
+func (r Resolution) Since() time.Time {
+	if r.Ramp != nil {
+		return r.Ramp.Started
+	}
+	if r.Entry != nil {
+		return r.Entry.Since
+	}
+	return time.Time{}
 }

@@ -198,7 +198,7 @@ func New(o Options) (*App, error) {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "hastate_build_info", Help: "Build information; always 1.",
+			Name: "hastate_build_info", Help: "Per replica: build information (version, git revision, Go version); always 1.",
 			ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
 		}, func() float64 { return 1 }),
 	)
@@ -239,6 +239,17 @@ func (a *App) Start(ctx context.Context) (err error) {
 	})
 	if err != nil {
 		return err
+	}
+	if err := a.o.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hastate_ready",
+		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state and has caught up with a raft leader since it started, and is not shutting down), else 0. A later loss of the leader or of Consul does not make it 0.",
+	}, func() float64 {
+		if ok, _ := (replica{a}).Ready(); ok {
+			return 1
+		}
+		return 0
+	})); err != nil {
+		return fmt.Errorf("register hastate_ready: %w", err)
 	}
 	a.agent, err = server.NewAgentServer(server.AgentOptions{
 		Source: a.node, Logger: a.log.Named("agent"), Registerer: a.o.Registry,

@@ -1,0 +1,170 @@
+package observability
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// synthetic are the names Prometheus makes itself when it scrapes.
+var synthetic = []string{"up"}
+
+// TestEveryUsedMetricExists starts a real hastate (one replica, a real
+// Consul dev agent), gives it a drain, a weight, a ramp and an invalid key so
+// that every family shows, scrapes /-/metrics, and fails when an alert or a
+// dashboard panel names a metric that is not there (a rename, a typo).
+func TestEveryUsedMetricExists(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Consul and hastate")
+	}
+	used := usedMetrics(t)
+	exported := scrapeShowcase(t)
+	var missing []string
+	for _, name := range slices.Sorted(maps.Keys(used)) {
+		if slices.Contains(synthetic, name) || exported[name] {
+			continue
+		}
+		missing = append(missing, fmt.Sprintf("%s (used by %s)", name, strings.Join(slices.Compact(used[name]), "; ")))
+	}
+	if len(missing) > 0 {
+		t.Fatalf("metrics used by the alerts or the dashboard that a running hastate does not export:\n  %s", strings.Join(missing, "\n  "))
+	}
+	t.Logf("%d metric names used by the alerts and the dashboard, all exported", len(used))
+}
+
+// scrapeShowcase returns every series name a running replica exports, a
+// histogram's _bucket, _sum and _count included.
+func scrapeShowcase(t *testing.T) map[string]bool {
+	t.Helper()
+	bin := buildHastate(t)
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	consul.Put(t, "hastate/state/web/a", `{"state":"drain","by":"alice","reason":"zonal maintenance"}`)
+	consul.Put(t, "hastate/state/web/b", "50%")
+	consul.Put(t, "hastate/state/web/r", "drain")
+	consul.Put(t, "hastate/state/web/x", "drian")
+
+	addr := func() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t))) }
+	agent, web, raft := addr(), addr(), addr()
+	proc := &testenv.Process{Bin: bin, Env: hermeticEnv(), LogPath: filepath.Join(t.TempDir(), "hastate.log")}
+	proc.Start(t, "serve", "--node-id", "n1", "--data-dir", t.TempDir(),
+		"--agent-addr", agent, "--http-addr", web, "--raft-addr", raft, "--raft-advertise", raft,
+		"--consul-addr", consul.Addr(), "--ramp-duration", "1h", "--ramp-interval", "10s")
+	t.Cleanup(func() {
+		proc.Kill()
+		if t.Failed() {
+			if b, err := proc.Log(1 << 16); err == nil {
+				t.Logf("hastate log:\n%s", b)
+			}
+		}
+	})
+
+	eventually(t, 30*time.Second, func() bool { return ask(agent, "web/r") == "drain\n" }, "hastate never answered drain")
+	consul.Delete(t, "hastate/state/web/r") // undrain: a ramp
+	eventually(t, 10*time.Second, func() bool { return ask(agent, "web/r") == "ready 10%\n" }, "web/r never ramped")
+
+	var fams map[string]*dto.MetricFamily
+	showcase := []string{"hastate_server_state", "hastate_server_state_since_timestamp_seconds",
+		"hastate_server_weight_percent", "hastate_ramp_step_due_timestamp_seconds", "hastate_ramp_interval_seconds"}
+	eventually(t, 10*time.Second, func() bool {
+		fams = scrape(t, "http://"+web+"/-/metrics")
+		for _, n := range showcase {
+			if f := fams[n]; f == nil || len(f.GetMetric()) == 0 {
+				return false
+			}
+		}
+		return true
+	}, "the per-server families never showed")
+	names := map[string]bool{}
+	for name, f := range fams {
+		names[name] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM || f.GetType() == dto.MetricType_SUMMARY {
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				names[name+s] = true
+			}
+		}
+	}
+	return names
+}
+
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	return fams
+}
+
+// buildHastate builds cmd/hastate from this tree into a temporary directory.
+func buildHastate(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "hastate")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/hastate")
+	cmd.Dir = "../.."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/hastate: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// hermeticEnv is the environment without the variables hastate and the
+// Consul client read.
+func hermeticEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "HASTATE_") && !strings.HasPrefix(kv, "CONSUL_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// ask sends one agent check and returns the answer ("" on any error).
+func ask(addr, req string) string {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, req+"\n"); err != nil {
+		return ""
+	}
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", d, msg)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
