@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo test deps build vet fmt-check bench fuzz clean
+.PHONY: demo test deps build vet fmt-check bench fuzz clean image chart-files test-deploy
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -13,6 +13,27 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/hastate ./cmd/hastate
+
+# image: a static binary (CGO_ENABLED=0, -trimpath, stamped as `build` does)
+# copied onto $(BASE) with Debian's podman (daemonless, vfs storage: works
+# without overlay or a daemon), tagged $(IMAGE):<version> and $(IMAGE):latest
+# and saved as the OCI archive bin/hastate-image.tar. Offline: BASE=scratch.
+IMAGE      ?= hastate
+BASE       ?= gcr.io/distroless/static-debian12:nonroot
+IMAGE_TAG  := $(subst +,-,$(VERSION))
+PODMAN     ?= podman --storage-driver vfs
+PODMAN_BUILD_FLAGS ?= --network host --ulimit nofile=1024:4096 --ulimit nproc=1024:4096
+
+image:
+	@scripts/ensure-podman.sh
+	@mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/image/hastate ./cmd/hastate
+	$(PODMAN) build $(PODMAN_BUILD_FLAGS) -f Dockerfile \
+	  --build-arg BASE=$(BASE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
+	  -t $(IMAGE):$(IMAGE_TAG) -t $(IMAGE):latest bin/image
+	@rm -f bin/hastate-image.tar
+	$(PODMAN) save --format oci-archive -o bin/hastate-image.tar $(IMAGE):$(IMAGE_TAG)
+	@echo "image: $(IMAGE):$(IMAGE_TAG) $(IMAGE):latest -> bin/hastate-image.tar"
 
 # deps: a Consul binary (found or built once, cached outside the tree) and HAProxy.
 deps:
