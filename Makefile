@@ -47,13 +47,43 @@ vet:
 	$(GO) vet ./...
 
 fmt-check:
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 test: deps vet fmt-check
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -race -count=1 -timeout 40m ./...
 	# Allocation counts need a build without -race (it makes sync.Pool drop items).
 	$(GO) test -count=1 -run 'Alloc' ./server ./state
+	$(MAKE) test-deploy
+
+# chart-files: Helm reads only files inside the chart, so the single sources
+# of the alert rules and the dashboard are copied into it (byte for byte,
+# tracked by git: see deploy/helm/hastate/files/README.md). A copy whose
+# source is gone is removed.
+CHART       := deploy/helm/hastate
+CHART_FILES := deploy/prometheus/alerts.yaml deploy/grafana/hastate.json
+
+chart-files:
+	@for src in $(CHART_FILES); do dst=$(CHART)/files/$$(basename $$src); \
+	  if [ -f $$src ]; then cmp -s $$src $$dst || { cp $$src $$dst; echo "chart-files: $$src -> $$dst"; }; \
+	  elif [ -f $$dst ]; then rm -f $$dst; echo "chart-files: $$src is gone: removed $$dst"; fi; \
+	done
+
+# test-deploy: what ships outside the binary. helm lint, terraform fmt (when
+# terraform is installed: providers cannot be fetched, so no init/validate),
+# the image built offline (BASE=scratch) when podman can be had, then the
+# Go tests of deploy/test (its own module: the Helm SDK and k8s.io/api stay
+# out of go.mod). Without podman the container test skips, saying why.
+test-deploy: chart-files build
+	@scripts/ensure-podman.sh --optional
+	$$(scripts/ensure-helm.sh) lint --strict $(CHART)
+	@if command -v terraform >/dev/null 2>&1; then terraform fmt -check -recursive deploy/terraform; \
+	else echo "test-deploy: terraform not installed: skipping terraform fmt (the HCL tests still run)"; fi
+	@if command -v podman >/dev/null 2>&1; then $(MAKE) image BASE=scratch; \
+	else rm -f bin/hastate-image.tar; echo "test-deploy: no podman: no image, the container test skips"; fi
+	cd deploy/test && $(GO) vet ./... && \
+	  HASTATE_BIN=$(CURDIR)/bin/hastate HASTATE_IMAGE_ARCHIVE=$(CURDIR)/bin/hastate-image.tar \
+	  CONSUL_BIN=$$($(CURDIR)/scripts/ensure-consul.sh) $(GO) test -count=1 -timeout 20m ./...
 
 # Benchmarks report ratios against baselines measured in the same run.
 bench: deps
