@@ -326,3 +326,5 @@ func mount(c *corev1.Container, name string) *corev1.VolumeMount {
 	}
 	return nil
 }
+
+func yamlMarshal(o any) ([]byte, error) { return yaml.Marshal(o) }
