@@ -184,4 +184,3 @@ func writeSecretVolume(t *testing.T, r *Rendered, v *corev1.Volume, dir string) 
 		}
 	}
 }
-
