@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo test deps build vet fmt-check rules observability docs bench fuzz clean
+.PHONY: demo test deps build vet fmt-check rules observability docs bench fuzz clean image chart-files test-deploy
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -13,6 +13,27 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/hastate ./cmd/hastate
+
+# image: a static binary (CGO_ENABLED=0, -trimpath, stamped as `build` does)
+# copied onto $(BASE) with Debian's podman (daemonless, vfs storage: works
+# without overlay or a daemon), tagged $(IMAGE):<version> and $(IMAGE):latest
+# and saved as the OCI archive bin/hastate-image.tar. Offline: BASE=scratch.
+IMAGE      ?= hastate
+BASE       ?= gcr.io/distroless/static-debian12:nonroot
+IMAGE_TAG  := $(subst +,-,$(VERSION))
+PODMAN     ?= podman --storage-driver vfs
+PODMAN_BUILD_FLAGS ?= --network host --ulimit nofile=1024:4096 --ulimit nproc=1024:4096
+
+image:
+	@scripts/ensure-podman.sh
+	@mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/image/hastate ./cmd/hastate
+	$(PODMAN) build $(PODMAN_BUILD_FLAGS) -f Dockerfile \
+	  --build-arg BASE=$(BASE) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
+	  -t $(IMAGE):$(IMAGE_TAG) -t $(IMAGE):latest bin/image
+	@rm -f bin/hastate-image.tar
+	$(PODMAN) save --format oci-archive -o bin/hastate-image.tar $(IMAGE):$(IMAGE_TAG)
+	@echo "image: $(IMAGE):$(IMAGE_TAG) $(IMAGE):latest -> bin/hastate-image.tar"
 
 # deps: a Consul binary (found or built once, cached outside the tree) and HAProxy.
 deps:
@@ -34,6 +55,7 @@ test: deps vet fmt-check rules
 	# Allocation counts need a build without -race (it makes sync.Pool drop items).
 	$(GO) test -count=1 -run 'Alloc' ./server ./state
 	$(MAKE) observability
+	$(MAKE) test-deploy
 
 # rules: the alert rules are valid and each alert fires, or stays silent, as its tests say.
 rules:
@@ -51,6 +73,35 @@ observability:
 # docs: regenerate docs/metrics.md from a running replica's registry.
 docs:
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -count=1 -run TestMetricsCatalogue ./internal/app -update
+
+# chart-files: Helm reads only files inside the chart, so the single sources
+# of the alert rules and the dashboard are copied into it (byte for byte,
+# tracked by git: see deploy/helm/hastate/files/README.md). A copy whose
+# source is gone is removed.
+CHART       := deploy/helm/hastate
+CHART_FILES := deploy/prometheus/alerts.yaml deploy/grafana/hastate.json
+
+chart-files:
+	@for src in $(CHART_FILES); do dst=$(CHART)/files/$$(basename $$src); \
+	  if [ -f $$src ]; then cmp -s $$src $$dst || { cp $$src $$dst; echo "chart-files: $$src -> $$dst"; }; \
+	  elif [ -f $$dst ]; then rm -f $$dst; echo "chart-files: $$src is gone: removed $$dst"; fi; \
+	done
+
+# test-deploy: what ships outside the binary. helm lint, terraform fmt (when
+# terraform is installed: providers cannot be fetched, so no init/validate),
+# the image built offline (BASE=scratch) when podman can be had, then the
+# Go tests of deploy/test (its own module: the Helm SDK and k8s.io/api stay
+# out of go.mod). Without podman the container test skips, saying why.
+test-deploy: chart-files build
+	@scripts/ensure-podman.sh --optional
+	$$(scripts/ensure-helm.sh) lint --strict $(CHART)
+	@if command -v terraform >/dev/null 2>&1; then terraform fmt -check -recursive deploy/terraform; \
+	else echo "test-deploy: terraform not installed: skipping terraform fmt (the HCL tests still run)"; fi
+	@if command -v podman >/dev/null 2>&1; then $(MAKE) image BASE=scratch; \
+	else rm -f bin/hastate-image.tar; echo "test-deploy: no podman: no image, the container test skips"; fi
+	cd deploy/test && $(GO) vet ./... && \
+	  HASTATE_BIN=$(CURDIR)/bin/hastate HASTATE_IMAGE_ARCHIVE=$(CURDIR)/bin/hastate-image.tar \
+	  CONSUL_BIN=$$($(CURDIR)/scripts/ensure-consul.sh) $(GO) test -count=1 -timeout 20m ./...
 
 # Benchmarks report ratios against baselines measured in the same run.
 bench: deps

@@ -1,0 +1,51 @@
+variable "environment" {
+  type        = string
+  description = "Environment name used in resource names and labels."
+  default     = "gstg"
+}
+
+variable "project" {
+  type        = string
+  description = "GCP project of the environment's VPC."
+}
+
+variable "region" {
+  type        = string
+  description = "GCP region of the environment's ops GKE cluster."
+}
+
+variable "network" {
+  type        = string
+  description = "The environment's VPC network."
+}
+
+variable "subnetwork" {
+  type        = string
+  description = "Subnetwork of the ops GKE cluster, for the internal address."
+}
+
+variable "dns_managed_zone" {
+  type        = string
+  description = "The environment's private Cloud DNS zone."
+}
+
+variable "dns_domain" {
+  type        = string
+  description = "The zone's domain, ending with a dot (the record is hastate.<dns_domain>)."
+}
+
+variable "haproxy_source_tags" {
+  type        = list(string)
+  description = "Network tags of the environment's HAProxy VMs."
+}
+
+variable "gke_node_tags" {
+  type        = list(string)
+  description = "Network tags of the ops cluster's nodes."
+}
+
+variable "kv_prefix" {
+  type        = string
+  description = "Consul KV prefix (gitlab-haproxy-agent/ keeps the existing runbook's keys)."
+  default     = "hastate/"
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Makes sure podman (Debian's package) is installed for `make image` and the
+# container end-to-end test. Installs it when running as root on Debian;
+# otherwise stops with the command to run. With --optional it never fails:
+# it prints a note and exits 0, so that `make test` still runs where podman
+# cannot be had (the container test then skips, saying why).
+set -euo pipefail
+optional=false
+[ "${1:-}" = --optional ] && optional=true
+# runc too: crun (podman's default) refuses hosts with cgroups in hybrid mode.
+if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1; then exit 0; fi
+if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
+  echo "ensure-podman: installing Debian's podman" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  if apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends podman uidmap runc >&2; then
+    exit 0
+  fi
+  echo "ensure-podman: installing podman failed" >&2
+  $optional && exit 0
+  exit 1
+fi
+echo "ensure-podman: podman is missing. Install it with:  sudo apt-get install -y podman" >&2
+$optional && exit 0
+exit 1
