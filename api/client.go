@@ -27,7 +27,7 @@ func NewClient(addr string, hc *http.Client) (*Client, error) {
 		base = "http://" + base
 	}
 	u, err := url.Parse(base)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+	if err != nil || u.Hostname() == "" || strings.HasSuffix(u.Host, ":") || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, fmt.Errorf("replica address %q: want host:port or http(s)://host:port", addr)
 	}
 	if hc == nil {

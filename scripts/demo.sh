@@ -39,9 +39,10 @@ for _ in $(seq 100); do
 done
 "$consul" kv delete hastate/config/demo >/dev/null
 
-# Seed an example: one drained server with a reason, one at 50%.
-"$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" --by demo
-"$bin" weight 50% canary_api/api-1 --by demo
+# Seed an example: one drained server with a reason, one at 50%. --force:
+# no replica runs yet to tell which servers HAProxy polls.
+"$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" --by demo --force >/dev/null
+"$bin" weight 50% canary_api/api-1 --by demo --force >/dev/null
 
 peers="hastate-0=127.0.0.2:9779,hastate-1=127.0.0.3:9779,hastate-2=127.0.0.4:9779"
 for i in 0 1 2; do
@@ -104,26 +105,47 @@ else
   echo "demo: HAProxy not installed (sudo apt-get install -y haproxy); replicas answer directly on 127.0.0.2-4:9777"
   stat="(HAProxy not installed)"
   addr=http://127.0.0.2:9778
+  # No HAProxy polls, so writes would be refused as typos: force them.
+  force=" HASTATE_FORCE=true"
 fi
+agent=127.0.0.1:9777
+[ -x "$haproxy" ] || agent=127.0.0.2:9777
 
 cat <<TXT
 
 hastate demo is running. In another shell:
 
-  export CONSUL_HTTP_ADDR=127.0.0.1:8500 HASTATE_ADDR=$addr PATH=$root/bin:\$PATH
-  hastate status                                   # desired state and answers
-  hastate drain canary_web/web-1 --reason "try it" # then watch HAProxy:
-  $stat
+  export CONSUL_HTTP_ADDR=127.0.0.1:8500 HASTATE_ADDR=$addr${force:-} PATH=$root/bin:\$PATH
+  hastate status                                   # desired state, answers, and how many HAProxy nodes were told
   hastate clear canary_web/web-2                   # undrain: the weight ramps 10% -> 100% over 60s (demo setting)
-  hastate status                                   # shows the ramp's progress and ETA
+  hastate status canary_web                        # the ramp's progress and ETA
+  hastate drain canary_web/web-1 --reason "try it" --for 2m   # back by itself in 2 minutes
+  hastate wait canary_web/web-1 && $stat
+  hastate precheck 'canary_*/*'                    # the deploy gate: exit 1, web-1 is drained
+  hastate drain 'canary_*/*' --dry-run             # the canary drain: one key per canary backend
   hastate weight 25% canary_api/api-2
-  hastate drain 'canary_api/*'                     # the whole backend
-  hastate clear canary_web/web-1 canary_web/web-2 'canary_api/*' canary_api/api-1 canary_api/api-2
-  printf 'canary_web/web-2\n' | nc 127.0.0.1 9777  # ask like HAProxy does (or: curl -s $addr/v1/state/canary_web/web-2)
+  hastate probe canary_web/web-1 --addr $agent       # ask like HAProxy does
   curl -s $addr/v1/cluster                         # raft view; $addr/ is the status page, $addr/-/metrics the metrics
-  kill -9 \$(pgrep -f 'node-id hastate-0')          # kill a replica: the others keep answering
+  kill -9 \$(pgrep -f 'node-id hastate-0')          # kill a replica: the others keep answering, the gates name it
+  hastate precheck canary_api/api-2                # exit 1: cannot confirm, replica hastate-0 unreachable
+  hastate clear 'canary_*/*' canary_web/web-1 canary_api/api-1 canary_api/api-2 --force
 
 Ctrl-C stops the demo.
 TXT
-wait -n "${pids[@]}" || true
-echo "demo: a process exited unexpectedly; see $demo/*.log"
+# A replica that dies is part of the demo (failover); Consul or HAProxy
+# dying ends it.
+declare -A name=([${pids[0]}]=consul)
+[ -x "$haproxy" ] && name[${pids[-1]}]=haproxy
+while true; do
+  pid=
+  wait -n -p pid "${pids[@]}" || true
+  [ -n "$pid" ] || break
+  if [ -n "${name[$pid]:-}" ]; then
+    echo "demo: ${name[$pid]} exited unexpectedly; see $demo/${name[$pid]}.log"
+    break
+  fi
+  echo "demo: replica (pid $pid) exited; the other two keep answering. Restart it: see the serve line in scripts/demo.sh"
+  alive=()
+  for p in "${pids[@]}"; do [ "$p" = "$pid" ] || alive+=("$p"); done
+  pids=("${alive[@]}")
+done

@@ -118,8 +118,12 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	// The SRE's server drain across every backend that has it.
 	run(0, "drain", "*/gke-cny-web", "--reason", "node upgrade")
 	keysAre("after the server drain", "canary_api/*", "canary_web/*", "main_api/gke-cny-web", "main_web/gke-cny-web")
-	// maint passes the deploy contract, drain does not.
-	run(0, "maint", "main_web/web-1")
+	// main_web's last ready server is not taken out by mistake; maint
+	// passes the deploy contract, drain does not.
+	if out := run(1, "maint", "main_web/web-1"); !strings.Contains(out, "main_web would have 0 ready") {
+		t.Errorf("maint of the last ready server: %s", out)
+	}
+	run(0, "maint", "main_web/web-1", "--force")
 	run(0, "precheck", "main_web/web-1")
 	run(1, "precheck", "main_web/*")
 
@@ -162,7 +166,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	hapB.Signal(t, syscall.SIGSTOP)
 	run(0, "clear", "main_web/web-1")
 	out = run(1, "wait", "main_web/web-1", "--timeout", "4s")
-	if !strings.Contains(out, "HAProxy 127.0.0.3 for main_web/web-1") || strings.Contains(out, "HAProxy 127.0.0.2") {
+	if _, last, _ := strings.Cut(out, "still waiting for:"); !strings.Contains(last, "HAProxy 127.0.0.3 for main_web/web-1") || strings.Contains(last, "HAProxy 127.0.0.2") {
 		t.Errorf("wait with one HAProxy frozen: %s", out)
 	}
 	hapB.Signal(t, syscall.SIGCONT)

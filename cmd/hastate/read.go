@@ -94,7 +94,7 @@ replica that did not answer) go to stderr.`,
 				return enc.Encode(rows)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
+			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
 			for _, r := range rows {
 				ans := r.Answer
 				if r.Withheld {
@@ -107,7 +107,11 @@ replica that did not answer) go to stderr.`,
 				case r.Until != nil:
 					until = r.Until.Local().Format("Jan 2 15:04")
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Backend, r.Server, ans, r.Desired, r.Ramping.String(),
+				since := ""
+				if r.Since != nil {
+					since = ago(time.Since(*r.Since))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
 					until, r.Told, r.Polled, r.Reason, r.By, r.Error)
 			}
 			if err := tw.Flush(); err != nil {
@@ -239,4 +243,16 @@ comes: refused, closed without a line (the answer is withheld), or timed out.`,
 	c.Flags().StringVar(&addr, "addr", ctl.DefaultAgentAddr, "agent-check address, host:port")
 	_ = c.Flags().SetAnnotation("addr", noEnv, []string{"HASTATE_ADDR is the HTTP address"})
 	return c
+}
+
+// ago renders a duration for a status table: "42s ago", "3h12m ago",
+// "2d5h ago".
+func ago(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String() + " ago"
+	case d < 24*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s") + " ago"
+	}
+	return fmt.Sprintf("%dd%dh ago", int(d.Hours())/24, int(d.Hours())%24)
 }

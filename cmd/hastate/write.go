@@ -80,7 +80,13 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 	if err != nil {
 		return err
 	}
-	v, ferr := r.Fleet(ctx)
+	// The checks read the cluster's view once it holds every write made
+	// so far (a drain written a moment ago counts for --min-ready).
+	ferr := ctl.GateOptions{Consul: wr.Client, ConsulAddr: wr.Addr, Prefix: wr.Prefix, Replica: r}.WaitSynced(ctx)
+	var v api.StateView
+	if ferr == nil {
+		v, ferr = r.Fleet(ctx)
+	}
 	switch {
 	case ferr == nil:
 		fleet = &v

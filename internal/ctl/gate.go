@@ -25,11 +25,7 @@ import (
 // many servers it checked and what blocks; an error means it could not
 // check (ErrNoMatch, ErrCannotConfirm, ...).
 func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []string, err error) {
-	index, err := o.consulIndex(ctx)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
-	}
-	if err := o.synced(ctx, index); err != nil {
+	if err := o.WaitSynced(ctx); err != nil {
 		return 0, nil, err
 	}
 	fleet, err := o.Replica.Fleet(ctx)
@@ -58,6 +54,17 @@ func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []strin
 		}
 	}
 	return checked, blocking, nil
+}
+
+// WaitSynced waits until the replica has applied every write made to
+// Consul before it was called (the prefix's current index), or fails with
+// ErrCannotConfirm when ctx ends first.
+func (o GateOptions) WaitSynced(ctx context.Context) error {
+	index, err := o.consulIndex(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrCannotConfirm, err)
+	}
+	return o.synced(ctx, index)
 }
 
 // consulIndex reads Consul's current index of the prefix: every write made

@@ -1,0 +1,62 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestNewClientAddresses(t *testing.T) {
+	for addr, want := range map[string]string{
+		"127.0.0.1:9778":          "http://127.0.0.1:9778",
+		"http://127.0.0.1:9778/":  "http://127.0.0.1:9778",
+		" https://hastate:9778 ":  "https://hastate:9778",
+		"hastate.internal:9778":   "http://hastate.internal:9778",
+		"ftp://x:1":               "",
+		"http://":                 "",
+		"127.0.0.1:9778/%zz/path": "",
+	} {
+		c, err := NewClient(addr, nil)
+		switch {
+		case want == "" && err == nil:
+			t.Errorf("NewClient(%q) = %s, want an error", addr, c.Addr())
+		case want != "" && (err != nil || c.Addr() != want):
+			t.Errorf("NewClient(%q) = %v, %v; want %s", addr, c, err, want)
+		}
+	}
+}
+
+// A list cut at MaxLimit is an error, not data; an HTTP error carries the
+// replica's message.
+func TestClientFailsClosed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/state":
+			fmt.Fprintf(w, `{"servers":[],"total":%d,"truncated":true}`, MaxLimit+1)
+		case "/v1/pollers":
+			fmt.Fprint(w, `{"pollers":[],"total":1,"truncated":false}`)
+		default:
+			http.Error(w, "scope must be replica or cluster", http.StatusBadRequest)
+		}
+	}))
+	defer srv.Close()
+	c, err := NewClient(strings.TrimPrefix(srv.URL, "http://"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.State(ctx, true); !errors.Is(err, ErrTruncated) {
+		t.Errorf("State of a cut list: %v, want ErrTruncated", err)
+	}
+	if _, err := c.Pollers(ctx, true); err != nil {
+		t.Errorf("Pollers: %v", err)
+	}
+	var se *StatusError
+	if _, err := c.Cluster(ctx); !errors.As(err, &se) || se.Code != 400 || !strings.Contains(se.Body, "scope must be") {
+		t.Errorf("Cluster on a 400: %v, want a StatusError with the body", err)
+	}
+}
