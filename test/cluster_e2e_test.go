@@ -353,7 +353,7 @@ func TestE2EAllRestartWithConsulDown(t *testing.T) {
 			t.Errorf("%s after the restart holds kv_digest %.12s, want %.12s (the state before)", h.NodeID, c.KVDigest, digest)
 		}
 	}
-	if _, rd := leader.Readiness(t); rd.KV.Watch.Reachable {
+	if _, rd := leader.Readiness(t); watch(rd).Reachable {
 		t.Errorf("leader %s readiness says Consul is reachable while it is down: %+v", leader.NodeID, rd)
 	}
 

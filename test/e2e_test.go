@@ -263,10 +263,10 @@ func TestE2EConsulOutage(t *testing.T) {
 		if code != 200 {
 			t.Fatalf("/-/readiness = %d with Consul down (%+v); want 200: stale is not wrong", code, rd)
 		}
-		return !rd.KV.Watch.Reachable && rd.KV.Watch.ConsecutiveErrors > 0
+		return !watch(rd).Reachable && watch(rd).ConsecutiveErrors > 0
 	}, func() string { return fmt.Sprintf("readiness never reported Consul unreachable: %+v", rd) })
 	t.Logf("Consul down: readiness 200, kv status reachable=%v errors=%d last_error=%q",
-		rd.KV.Watch.Reachable, rd.KV.Watch.ConsecutiveErrors, rd.KV.Watch.LastError)
+		watch(rd).Reachable, watch(rd).ConsecutiveErrors, watch(rd).LastError)
 	consistently(t, 4*agentInter, sameAnswers, answersMsg)
 
 	// hastate restarts while Consul is still down: it serves from its
@@ -308,7 +308,7 @@ func TestE2EConsulOutage(t *testing.T) {
 		t.Errorf("the fresh replica answers %q for be_web/web2, want drain", got)
 	}
 	code, rd = hs.Readiness(t)
-	if code != 200 || !rd.KV.Watch.Reachable {
+	if code != 200 || !watch(rd).Reachable {
 		t.Errorf("readiness after Consul is back: %d %+v; want 200 and Consul reachable", code, rd)
 	}
 }
@@ -490,7 +490,7 @@ func TestE2ESigterm(t *testing.T) {
 				var rd Readiness
 				eventually(t, 10*time.Second, func() bool {
 					_, rd = hs.Readiness(t)
-					return rd.KV.Watch.ConsecutiveErrors > 0
+					return watch(rd).ConsecutiveErrors > 0
 				}, func() string { return fmt.Sprintf("hastate never noticed Consul was down: %+v", rd) })
 			}
 			// An agent connection that never sends its request.

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/testenv"
 )
 
@@ -260,23 +261,16 @@ func (h *Hastate) Readiness(t testing.TB) (int, Readiness) {
 	return code, r
 }
 
-// Readiness is the /-/readiness body as these tests read it.
-type Readiness struct {
-	Ready  bool   `json:"ready"`
-	Detail string `json:"detail"`
-	// KV is the cluster's view of the Consul sync, the same on every
-	// replica, and on the leader its own watch.
-	KV struct {
-		Reachable      bool    `json:"reachable"`
-		SyncAgeSeconds float64 `json:"sync_age_seconds"`
-		Warning        string  `json:"warning"`
-		Watching       bool    `json:"watching"`
-		Watch          struct {
-			Reachable         bool   `json:"reachable"`
-			ConsecutiveErrors int    `json:"consecutive_errors"`
-			LastError         string `json:"last_error"`
-		} `json:"watch"`
-	} `json:"kv"`
+// Readiness is the /-/readiness body.
+type Readiness = api.Readiness
+
+// watch is the leader's watch status in a readiness body (zero on a
+// follower or before the watch started).
+func watch(rd Readiness) api.WatchStatus {
+	if rd.KV.Watch == nil {
+		return api.WatchStatus{}
+	}
+	return *rd.KV.Watch
 }
 
 // GetJSON fetches path from the HTTP API, fails unless it is 200, and
@@ -545,23 +539,8 @@ func consistently(t testing.TB, d time.Duration, cond func() bool, msg func() st
 	}
 }
 
-// ClusterInfo is /v1/cluster as these tests read it.
-type ClusterInfo struct {
-	NodeID       string `json:"node_id"`
-	State        string `json:"state"`
-	LeaderID     string `json:"leader_id"`
-	AppliedIndex uint64 `json:"applied_index"`
-	CommitIndex  uint64 `json:"commit_index"`
-	Term         uint64 `json:"term"`
-	KVIndex      uint64 `json:"kv_index"`
-	KVKeys       int    `json:"kv_keys"`
-	KVDigest     string `json:"kv_digest"` // equal on replicas holding the same KV content
-	CaughtUp     bool   `json:"caught_up"`
-	Members      []struct {
-		ID      string `json:"id"`
-		Address string `json:"address"`
-	} `json:"members"`
-}
+// ClusterInfo is the /v1/cluster body.
+type ClusterInfo = api.ClusterInfo
 
 // Cluster returns the replica's /v1/cluster.
 func (h *Hastate) Cluster(t testing.TB) ClusterInfo {

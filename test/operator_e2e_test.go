@@ -114,6 +114,16 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	if !strings.Contains(out, "canary_web/web-1 is drained") || !strings.Contains(out, "release 16.4") {
 		t.Errorf("precheck during the canary drain: %s", out)
 	}
+	// The same answers whichever replica the gates reach.
+	for _, h := range hs {
+		at := Operator{ConsulAddr: consul.Addr(), Env: []string{"HASTATE_ADDR=" + h.HTTPAddr}}
+		for args, want := range map[string]int{"precheck canary_*/*": 1, "precheck main_*/*": 0, "precheck canary_wbe/web-1": 3,
+			"wait canary_*/* --timeout 10s": 0, "wait canary_wbe/* --timeout 10s": 3} {
+			if out, code := at.RunCode(t, strings.Fields(args)...); code != want {
+				t.Errorf("through %s: hastate %s: exit %d, want %d:\n%s", h.NodeID, args, code, want, out)
+			}
+		}
+	}
 
 	// The SRE's server drain across every backend that has it.
 	run(0, "drain", "*/gke-cny-web", "--reason", "node upgrade")

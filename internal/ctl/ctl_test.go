@@ -339,3 +339,46 @@ func TestWriterTransactions(t *testing.T) {
 		t.Fatalf("write with Consul down: %v", err)
 	}
 }
+
+// A replica that has not applied the writes made before precheck started
+// cannot confirm anything: precheck fails closed when its time is up.
+func TestPrecheckWaitsForTheReplicaToCatchUp(t *testing.T) {
+	g := fakeGate(t, fleet(), []Selector{{"canary_web", "*"}})
+	g.Consul = fakeConsul(t, 9).Client // the replica holds index 5
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, _, err := Precheck(ctx, g)
+	if !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "has applied Consul index 5, not yet 9") {
+		t.Fatalf("precheck against a replica behind Consul: %v, want cannot confirm", err)
+	}
+}
+
+// wait exits 3 on a selector that matches nothing, and times out naming
+// the HAProxy that was not told the current answer.
+func TestWaitNamesWhatLags(t *testing.T) {
+	ctx := context.Background()
+	g := fakeGate(t, fleet(), []Selector{{"canary_wbe", "*"}})
+	if err := Wait(ctx, g); !errors.Is(err, ErrNoMatch) {
+		t.Errorf("wait on a typo: %v, want ErrNoMatch", err)
+	}
+	polls := `{"pollers":[{"haproxy":"127.0.0.9","backend":"canary_web","server":"web-1","answer":"drain","last_asked":"` +
+		time.Now().UTC().Format(time.RFC3339Nano) + `","replica":"n2"}],"replicas":[{"id":"n1","answered":true}]}`
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
+		case "/v1/pollers":
+			_, _ = w.Write([]byte(polls))
+		default:
+			_ = json.NewEncoder(w).Encode(fleet())
+		}
+	}))
+	defer replica.Close()
+	g.Replica, g.Selectors, g.Interval = replicaAt(t, replica.URL), []Selector{{"canary_web", "web-1"}}, 50*time.Millisecond
+	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err := Wait(ctx, g)
+	if !errors.Is(err, ErrNotDone) || !strings.Contains(err.Error(), `HAProxy 127.0.0.9 for canary_web/web-1: last told "drain" by n2`) {
+		t.Errorf("wait with a lagging HAProxy: %v", err)
+	}
+}
