@@ -41,8 +41,8 @@ done
 
 # Seed an example: one drained server with a reason, one at 50%. --force:
 # no replica runs yet to tell which servers HAProxy polls.
-"$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" --by demo --force >/dev/null
-"$bin" weight 50% canary_api/api-1 --by demo --force >/dev/null
+"$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" --by demo --force >/dev/null 2>&1
+"$bin" weight 50% canary_api/api-1 --by demo --force >/dev/null 2>&1
 
 peers="hastate-0=127.0.0.2:9779,hastate-1=127.0.0.3:9779,hastate-2=127.0.0.4:9779"
 for i in 0 1 2; do
@@ -69,17 +69,23 @@ defaults
     timeout client 30s
     timeout server 30s
     timeout check 2s
-# The "internal load balancer" in front of the three replicas.
+# The "internal load balancer" in front of the three replicas: like a cloud
+# load balancer, it health-checks each replica's /-/readiness.
 listen hastate_agent
     bind 127.0.0.1:9777
+    option httpchk GET /-/readiness
+    default-server check port 9778 inter 500ms fall 1 rise 2
     server hastate-0 127.0.0.2:9777
     server hastate-1 127.0.0.3:9777
     server hastate-2 127.0.0.4:9777
 listen hastate_http
     bind 127.0.0.1:9778
-    server hastate-0 127.0.0.2:9778 check
-    server hastate-1 127.0.0.3:9778 check
-    server hastate-2 127.0.0.4:9778 check
+    mode http
+    option httpchk GET /-/readiness
+    default-server check inter 500ms fall 1 rise 2
+    server hastate-0 127.0.0.2:9778
+    server hastate-1 127.0.0.3:9778
+    server hastate-2 127.0.0.4:9778
 # Example backends; the servers are the replicas' HTTP ports, just something that answers TCP.
 backend canary_web
     server web-1 127.0.0.2:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_web/web-1\n"
@@ -127,7 +133,7 @@ hastate demo is running. In another shell:
   hastate probe canary_web/web-1 --addr $agent       # ask like HAProxy does
   curl -s $addr/v1/cluster                         # raft view; $addr/ is the status page, $addr/-/metrics the metrics
   kill -9 \$(pgrep -f 'node-id hastate-0')          # kill a replica: the others keep answering, the gates name it
-  hastate precheck canary_api/api-2                # exit 1: cannot confirm, replica hastate-0 unreachable
+  sleep 2; hastate precheck canary_api/api-2       # exit 1: cannot confirm, replica hastate-0 unreachable
   hastate clear 'canary_*/*' canary_web/web-1 canary_api/api-1 canary_api/api-2 --force
 
 Ctrl-C stops the demo.
