@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -81,10 +82,18 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 		return err
 	}
 	// The checks read the cluster's view once it holds every write made
-	// so far (a drain written a moment ago counts for --min-ready).
-	ferr := ctl.GateOptions{Consul: wr.Client, ConsulAddr: wr.Addr, Prefix: wr.Prefix, Replica: r}.WaitSynced(ctx)
-	var v api.StateView
-	if ferr == nil {
+	// so far (a drain written a moment ago counts for --min-ready). With
+	// --force there are no checks: the view only expands globs, and the
+	// write must not wait for a replica that cannot sync.
+	var (
+		v    api.StateView
+		ferr error
+	)
+	if w.force {
+		fctx, cancel := context.WithTimeout(ctx, forcedRead)
+		v, ferr = r.Fleet(fctx)
+		cancel()
+	} else if ferr = (ctl.GateOptions{Consul: wr.Client, ConsulAddr: wr.Addr, Prefix: wr.Prefix, Replica: r}).WaitSynced(ctx); ferr == nil {
 		v, ferr = r.Fleet(ctx)
 	}
 	switch {
@@ -119,6 +128,10 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 	plan.Print(stdout)
 	return nil
 }
+
+// forcedRead bounds the replica read of a --force write, so that a hung
+// replica leaves the write its time.
+const forcedRead = 2 * time.Second
 
 func keys(n int) string {
 	if n == 1 {
