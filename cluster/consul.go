@@ -3,9 +3,10 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"github.com/hastate/hastate/api"
 	"sync/atomic"
 	"time"
+
+	"github.com/hastate/hastate/api"
 
 	"github.com/hashicorp/raft"
 	"go.uber.org/zap"

@@ -3,11 +3,12 @@ package cluster
 import (
 	"context"
 	"errors"
-	"github.com/hastate/hastate/api"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hastate/hastate/api"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"

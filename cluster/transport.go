@@ -6,12 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/hastate/hastate/api"
 	"io"
 	"net"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hastate/hastate/api"
 
 	"github.com/hashicorp/raft"
 	"go.uber.org/zap"

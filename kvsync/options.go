@@ -19,14 +19,6 @@ type Sink interface {
 	ApplyKV(ctx context.Context, index uint64, kv map[string]string) error
 }
 
-// SinkFunc adapts a function to a Sink.
-type SinkFunc func(ctx context.Context, index uint64, kv map[string]string) error
-
-// ApplyKV calls f.
-func (f SinkFunc) ApplyKV(ctx context.Context, index uint64, kv map[string]string) error {
-	return f(ctx, index, kv)
-}
-
 // Defaults applied to zero Options fields.
 const (
 	DefaultWaitTime    = 60 * time.Second

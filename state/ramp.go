@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -156,9 +155,9 @@ func ParseRampPolicy(raw string, base RampPolicy) (RampPolicy, error) {
 		if err := json.Unmarshal(*j.Start, &s); err != nil {
 			s = string(*j.Start) // a bare number
 		}
-		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(s), "%"))
+		n, err := ParsePercent(s, 100)
 		if err != nil {
-			return base, fmt.Errorf("%w: start %s: want a percentage such as \"10%%\"", ErrInvalidRamp, *j.Start)
+			return base, fmt.Errorf("%w: start %v", ErrInvalidRamp, err)
 		}
 		p.Start = n
 	}

@@ -183,12 +183,15 @@ func parseShort(s string) (Value, error) {
 	case "":
 		return Value{}, errors.New("empty")
 	}
-	n, ok := parsePercent(s)
-	if !ok {
+	if !strings.HasSuffix(s, "%") || strings.TrimSpace(s) != s {
 		return Value{}, errors.New("not a known state")
 	}
-	if n > MaxWeight {
-		return Value{}, fmt.Errorf("weight %d%% is above %d%%", n, MaxWeight)
+	n, err := ParsePercent(s, MaxWeight)
+	switch {
+	case err != nil && strings.Contains(err.Error(), "above"):
+		return Value{}, fmt.Errorf("weight %v", err)
+	case err != nil:
+		return Value{}, errors.New("not a known state")
 	}
 	return Value{Admin: Ready, Weight: n, WeightSet: true}, nil
 }
@@ -205,20 +208,27 @@ func lowerASCII(s string) string {
 	return strings.ToLower(s)
 }
 
-// parsePercent accepts 1 to 3 decimal digits followed by '%'.
-func parsePercent(s string) (int, bool) {
-	if len(s) < 2 || len(s) > 4 || s[len(s)-1] != '%' {
-		return 0, false
-	}
+// ParsePercent reads a whole percentage from 0% to max%: "25%" or "25"
+// (1 to 3 digits, surrounding space ignored). It is the one percentage
+// parser of hastate: KV weights, ramp starts, flags and the CLI. The error
+// says what to write.
+func ParsePercent(s string, max int) (int, error) {
+	t := strings.TrimSuffix(strings.TrimSpace(s), "%")
 	n := 0
-	for i := 0; i < len(s)-1; i++ {
-		c := s[i]
-		if c < '0' || c > '9' {
-			return 0, false
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if c < '0' || c > '9' || len(t) > 3 {
+			return 0, fmt.Errorf("%q: want a whole percentage from 0%% to %d%%, such as 25%%", cut(s, 20), max)
 		}
 		n = n*10 + int(c-'0')
 	}
-	return n, true
+	switch {
+	case t == "":
+		return 0, fmt.Errorf("%q: want a whole percentage from 0%% to %d%%, such as 25%%", cut(s, 20), max)
+	case n > max:
+		return 0, fmt.Errorf("%d%% is above %d%%: want 0%% to %d%%", n, max, max)
+	}
+	return n, nil
 }
 
 func invalid(raw, why string) error {

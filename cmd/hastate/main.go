@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -162,7 +161,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
 				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
 			}
-			if o.Ramp.Start, err = parsePercent(rampStart); err != nil {
+			if o.Ramp.Start, err = state.ParsePercent(rampStart, 100); err != nil {
 				return fmt.Errorf("%w: --ramp-start: %v", ctl.ErrUsage, err)
 			}
 			if err := o.Ramp.Validate(); err != nil {
@@ -240,19 +239,11 @@ func serve(ctx context.Context, o app.Options) error {
 	o.Logger.Info("signal received: shutting down (a leader hands over first; agent answers continue until raft is down)")
 	// A second signal cuts the shutdown delay short.
 	dctx, dstop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	a.Drain(dctx)
+	a.PrepareStop(dctx)
 	dstop()
 	sctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
 	return a.Stop(sctx)
-}
-
-func parsePercent(s string) (int, error) {
-	n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(s), "%"))
-	if err != nil || n < 0 || n > 100 {
-		return 0, fmt.Errorf("%q: want a percentage 0..100 such as 10%%", s)
-	}
-	return n, nil
 }
 
 func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {

@@ -75,7 +75,7 @@ type Options struct {
 	PollersMax int
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
-	// ShutdownDelay is how long Drain keeps the replica answering probes
+	// ShutdownDelay is how long PrepareStop keeps the replica answering probes
 	// with readiness failing, so that a load balancer in front stops
 	// sending probes here before the agent listener closes (0: none).
 	ShutdownDelay time.Duration
@@ -170,7 +170,7 @@ type App struct {
 	serveWG         sync.WaitGroup
 	stopOnce        sync.Once
 	stopErr         error
-	draining        atomic.Bool // Drain began: readiness fails
+	stopping        atomic.Bool // PrepareStop began: readiness fails
 	// failed receives the error of a listener that stopped for another
 	// reason than Stop (see Failed).
 	failed chan error
@@ -392,18 +392,18 @@ func (a *App) HTTPAddr() net.Addr { return a.httpLn.Addr() }
 // Node is the raft node.
 func (a *App) Node() *cluster.Node { return a.node }
 
-// Drain prepares the replica to stop while it keeps answering: readiness
+// PrepareStop prepares the replica to stop while it keeps answering: readiness
 // fails from now on, so load balancers take the replica out; a leader hands
 // leadership over, so the cluster keeps following KV without an election;
 // as a follower the replica keeps applying entries, so its answers stay
-// current. Drain then waits for ShutdownDelay, or until ctx ends (a second
-// signal), and returns. Stop follows. Without a ShutdownDelay, Drain does
+// current. PrepareStop then waits for ShutdownDelay, or until ctx ends (a second
+// signal), and returns. Stop follows. Without a ShutdownDelay, PrepareStop does
 // nothing: Stop hands leadership over itself.
-func (a *App) Drain(ctx context.Context) {
+func (a *App) PrepareStop(ctx context.Context) {
 	if a.o.ShutdownDelay <= 0 {
 		return
 	}
-	a.draining.Store(true)
+	a.stopping.Store(true)
 	a.log.Info("draining before shutdown: readiness fails, agent probes are still answered",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
@@ -457,7 +457,7 @@ type replica struct{ a *App }
 
 func (r replica) Snapshot() *state.Snapshot { return r.a.node.Snapshot() }
 func (r replica) Ready() (bool, string) {
-	if r.a.draining.Load() {
+	if r.a.stopping.Load() {
 		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"
 	}
 	return r.a.node.Ready()

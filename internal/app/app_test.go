@@ -174,7 +174,7 @@ func TestDrainAnswersWhileReadinessFails(t *testing.T) {
 	drained := make(chan struct{})
 	go func() { // owned here: the test waits for it below
 		defer close(drained)
-		a.Drain(context.Background())
+		a.PrepareStop(context.Background())
 	}()
 	eventually(t, delay/2, func() bool { code, _ := httpGet(t, a, "/-/readiness"); return code == 503 }, "readiness did not fail while draining")
 	if code, body := httpGet(t, a, "/-/readiness"); !strings.Contains(body, "shutting down") {
@@ -206,7 +206,7 @@ func TestDrainAnswersWhileReadinessFails(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start = time.Now()
-	b.Drain(ctx)
+	b.PrepareStop(ctx)
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("Drain with a cancelled context took %s, want it cut short", took)
 	}

@@ -153,14 +153,12 @@ func Value(st string, o ValueOptions) (string, error) {
 // ParseWeight reads the weight argument of `hastate weight`: a whole
 // percentage 0..256, "25%" or "25".
 func ParseWeight(arg string) (string, error) {
-	n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(arg), "%"))
-	switch {
-	case err != nil:
-		return "", fmt.Errorf("%w: weight %q: want a whole percentage from 0%% to %d%%, such as 25%%", ErrUsage, arg, state.MaxWeight)
-	case n < 0:
-		return "", fmt.Errorf("%w: weight %d%% is below 0%%: want 0%% to %d%%", ErrUsage, n, state.MaxWeight)
-	case n > state.MaxWeight:
-		return "", fmt.Errorf("%w: weight %d%% is above %d%% (HAProxy's cap)", ErrUsage, n, state.MaxWeight)
+	if strings.HasPrefix(strings.TrimSpace(arg), "-") {
+		return "", fmt.Errorf("%w: weight %s is below 0%%: want 0%% to %d%%", ErrUsage, arg, state.MaxWeight)
+	}
+	n, err := state.ParsePercent(arg, state.MaxWeight)
+	if err != nil {
+		return "", fmt.Errorf("%w: weight %v (HAProxy's cap is %d%%)", ErrUsage, err, state.MaxWeight)
 	}
 	return strconv.Itoa(n) + "%", nil
 }

@@ -1,0 +1,107 @@
+package cluster
+
+// This file holds the leader's KV apply path: a full read of the prefix
+// becomes one raft entry holding the differences, under the ramp policy in
+// force.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/state"
+	"go.uber.org/zap"
+)
+
+// KV returns a copy of the mirrored KV content (keys relative to the prefix).
+func (n *Node) KV() map[string]string { return n.fsm.kv() }
+
+// ApplyKV makes the replicated mirror equal kv, a full read of the prefix at
+// Consul index index, as one raft entry holding only the differences. It
+// writes nothing when nothing differs and the mirror already holds state.
+// Only the leader may call it; others get ErrNotLeader.
+func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	change, old, synced := n.fsm.diff(kv)
+	if change.Empty() && synced {
+		return nil
+	}
+	raw, ok := kv[RampConfigKey]
+	policy := n.rampPolicy(raw, ok)
+	res, raftIndex, err := n.apply(ctx, command{Type: cmdKV, KVIndex: index, Change: change, At: n.now(), Ramp: policy})
+	if err != nil {
+		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
+	}
+	n.log.Info("kv change applied", append([]zap.Field{zap.Uint64("kv_index", index), zap.Uint64("raft_index", raftIndex),
+		zap.Int("set", len(change.Set)), zap.Int("deleted", len(change.Delete))}, changeFields(change, old)...)...)
+	n.logInvalid(change)
+	n.logRampEvents(res.events)
+	return nil
+}
+
+// apply writes one entry and waits until it is applied on this leader.
+func (n *Node) apply(ctx context.Context, c command) (applyResult, uint64, error) {
+	data, err := json.Marshal(c)
+	if err != nil {
+		return applyResult{}, 0, fmt.Errorf("encode entry: %w", err)
+	}
+	start := time.Now()
+	timeout := n.opts.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	f := n.raft.Apply(data, timeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			return applyResult{}, 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		return applyResult{}, 0, fmt.Errorf("%w (is the data dir's disk full or the quorum lost? the last applied state is still served)", err)
+	}
+	switch r := f.Response().(type) {
+	case error:
+		return applyResult{}, 0, r
+	case applyResult:
+		n.metrics.applyDuration.Observe(time.Since(start).Seconds())
+		return r, f.Index(), nil
+	}
+	n.metrics.applyDuration.Observe(time.Since(start).Seconds())
+	return applyResult{}, f.Index(), nil
+}
+
+func (n *Node) now() time.Time {
+	if n.opts.Now != nil {
+		return n.opts.Now()
+	}
+	return time.Now()
+}
+
+// rampPolicy is the policy in force for <prefix>config/ramp's value raw
+// (ok: the key exists): the flags, overridden by the key when that
+// parses. An invalid override is reported once per value and ignored.
+func (n *Node) rampPolicy(raw string, ok bool) state.RampPolicy {
+	if !ok {
+		n.metrics.rampPolicyInvalid.Set(0)
+		return n.opts.Ramp
+	}
+	p, err := state.ParseRampPolicy(raw, n.opts.Ramp)
+	if err != nil {
+		n.metrics.rampPolicyInvalid.Set(1)
+		if prev := n.lastBadPolicy.Swap(&raw); prev == nil || *prev != raw {
+			n.log.Warn("ignoring invalid ramp policy in KV; the --ramp-* flags apply (fix or delete the key)",
+				zap.String("key", RampConfigKey), zap.String("value", cutValue(raw)), zap.Error(err))
+		}
+		return n.opts.Ramp
+	}
+	n.metrics.rampPolicyInvalid.Set(0)
+	n.lastBadPolicy.Store(nil)
+	return p
+}
+
+// RampConfigKey is the KV key, relative to the prefix, of the ramp policy
+// override.
+const RampConfigKey = "config/ramp"

@@ -1,0 +1,128 @@
+package cluster
+
+// This file holds what a node asks its peers over the raft port: their
+// status and named queries, and where to dial them.
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/api"
+)
+
+func (n *Node) peerStatus() api.PeerStatus {
+	st := api.PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load()}
+	if lc := n.raft.LastContact(); !lc.IsZero() && n.raft.State() != raft.Leader {
+		st.LastContact = time.Since(lc).Round(time.Millisecond).String()
+	}
+	if n.opts.ConsulHealth != nil {
+		h := n.opts.ConsulHealth()
+		st.ConsulReachable, st.ConsulChecked = h.Reachable, h.Checked
+	}
+	if n.raft.State() == raft.Leader {
+		v := n.KVView()
+		st.KVSynced, st.KVSyncAgeSeconds, st.KVSyncedIndex = v.Synced, v.SyncAgeSeconds, v.SyncedIndex
+		// Read after the synced index: the state that holds it is
+		// applied by the time the watch records it.
+		st.StateIndex = n.fsm.index.Load()
+	}
+	return st
+}
+
+// PeerStatuses asks every member for its status over the raft port (this
+// node answers for itself); members that do not answer within timeout are
+// missing from the result.
+func (n *Node) PeerStatuses(timeout time.Duration) map[string]api.PeerStatus {
+	out := map[string]api.PeerStatus{n.opts.ID: n.peerStatus()}
+	var mu sync.Mutex
+	n.forEachPeer(func(s raft.Server) {
+		if st, err := n.stream.queryStatus(n.dialAddress(s), timeout); err == nil {
+			mu.Lock()
+			out[string(s.ID)] = st
+			mu.Unlock()
+		}
+	})
+	return out
+}
+
+// PeerAnswer is one member's answer to a named query: Raw, or Err when it
+// did not answer.
+type PeerAnswer struct {
+	Raw json.RawMessage
+	Err error
+}
+
+// QueryPeers asks every other member for the answer to a named query
+// (Options.PeerQueries on their side), in parallel, each within timeout.
+// Every member of the configuration is in the result, those that did not
+// answer with their error, so that a caller can say whom it missed.
+func (n *Node) QueryPeers(name string, timeout time.Duration) map[string]PeerAnswer {
+	out := map[string]PeerAnswer{}
+	var mu sync.Mutex
+	n.forEachPeer(func(s raft.Server) {
+		raw, err := n.stream.query(n.dialAddress(s), name, timeout)
+		mu.Lock()
+		out[string(s.ID)] = PeerAnswer{Raw: raw, Err: err}
+		mu.Unlock()
+	})
+	return out
+}
+
+// forEachPeer runs f for every other member of the configuration, in
+// parallel, and waits for all of them.
+func (n *Node) forEachPeer(f func(raft.Server)) {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == n.opts.ID {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(s)
+		}()
+	}
+	wg.Wait()
+}
+
+func (n *Node) dialAddress(s raft.Server) string {
+	if a, ok := n.opts.DialOverride[string(s.ID)]; ok {
+		return a
+	}
+	return string(s.Address)
+}
+
+// dialOverride maps server IDs to dial addresses; an error makes raft use
+// the configured address. raft logs a warning for every error, and asks on
+// every RPC (its own ID included), so the map holds every known server.
+type dialOverride map[string]string
+
+// newDialOverride returns nil (raft dials the configured addresses) without
+// overrides; else the overrides on top of --peers and this node's own
+// advertised address.
+func newDialOverride(o Options) raft.ServerAddressProvider {
+	if len(o.DialOverride) == 0 {
+		return nil
+	}
+	d := dialOverride{o.ID: o.Advertise}
+	for _, p := range o.Peers {
+		d[p.ID] = p.Address
+	}
+	maps.Copy(d, o.DialOverride)
+	return d
+}
+
+func (d dialOverride) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if a, ok := d[string(id)]; ok {
+		return raft.ServerAddress(a), nil
+	}
+	return "", fmt.Errorf("no dial override for %s", id)
+}

@@ -1,0 +1,55 @@
+package cluster
+
+// This file holds the leader's ramp engine.
+
+import (
+	"context"
+	"time"
+
+	"github.com/hastate/hastate/state"
+	"go.uber.org/zap"
+)
+
+func (n *Node) logRampEvents(events []state.RampEvent) {
+	for _, e := range events {
+		r := e.Ramp
+		if e.Start {
+			n.log.Info("ramp started", zap.String("target", e.Target), zap.String("reason", e.Reason),
+				zap.Int("weight_percent", r.Weight), zap.Duration("duration", r.Policy.Duration),
+				zap.Duration("interval", r.Policy.Interval), zap.Time("eta", r.ETA()))
+			continue
+		}
+		n.log.Info("ramp ended", zap.String("target", e.Target), zap.String("reason", e.Reason),
+			zap.Int("weight_percent", r.Weight), zap.Duration("ran_for", n.now().Sub(r.Started).Round(time.Millisecond)))
+	}
+}
+
+// rampLoop is the leader's ramp engine: it writes a ramp entry whenever a
+// ramp's schedule moves past its last applied step, and ends ramps that are
+// done. A new leader runs the same loop on the ramps it finds in the FSM,
+// so every ramp resumes from its recorded start and last weight.
+func (n *Node) rampLoop(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ramps := n.fsm.ramps()
+		if len(ramps) == 0 {
+			continue
+		}
+		steps := state.NextSteps(ramps, n.now())
+		if steps.Empty() {
+			continue
+		}
+		res, _, err := n.apply(ctx, command{Type: cmdRamp, Steps: steps, At: n.now()})
+		if err != nil {
+			n.log.Warn("ramp step not applied; retrying", zap.Error(err))
+			continue
+		}
+		n.logRampEvents(res.events)
+	}
+}
