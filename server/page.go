@@ -47,7 +47,7 @@ type pageData struct {
 	Leaderless          string // how long without a leader, when there is none
 	Members             []pageMember
 	KV                  pageKV
-	Banners             []string // red: the view may be stale or partial
+	Banners             []pageBanner // red: the view may be stale or partial
 	Headline            pageHeadline
 	Backends            []pageBackend
 	Invalid             []pageInvalid
@@ -79,6 +79,9 @@ type pageKV struct {
 	Index   uint64
 	Warning string
 }
+
+// pageBanner is one red line above everything, with a detail in small.
+type pageBanner struct{ Text, Detail string }
 
 // pageHeadline is the one line that says how the fleet stands.
 type pageHeadline struct {
@@ -269,32 +272,28 @@ func kvLine(kv api.KVStatus) pageKV {
 
 // banners are the red lines above everything: what makes this view stale
 // or partial.
-func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []string {
-	var out []string
+func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []pageBanner {
+	var out []pageBanner
 	if w := v.KV.Warning; w != "" {
-		msg := w + ": hastate keeps serving the last state it mirrored; changes written to Consul since are not served"
+		b := pageBanner{Text: w}
 		if ws := v.KV.Watch; ws != nil && ws.LastError != "" {
-			msg += " (last error: " + ws.LastError + ")"
+			b.Detail = "last error: " + ws.LastError
 		}
-		out = append(out, msg)
+		out = append(out, b)
 	}
 	for _, r := range v.Replicas {
 		if !r.Answered {
-			msg := "replica " + r.ID + " did not answer"
-			if r.Error != "" {
-				msg += " (" + r.Error + ")"
-			}
-			out = append(out, msg+": servers and HAProxy nodes only it saw are missing from this page")
+			out = append(out, pageBanner{Text: "replica " + r.ID + " did not answer: servers and HAProxy nodes only it saw are missing from this page", Detail: r.Error})
 		}
 	}
 	if ci.LeaderID == "" && ci.NodeID != "" {
-		out = append(out, "no raft leader: replica "+ci.NodeID+" serves its last state; no KV change and no ramp step is applied")
+		out = append(out, pageBanner{Text: "no raft leader: replica " + ci.NodeID + " serves its last state; no KV change and no ramp step is applied"})
 	}
 	if !ready {
-		out = append(out, "replica "+ci.NodeID+" is NOT READY: "+detail)
+		out = append(out, pageBanner{Text: "replica " + ci.NodeID + " is NOT READY", Detail: detail})
 	}
 	if !v.HoldsState {
-		out = append(out, "replica "+ci.NodeID+" holds no state yet: it answers HAProxy nothing")
+		out = append(out, pageBanner{Text: "replica " + ci.NodeID + " holds no state yet: it answers HAProxy nothing"})
 	}
 	return out
 }

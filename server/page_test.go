@@ -192,8 +192,8 @@ func TestPageBanners(t *testing.T) {
 		Watch: &api.WatchStatus{LastError: "dial tcp 127.0.0.1:8500: connection refused"}}
 	_, body := get(t, pageShowcase(t, time.Now(), ci, kv, "hs3"), "/")
 	for _, want := range []string{
-		`<div class="banner" role="alert">Consul not synced for 42s: hastate keeps serving the last state it mirrored; changes written to Consul since are not served (last error: dial tcp 127.0.0.1:8500: connection refused)</div>`,
-		`<div class="banner" role="alert">replica hs3 did not answer (connection refused): servers and HAProxy nodes only it saw are missing from this page</div>`,
+		`<div class="banner" role="alert">Consul not synced for 42s<div class="detail">last error: dial tcp 127.0.0.1:8500: connection refused</div></div>`,
+		`<div class="banner" role="alert">replica hs3 did not answer: servers and HAProxy nodes only it saw are missing from this page<div class="detail">connection refused</div></div>`,
 		`<div class="banner" role="alert">no raft leader: replica hs1 serves its last state; no KV change and no ramp step is applied</div>`,
 		`leader <span class="bad-text">no leader for 12s</span>`,
 		`<li class="m bad" title="127.0.0.1:9781 (Voter)"><b>hs3</b> no answer</li>`,
