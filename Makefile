@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo test deps build vet fmt-check rules observability docs bench fuzz clean image chart-files test-deploy
+.PHONY: demo test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -55,6 +55,7 @@ test: deps vet fmt-check rules
 	# Allocation counts need a build without -race (it makes sync.Pool drop items).
 	$(GO) test -count=1 -run 'Alloc' ./server ./state
 	$(MAKE) observability
+	$(MAKE) browser
 	$(MAKE) test-deploy
 
 # rules: the alert rules are valid and each alert fires, or stays silent, as its tests say.
@@ -69,6 +70,15 @@ rules:
 observability:
 	cd test/observability && CONSUL_BIN=$$(../../scripts/ensure-consul.sh) PROMTOOL=$$(../../scripts/ensure-promtool.sh) \
 		$(GO) test -count=1 -timeout 10m ./...
+
+# browser: the status page rendered by Debian's headless chromium (installed
+# by scripts/ensure-chromium.sh) against a running hastate and Consul; the
+# screenshots land in test/browser/artifacts/ (its own module: chromedp
+# stays out of go.mod).
+browser:
+	cd test/browser && $(GO) vet ./... && \
+	  CONSUL_BIN=$$(../../scripts/ensure-consul.sh) CHROMIUM_BIN=$$(../../scripts/ensure-chromium.sh) \
+	  $(GO) test -v -count=1 -timeout 10m ./...
 
 # docs: regenerate docs/metrics.md from a running replica's registry.
 docs:

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/hastate/hastate/api"
-	"html/template"
 	"net/http"
 	"slices"
 	"strconv"
@@ -43,6 +42,8 @@ type HTTPOptions struct {
 	// the name its polls carry in /v1/pollers.
 	Pollers *Pollers
 	NodeID  string
+	// now is the status page's clock (nil: time.Now); tests set it.
+	now func() time.Time
 }
 
 // NewHTTPHandler returns the handler for --http-addr: /-/liveness,
@@ -316,50 +317,6 @@ func scopeOf(w http.ResponseWriter, r *http.Request) (cluster, ok bool) {
 func (h *httpAPI) stateOne(w http.ResponseWriter, r *http.Request) {
 	b, s := r.PathValue("backend"), r.PathValue("server")
 	writeJSON(w, http.StatusOK, rowFor(h.o.Replica.Snapshot().Resolve(b, s)))
-}
-
-var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
-	"now":   func() string { return time.Now().UTC().Format(time.RFC3339) },
-	"count": thousands,
-}).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>hastate</title>
-<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.bad{color:#b00}</style></head><body>
-<h1>hastate</h1><p>{{.Ready}} — generated {{now}}. JSON: <a href="/v1/state">/v1/state</a>, <a href="/v1/cluster">/v1/cluster</a>, <a href="/-/metrics">/-/metrics</a></p>
-{{with .Cut}}<p class="bad" id="truncated">showing {{count .Shown}} of {{count .Total}} servers; {{if lt .Shown .More}}add <a href="/?limit={{.More}}">?limit={{.More}}</a> to see more (at most {{count .Max}}){{else}}no page shows more; read one server at /v1/state/&lt;backend&gt;/&lt;server&gt;{{end}}</p>{{end}}
-<table><tr><th>backend</th><th>server</th><th>answer</th><th>value</th><th>ramp</th><th>reason</th><th>by</th><th>error</th></tr>
-{{range .View.Servers}}<tr><td>{{.Backend}}</td><td>{{.Server}}</td><td>{{if .Withheld}}(withheld){{else}}{{.Answer}}{{end}}</td><td>{{.Value}}</td><td>{{with .Ramping}}{{.WeightPercent}}% until {{.ETA.Format "15:04:05"}}{{end}}</td><td>{{.Reason}}</td><td>{{.By}}</td><td class="bad">{{.Error}}</td></tr>
-{{end}}</table></body></html>`))
-
-// pageData is what the status page shows; Cut is its note when the table
-// is cut (nil: not cut).
-type pageData struct {
-	Ready string
-	View  api.StateView
-	Cut   *pageCut
-}
-
-// pageCut is the status page's note when its table is cut.
-type pageCut struct{ Shown, Total, More, Max int }
-
-func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
-	limit, err := parseLimit(r)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	ok, detail := h.o.Replica.Ready()
-	ready := "ready: " + detail
-	if !ok {
-		ready = "NOT READY: " + detail
-	}
-	v := h.view(limit, true)
-	var c *pageCut
-	if len(v.Servers) < v.Total {
-		c = &pageCut{Shown: len(v.Servers), Total: v.Total, More: min(v.Total, api.MaxLimit), Max: api.MaxLimit}
-	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := pageTmpl.Execute(w, pageData{ready, v, c}); err != nil {
-		h.o.Logger.Warn("render status page", zap.Error(err))
-	}
 }
 
 // thousands writes n (not negative) with commas between groups of three

@@ -23,14 +23,29 @@ type fakeReplica struct {
 	peers func() []api.Poll // nil: one poll from "peer"
 	// down names peers that do not answer.
 	down []string
+	// cluster and kv answer ClusterInfo and KVStatus (nil: node n1 with
+	// no members, a watching KV status).
+	cluster func() api.ClusterInfo
+	kv      func() api.KVStatus
 }
 
 var _ Replica = (*fakeReplica)(nil)
 
-func (f *fakeReplica) Snapshot() *state.Snapshot    { return f.snap() }
-func (f *fakeReplica) Ready() (bool, string)        { return f.ready() }
-func (f *fakeReplica) ClusterInfo() api.ClusterInfo { return api.ClusterInfo{NodeID: "n1"} }
-func (f *fakeReplica) KVStatus() api.KVStatus       { return api.KVStatus{Watching: true} }
+func (f *fakeReplica) Snapshot() *state.Snapshot { return f.snap() }
+func (f *fakeReplica) Ready() (bool, string)     { return f.ready() }
+func (f *fakeReplica) ClusterInfo() api.ClusterInfo {
+	if f.cluster != nil {
+		return f.cluster()
+	}
+	return api.ClusterInfo{NodeID: "n1"}
+}
+
+func (f *fakeReplica) KVStatus() api.KVStatus {
+	if f.kv != nil {
+		return f.kv()
+	}
+	return api.KVStatus{Watching: true}
+}
 func (f *fakeReplica) PeerPollers() ([]api.Poll, []api.ReplicaAnswer) {
 	answered := []api.ReplicaAnswer{{ID: "peer", Answered: true}}
 	for _, d := range f.down {

@@ -1,17 +1,10 @@
 package observability
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"maps"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,31 +45,19 @@ func TestEveryUsedMetricExists(t *testing.T) {
 // histogram's _bucket, _sum and _count included.
 func scrapeShowcase(t *testing.T) map[string]bool {
 	t.Helper()
-	bin := buildHastate(t)
+	bin := testenv.BuildHastate(t, "../..")
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	consul.Put(t, "hastate/state/web/a", `{"state":"drain","by":"alice","reason":"zonal maintenance"}`)
 	consul.Put(t, "hastate/state/web/b", "50%")
 	consul.Put(t, "hastate/state/web/r", "drain")
 	consul.Put(t, "hastate/state/web/x", "drian")
 
-	addr := func() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t))) }
-	agent, web, raft := addr(), addr(), addr()
-	proc := &testenv.Process{Bin: bin, Env: hermeticEnv(), LogPath: filepath.Join(t.TempDir(), "hastate.log")}
-	proc.Start(t, "serve", "--node-id", "n1", "--data-dir", t.TempDir(),
-		"--agent-addr", agent, "--http-addr", web, "--raft-addr", raft, "--raft-advertise", raft,
-		"--consul-addr", consul.Addr(), "--ramp-duration", "1h", "--ramp-interval", "10s")
-	t.Cleanup(func() {
-		proc.Kill()
-		if t.Failed() {
-			if b, err := proc.Log(1 << 16); err == nil {
-				t.Logf("hastate log:\n%s", b)
-			}
-		}
-	})
+	hastate := testenv.StartHastate(t, bin, "n1", consul.Addr(), "--ramp-duration", "1h", "--ramp-interval", "10s")
+	agent, web := hastate.Agent, hastate.HTTP
 
-	eventually(t, 30*time.Second, func() bool { return ask(agent, "web/r") == "drain\n" }, "hastate never answered drain")
+	eventually(t, 30*time.Second, func() bool { return testenv.AgentCheck(agent, "web/r") == "drain\n" }, "hastate never answered drain")
 	consul.Delete(t, "hastate/state/web/r") // undrain: a ramp
-	eventually(t, 10*time.Second, func() bool { return ask(agent, "web/r") == "ready 10%\n" }, "web/r never ramped")
+	eventually(t, 10*time.Second, func() bool { return testenv.AgentCheck(agent, "web/r") == "ready 10%\n" }, "web/r never ramped")
 
 	var fams map[string]*dto.MetricFamily
 	showcase := []string{"hastate_server_state", "hastate_server_state_since_timestamp_seconds",
@@ -115,47 +96,6 @@ func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 		t.Fatalf("scrape %s: %v", url, err)
 	}
 	return fams
-}
-
-// buildHastate builds cmd/hastate from this tree into a temporary directory.
-func buildHastate(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "hastate")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/hastate")
-	cmd.Dir = "../.."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/hastate: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// hermeticEnv is the environment without the variables hastate and the
-// Consul client read.
-func hermeticEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "HASTATE_") && !strings.HasPrefix(kv, "CONSUL_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// ask sends one agent check and returns the answer ("" on any error).
-func ask(addr, req string) string {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return ""
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	if _, err := io.WriteString(c, req+"\n"); err != nil {
-		return ""
-	}
-	b, _ := io.ReadAll(c)
-	return string(b)
 }
 
 func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {

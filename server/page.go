@@ -1,0 +1,525 @@
+package server
+
+import (
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"html/template"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"go.uber.org/zap"
+)
+
+// The status page at /: what an operator woken at 3 a.m. needs on one
+// screen. It is rendered on the server from the cluster-wide state view
+// (the same as /v1/state?scope=cluster), the replica's cluster info and
+// its Consul status. It loads nothing from anywhere: CSS and JS are inline
+// and a Content-Security-Policy forbids every other source. It refreshes
+// itself by fetching itself (a <noscript> meta refresh without JS) and says
+// so when a refresh fails, so that a frozen page never passes for a live one.
+
+//go:embed page.html
+var pageHTML string
+
+// pageRefresh is how often the page fetches itself.
+const pageRefresh = 5 * time.Second
+
+var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
+	"count": thousands,
+}).Parse(pageHTML))
+
+// pageData is what the status page shows. Cut is its note when the table
+// is cut (nil: not cut).
+type pageData struct {
+	Nonce     string
+	Generated time.Time
+	RefreshMS int64
+	// Served is the replica that rendered the page, and its raft state.
+	Served, ServedState string
+	Ready               bool
+	ReadyDetail         string
+	Leader              string // "" when there is none
+	Leaderless          string // how long without a leader, when there is none
+	Members             []pageMember
+	KV                  pageKV
+	Banners             []pageBanner // red: the view may be stale or partial
+	Headline            pageHeadline
+	Backends            []pageBackend
+	Invalid             []pageInvalid
+	InvalidTotal        int
+	Total               int
+	Cut                 *pageCut
+	Title               string
+	Icon                template.URL
+}
+
+// pageCut is the status page's note when its table is cut.
+type pageCut struct{ Shown, Total, More, Max int }
+
+// pageMember is one raft member in the header.
+type pageMember struct {
+	ID, Address, Suffrage string
+	State                 string // leader, follower, ... or "no answer"
+	Contact               string // last contact with the leader (followers)
+	Consul                string // "Consul ok", "Consul unreachable" or ""
+	Class                 string // ok, warn or bad
+	Self                  bool
+}
+
+// pageKV is the Consul line of the header.
+type pageKV struct {
+	Class   string // ok or bad
+	Text    string
+	Age     string
+	Index   uint64
+	Warning string
+}
+
+// pageBanner is one red line above everything, with a detail in small.
+type pageBanner struct{ Text, Detail string }
+
+// pageHeadline is the one line that says how the fleet stands.
+type pageHeadline struct {
+	Class string // ok, warn or bad
+	Text  string
+}
+
+// pageBackend is one backend: its summary line and its rows.
+type pageBackend struct {
+	Name    string
+	Summary []pageCount
+	Rows    []pageRow
+	Class   string // ok or warn (some server not ready at full weight)
+}
+
+// pageCount is one part of a summary line, coloured like the rows it counts.
+type pageCount struct {
+	Class, Text string
+}
+
+// pageRow is one server (or backend-wide key) row.
+type pageRow struct {
+	api.ServerState
+	Class string // ready, weight, ramping, drain, maint or withheld
+	Label string // what the state cell says
+	// Weight bar: shown for ready answers; BarPct is min(weight, 100)
+	// and Over marks weights above 100%.
+	HasWeight bool
+	Weight    int
+	BarPct    int
+	Over      bool
+	// Ramp progress (time elapsed of the ramp's duration) and its ETA.
+	RampPct            int
+	RampETA, RampETAAt string
+	Since, SinceAt     string
+	Until, UntilAt     string
+	UntilPast          bool
+	Told               string
+	ToldClass          string // ok, warn or none
+	ShortValue         string // the raw value when short and not JSON (the cells show the rest)
+	Wildcard           bool
+	Problem            bool   // not ready at 100%, or invalid
+	Text               string // what the filter box matches, lower case
+}
+
+// pageInvalid is one invalid key in the list at the top.
+type pageInvalid struct {
+	Key, Value, Error, Effect string
+}
+
+func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
+	limit, err := parseLimit(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ok, detail := h.o.Replica.Ready()
+	now := time.Now
+	if h.o.now != nil {
+		now = h.o.now
+	}
+	d := buildPage(now(), h.view(limit, true), h.o.Replica.ClusterInfo(), ok, detail)
+	d.Nonce = newNonce()
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'nonce-"+d.Nonce+"'; "+
+		"style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if err := pageTmpl.Execute(w, d); err != nil {
+		h.o.Logger.Warn("render status page", zap.Error(err))
+	}
+}
+
+func newNonce() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// buildPage turns the cluster-wide view into what the page shows, at now.
+func buildPage(now time.Time, v api.StateView, ci api.ClusterInfo, ready bool, readyDetail string) pageData {
+	d := pageData{
+		Generated: now, RefreshMS: pageRefresh.Milliseconds(),
+		Served: ci.NodeID, ServedState: ci.State, Ready: ready, ReadyDetail: readyDetail,
+		Leader: ci.LeaderID, Total: v.Total, InvalidTotal: v.InvalidTotal,
+	}
+	if d.ServedState == "" {
+		d.ServedState = "unknown"
+	}
+	if ci.LeaderID == "" {
+		d.Leaderless = "no leader"
+		if ci.LeaderlessSeconds > 0 {
+			d.Leaderless = "no leader for " + short(time.Duration(ci.LeaderlessSeconds*float64(time.Second)))
+		}
+	}
+	for _, m := range ci.Members {
+		d.Members = append(d.Members, member(m, ci.NodeID))
+	}
+	d.KV = kvLine(v.KV)
+	d.Banners = banners(v, ci, ready, readyDetail)
+
+	var all pageCounts
+	byName := map[string]int{}
+	for _, s := range v.Servers {
+		i, ok := byName[s.Backend]
+		if !ok {
+			i = len(d.Backends)
+			byName[s.Backend] = i
+			d.Backends = append(d.Backends, pageBackend{Name: s.Backend})
+		}
+		row := pageRowOf(now, s)
+		d.Backends[i].Rows = append(d.Backends[i].Rows, row)
+	}
+	for i := range d.Backends {
+		b := &d.Backends[i]
+		var c pageCounts
+		for _, r := range b.Rows {
+			if !r.Wildcard {
+				c.add(r.Class)
+			}
+		}
+		all.merge(c)
+		b.Summary, b.Class = c.summary()
+	}
+	for _, k := range v.InvalidKeys {
+		d.Invalid = append(d.Invalid, invalidOf(k))
+	}
+	d.Headline = all.headline(len(d.Banners) > 0, v.InvalidTotal)
+	if len(v.Servers) < v.Total {
+		d.Cut = &pageCut{Shown: len(v.Servers), Total: v.Total, More: min(v.Total, api.MaxLimit), Max: api.MaxLimit}
+	}
+	d.Title, d.Icon = titleAndIcon(d)
+	return d
+}
+
+func member(m api.MemberInfo, self string) pageMember {
+	pm := pageMember{ID: m.ID, Address: m.Address, Suffrage: m.Suffrage, Self: m.ID == self, Class: "ok"}
+	st := m.Status
+	if st == nil {
+		pm.State, pm.Class = "no answer", "bad"
+		return pm
+	}
+	pm.State = st.State
+	if m.Leader {
+		pm.State = "leader"
+	}
+	if st.LastContact != "" && !m.Leader {
+		pm.Contact = st.LastContact
+		if d, err := time.ParseDuration(st.LastContact); err == nil {
+			pm.Contact = fine(d)
+			if d > 5*time.Second {
+				pm.Class = "warn"
+			}
+		}
+	}
+	if st.ConsulReachable {
+		pm.Consul = "Consul ok"
+	} else {
+		pm.Consul, pm.Class = "Consul unreachable", "bad"
+	}
+	if pm.State != "leader" && pm.State != "follower" {
+		pm.Class = "bad"
+	}
+	return pm
+}
+
+func kvLine(kv api.KVStatus) pageKV {
+	l := pageKV{Class: "ok", Warning: kv.Warning, Index: kv.SyncedIndex}
+	age := time.Duration(kv.SyncAgeSeconds * float64(time.Second))
+	switch {
+	case !kv.Known:
+		l.Text = "Consul: unknown (no report from a leader)"
+	case kv.Reachable:
+		l.Text = "Consul: reachable"
+	default:
+		l.Text = "Consul: NOT reachable"
+	}
+	if kv.Synced {
+		l.Age = "synced " + fine(age) + " ago"
+	} else {
+		l.Age = "never synced (" + short(age) + " since start)"
+	}
+	if kv.Warning != "" || !kv.Reachable {
+		l.Class = "bad"
+	}
+	return l
+}
+
+// banners are the red lines above everything: what makes this view stale
+// or partial.
+func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []pageBanner {
+	var out []pageBanner
+	if w := v.KV.Warning; w != "" {
+		b := pageBanner{Text: w}
+		if ws := v.KV.Watch; ws != nil && ws.LastError != "" {
+			b.Detail = "last error: " + ws.LastError
+		}
+		out = append(out, b)
+	}
+	for _, r := range v.Replicas {
+		if !r.Answered {
+			out = append(out, pageBanner{Text: "replica " + r.ID + " did not answer: servers and HAProxy nodes only it saw are missing from this page", Detail: r.Error})
+		}
+	}
+	if ci.LeaderID == "" && ci.NodeID != "" {
+		out = append(out, pageBanner{Text: "no raft leader: replica " + ci.NodeID + " serves its last state; no KV change and no ramp step is applied"})
+	}
+	if !ready {
+		out = append(out, pageBanner{Text: "replica " + ci.NodeID + " is NOT READY", Detail: detail})
+	}
+	if !v.HoldsState {
+		out = append(out, pageBanner{Text: "replica " + ci.NodeID + " holds no state yet: it answers HAProxy nothing"})
+	}
+	return out
+}
+
+// pageCounts counts rows by class.
+type pageCounts struct {
+	servers, ready, weight, ramping, drain, maint, withheld int
+}
+
+func (c *pageCounts) add(class string) {
+	c.servers++
+	switch class {
+	case "ready":
+		c.ready++
+	case "weight":
+		c.weight++
+	case "ramping":
+		c.ramping++
+	case "drain":
+		c.drain++
+	case "maint":
+		c.maint++
+	case "withheld":
+		c.withheld++
+	}
+}
+
+func (c *pageCounts) merge(o pageCounts) {
+	c.servers += o.servers
+	c.ready += o.ready
+	c.weight += o.weight
+	c.ramping += o.ramping
+	c.drain += o.drain
+	c.maint += o.maint
+	c.withheld += o.withheld
+}
+
+// summary is a backend's line: "3 of 5 ready", then each other state.
+// Servers at a set weight or ramping count as ready (HAProxy sends them
+// traffic), and are also named.
+func (c pageCounts) summary() ([]pageCount, string) {
+	inRotation := c.ready + c.weight + c.ramping
+	class := "ok"
+	if inRotation < c.servers || c.weight+c.ramping > 0 {
+		class = "warn"
+	}
+	if c.servers == 0 {
+		return []pageCount{{"none", "no server known (only a backend-wide key)"}}, class
+	}
+	out := []pageCount{{"ready", fmt.Sprintf("%d of %d ready", inRotation, c.servers)}}
+	for _, p := range []struct {
+		n           int
+		class, text string
+	}{
+		{c.drain, "drain", "draining"}, {c.maint, "maint", "in maint"}, {c.ramping, "ramping", "ramping"},
+		{c.weight, "weight", "at a set weight"}, {c.withheld, "withheld", "withheld (no answer)"},
+	} {
+		if p.n > 0 {
+			out = append(out, pageCount{p.class, fmt.Sprintf("%d %s", p.n, p.text)})
+		}
+	}
+	return out, class
+}
+
+func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
+	var parts []string
+	for _, p := range []struct {
+		n    int
+		text string
+	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.withheld, "withheld"}} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.text))
+		}
+	}
+	if invalid > 0 {
+		parts = append(parts, plural(invalid, "invalid key", "invalid keys"))
+	}
+	h := pageHeadline{Class: "ok"}
+	switch {
+	case c.servers == 0:
+		h.Text = "no servers known yet (none has a key, and no HAProxy has asked)"
+	case len(parts) == 0:
+		h.Text = fmt.Sprintf("all %s ready at full weight", plural(c.servers, "server", "servers"))
+	default:
+		h.Class = "warn"
+		h.Text = fmt.Sprintf("%d of %s ready: %s", c.ready+c.weight+c.ramping, plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
+	}
+	if banner {
+		h.Class = "bad"
+	}
+	return h
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return thousands(n) + " " + many
+}
+
+// pageRowOf classifies one server row and renders its times at now.
+func pageRowOf(now time.Time, s api.ServerState) pageRow {
+	r := pageRow{ServerState: s, Wildcard: s.Server == "*"}
+	switch {
+	case s.Withheld:
+		r.Class, r.Label = "withheld", "withheld"
+	case s.Answer == "drain":
+		r.Class, r.Label = "drain", "drain"
+	case s.Answer == "maint":
+		r.Class, r.Label = "maint", "maint"
+	default:
+		w, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(s.Answer, "ready "), "%"))
+		r.HasWeight, r.Weight, r.BarPct, r.Over = true, w, min(w, 100), w > 100
+		switch {
+		case s.Ramping != nil:
+			r.Class, r.Label = "ramping", "ramping"
+		case w != 100:
+			r.Class, r.Label = "weight", "weight"
+		default:
+			r.Class, r.Label = "ready", "ready"
+		}
+	}
+	if rp := s.Ramping; rp != nil {
+		if total := rp.ETA.Sub(rp.Started); total > 0 {
+			r.RampPct = int(min(max(now.Sub(rp.Started)*100/total, 0), 100))
+		}
+		r.RampETA, r.RampETAAt = relative(now, rp.ETA), absolute(rp.ETA)
+	}
+	if s.Since != nil {
+		r.Since, r.SinceAt = relative(now, *s.Since), absolute(*s.Since)
+	}
+	if s.Until != nil {
+		r.Until, r.UntilAt, r.UntilPast = relative(now, *s.Until), absolute(*s.Until), !s.Until.After(now)
+	}
+	switch {
+	case s.Polled == 0:
+		r.Told, r.ToldClass = "not polled", "none"
+	case s.Told == s.Polled:
+		r.Told, r.ToldClass = fmt.Sprintf("told %d of %d", s.Told, s.Polled), "ok"
+	default:
+		r.Told, r.ToldClass = fmt.Sprintf("told %d of %d", s.Told, s.Polled), "warn"
+	}
+	if len(s.Value) <= 24 && !strings.HasPrefix(s.Value, "{") {
+		r.ShortValue = s.Value
+	}
+	r.Problem = r.Class != "ready" || !s.Valid || s.Expired != ""
+	words := []string{s.Backend + "/" + s.Server, r.Class, s.Answer, s.Reason, s.By, s.Key, s.Value}
+	if !s.Valid {
+		words = append(words, "invalid", s.Error)
+	}
+	if s.Expired != "" {
+		words = append(words, "expired")
+	}
+	r.Text = strings.ToLower(strings.Join(words, " "))
+	return r
+}
+
+func invalidOf(k api.ServerState) pageInvalid {
+	p := pageInvalid{Key: k.Key, Value: k.Value, Error: k.Error}
+	if p.Key == "" {
+		p.Key = k.Source
+	}
+	switch {
+	case k.Backend == "":
+		p.Effect = "ignored: not a state/<backend>/<server> key"
+	case k.Withheld:
+		p.Effect = "no valid value yet: " + k.Backend + "/" + k.Server + " is answered nothing (HAProxy keeps its state)"
+	default:
+		p.Effect = "keeps its last valid value: " + k.Answer
+	}
+	return p
+}
+
+// relative says how far t is from now, compactly: "12s ago", "2h 5m ago",
+// "in 3m".
+func relative(now, t time.Time) string {
+	d := now.Sub(t)
+	if d < 0 {
+		return "in " + short(-d)
+	}
+	if d < time.Second {
+		return "just now"
+	}
+	return short(d) + " ago"
+}
+
+// short renders d with at most two units: 45s, 3m 20s, 2h 5m, 3d 4h.
+func short(d time.Duration) string {
+	switch d = d.Round(time.Second); {
+	case d < time.Minute:
+		return strconv.Itoa(int(d.Seconds())) + "s"
+	case d < time.Hour:
+		return two(int(d/time.Minute), "m", int(d%time.Minute/time.Second), "s")
+	case d < 48*time.Hour:
+		return two(int(d/time.Hour), "h", int(d%time.Hour/time.Minute), "m")
+	default:
+		return two(int(d/(24*time.Hour)), "d", int(d%(24*time.Hour)/time.Hour), "h")
+	}
+}
+
+// fine is short, but with milliseconds under a second: 12ms, 400ms, 3s.
+func fine(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return short(d)
+}
+
+func two(a int, au string, b int, bu string) string {
+	if b == 0 {
+		return strconv.Itoa(a) + au
+	}
+	return strconv.Itoa(a) + au + " " + strconv.Itoa(b) + bu
+}
+
+func absolute(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") }
+
+// titleAndIcon make the browser tab tell the state: a title that counts
+// what is off and a dot coloured like the headline.
+func titleAndIcon(d pageData) (string, template.URL) {
+	title := "hastate: " + d.Headline.Text
+	if len(d.Banners) > 0 {
+		title = "(!) " + title
+	}
+	colour := map[string]string{"ok": "%2316a34a", "warn": "%23d97706", "bad": "%23dc2626"}[d.Headline.Class]
+	icon := "data:image/svg+xml," + "%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E%3Ccircle cx='8' cy='8' r='7' fill='" +
+		colour + "'/%3E%3C/svg%3E"
+	return title, template.URL(icon)
+}
