@@ -146,20 +146,13 @@ does not answer); 3 when the selector matches no server.`,
 		Example: `  hastate drain 'canary_*/*' --reason deploy && hastate wait 'canary_*/*' --timeout 1m`,
 		Args:    needArgs(1, 0, "at least one <backend>/<server> selector"),
 		RunE: func(c *cobra.Command, args []string) error {
-			sels, err := ctl.ParseSelectors(args)
+			g, err := gate(cf, addr, args)
 			if err != nil {
 				return err
 			}
-			w, err := cf.writer()
-			if err != nil {
-				return err
-			}
-			r, err := ctl.NewReplica(addr)
-			if err != nil {
-				return err
-			}
+			g.Out = c.ErrOrStderr()
 			start := time.Now()
-			if err := ctl.Wait(c.Context(), ctl.GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels, Out: c.ErrOrStderr()}); err != nil {
+			if err := ctl.Wait(c.Context(), g); err != nil {
 				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
 			}
 			fmt.Fprintf(stdout, "every HAProxy polling %s was told the current answer (%s)\n", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
@@ -171,6 +164,23 @@ does not answer); 3 when the selector matches no server.`,
 	return c
 }
 
+// gate reads the selectors, Consul and the replica of wait and precheck.
+func gate(cf consulFlags, addr string, args []string) (ctl.GateOptions, error) {
+	sels, err := ctl.ParseSelectors(args)
+	if err != nil {
+		return ctl.GateOptions{}, err
+	}
+	w, err := cf.writer()
+	if err != nil {
+		return ctl.GateOptions{}, err
+	}
+	r, err := ctl.NewReplica(addr)
+	if err != nil {
+		return ctl.GateOptions{}, err
+	}
+	return ctl.GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels}, nil
+}
+
 func precheckCmd(stdout io.Writer) *cobra.Command {
 	var cf consulFlags
 	var addr string
@@ -179,28 +189,20 @@ func precheckCmd(stdout io.Writer) *cobra.Command {
 		Short: "Exit 0 only if every selected server is ready or in maint (the deploy contract)",
 		Long: `precheck first waits until the replica has applied every write made to Consul
 before it started (bounded by --timeout), then checks the deploy pipeline's
-contract over the whole cluster: servers that are ready or in maint pass; a drained server, a ramp in progress and
-anything it cannot confirm (a replica that does not answer, Consul not in
-sync, an invalid key) block.
+contract over the whole cluster: servers that are ready or in maint pass; a
+drained server, a ramp in progress and anything it cannot confirm (a
+replica that does not answer, Consul not in sync, an invalid key) block.
 
 Exit 0: deploy; 1: blocked or cannot confirm (the reasons on stderr); 3: the
 selector matches no server.`,
 		Example: `  hastate precheck 'canary_*/*' && ./deploy.sh`,
 		Args:    needArgs(1, 0, "at least one <backend>/<server> selector"),
 		RunE: func(c *cobra.Command, args []string) error {
-			sels, err := ctl.ParseSelectors(args)
+			g, err := gate(cf, addr, args)
 			if err != nil {
 				return err
 			}
-			w, err := cf.writer()
-			if err != nil {
-				return err
-			}
-			r, err := ctl.NewReplica(addr)
-			if err != nil {
-				return err
-			}
-			n, blocking, err := ctl.Precheck(c.Context(), ctl.GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels})
+			n, blocking, err := ctl.Precheck(c.Context(), g)
 			if err != nil {
 				return err
 			}
