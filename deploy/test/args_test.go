@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -71,13 +73,22 @@ func TestChartArgsStartHastate(t *testing.T) {
 			writeSecretVolume(t, r, volume(ss, m.Name), dir)
 		}
 	}
+	// One pass, longest mount path first: a local dir is itself under
+	// /tmp, which may be a mount path too, and must not be rewritten again.
+	mounts := slices.SortedFunc(maps.Keys(paths), func(a, b string) int { return len(b) - len(a) })
+	var pairs []string
+	for _, mp := range mounts {
+		pairs = append(pairs, mp+"/", paths[mp]+"/")
+	}
+	mounted := strings.NewReplacer(pairs...)
 	expand := func(s string) string {
 		s = strings.ReplaceAll(s, "$(POD_NAME)", pod)
 		s = strings.ReplaceAll(s, "$(POD_NAMESPACE)", "ops")
-		for mp, dir := range paths {
-			s = strings.ReplaceAll(s, mp+"/", dir+"/")
-			if strings.HasSuffix(s, "="+mp) {
-				s = strings.TrimSuffix(s, mp) + dir
+		orig := s
+		s = mounted.Replace(s)
+		for _, mp := range mounts {
+			if strings.HasSuffix(orig, "="+mp) {
+				s = strings.TrimSuffix(orig, mp) + paths[mp]
 			}
 		}
 		return s
