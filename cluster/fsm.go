@@ -150,13 +150,15 @@ func (f *fsm) Apply(l *raft.Log) any {
 
 // mutate runs apply on the mirror under the lock and publishes the result.
 // A panic in apply is reported instead of crashing the replica; what the
-// mirror holds then is still published, so serving matches the mirror.
+// mirror holds then is still published, rebuilt in full (the mirror may
+// have changed where it had not yet noted it), so serving matches the
+// mirror.
 func (f *fsm) mutate(index uint64, apply func(*state.Mirror) []state.RampEvent) (res any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	defer func() {
 		if r := recover(); r != nil {
-			f.publishLocked()
+			f.publishFullLocked()
 			res = f.reject(index, fmt.Errorf("panic while applying: %v\n%s", r, debug.Stack()))
 		}
 	}()
@@ -185,9 +187,20 @@ func (f *fsm) advance(i uint64) {
 	}
 }
 
+// publishLocked swaps in the serving snapshot of the mirror. The mirror
+// rebuilds only the backends the last entry touched (see state.Mirror.Snapshot).
 func (f *fsm) publishLocked() {
 	if f.mirror.Synced() {
 		f.serving.Store(f.mirror.Snapshot())
+	} else {
+		f.serving.Store(nil)
+	}
+}
+
+// publishFullLocked is publishLocked with every backend rebuilt.
+func (f *fsm) publishFullLocked() {
+	if f.mirror.Synced() {
+		f.serving.Store(f.mirror.RebuildSnapshot())
 	} else {
 		f.serving.Store(nil)
 	}

@@ -128,7 +128,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.lastContact, prometheus.GaugeValue, lc)
 	snap := m.n.Snapshot()
 	inv := snap.Invalid()
-	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(len(snap.Entries())-inv), "valid")
+	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(snap.Len()-inv), "valid")
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(inv), "invalid")
 	ch <- prometheus.MustNewConstMetric(m.rampsActive, prometheus.GaugeValue, float64(len(snap.Ramps())))
 	m.collectServers(ch, snap)

@@ -56,15 +56,77 @@ func (e *Entry) Valid() bool { return e.Err == "" }
 // deterministic. A Mirror is not safe for concurrent use; readers use the
 // immutable Snapshot it builds.
 type Mirror struct {
-	raw     map[string]string
-	entries map[string]*Entry
-	ramps   map[string]*Ramp // by target: "backend/server" or "backend/*"
-	synced  bool
+	raw    map[string]string
+	synced bool
+
+	// parts holds the state keys' entries and the ramps, by snapshot
+	// shard (backend), so that a shard is rebuilt from its own alone.
+	parts map[string]*part
+	// dirty holds the shards changed since last was built; Snapshot
+	// rebuilds them and shares the others with last.
+	dirty map[string]struct{}
+	last  *Snapshot
+}
+
+// part is one shard's share of the mirror.
+type part struct {
+	entries map[string]*Entry // by key
+	ramps   map[string]*Ramp  // by target: "backend/server" or "backend/*"
 }
 
 // NewMirror returns an empty mirror that holds no state yet.
 func NewMirror() *Mirror {
-	return &Mirror{raw: map[string]string{}, entries: map[string]*Entry{}, ramps: map[string]*Ramp{}}
+	return &Mirror{raw: map[string]string{}, parts: map[string]*part{}, dirty: map[string]struct{}{}}
+}
+
+// entryShard returns the name of the shard that holds a state key.
+func entryShard(key string) string { return shardName(strings.TrimPrefix(key, StatePrefix)) }
+
+// entry returns a state key's entry, or nil.
+func (m *Mirror) entry(key string) *Entry {
+	if p := m.parts[entryShard(key)]; p != nil {
+		return p.entries[key]
+	}
+	return nil
+}
+
+// ramp returns the ramp of a target, or nil.
+func (m *Mirror) ramp(target string) *Ramp {
+	if p := m.parts[shardName(target)]; p != nil {
+		return p.ramps[target]
+	}
+	return nil
+}
+
+// edit returns the part called name, created if need be, and marks it as
+// changed since the last Snapshot.
+func (m *Mirror) edit(name string) *part {
+	m.dirty[name] = struct{}{}
+	p := m.parts[name]
+	if p == nil {
+		p = &part{entries: map[string]*Entry{}, ramps: map[string]*Ramp{}}
+		m.parts[name] = p
+	}
+	return p
+}
+
+// settle forgets a part that holds nothing any more.
+func (m *Mirror) settle(name string) {
+	if p := m.parts[name]; len(p.entries) == 0 && len(p.ramps) == 0 {
+		delete(m.parts, name)
+	}
+}
+
+func (m *Mirror) deleteEntry(key string) {
+	name := entryShard(key)
+	delete(m.edit(name).entries, key)
+	m.settle(name)
+}
+
+func (m *Mirror) deleteRamp(target string) {
+	name := shardName(target)
+	delete(m.edit(name).ramps, target)
+	m.settle(name)
 }
 
 // Synced reports whether the mirror holds state: a KV read was applied to it
@@ -102,17 +164,18 @@ func (m *Mirror) Apply(c Change) {
 	m.synced = true
 	for _, k := range c.Delete {
 		delete(m.raw, k)
-		delete(m.entries, k)
+		m.deleteEntry(k)
 	}
 	for k, v := range c.Set {
 		m.raw[k] = v
 		if !strings.HasPrefix(k, StatePrefix) {
 			continue
 		}
-		e := m.entries[k]
+		p := m.edit(entryShard(k))
+		e := p.entries[k]
 		if e == nil {
 			e = newEntry(k)
-			m.entries[k] = e
+			p.entries[k] = e
 		}
 		e.set(v)
 	}
@@ -175,11 +238,11 @@ type Persisted struct {
 // Export returns the mirror's durable form.
 func (m *Mirror) Export() Persisted {
 	p := Persisted{Synced: m.synced, KV: maps.Clone(m.raw)}
-	if len(m.ramps) > 0 {
-		p.Ramps = m.Ramps()
+	if ramps := m.Ramps(); len(ramps) > 0 {
+		p.Ramps = ramps
 	}
-	for _, k := range slices.Sorted(maps.Keys(m.entries)) {
-		e := m.entries[k]
+	for _, e := range m.sortedEntries() {
+		k := e.Key
 		if e.Expired {
 			p.Expired = append(p.Expired, k)
 		}
@@ -207,20 +270,32 @@ func Restore(p Persisted) *Mirror {
 	}
 	m.Apply(Change{Set: p.KV})
 	for _, r := range p.Ramps {
-		m.ramps[r.Target] = &r
+		m.edit(shardName(r.Target)).ramps[r.Target] = &r
 	}
 	for _, k := range p.Expired {
-		if e := m.entries[k]; e != nil {
+		if e := m.entry(k); e != nil {
 			e.Expired = true
 		}
 	}
 	for k, t := range p.Since {
-		if e := m.entries[k]; e != nil {
+		if e := m.entry(k); e != nil {
 			e.Since = t
 		}
 	}
 	m.synced = p.Synced
 	return m
+}
+
+// sortedEntries returns the state keys' entries, sorted by key.
+func (m *Mirror) sortedEntries() []*Entry {
+	var out []*Entry
+	for _, p := range m.parts {
+		for _, e := range p.entries {
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Entry) int { return strings.Compare(a.Key, b.Key) })
+	return out
 }
 
 // Raw returns the mirrored raw value of a key.
@@ -231,38 +306,3 @@ func (m *Mirror) Raw(key string) (string, bool) {
 
 // KV returns a copy of the mirrored KV content.
 func (m *Mirror) KV() map[string]string { return maps.Clone(m.raw) }
-
-// Snapshot builds the immutable serving view of the mirror.
-func (m *Mirror) Snapshot() *Snapshot {
-	s := &Snapshot{
-		exact:    make(map[string][]byte, len(m.entries)+len(m.ramps)),
-		wildcard: map[string][]byte{},
-		entries:  make([]Entry, 0, len(m.entries)),
-		ramps:    make(map[string]Ramp, len(m.ramps)),
-	}
-	for _, e := range m.entries {
-		s.entries = append(s.entries, *e)
-	}
-	slices.SortFunc(s.entries, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
-	for t, r := range m.ramps {
-		s.ramps[t] = *r
-	}
-	put := func(target string) {
-		b, srv, _ := strings.Cut(target, "/")
-		line := s.Resolve(b, srv).Answer.line()
-		if srv == Wildcard {
-			s.wildcard[b] = line
-		} else {
-			s.exact[target] = line
-		}
-	}
-	for i := range s.entries {
-		if t := s.entries[i].target(); t != "" {
-			put(t)
-		}
-	}
-	for t := range s.ramps {
-		put(t)
-	}
-	return s
-}

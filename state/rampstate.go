@@ -84,7 +84,7 @@ func (m *Mirror) effective(target string) (v Value, ok bool) {
 		keys = append(keys, StatePrefix+b+"/"+Wildcard)
 	}
 	for _, k := range keys {
-		if e := m.entries[k]; e != nil && !e.Expired {
+		if e := m.entry(k); e != nil && !e.Expired {
 			return e.Last, e.HasLast
 		}
 	}
@@ -117,7 +117,7 @@ func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent 
 func (m *Mirror) applySince(c Change, at time.Time) {
 	was := make(map[string]string, len(c.Set))
 	for k := range c.Set {
-		if e := m.entries[k]; e != nil && e.HasLast {
+		if e := m.entry(k); e != nil && e.HasLast {
 			was[k] = e.Last.String()
 		}
 	}
@@ -126,7 +126,7 @@ func (m *Mirror) applySince(c Change, at time.Time) {
 		return
 	}
 	for k := range c.Set {
-		e := m.entries[k]
+		e := m.entry(k)
 		if e == nil || !e.HasLast {
 			continue
 		}
@@ -146,13 +146,13 @@ func (m *Mirror) applySince(c Change, at time.Time) {
 func (m *Mirror) Expire(keys []string, at time.Time, policy RampPolicy) []RampEvent {
 	var due []string
 	for _, k := range keys {
-		if e := m.entries[k]; e != nil && e.due(at) {
+		if e := m.entry(k); e != nil && e.due(at) {
 			due = append(due, k)
 		}
 	}
 	return m.transition(due, at, policy, func() {
 		for _, k := range due {
-			m.entries[k].Expired = true
+			m.edit(entryShard(k)).entries[k].Expired = true
 		}
 	})
 }
@@ -161,9 +161,11 @@ func (m *Mirror) Expire(keys []string, at time.Time, policy RampPolicy) []RampEv
 // yet expired, sorted: what the leader's next expire entry holds.
 func (m *Mirror) Due(now time.Time) []string {
 	var out []string
-	for k, e := range m.entries {
-		if e.due(now) {
-			out = append(out, k)
+	for _, p := range m.parts {
+		for k, e := range p.entries {
+			if e.due(now) {
+				out = append(out, k)
+			}
 		}
 	}
 	slices.Sort(out)
@@ -194,7 +196,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		}
 		v, ok := m.effective(t)
 		b := before{v: v, ok: ok}
-		if e := m.entries[k]; e != nil && e.HasLast && e.Last.RampSet {
+		if e := m.entry(k); e != nil && e.HasLast && e.Last.RampSet {
 			d := e.Last.Ramp
 			b.override = &d
 		}
@@ -230,7 +232,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		}
 		w, _ := p.Weight(0)
 		r := &Ramp{Target: t, Started: at, Policy: p, Weight: w}
-		m.ramps[t] = r
+		m.edit(shardName(t)).ramps[t] = r
 		events = append(events, RampEvent{Target: t, Start: true, Reason: "left " + b.v.Admin.String(), Ramp: *r})
 	}
 	return events
@@ -241,16 +243,17 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 func (m *Mirror) endRamps(target string) []RampEvent {
 	var events []RampEvent
 	end := func(t string) {
-		if r, ok := m.ramps[t]; ok {
-			delete(m.ramps, t)
+		if r := m.ramp(t); r != nil {
+			m.deleteRamp(t)
 			events = append(events, RampEvent{Target: t, Reason: "superseded by a new state", Ramp: *r})
 		}
 	}
 	end(target)
 	b, s, _ := strings.Cut(target, "/")
-	if s == Wildcard {
-		for _, t := range slices.Sorted(maps.Keys(m.ramps)) {
-			if strings.HasPrefix(t, b+"/") && m.entries[StatePrefix+t] == nil {
+	if p := m.parts[b]; s == Wildcard && p != nil {
+		// The backend's ramps are all in its shard.
+		for _, t := range slices.Sorted(maps.Keys(p.ramps)) {
+			if strings.HasPrefix(t, b+"/") && m.entry(StatePrefix+t) == nil {
 				end(t)
 			}
 		}
@@ -261,14 +264,15 @@ func (m *Mirror) endRamps(target string) []RampEvent {
 // ApplySteps applies a leader's ramp steps. A weight never goes down.
 func (m *Mirror) ApplySteps(s RampSteps) []RampEvent {
 	for t, w := range s.Weights {
-		if r, ok := m.ramps[t]; ok && w > r.Weight {
+		if r := m.ramp(t); r != nil && w > r.Weight {
 			r.Weight = min(w, 100)
+			m.edit(shardName(t))
 		}
 	}
 	var events []RampEvent
 	for _, t := range s.Done {
-		if r, ok := m.ramps[t]; ok {
-			delete(m.ramps, t)
+		if r := m.ramp(t); r != nil {
+			m.deleteRamp(t)
 			r.Weight = 100
 			events = append(events, RampEvent{Target: t, Reason: "reached 100%", Ramp: *r})
 		}
@@ -278,10 +282,13 @@ func (m *Mirror) ApplySteps(s RampSteps) []RampEvent {
 
 // Ramps returns copies of the ramps in progress, sorted by target.
 func (m *Mirror) Ramps() []Ramp {
-	out := make([]Ramp, 0, len(m.ramps))
-	for _, t := range slices.Sorted(maps.Keys(m.ramps)) {
-		out = append(out, *m.ramps[t])
+	out := []Ramp{}
+	for _, p := range m.parts {
+		for _, r := range p.ramps {
+			out = append(out, *r)
+		}
 	}
+	slices.SortFunc(out, func(a, b Ramp) int { return strings.Compare(a.Target, b.Target) })
 	return out
 }
 

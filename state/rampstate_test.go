@@ -214,7 +214,7 @@ func TestRampEntriesBoundedByWeights(t *testing.T) {
 		m := NewMirror()
 		m.Apply(Change{})
 		w, _ := p.Weight(0)
-		m.ramps["web/a"] = &Ramp{Target: "web/a", Started: t0, Policy: p, Weight: w}
+		m.edit("web").ramps["web/a"] = &Ramp{Target: "web/a", Started: t0, Policy: p, Weight: w}
 		entries := 0
 		for now := t0; len(m.Ramps()) > 0; now = now.Add(time.Millisecond) {
 			s := NextSteps(m.Ramps(), now)

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"hash/maphash"
 	"maps"
 	"slices"
 	"strings"
@@ -11,11 +12,59 @@ import (
 // after each change and swapped atomically by its owner. All methods are
 // safe for concurrent use. A nil *Snapshot holds no state: every lookup is
 // withheld, so a replica that knows nothing never undoes a drain.
+//
+// It is sharded by backend so that a change costs what it touches: a
+// shard holds one backend's keys, ramps and precomputed wire lines, and
+// the next snapshot shares every shard the change did not touch. Shards
+// sit in a fixed number of groups (maps by backend name, picked by a hash
+// of it), so a new snapshot copies the group array and the groups it
+// touches, never a map of the whole fleet.
 type Snapshot struct {
-	exact    map[string][]byte // "backend/server" -> wire line
-	wildcard map[string][]byte // backend -> wire line
+	seed   maphash.Seed
+	groups [snapshotGroups]map[string]*shard // shard name -> shard
+	// Totals over the shards, kept as shards are swapped.
+	entries, invalid, ramps int
+}
+
+// snapshotGroups is the number of shard groups; a power of two.
+const snapshotGroups = 256
+
+// shard is one backend's part of a Snapshot. Its name is what precedes the
+// first '/' of its keys (after StatePrefix) and of its ramp targets: the
+// backend of every valid key, so one shard answers every server of one
+// backend. A misshapen key (state/x, state/a/b/c) lives in the shard its
+// text names and only shows in Entries and Resolve.
+type shard struct {
+	exact    map[string][]byte // server -> wire line
+	wildcard []byte            // the backend wildcard's line (nil: withheld)
+	hasWild  bool              // whether the backend has a wildcard line
 	entries  []Entry           // sorted by key
 	ramps    map[string]Ramp   // by target
+	invalid  int               // entries whose current value is invalid
+}
+
+// emptyShard stands for a backend without keys or ramps.
+var emptyShard = &shard{}
+
+// group returns the group index of a shard name.
+func (s *Snapshot) group(name []byte) int {
+	return int(maphash.Bytes(s.seed, name) & (snapshotGroups - 1))
+}
+
+// shard returns the shard called name, or emptyShard.
+func (s *Snapshot) shard(name string) *shard {
+	g := int(maphash.String(s.seed, name) & (snapshotGroups - 1))
+	if sh := s.groups[g][name]; sh != nil {
+		return sh
+	}
+	return emptyShard
+}
+
+// shardName returns the name of the shard that holds a key relative to
+// StatePrefix ("web/a") or a ramp target ("web/a", "web/*").
+func shardName(rest string) string {
+	name, _, _ := strings.Cut(rest, "/")
+	return name
 }
 
 // Lookup returns the LF-terminated answer line for a request "backend/server"
@@ -26,11 +75,16 @@ func (s *Snapshot) Lookup(req []byte, i int) []byte {
 	if s == nil {
 		return nil
 	}
-	if line, ok := s.exact[string(req)]; ok {
+	backend := req[:i]
+	sh, ok := s.groups[s.group(backend)][string(backend)]
+	if !ok {
+		return lineReady[100]
+	}
+	if line, ok := sh.exact[string(req[i+1:])]; ok {
 		return line
 	}
-	if line, ok := s.wildcard[string(req[:i])]; ok {
-		return line
+	if sh.hasWild {
+		return sh.wildcard
 	}
 	return lineReady[100]
 }
@@ -63,15 +117,21 @@ type Resolution struct {
 // Resolve returns the answer for a server with its provenance, applying the
 // precedence exact key > backend wildcard > absent (ready 100%).
 func (s *Snapshot) Resolve(backend, server string) Resolution {
-	r := Resolution{Backend: backend, Server: server}
 	if s == nil {
-		r.Answer, r.Source = Answer{Withheld: true}, SourceNoState
-		return r
+		return Resolution{Backend: backend, Server: server, Answer: Answer{Withheld: true}, Source: SourceNoState}
 	}
+	// The server's key, its backend's wildcard and both ramps all live
+	// in the shard named by the backend's text up to any '/'.
+	return s.shard(shardName(backend)).resolve(backend, server)
+}
+
+// resolve is Resolve within the shard that holds backend's keys and ramps.
+func (sh *shard) resolve(backend, server string) Resolution {
+	r := Resolution{Backend: backend, Server: server}
 	exact := StatePrefix + backend + "/" + server
 	r.Answer, r.Source = readyFull, SourceAbsent
 	for _, key := range []string{exact, StatePrefix + backend + "/" + Wildcard} {
-		e := s.entry(key)
+		e := sh.entry(key)
 		if e != nil && e.Expired {
 			if r.Expired == nil {
 				r.Expired = e
@@ -89,9 +149,9 @@ func (s *Snapshot) Resolve(backend, server string) Resolution {
 	if r.Answer.Withheld || r.Answer.Admin != Ready || (r.Entry != nil && r.Entry.Last.WeightSet) {
 		return r
 	}
-	rp, ok := s.ramps[backend+"/"+server]
+	rp, ok := sh.ramps[backend+"/"+server]
 	if !ok && r.Source != Source(exact) {
-		rp, ok = s.ramps[backend+"/"+Wildcard]
+		rp, ok = sh.ramps[backend+"/"+Wildcard]
 	}
 	if ok {
 		r.Answer.Weight, r.Ramp = rp.Weight, &rp
@@ -99,39 +159,64 @@ func (s *Snapshot) Resolve(backend, server string) Resolution {
 	return r
 }
 
-func (s *Snapshot) entry(key string) *Entry {
-	i, ok := slices.BinarySearchFunc(s.entries, key, func(e Entry, k string) int {
-		switch {
-		case e.Key < k:
-			return -1
-		case e.Key > k:
-			return 1
-		}
-		return 0
-	})
+func (sh *shard) entry(key string) *Entry {
+	i, ok := slices.BinarySearchFunc(sh.entries, key, func(e Entry, k string) int { return strings.Compare(e.Key, k) })
 	if !ok {
 		return nil
 	}
-	return &s.entries[i]
+	return &sh.entries[i]
 }
 
-// Entries returns the state keys, sorted by key. The slice is shared.
+// shards returns the shards in key order: by name followed by '/', which
+// is the order of their keys "state/<name>/...".
+func (s *Snapshot) shards() []*shard {
+	var names []string
+	for g := range s.groups {
+		for name := range s.groups[g] {
+			names = append(names, name)
+		}
+	}
+	slices.SortFunc(names, func(a, b string) int { return strings.Compare(a+"/", b+"/") })
+	out := make([]*shard, len(names))
+	for i, name := range names {
+		out[i] = s.shard(name)
+	}
+	return out
+}
+
+// Entries returns the state keys, sorted by key. It gathers them from every
+// shard into a new slice: it is for status and tests, not the hot path.
 func (s *Snapshot) Entries() []Entry {
 	if s == nil {
 		return nil
+	}
+	out := make([]Entry, 0, s.entries)
+	for _, sh := range s.shards() {
+		out = append(out, sh.entries...)
+	}
+	// Shards come in key order, unless a misshapen key without a '/'
+	// (state/web) meets a backend that extends its name (state/web-2/a).
+	byKey := func(a, b Entry) int { return strings.Compare(a.Key, b.Key) }
+	if !slices.IsSortedFunc(out, byKey) {
+		slices.SortFunc(out, byKey)
+	}
+	return out
+}
+
+// Len returns the number of state keys.
+func (s *Snapshot) Len() int {
+	if s == nil {
+		return 0
 	}
 	return s.entries
 }
 
 // Invalid returns the number of state keys whose current value is invalid.
 func (s *Snapshot) Invalid() int {
-	n := 0
-	for i := range s.Entries() {
-		if !s.entries[i].Valid() {
-			n++
-		}
+	if s == nil {
+		return 0
 	}
-	return n
+	return s.invalid
 }
 
 // Ramps returns the ramps in progress, sorted by target.
@@ -139,9 +224,15 @@ func (s *Snapshot) Ramps() []Ramp {
 	if s == nil {
 		return nil
 	}
-	out := make([]Ramp, 0, len(s.ramps))
-	for _, t := range slices.Sorted(maps.Keys(s.ramps)) {
-		out = append(out, s.ramps[t])
+	out := make([]Ramp, 0, s.ramps)
+	for _, sh := range s.shards() {
+		for _, t := range slices.Sorted(maps.Keys(sh.ramps)) {
+			out = append(out, sh.ramps[t])
+		}
+	}
+	byTarget := func(a, b Ramp) int { return strings.Compare(a.Target, b.Target) }
+	if !slices.IsSortedFunc(out, byTarget) {
+		slices.SortFunc(out, byTarget)
 	}
 	return out
 }
@@ -156,25 +247,37 @@ func (s *Snapshot) Targets() []Target {
 	if s == nil {
 		return nil
 	}
-	seen := map[string]bool{}
-	var out []Target
-	add := func(t string) {
-		if t == "" || seen[t] {
-			return
+	type sortable struct {
+		key string // Backend + "/" + Server
+		t   Target
+	}
+	var all []sortable
+	for _, sh := range s.shards() {
+		// A target lives in one shard only: no need to look further.
+		seen := make(map[string]bool, len(sh.entries)+len(sh.ramps))
+		add := func(t string) {
+			if t == "" || seen[t] {
+				return
+			}
+			seen[t] = true
+			b, srv, _ := strings.Cut(t, "/")
+			all = append(all, sortable{b + "/" + srv, Target{b, srv}})
 		}
-		seen[t] = true
-		b, srv, _ := strings.Cut(t, "/")
-		out = append(out, Target{b, srv})
+		for i := range sh.entries {
+			add(sh.entries[i].target())
+		}
+		for t := range sh.ramps {
+			add(t)
+		}
 	}
-	for i := range s.entries {
-		add(s.entries[i].target())
+	if len(all) == 0 {
+		return nil
 	}
-	for t := range s.ramps {
-		add(t)
+	slices.SortFunc(all, func(a, b sortable) int { return strings.Compare(a.key, b.key) })
+	out := make([]Target, len(all))
+	for i := range all {
+		out[i] = all[i].t
 	}
-	slices.SortFunc(out, func(a, b Target) int {
-		return strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server)
-	})
 	return out
 }
 
