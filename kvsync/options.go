@@ -12,7 +12,8 @@ import (
 )
 
 // Sink receives full reads of the prefix. kv keys are relative to the
-// prefix; the map is the Sink's to keep. A returned error means "not
+// prefix; the map is the Sink's to keep but not to modify: the Watcher
+// compares the next read with it. A returned error means "not
 // applied": the Watcher backs off and hands over the then-current full read
 // again.
 type Sink interface {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -78,7 +77,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		// index is the Consul index the Sink is in sync with; 0 means
 		// none, so the next read returns at once with the full prefix.
 		index    uint64
-		last     map[string]string // what the Sink last accepted
+		last     map[string]string // what the Sink last accepted; shared with it
 		failures int               // consecutive failed attempts
 		since    time.Time         // first failure of the current streak
 		wait     time.Duration     // before the next call
@@ -88,7 +87,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return err
 		}
 		start := time.Now()
-		got, kv, err := w.read(ctx, index)
+		got, l, err := w.read(ctx, index)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -109,10 +108,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 			continue
 		case got == index:
 			// The wait timed out or an unrelated write woke us: nothing new.
-		case last != nil && maps.Equal(kv, last):
+		case last != nil && l.equal(last):
 			index = got // the index moved, the data did not
 		default:
-			if err := w.o.Sink.ApplyKV(ctx, got, maps.Clone(kv)); err != nil {
+			kv := l.kv()
+			if err := w.o.Sink.ApplyKV(ctx, got, kv); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -131,7 +131,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			w.log.Info("consul KV sync recovered",
 				zap.Int("failed_attempts", failures),
 				zap.Duration("outage", time.Since(since).Round(time.Millisecond)),
-				zap.Uint64("consul_index", got), zap.Int("keys", len(kv)))
+				zap.Uint64("consul_index", got), zap.Int("keys", l.keys))
 			failures = 0
 		}
 		w.succeeded(index)
@@ -139,8 +139,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 }
 
 // read lists the prefix, blocking until Consul's index passes index (or the
-// wait ends), and returns the index and the keys relative to the prefix.
-func (w *Watcher) read(ctx context.Context, index uint64) (uint64, map[string]string, error) {
+// wait ends), and returns the index and the listing.
+func (w *Watcher) read(ctx context.Context, index uint64) (uint64, listing, error) {
 	limit := w.o.WaitTime + w.o.WaitTime/16 + w.slack
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -148,35 +148,80 @@ func (w *Watcher) read(ctx context.Context, index uint64) (uint64, map[string]st
 	pairs, meta, err := w.o.KV.List(w.o.Prefix, q)
 	switch {
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return 0, nil, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
+		return 0, listing{}, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
 	case err != nil:
-		return 0, nil, fmt.Errorf("consul: list %q: %w", w.o.Prefix, err)
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, err)
 	case meta == nil:
-		return 0, nil, fmt.Errorf("consul: list %q: no query metadata in the answer", w.o.Prefix)
+		return 0, listing{}, fmt.Errorf("consul: list %q: no query metadata in the answer", w.o.Prefix)
 	case meta.ResultsFilteredByACLs:
 		// Applying a partial read would clear the states the token
 		// cannot see.
-		return 0, nil, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errFilteredByACLs)
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errFilteredByACLs)
 	}
-	kv := make(map[string]string, len(pairs))
+	l := listing{prefix: w.o.Prefix, pairs: pairs}
 	for _, p := range pairs {
-		rel, ok := strings.CutPrefix(p.Key, w.o.Prefix)
-		if !ok || rel == "" || (strings.HasSuffix(rel, "/") && len(p.Value) == 0) {
-			continue // the prefix itself, or a folder key
+		if _, ok := l.rel(p); ok {
+			l.keys++
 		}
-		kv[rel] = string(p.Value)
 	}
 	// Consul's rule: an index must be above 0; waiting on 0 would not
 	// block, so treat 0 as 1.
 	got := max(meta.LastIndex, 1)
 
 	w.m.index.Set(float64(got))
-	w.m.keys.Set(float64(len(kv)))
+	w.m.keys.Set(float64(l.keys))
 	w.m.reachable.Set(1)
 	w.mu.Lock()
 	w.st.Index, w.st.Reachable = got, true
 	w.mu.Unlock()
-	return got, kv, nil
+	return got, l, nil
+}
+
+// listing is one read of the prefix, as Consul's pairs. It is compared
+// with the last read where it stands, so that a read that changes nothing
+// (most of them: any write under the prefix wakes the query) builds no
+// second map of the whole prefix.
+type listing struct {
+	prefix string
+	pairs  consul.KVPairs
+	keys   int // pairs that are keys: not the prefix itself, not a folder
+}
+
+// rel returns a pair's key relative to the prefix, and false for the
+// prefix itself and folder keys.
+func (l listing) rel(p *consul.KVPair) (string, bool) {
+	rel, ok := strings.CutPrefix(p.Key, l.prefix)
+	if !ok || rel == "" || (strings.HasSuffix(rel, "/") && len(p.Value) == 0) {
+		return "", false
+	}
+	return rel, true
+}
+
+// equal reports whether the listing holds exactly kv. (Consul lists a key
+// once; were one listed twice, the read would only count as changed.)
+func (l listing) equal(kv map[string]string) bool {
+	if l.keys != len(kv) {
+		return false
+	}
+	for _, p := range l.pairs {
+		if rel, ok := l.rel(p); ok {
+			if v, found := kv[rel]; !found || v != string(p.Value) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// kv returns the listing as values by relative key.
+func (l listing) kv() map[string]string {
+	kv := make(map[string]string, l.keys)
+	for _, p := range l.pairs {
+		if rel, ok := l.rel(p); ok {
+			kv[rel] = string(p.Value)
+		}
+	}
+	return kv
 }
 
 var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix, refusing a partial read")
