@@ -117,7 +117,7 @@ test-deploy: chart-files build
 # agent-check throughput against a minimal responder, one write's
 # propagation, the scale table (one change at 1k, 10k and 50k keys against
 # Consul's own listing time) and a backend-wide ramp (raft entries, other
-X
+# servers' latency before and during). About 2.5 minutes on two cores.
 bench: deps
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp' -benchtime 1x -timeout 30m ./test/
 
