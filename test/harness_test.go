@@ -190,6 +190,9 @@ func (h *Hastate) Start(t testing.TB) {
 	h.proc.Start(t, args...)
 }
 
+// Pid returns the replica's process ID, 0 when it is not running.
+func (h *Hastate) Pid() int { return h.proc.Pid() }
+
 // Kill sends SIGKILL and waits for the process to exit. Killing a stopped
 // replica does nothing.
 func (h *Hastate) Kill() { h.proc.Kill() }

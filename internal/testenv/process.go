@@ -87,6 +87,17 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// Pid returns the process ID of the process started last, or 0 when none
+// runs: benchmarks read its memory from /proc/<pid>/status.
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Kill sends SIGKILL and waits for the process to exit. Killing a process
 // that does not run does nothing.
 func (p *Process) Kill() {
