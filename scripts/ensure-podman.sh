@@ -1,12 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure podman (Debian's package) is installed for `make image` and the
 # container end-to-end test. Installs it when running as root on Debian;
-# otherwise stops with the command to run. With --optional it never fails:
-# it prints a note and exits 0, so that `make test` still runs where podman
-# cannot be had (the container test then skips, saying why).
+# otherwise stops with the command to run.
 set -euo pipefail
-optional=false
-[ "${1:-}" = --optional ] && optional=true
 # runc too: crun (podman's default) refuses hosts with cgroups in hybrid mode.
 if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1; then exit 0; fi
 if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
@@ -16,9 +12,7 @@ if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
     exit 0
   fi
   echo "ensure-podman: installing podman failed" >&2
-  $optional && exit 0
   exit 1
 fi
-echo "ensure-podman: podman is missing. Install it with:  sudo apt-get install -y podman" >&2
-$optional && exit 0
+echo "ensure-podman: podman is missing. Install it with:  sudo apt-get install -y podman runc" >&2
 exit 1

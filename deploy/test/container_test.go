@@ -26,10 +26,10 @@ type podman struct {
 func newPodman(t *testing.T) *podman {
 	t.Helper()
 	if _, err := exec.LookPath("podman"); err != nil {
-		t.Skip("podman not installed (scripts/ensure-podman.sh installs it): the container test needs it")
+		t.Fatal("podman not installed: run scripts/ensure-podman.sh (as root on Debian it installs it), or make test-deploy")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("the container test runs podman as root (daemonless, vfs storage)")
+		t.Fatal("the container test runs podman as root (daemonless, vfs storage): run it as root, as CI does")
 	}
 	dir := t.TempDir()
 	p := &podman{t: t, flags: []string{
@@ -79,7 +79,7 @@ func TestContainerCluster(t *testing.T) {
 		archive = filepath.Join(repoRoot, "bin", "hastate-image.tar")
 	}
 	if _, err := os.Stat(archive); err != nil {
-		t.Skipf("no image archive at %s (make image BASE=scratch builds it): %v", archive, err)
+		t.Fatalf("no image archive at %s: build it with make image BASE=scratch (make test-deploy does): %v", archive, err)
 	}
 	start := time.Now()
 	out := p.must("load", "-q", "-i", archive)
