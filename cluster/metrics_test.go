@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bytes"
 	"io"
 	"strings"
 	"testing"
@@ -51,18 +50,7 @@ func TestServerSeriesFromEntries(t *testing.T) {
 	kv(2, t1.Add(time.Hour), state.Change{Set: map[string]string{"state/web/a": `{"state":"drain","by":"bob"}`}, Delete: []string{"state/web/r"}})
 
 	// Through a snapshot, as a restarted replica has it.
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &memSink{}
-	if err := snap.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	g := newFSM()
-	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	g, _ := roundTrip(t, f)
 	want := `
 # HELP hastate_server_state x
 # TYPE hastate_server_state gauge

@@ -223,18 +223,7 @@ func TestFSMSnapshotVersioning(t *testing.T) {
 	m.Apply(state.Change{Set: map[string]string{"state/a/b": "drain"}})
 	f.mirror, f.kvIndex = m, 9
 	f.index.Store(42)
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &memSink{}
-	if err := snap.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	g := newFSM()
-	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	g, sink := roundTrip(t, f)
 	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "drain\n" || g.kvIndex != 9 || g.index.Load() != 42 {
 		t.Fatalf("restored answer %q kv index %d state index %d, want drain, 9, 42", got, g.kvIndex, g.index.Load())
 	}
@@ -257,6 +246,25 @@ func TestFSMSnapshotVersioning(t *testing.T) {
 }
 
 type memSink struct{ bytes.Buffer }
+
+// roundTrip persists f's snapshot and restores it into a new FSM, as a
+// restarted replica does; the sink holds the persisted bytes.
+func roundTrip(t *testing.T, f *fsm) (*fsm, *memSink) {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	g := newFSM()
+	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	return g, sink
+}
 
 func (s *memSink) ID() string    { return "mem" }
 func (s *memSink) Cancel() error { return nil }

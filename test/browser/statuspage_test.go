@@ -38,19 +38,14 @@ func TestStatusPage(t *testing.T) {
 	shots := artifactsDir(t)
 	bin := testenv.BuildHastate(t, "../..")
 
-	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
-	consul.Put(t, "hastate/state/web/a", `{"state":"drain","reason":"kernel upgrade","by":"alice"}`)
-	consul.Put(t, "hastate/state/web/m", `{"state":"maint","reason":"disk replacement","by":"bob"}`)
-	consul.Put(t, "hastate/state/web/w", "50%")
-	consul.Put(t, "hastate/state/web/r", "drain")
-	consul.Put(t, "hastate/state/web/x", "drian")
-	consul.Put(t, "hastate/state/api/*", `{"state":"drain","reason":"canary drain","by":"release-bot"}`)
-
-	hastate := testenv.StartHastate(t, bin, "hs1", consul.Addr(), "--ramp-duration", "10m", "--ramp-interval", "10s")
+	consul, hastate := testenv.StartShowcase(t, bin, "hs1", map[string]string{
+		"hastate/state/web/a": `{"state":"drain","reason":"kernel upgrade","by":"alice"}`,
+		"hastate/state/web/m": `{"state":"maint","reason":"disk replacement","by":"bob"}`,
+		"hastate/state/web/w": "50%",
+		"hastate/state/web/x": "drian",
+		"hastate/state/api/*": `{"state":"drain","reason":"canary drain","by":"release-bot"}`,
+	}, "--ramp-duration", "10m", "--ramp-interval", "10s")
 	agent, web := hastate.Agent, hastate.HTTP
-	eventually(t, 30*time.Second, func() bool { return testenv.AgentCheck(agent, "web/r") == "drain\n" }, "hastate never answered drain")
-	consul.Delete(t, "hastate/state/web/r") // undrain: a ramp
-	eventually(t, 10*time.Second, func() bool { return strings.HasPrefix(testenv.AgentCheck(agent, "web/r"), "ready 1") }, "web/r never ramped")
 
 	// An HAProxy that polls every server each second, as agent-inter does.
 	stop := make(chan struct{})
@@ -356,15 +351,4 @@ func artifactsDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, msg)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

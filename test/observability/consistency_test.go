@@ -46,23 +46,17 @@ func TestEveryUsedMetricExists(t *testing.T) {
 func scrapeShowcase(t *testing.T) map[string]bool {
 	t.Helper()
 	bin := testenv.BuildHastate(t, "../..")
-	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
-	consul.Put(t, "hastate/state/web/a", `{"state":"drain","by":"alice","reason":"zonal maintenance"}`)
-	consul.Put(t, "hastate/state/web/b", "50%")
-	consul.Put(t, "hastate/state/web/r", "drain")
-	consul.Put(t, "hastate/state/web/x", "drian")
-
-	hastate := testenv.StartHastate(t, bin, "n1", consul.Addr(), "--ramp-duration", "1h", "--ramp-interval", "10s")
-	agent, web := hastate.Agent, hastate.HTTP
-
-	eventually(t, 30*time.Second, func() bool { return testenv.AgentCheck(agent, "web/r") == "drain\n" }, "hastate never answered drain")
-	consul.Delete(t, "hastate/state/web/r") // undrain: a ramp
-	eventually(t, 10*time.Second, func() bool { return testenv.AgentCheck(agent, "web/r") == "ready 10%\n" }, "web/r never ramped")
+	_, hastate := testenv.StartShowcase(t, bin, "n1", map[string]string{
+		"hastate/state/web/a": `{"state":"drain","by":"alice","reason":"zonal maintenance"}`,
+		"hastate/state/web/b": "50%",
+		"hastate/state/web/x": "drian",
+	}, "--ramp-duration", "1h", "--ramp-interval", "10s")
+	web := hastate.HTTP
 
 	var fams map[string]*dto.MetricFamily
 	showcase := []string{"hastate_server_state", "hastate_server_state_since_timestamp_seconds",
 		"hastate_server_weight_percent", "hastate_ramp_step_due_timestamp_seconds", "hastate_ramp_interval_seconds"}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		fams = scrape(t, "http://"+web+"/-/metrics")
 		for _, n := range showcase {
 			if f := fams[n]; f == nil || len(f.GetMetric()) == 0 {
@@ -96,15 +90,4 @@ func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 		t.Fatalf("scrape %s: %v", url, err)
 	}
 	return fams
-}
-
-func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, msg)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
