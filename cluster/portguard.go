@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hastate/hastate/internal/ratelog"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -206,31 +208,27 @@ func (c *guardedConn) Close() error {
 // rejectLog lets one warning per reason through per interval and counts
 // the ones it held back, so a flood of connections costs one line a second.
 type rejectLog struct {
-	every time.Duration
-	log   *zap.Logger
-
-	mu     sync.Mutex
-	next   map[string]time.Time
-	hidden map[string]int
+	log    *zap.Logger
+	limits map[string]*ratelog.Limiter // by reason, built once: read-only after
 }
 
 func newRejectLog(log *zap.Logger, every time.Duration) *rejectLog {
-	return &rejectLog{every: every, log: log, next: map[string]time.Time{}, hidden: map[string]int{}}
+	l := &rejectLog{log: log, limits: map[string]*ratelog.Limiter{}}
+	for _, r := range rejectReasons {
+		l.limits[r] = ratelog.New(every, nil)
+	}
+	return l
 }
 
 func (l *rejectLog) warn(reason string, remote net.Addr, err error) {
-	now := time.Now()
-	l.mu.Lock()
-	if now.Before(l.next[reason]) {
-		l.hidden[reason]++
-		l.mu.Unlock()
-		return
+	var hidden int64
+	if lim := l.limits[reason]; lim != nil { // every reason is listed
+		var ok bool
+		if ok, hidden = lim.Allow(); !ok {
+			return
+		}
 	}
-	l.next[reason] = now.Add(l.every)
-	hidden := l.hidden[reason]
-	l.hidden[reason] = 0
-	l.mu.Unlock()
-	fields := []zap.Field{zap.String("reason", reason), zap.Stringer("remote", remote), zap.Int("suppressed", hidden)}
+	fields := []zap.Field{zap.String("reason", reason), zap.Stringer("remote", remote), zap.Int64("suppressed", hidden)}
 	if err != nil {
 		fields = append(fields, zap.Error(err))
 	}

@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hastate/hastate/internal/ratelog"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -157,7 +159,7 @@ type AgentServer struct {
 	pollers      *Pollers // nil: not recorded
 
 	m       agentMetrics
-	limits  [numLogKinds]*logLimiter
+	limits  [numLogKinds]*ratelog.Limiter
 	bufs    sync.Pool // *readBuf
 	slots   []connSlot
 	free    chan *connSlot // semaphore: the slots not in use
@@ -201,7 +203,7 @@ func NewAgentServer(o AgentOptions) (*AgentServer, error) {
 		s.free <- &s.slots[i]
 	}
 	for i := range s.limits {
-		s.limits[i] = newLogLimiter(time.Second, nil)
+		s.limits[i] = ratelog.New(time.Second, nil)
 	}
 	if err := s.m.init(o.Registerer); err != nil {
 		return nil, err
@@ -237,7 +239,7 @@ func (s *AgentServer) Serve(ln net.Listener) error {
 				return fmt.Errorf("agent server: accept on %s: %w", ln.Addr(), err)
 			}
 			delay = acceptBackoff(delay)
-			if ok, hidden := s.limits[logAcceptError].allow(); ok {
+			if ok, hidden := s.limits[logAcceptError].Allow(); ok {
 				s.log.Error("agent server: accept failed; retrying (check the file descriptor limit)",
 					zap.Error(err), zap.Duration("retry_in", delay), zap.Int64("suppressed", hidden))
 			}
@@ -274,7 +276,7 @@ func (s *AgentServer) startConn(c net.Conn, start time.Time) {
 	default:
 		c.Close()
 		s.m.rejected.Inc()
-		if ok, hidden := s.limits[logRejected].allow(); ok {
+		if ok, hidden := s.limits[logRejected].Allow(); ok {
 			s.log.Warn("agent server: too many connections, closed a new one unanswered; raise MaxConns if this is normal load",
 				zap.Stringer("remote", c.RemoteAddr()), zap.Int64("suppressed", hidden))
 		}
@@ -425,7 +427,7 @@ func (s *AgentServer) logProbe(kind int, msg string, c net.Conn, err error, req 
 	if !s.log.Core().Enabled(zap.WarnLevel) {
 		return
 	}
-	ok, hidden := s.limits[kind].allow()
+	ok, hidden := s.limits[kind].Allow()
 	if !ok {
 		return
 	}
@@ -506,7 +508,7 @@ func (s *AgentServer) closeConns() {
 func (s *AgentServer) flushLogs() {
 	s.flushed.Do(func() {
 		for k, l := range s.limits {
-			if n := l.flush(); n > 0 {
+			if n := l.Flush(); n > 0 {
 				s.log.Warn("agent server: events not logged at stop due to rate limits",
 					zap.String("kind", logKindNames[k]), zap.Int64("suppressed", n))
 			}

@@ -1,4 +1,4 @@
-package server
+package ratelog
 
 import (
 	"sync"
@@ -26,7 +26,7 @@ func (c *fakeClock) advance(d time.Duration) {
 
 func TestLogLimiter(t *testing.T) {
 	clock := &fakeClock{t: time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)}
-	l := newLogLimiter(time.Second, clock.now)
+	l := New(time.Second, clock.now)
 
 	type step struct {
 		advance        time.Duration
@@ -44,22 +44,22 @@ func TestLogLimiter(t *testing.T) {
 	}
 	for i, st := range steps {
 		clock.advance(st.advance)
-		ok, n := l.allow()
+		ok, n := l.Allow()
 		if ok != st.wantOK || n != st.wantSuppressed {
 			t.Fatalf("step %d: allow() = %v, %d; want %v, %d", i, ok, n, st.wantOK, st.wantSuppressed)
 		}
 	}
-	if n := l.flush(); n != 1 {
+	if n := l.Flush(); n != 1 {
 		t.Errorf("flush() = %d, want 1", n)
 	}
-	if n := l.flush(); n != 0 {
+	if n := l.Flush(); n != 0 {
 		t.Errorf("second flush() = %d, want 0", n)
 	}
 }
 
 func TestLogLimiterConcurrent(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
-	l := newLogLimiter(time.Second, clock.now)
+	l := New(time.Second, clock.now)
 	const goroutines, each = 8, 1000
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -67,7 +67,7 @@ func TestLogLimiterConcurrent(t *testing.T) {
 	for range goroutines {
 		wg.Go(func() {
 			for range each {
-				if ok, _ := l.allow(); ok {
+				if ok, _ := l.Allow(); ok {
 					mu.Lock()
 					passed++
 					mu.Unlock()
@@ -80,7 +80,7 @@ func TestLogLimiterConcurrent(t *testing.T) {
 		t.Fatalf("%d events passed in one instant, want 1", passed)
 	}
 	clock.advance(time.Second)
-	ok, hidden := l.allow()
+	ok, hidden := l.Allow()
 	if !ok || hidden != goroutines*each-1 {
 		t.Fatalf("allow() after a second = %v, %d; want true, %d", ok, hidden, goroutines*each-1)
 	}
