@@ -6,6 +6,7 @@ import (
 	"errors"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,6 +25,16 @@ import (
 
 // deliveryTimeout bounds every wait for a change to reach the Sink.
 const deliveryTimeout = 20 * time.Second
+
+// consulClient is the product's client (NewClient) for c.
+func consulClient(t *testing.T, c *testenv.Consul) *api.Client {
+	t.Helper()
+	cl, err := NewClient("http://" + c.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
 
 func consulOptions(client *api.Client, prefix string, sink Sink) Options {
 	return Options{Client: client, Prefix: prefix, Sink: sink, WaitTime: 10 * time.Second}
@@ -57,7 +68,7 @@ func TestConsulFirstReadDeliversPrefix(t *testing.T) {
 	c.Put(t, "other/key", "x")
 
 	sink := &recSink{}
-	w, err := New(consulOptions(c.Client(t), "hastate/", sink))
+	w, err := New(consulOptions(consulClient(t, c), "hastate/", sink))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +86,7 @@ func TestConsulEmptyPrefixIsDeliveredAndUnrelatedWritesAreNot(t *testing.T) {
 	t.Parallel()
 	c := testenv.StartConsul(t, testenv.ConsulOptions{})
 	sink := &recSink{}
-	o := consulOptions(c.Client(t), "hastate/", sink)
+	o := consulOptions(consulClient(t, c), "hastate/", sink)
 	o.WaitTime = time.Second // so the index moves even if the write does not wake the query
 	w, err := New(o)
 	if err != nil {
@@ -105,7 +116,7 @@ func TestConsulEachChangeDeliveredOnce(t *testing.T) {
 	c := testenv.StartConsul(t, testenv.ConsulOptions{})
 	c.Put(t, "hastate/state/web/a", "drain")
 	sink := &recSink{}
-	w, err := New(consulOptions(c.Client(t), "hastate/", sink))
+	w, err := New(consulOptions(consulClient(t, c), "hastate/", sink))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +169,7 @@ func TestConsulCustomPrefix(t *testing.T) {
 	c.Put(t, "gitlab-haproxy-agent/state/canary_web/gke-cny-web", "drain")
 	c.Put(t, "hastate/state/web/a", "maint")
 	sink := &recSink{}
-	w, err := New(consulOptions(c.Client(t), "gitlab-haproxy-agent/", sink))
+	w, err := New(consulOptions(consulClient(t, c), "gitlab-haproxy-agent/", sink))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +238,7 @@ func TestConsulKilledAndRestarted(t *testing.T) {
 	c := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
 	c.Put(t, "hastate/state/web/a", "drain")
 	sink := &recSink{}
-	o := consulOptions(c.Client(t), "hastate/", sink)
+	o := consulOptions(consulClient(t, c), "hastate/", sink)
 	o.BackoffMax = 2 * time.Second
 	w, err := New(o)
 	if err != nil {
@@ -266,7 +277,7 @@ func TestConsulSinkErrorRetried(t *testing.T) {
 		return nil
 	}}
 	reg := prometheus.NewRegistry()
-	o := consulOptions(c.Client(t), "hastate/", sink)
+	o := consulOptions(consulClient(t, c), "hastate/", sink)
 	o.Metrics = NewMetrics(reg)
 	w, err := New(o)
 	if err != nil {
@@ -332,4 +343,102 @@ func TestConsulCancelReturnsPromptly(t *testing.T) {
 	}
 	tr.CloseIdleConnections()
 	goleak.VerifyNone(t, ignore)
+}
+
+// TestConsulListingReadDirect: with NewClient's client the Watcher reads
+// Consul's listing itself (listingTransport), gets what consul/api reads,
+// builds nothing for a read that changed nothing, and skips decoding an
+// answer at the index it asked; a client built without NewClient is read
+// through consul/api's pairs, with the same result.
+func TestConsulListingReadDirect(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c.Put(t, "hastate/state/web/a", "drain")
+	c.Put(t, "hastate/state/web/*", `{"state":"maint","reason":"zonal é \"quoted\""}`)
+	c.Put(t, "hastate/state/", "")
+	idx := c.Put(t, "hastate/config/ramp", `{"duration":"5m"}`)
+	c.Put(t, "other/x", "1")
+	want := map[string]string{
+		"state/web/a": "drain",
+		"state/web/*": `{"state":"maint","reason":"zonal é \"quoted\""}`,
+		"config/ramp": `{"duration":"5m"}`,
+	}
+	readPrefix := func(t *testing.T, client *api.Client, prefix string, index uint64, last map[string]string) (uint64, listing) {
+		t.Helper()
+		w, err := New(Options{Client: client, Prefix: prefix, Sink: &recSink{}, WaitTime: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, l, err := w.read(t.Context(), index, last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got, l
+	}
+
+	read := func(client *api.Client, index uint64, last map[string]string) (uint64, listing) {
+		t.Helper()
+		return readPrefix(t, client, "hastate/", index, last)
+	}
+	direct := consulClient(t, c)
+	got, l := read(direct, 0, nil)
+	if !l.direct || l.unchanged || !maps.Equal(l.kv, want) || l.keys != 3 || got < idx {
+		t.Fatalf("first read: direct=%v unchanged=%v keys=%d index %d, %v; want direct, changed, 3 keys, index >= %d, %v",
+			l.direct, l.unchanged, l.keys, got, l.kv, idx, want)
+	}
+	if _, l := read(direct, 0, maps.Clone(want)); !l.direct || !l.unchanged || l.kv != nil || l.keys != 3 {
+		t.Errorf("read against what the Sink holds: direct=%v unchanged=%v keys=%d map %v; want direct, unchanged, no map",
+			l.direct, l.unchanged, l.keys, l.kv)
+	}
+	// A blocking read at the current index times out with that index: not
+	// decoded, read as unchanged.
+	if again, l := read(direct, got, want); again != got || !l.direct || !l.unchanged {
+		t.Errorf("read at index %d: index %d, direct=%v unchanged=%v; want the same index, unchanged", got, again, l.direct, l.unchanged)
+	}
+
+	_, l = read(c.Client(t), 0, nil)
+	if l.direct || !maps.Equal(l.kv, want) {
+		t.Errorf("consul/api client: direct=%v, %v; want not direct, %v", l.direct, l.kv, want)
+	}
+	// A prefix with no key is a 404, which consul/api answers with no
+	// pairs and the transport leaves alone.
+	if _, l := readPrefix(t, direct, "nothing/", 0, map[string]string{}); l.direct || !l.unchanged || l.keys != 0 {
+		t.Errorf("empty prefix: direct=%v unchanged=%v keys=%d; want consul/api's empty read", l.direct, l.unchanged, l.keys)
+	}
+}
+
+// TestListingMalformedIsAReadError: a listing that is not one (a proxy's
+// error page with status 200, a cut body) fails the read with errListing
+// and reaches the Sink as nothing; the Watcher retries.
+func TestListingMalformedIsAReadError(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		rw.Header().Set("X-Consul-Index", "42")
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write([]byte(`[{"Key":"hastate/state/web/a","Value":"ZHJh`))
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &recSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, WaitTime: time.Second, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.read(t.Context(), 0, nil); !errors.Is(err, errListing) || !strings.Contains(err.Error(), `consul: list "hastate/"`) {
+		t.Fatalf("read = %v, want a consul list error wrapping errListing", err)
+	}
+	stop := runWatcher(t, w)
+	eventually(t, deliveryTimeout, "three failed reads", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	stop()
+	if st := w.Status(); st.Reachable || !strings.Contains(st.LastError, "malformed Consul KV listing") {
+		t.Errorf("status = %+v, want unreachable with the malformed listing error", st)
+	}
+	if n := len(sink.all()); n != 0 {
+		t.Errorf("sink called %d times, want 0", n)
+	}
 }

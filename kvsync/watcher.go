@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +32,9 @@ type Watcher struct {
 	slack time.Duration // requestSlack; tests shorten it
 
 	running atomic.Bool
+	// body and value are the buffers a read decodes Consul's listing
+	// with, kept from one read to the next (one Run at a time).
+	body, value []byte
 
 	mu sync.Mutex
 	st Status
@@ -87,7 +89,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return err
 		}
 		start := time.Now()
-		got, l, err := w.read(ctx, index)
+		got, l, err := w.read(ctx, index, last)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -108,24 +110,23 @@ func (w *Watcher) Run(ctx context.Context) error {
 			continue
 		case got == index:
 			// The wait timed out or an unrelated write woke us: nothing new.
-		case last != nil && l.equal(last):
+		case l.unchanged:
 			index = got // the index moved, the data did not
 		default:
-			kv := l.kv()
-			if err := w.o.Sink.ApplyKV(ctx, got, kv); err != nil {
+			if err := w.o.Sink.ApplyKV(ctx, got, l.kv); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
 				// Not delivered: index stays, so the next read returns at
 				// once with the then-current data, after the backoff.
 				failures, since = w.failed(failures, since, index,
-					fmt.Errorf("sink: apply %d keys at index %d: %w", len(kv), got, err), false)
+					fmt.Errorf("sink: apply %d keys at index %d: %w", l.keys, got, err), false)
 				wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
 				continue
 			}
 			w.m.updates.Inc()
-			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", len(kv)))
-			index, last = got, kv
+			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.keys))
+			index, last = got, l.kv
 		}
 		if failures > 0 {
 			w.log.Info("consul KV sync recovered",
@@ -139,12 +140,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 }
 
 // read lists the prefix, blocking until Consul's index passes index (or the
-// wait ends), and returns the index and the listing.
-func (w *Watcher) read(ctx context.Context, index uint64) (uint64, listing, error) {
+// wait ends), and returns the index and the listing compared with last,
+// what the Sink holds (nil: nothing yet).
+func (w *Watcher) read(ctx context.Context, index uint64, last map[string]string) (uint64, listing, error) {
 	limit := w.o.WaitTime + w.o.WaitTime/16 + w.slack
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(ctx)
+	c := &capture{prefix: w.o.Prefix, index: index, last: last, body: &w.body, value: &w.value}
+	q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(withCapture(ctx, c))
 	pairs, meta, err := w.o.KV.List(w.o.Prefix, q)
 	switch {
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -158,11 +161,11 @@ func (w *Watcher) read(ctx context.Context, index uint64) (uint64, listing, erro
 		// cannot see.
 		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errFilteredByACLs)
 	}
-	l := listing{prefix: w.o.Prefix, pairs: pairs}
-	for _, p := range pairs {
-		if _, ok := l.rel(p); ok {
-			l.keys++
-		}
+	l := c.res
+	if !c.done {
+		// Not through listingTransport: a 404 (no key under the prefix),
+		// or a client NewClient did not build.
+		l = pairsListing(pairs, w.o.Prefix, last)
 	}
 	// Consul's rule: an index must be above 0; waiting on 0 would not
 	// block, so treat 0 as 1.
@@ -175,53 +178,6 @@ func (w *Watcher) read(ctx context.Context, index uint64) (uint64, listing, erro
 	w.st.Index, w.st.Reachable = got, true
 	w.mu.Unlock()
 	return got, l, nil
-}
-
-// listing is one read of the prefix, as Consul's pairs. It is compared
-// with the last read where it stands, so that a read that changes nothing
-// (most of them: any write under the prefix wakes the query) builds no
-// second map of the whole prefix.
-type listing struct {
-	prefix string
-	pairs  consul.KVPairs
-	keys   int // pairs that are keys: not the prefix itself, not a folder
-}
-
-// rel returns a pair's key relative to the prefix, and false for the
-// prefix itself and folder keys.
-func (l listing) rel(p *consul.KVPair) (string, bool) {
-	rel, ok := strings.CutPrefix(p.Key, l.prefix)
-	if !ok || rel == "" || (strings.HasSuffix(rel, "/") && len(p.Value) == 0) {
-		return "", false
-	}
-	return rel, true
-}
-
-// equal reports whether the listing holds exactly kv. (Consul lists a key
-// once; were one listed twice, the read would only count as changed.)
-func (l listing) equal(kv map[string]string) bool {
-	if l.keys != len(kv) {
-		return false
-	}
-	for _, p := range l.pairs {
-		if rel, ok := l.rel(p); ok {
-			if v, found := kv[rel]; !found || v != string(p.Value) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// kv returns the listing as values by relative key.
-func (l listing) kv() map[string]string {
-	kv := make(map[string]string, l.keys)
-	for _, p := range l.pairs {
-		if rel, ok := l.rel(p); ok {
-			kv[rel] = string(p.Value)
-		}
-	}
-	return kv
 }
 
 var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix, refusing a partial read")

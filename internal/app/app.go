@@ -183,7 +183,7 @@ func New(o Options) (*App, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	consul, err := consul.NewClient(kvsync.ClientConfig(o.ConsulAddr))
+	consul, err := kvsync.NewClient(o.ConsulAddr)
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
