@@ -24,10 +24,18 @@ func (n *Node) KV() map[string]string { return n.fsm.kv() }
 // writes nothing when nothing differs and the mirror already holds state.
 // Only the leader may call it; others get ErrNotLeader.
 func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) error {
+	return n.ApplyRead(ctx, state.KVRead{Index: index, KV: kv})
+}
+
+// ApplyRead is ApplyKV for a read that may say what changed since an
+// earlier one (r.Base, r.Changed): when the mirror holds that earlier read,
+// only those keys are compared, so a change costs what it touches.
+func (n *Node) ApplyRead(ctx context.Context, r state.KVRead) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
 	}
-	change, old, synced := n.fsm.diff(kv)
+	index, kv := r.Index, r.KV
+	change, old, synced := n.fsm.diff(r)
 	if change.Empty() && synced {
 		return nil
 	}

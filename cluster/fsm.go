@@ -70,6 +70,11 @@ type fsm struct {
 	mu      sync.Mutex
 	mirror  *state.Mirror
 	kvIndex uint64
+	// kvGen counts the changes to the mirror's KV content (KV entries,
+	// restores); digestGen and digestVal cache its digest, asked for by
+	// every /v1/cluster and gate poll, for one generation.
+	kvGen, digestGen uint64
+	digestVal        string
 	// index is the raft index of the last entry the mirror holds (the
 	// last one applied, or the restored snapshot's). Unlike
 	// raft.AppliedIndex, which counts entries handed to the FSM's queue,
@@ -128,6 +133,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 		return f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent {
 			events := m.ApplyAt(c.Change, c.At, policy)
 			f.kvIndex = c.KVIndex
+			f.kvGen++
 			return events
 		})
 	case cmdExpire:
@@ -209,10 +215,15 @@ func (f *fsm) publishFullLocked() {
 // diff returns the change that turns the mirror into kv, the values the
 // changed keys hold now (absent keys are missing), and whether the mirror
 // already holds state.
-func (f *fsm) diff(kv map[string]string) (c state.Change, old map[string]string, synced bool) {
+func (f *fsm) diff(r state.KVRead) (c state.Change, old map[string]string, synced bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c = f.mirror.Diff(kv)
+	if r.Base != 0 && r.Base == f.kvIndex {
+		// The mirror holds the read at Base: only Changed can differ.
+		c = f.mirror.DiffKeys(r.KV, r.Changed)
+	} else {
+		c = f.mirror.Diff(r.KV)
+	}
 	old = make(map[string]string, len(c.Set)+len(c.Delete))
 	for k := range c.Set {
 		if v, ok := f.mirror.Raw(k); ok {
@@ -240,7 +251,14 @@ func (f *fsm) due(now time.Time, key string) ([]string, string, bool) {
 }
 
 // digest is state.Digest of the mirrored KV content.
-func (f *fsm) digest() string { return state.Digest(f.kv()) }
+func (f *fsm) digest() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.digestVal == "" || f.digestGen != f.kvGen {
+		f.digestVal, f.digestGen = state.Digest(f.mirror.KV()), f.kvGen
+	}
+	return f.digestVal
+}
 
 func (f *fsm) kv() map[string]string {
 	f.mu.Lock()
@@ -267,6 +285,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer f.mu.Unlock()
 	f.mirror = state.Restore(d.Mirror)
 	f.kvIndex = d.KVIndex
+	f.kvGen++
 	f.index.Store(d.Index)
 	f.publishLocked()
 	return nil

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc64"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -431,4 +432,37 @@ func writeJSON(t *testing.T, path string, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestApplyReadComparesOnlyWhatChanged: a read that says what changed since
+// the read the mirror holds is compared on those keys only (a change costs
+// what it touches); one whose base is not the mirror's is compared in full,
+// so a stale or foreign base can never leave a difference unapplied.
+func TestApplyReadComparesOnlyWhatChanged(t *testing.T) {
+	n := startLeader(t, Options{})
+	ctx := context.Background()
+	kv := map[string]string{"state/web/a": "drain", "state/web/b": "maint", "state/api/x": "25%"}
+	if err := n.ApplyKV(ctx, 5, kv); err != nil {
+		t.Fatal(err)
+	}
+	// Based on the read at 5: only the keys listed are compared. The
+	// unlisted difference (api/x) shows that the rest is taken as held.
+	next := map[string]string{"state/web/a": "ready", "state/web/c": "drain", "state/api/x": "50%"}
+	if err := n.ApplyRead(ctx, state.KVRead{Index: 6, KV: next, Base: 5, Changed: []string{"state/web/a", "state/web/b", "state/web/c"}}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"state/web/a": "ready", "state/web/c": "drain", "state/api/x": "25%"}
+	if got := n.KV(); !maps.Equal(got, want) {
+		t.Fatalf("after a read based on the mirror's: %v, want %v (only the changed keys compared)", got, want)
+	}
+	// Based on a read the mirror does not hold (4): compared in full.
+	if err := n.ApplyRead(ctx, state.KVRead{Index: 7, KV: next, Base: 4, Changed: []string{"state/web/a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.KV(); !maps.Equal(got, next) {
+		t.Fatalf("after a read on another base: %v, want %v (compared in full)", got, next)
+	}
+	if got := answer(n.Node, "api/x"); got != "ready 50%\n" {
+		t.Errorf("api/x answers %q, want ready 50%%", got)
+	}
 }

@@ -409,12 +409,13 @@ func TestConsulListingReadDirect(t *testing.T) {
 
 // TestListingMalformedIsAReadError: a listing that is not one (a proxy's
 // error page with status 200, a cut body) fails the read with errListing
-// and reaches the Sink as nothing; the Watcher retries.
+// and reaches the Sink as nothing; the Watcher retries. The listing is
+// asked for uncompressed.
 func TestListingMalformedIsAReadError(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int32
+	var encoding atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
+		encoding.Store(r.Header.Get("Accept-Encoding"))
 		rw.Header().Set("X-Consul-Index", "42")
 		rw.Header().Set("Content-Type", "application/json")
 		_, _ = rw.Write([]byte(`[{"Key":"hastate/state/web/a","Value":"ZHJh`))
@@ -431,6 +432,10 @@ func TestListingMalformedIsAReadError(t *testing.T) {
 	}
 	if _, _, err := w.read(t.Context(), 0, nil); !errors.Is(err, errListing) || !strings.Contains(err.Error(), `consul: list "hastate/"`) {
 		t.Fatalf("read = %v, want a consul list error wrapping errListing", err)
+	}
+	// The listing is asked for uncompressed (see listingTransport).
+	if got := encoding.Load(); got != "identity" {
+		t.Errorf("Accept-Encoding = %v, want identity", got)
 	}
 	stop := runWatcher(t, w)
 	eventually(t, deliveryTimeout, "three failed reads", func() bool { return w.Status().ConsecutiveErrors >= 3 })

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/state"
 )
 
 // fakeKV is a KV whose List is a function field.
@@ -93,14 +95,16 @@ func (s *script) exhausted(t *testing.T) {
 	}
 }
 
-// sinkCall is one ApplyKV call.
+// sinkCall is one ApplyRead call.
 type sinkCall struct {
-	index uint64
-	kv    map[string]string
-	err   error
+	index   uint64
+	kv      map[string]string
+	base    uint64
+	changed []string // sorted
+	err     error
 }
 
-// recSink records ApplyKV calls; fail, if set, decides the error of call n
+// recSink records ApplyRead calls; fail, if set, decides the error of call n
 // (counting from 0).
 type recSink struct {
 	mu    sync.Mutex
@@ -110,14 +114,14 @@ type recSink struct {
 
 var _ Sink = (*recSink)(nil)
 
-func (s *recSink) ApplyKV(_ context.Context, index uint64, kv map[string]string) error {
+func (s *recSink) ApplyRead(_ context.Context, r state.KVRead) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var err error
 	if s.fail != nil {
 		err = s.fail(len(s.calls))
 	}
-	s.calls = append(s.calls, sinkCall{index: index, kv: maps.Clone(kv), err: err})
+	s.calls = append(s.calls, sinkCall{index: r.Index, kv: maps.Clone(r.KV), base: r.Base, changed: slices.Sorted(slices.Values(r.Changed)), err: err})
 	return err
 }
 

@@ -57,8 +57,16 @@ func (t listingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if next == nil {
 		next = http.DefaultTransport
 	}
-	resp, err := next.RoundTrip(req)
 	c, _ := req.Context().Value(captureKey{}).(*capture)
+	if c != nil && req.Header.Get("Accept-Encoding") == "" {
+		// Consul gzips an answer when asked to, and Go's transport asks
+		// by default: 11 MB of JSON at 50,000 keys cost Consul's CPU
+		// more than the listing itself and ours again to inflate, while
+		// the bytes cross a data centre's network in milliseconds.
+		req = req.Clone(req.Context())
+		req.Header.Set("Accept-Encoding", "identity")
+	}
+	resp, err := next.RoundTrip(req)
 	if err != nil || c == nil || resp.StatusCode != http.StatusOK {
 		return resp, err
 	}
@@ -128,6 +136,9 @@ type listing struct {
 	// is then nil). Only a read compared with a last map is.
 	unchanged bool
 	kv        map[string]string // values by relative key, when changed
+	// changed lists the keys set, added or deleted against the last map
+	// the read was compared with (nil when there was none).
+	changed []string
 	// direct: read from the body by listingTransport, not from
 	// consul/api's pairs.
 	direct bool
@@ -145,6 +156,7 @@ func readListing(body []byte, prefix string, last map[string]string, value *[]by
 		var (
 			keys, found int
 			kv          map[string]string // last with the differences; nil while there are none
+			changed     []string
 		)
 		err := walkListing(body, prefix, value, func(rel, v []byte) {
 			keys++
@@ -158,7 +170,9 @@ func readListing(body []byte, prefix string, last map[string]string, value *[]by
 			if kv == nil {
 				kv = maps.Clone(last)
 			}
-			kv[string(rel)] = string(v)
+			k := string(rel)
+			kv[k] = string(v)
+			changed = append(changed, k)
 		})
 		switch {
 		case err != nil:
@@ -166,7 +180,7 @@ func readListing(body []byte, prefix string, last map[string]string, value *[]by
 		case kv == nil && keys == len(last):
 			return listing{keys: keys, unchanged: true}, nil
 		case found == len(last):
-			return listing{keys: keys, kv: kv}, nil
+			return listing{keys: keys, kv: kv, changed: changed}, nil
 		}
 	}
 	kv := make(map[string]string, bytes.Count(body, []byte(`"Key"`)))
@@ -176,7 +190,30 @@ func readListing(body []byte, prefix string, last map[string]string, value *[]by
 	if err != nil {
 		return listing{}, err
 	}
-	return listing{keys: len(kv), kv: kv}, nil
+	return built(kv, last), nil
+}
+
+// built is the listing of a read built in full, kv, compared with last
+// (nil: nothing to compare with).
+func built(kv, last map[string]string) listing {
+	l := listing{keys: len(kv), kv: kv}
+	if last == nil {
+		return l
+	}
+	for k, v := range kv {
+		if old, ok := last[k]; !ok || old != v {
+			l.changed = append(l.changed, k)
+		}
+	}
+	for k := range last {
+		if _, ok := kv[k]; !ok {
+			l.changed = append(l.changed, k)
+		}
+	}
+	if len(l.changed) == 0 {
+		return listing{keys: len(kv), unchanged: true}
+	}
+	return l
 }
 
 // errListing wraps every error a listing's body gets.
@@ -468,19 +505,7 @@ func pairsListing(pairs api.KVPairs, prefix string, last map[string]string) list
 			kv[rel] = string(p.Value)
 		}
 	}
-	if last != nil && len(kv) == len(last) {
-		equal := true
-		for k, v := range kv {
-			if old, ok := last[k]; !ok || old != v {
-				equal = false
-				break
-			}
-		}
-		if equal {
-			return listing{keys: len(kv), unchanged: true}
-		}
-	}
-	return listing{keys: len(kv), kv: kv}
+	return built(kv, last)
 }
 
 // pairKey returns a pair's key relative to prefix, and false for the

@@ -8,16 +8,18 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
 
-// Sink receives full reads of the prefix. kv keys are relative to the
-// prefix; the map is the Sink's to keep but not to modify: the Watcher
-// compares the next read with it. A returned error means "not
-// applied": the Watcher backs off and hands over the then-current full read
-// again.
+// Sink receives changed reads of the prefix (see state.KVRead: the whole
+// prefix, and what changed since the read the Sink last accepted from
+// this Watcher). The map is the Sink's to keep but not to modify: the
+// Watcher compares the next read with it. A returned error means "not
+// applied": the Watcher backs off and hands over the then-current full
+// read again.
 type Sink interface {
-	ApplyKV(ctx context.Context, index uint64, kv map[string]string) error
+	ApplyRead(ctx context.Context, r state.KVRead) error
 }
 
 // Defaults applied to zero Options fields.

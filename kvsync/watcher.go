@@ -11,6 +11,7 @@ import (
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
 
@@ -80,6 +81,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		// none, so the next read returns at once with the full prefix.
 		index    uint64
 		last     map[string]string // what the Sink last accepted; shared with it
+		accepted uint64            // the index of that read
 		failures int               // consecutive failed attempts
 		since    time.Time         // first failure of the current streak
 		wait     time.Duration     // before the next call
@@ -113,7 +115,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case l.unchanged:
 			index = got // the index moved, the data did not
 		default:
-			if err := w.o.Sink.ApplyKV(ctx, got, l.kv); err != nil {
+			r := state.KVRead{Index: got, KV: l.kv}
+			if last != nil {
+				r.Base, r.Changed = accepted, l.changed
+			}
+			if err := w.o.Sink.ApplyRead(ctx, r); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -126,7 +132,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 			w.m.updates.Inc()
 			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.keys))
-			index, last = got, l.kv
+			index, last, accepted = got, l.kv, got
 		}
 		if failures > 0 {
 			w.log.Info("consul KV sync recovered",

@@ -53,7 +53,7 @@ func TestWatcherIndexRules(t *testing.T) {
 			name:      "first read of an empty prefix calls the sink",
 			replies:   []reply{{index: 3}},
 			wantWaits: []uint64{0},
-			wantSink:  []sinkCall{{3, map[string]string{}, nil}},
+			wantSink:  []sinkCall{{3, map[string]string{}, 0, nil, nil}},
 			wantIndex: 3,
 		},
 		{
@@ -66,49 +66,49 @@ func TestWatcherIndexRules(t *testing.T) {
 			wantWaits: []uint64{0},
 			wantSink: []sinkCall{{7, map[string]string{
 				"state/web/a": "drain", "state/web/*": "maint", "state/web/empty": "",
-			}, nil}},
+			}, 0, nil, nil}},
 			wantIndex: 7,
 		},
 		{
 			name:      "unchanged index waits again without a sink call",
 			replies:   []reply{{pairs: a, index: 10}, {pairs: a, index: 10}, {pairs: a, index: 10}},
 			wantWaits: []uint64{0, 10, 10},
-			wantSink:  []sinkCall{{10, aMap, nil}},
+			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}},
 			wantIndex: 10,
 		},
 		{
 			name:      "a new index with equal data does not call the sink",
 			replies:   []reply{{pairs: a, index: 10}, {pairs: a, index: 12}, {pairs: b, index: 13}},
 			wantWaits: []uint64{0, 10, 12},
-			wantSink:  []sinkCall{{10, aMap, nil}, {13, bMap, nil}},
+			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {13, bMap, 10, []string{"state/web/b"}, nil}},
 			wantIndex: 13,
 		},
 		{
 			name:      "an index that goes backwards resets to 0",
 			replies:   []reply{{pairs: a, index: 10}, {pairs: a, index: 20}, {pairs: b, index: 5}, {pairs: b, index: 6}},
 			wantWaits: []uint64{0, 10, 20, 0},
-			wantSink:  []sinkCall{{10, aMap, nil}, {6, bMap, nil}},
+			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {6, bMap, 10, []string{"state/web/b"}, nil}},
 			wantIndex: 6,
 		},
 		{
 			name:      "after a reset equal data does not call the sink",
 			replies:   []reply{{pairs: a, index: 10}, {pairs: a, index: 4}, {pairs: a, index: 4}},
 			wantWaits: []uint64{0, 10, 0},
-			wantSink:  []sinkCall{{10, aMap, nil}},
+			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}},
 			wantIndex: 4,
 		},
 		{
 			name:      "index 0 is taken as 1",
 			replies:   []reply{{pairs: a, index: 0}, {pairs: a, index: 0}},
 			wantWaits: []uint64{0, 1},
-			wantSink:  []sinkCall{{1, aMap, nil}},
+			wantSink:  []sinkCall{{1, aMap, 0, nil, nil}},
 			wantIndex: 1,
 		},
 		{
 			name:      "consul errors are retried from the same index",
 			replies:   []reply{{pairs: a, index: 10}, {err: errRefused}, {err: errRefused}, {pairs: b, index: 11}},
 			wantWaits: []uint64{0, 10, 10, 10},
-			wantSink:  []sinkCall{{10, aMap, nil}, {11, bMap, nil}},
+			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {11, bMap, 10, []string{"state/web/b"}, nil}},
 			wantIndex: 11,
 		},
 		{
@@ -116,7 +116,7 @@ func TestWatcherIndexRules(t *testing.T) {
 			replies:   []reply{{pairs: a, index: 10}, {pairs: a, index: 11}, {pairs: b, index: 12}},
 			sinkFails: []int{0},
 			wantWaits: []uint64{0, 0, 11},
-			wantSink:  []sinkCall{{10, aMap, errSink}, {11, aMap, nil}, {12, bMap, nil}},
+			wantSink:  []sinkCall{{10, aMap, 0, nil, errSink}, {11, aMap, 0, nil, nil}, {12, bMap, 11, []string{"state/web/b"}, nil}},
 			wantIndex: 12,
 		},
 		{
@@ -124,14 +124,14 @@ func TestWatcherIndexRules(t *testing.T) {
 			replies:   []reply{{pairs: a, index: 10}, {pairs: b, index: 11}, {pairs: b, index: 11}},
 			sinkFails: []int{1},
 			wantWaits: []uint64{0, 10, 10},
-			wantSink:  []sinkCall{{10, aMap, nil}, {11, bMap, errSink}, {11, bMap, nil}},
+			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {11, bMap, 10, []string{"state/web/b"}, errSink}, {11, bMap, 10, []string{"state/web/b"}, nil}},
 			wantIndex: 11,
 		},
 		{
 			name:      "a read filtered by ACLs is not applied",
 			replies:   []reply{{pairs: a, index: 10, filtered: true}, {pairs: b, index: 11}},
 			wantWaits: []uint64{0, 0},
-			wantSink:  []sinkCall{{11, bMap, nil}},
+			wantSink:  []sinkCall{{11, bMap, 0, nil, nil}},
 			wantIndex: 11,
 		},
 	}
@@ -158,7 +158,7 @@ func TestWatcherIndexRules(t *testing.T) {
 			}
 			got := sink.all()
 			if !slices.EqualFunc(got, tt.wantSink, func(x, y sinkCall) bool {
-				return x.index == y.index && maps.Equal(x.kv, y.kv) && errors.Is(x.err, y.err)
+				return x.index == y.index && maps.Equal(x.kv, y.kv) && x.base == y.base && slices.Equal(x.changed, y.changed) && errors.Is(x.err, y.err)
 			}) {
 				t.Errorf("sink calls = %v, want %v", got, tt.wantSink)
 			}

@@ -157,6 +157,43 @@ func (m *Mirror) Diff(desired map[string]string) Change {
 	return c
 }
 
+// KVRead is one read of the KV prefix, as the leader's Consul watch hands
+// it over.
+type KVRead struct {
+	// Index is Consul's index of the read (X-Consul-Index).
+	Index uint64
+	// KV is the whole prefix: values by key relative to it. It is the
+	// receiver's to keep but not to modify.
+	KV map[string]string
+	// Base, when not 0, is the Index of an earlier read that KV differs
+	// from only in Changed: the keys set, added or deleted since.
+	Base    uint64
+	Changed []string
+}
+
+// DiffKeys is Diff for a desired content that differs from the mirror's
+// only in keys (the caller knows the mirror holds the rest): it costs what
+// changed, not the prefix.
+func (m *Mirror) DiffKeys(desired map[string]string, keys []string) Change {
+	var c Change
+	for _, k := range keys {
+		v, want := desired[k]
+		old, have := m.raw[k]
+		switch {
+		case want && (!have || old != v):
+			if c.Set == nil {
+				c.Set = map[string]string{}
+			}
+			c.Set[k] = v
+		case !want && have:
+			c.Delete = append(c.Delete, k)
+		}
+	}
+	slices.Sort(c.Delete)
+	c.Delete = slices.Compact(c.Delete)
+	return c
+}
+
 // Apply applies a change and marks the mirror as synced. An invalid value
 // keeps the key's last valid value. It neither starts nor ends ramps; the
 // state machine uses ApplyAt.

@@ -777,3 +777,18 @@ func TestChangeJSON(t *testing.T) {
 		t.Errorf("empty Change marshals to %s, %v; want {}", data, err)
 	}
 }
+
+func TestDiffKeysEqualsDiffOnTheKeysThatDiffer(t *testing.T) {
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: map[string]string{"state/web/a": "drain", "state/web/b": "maint", "config/ramp": `{"duration":"5m"}`}})
+	desired := map[string]string{"state/web/a": "ready", "state/web/c": "drain", "config/ramp": `{"duration":"5m"}`}
+	full := m.Diff(desired)
+	// Every key that differs, an unchanged one and a repeat: the same.
+	got := m.DiffKeys(desired, []string{"state/web/c", "state/web/a", "config/ramp", "state/web/b", "state/web/a", "state/web/b"})
+	if !maps.Equal(got.Set, full.Set) || !slices.Equal(got.Delete, full.Delete) {
+		t.Errorf("DiffKeys = %+v, Diff = %+v", got, full)
+	}
+	if c := m.DiffKeys(desired, nil); !c.Empty() {
+		t.Errorf("DiffKeys with no keys = %+v, want empty", c)
+	}
+}
