@@ -369,7 +369,11 @@ func TestConsulListingReadDirect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, l, err := w.read(t.Context(), index, last)
+		var h held
+		if last != nil {
+			h = heldOf(last)
+		}
+		got, l, err := w.read(t.Context(), index, h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -382,13 +386,13 @@ func TestConsulListingReadDirect(t *testing.T) {
 	}
 	direct := consulClient(t, c)
 	got, l := read(direct, 0, nil)
-	if !l.direct || l.unchanged || !maps.Equal(l.kv, want) || l.keys != 3 || got < idx {
+	if !l.direct || l.unchanged || !maps.Equal(l.kv, want) || l.count != 3 || got < idx {
 		t.Fatalf("first read: direct=%v unchanged=%v keys=%d index %d, %v; want direct, changed, 3 keys, index >= %d, %v",
-			l.direct, l.unchanged, l.keys, got, l.kv, idx, want)
+			l.direct, l.unchanged, l.count, got, l.kv, idx, want)
 	}
-	if _, l := read(direct, 0, maps.Clone(want)); !l.direct || !l.unchanged || l.kv != nil || l.keys != 3 {
+	if _, l := read(direct, 0, maps.Clone(want)); !l.direct || !l.unchanged || l.kv != nil || l.count != 3 {
 		t.Errorf("read against what the Sink holds: direct=%v unchanged=%v keys=%d map %v; want direct, unchanged, no map",
-			l.direct, l.unchanged, l.keys, l.kv)
+			l.direct, l.unchanged, l.count, l.kv)
 	}
 	// A blocking read at the current index times out with that index: not
 	// decoded, read as unchanged.
@@ -402,8 +406,8 @@ func TestConsulListingReadDirect(t *testing.T) {
 	}
 	// A prefix with no key is a 404, which consul/api answers with no
 	// pairs and the transport leaves alone.
-	if _, l := readPrefix(t, direct, "nothing/", 0, map[string]string{}); l.direct || !l.unchanged || l.keys != 0 {
-		t.Errorf("empty prefix: direct=%v unchanged=%v keys=%d; want consul/api's empty read", l.direct, l.unchanged, l.keys)
+	if _, l := readPrefix(t, direct, "nothing/", 0, map[string]string{}); l.direct || !l.unchanged || l.count != 0 {
+		t.Errorf("empty prefix: direct=%v unchanged=%v keys=%d; want consul/api's empty read", l.direct, l.unchanged, l.count)
 	}
 }
 
@@ -430,7 +434,7 @@ func TestListingMalformedIsAReadError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := w.read(t.Context(), 0, nil); !errors.Is(err, errListing) || !strings.Contains(err.Error(), `consul: list "hastate/"`) {
+	if _, _, err := w.read(t.Context(), 0, held{}); !errors.Is(err, errListing) || !strings.Contains(err.Error(), `consul: list "hastate/"`) {
 		t.Fatalf("read = %v, want a consul list error wrapping errListing", err)
 	}
 	// The listing is asked for uncompressed (see listingTransport).

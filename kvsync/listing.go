@@ -28,6 +28,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -91,10 +92,12 @@ func withCapture(ctx context.Context, c *capture) context.Context {
 // the transport sets done and the result.
 type capture struct {
 	prefix string
-	index  uint64            // the WaitIndex asked
-	last   map[string]string // what the Sink holds; nil: none yet
-	body   *[]byte           // reused buffer for the body
-	value  *[]byte           // reused buffer for one base64-decoded value
+	index  uint64 // the WaitIndex asked
+	last   held   // what the Sink holds; its kv is nil when nothing yet
+	// unordered: read in full, not merged with last (see errUnordered).
+	unordered bool
+	body      *[]byte // reused buffer for the body
+	value     *[]byte // reused buffer for one base64-decoded value
 
 	done bool // the transport read the answer
 	res  listing
@@ -109,19 +112,17 @@ func (c *capture) consume(resp *http.Response) error {
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 			return fmt.Errorf("read KV listing: %w", err)
 		}
-		c.done, c.res = true, listing{keys: len(c.last), unchanged: true, direct: true}
+		c.done, c.res = true, listing{count: len(c.last.kv), unchanged: true, direct: true}
 		return nil
 	}
-	buf := bytes.NewBuffer((*c.body)[:0])
-	if resp.ContentLength > 0 {
-		buf.Grow(int(resp.ContentLength))
+	lr := listingReader{r: resp.Body, buf: (*c.body)[:cap(*c.body)]}
+	var err error
+	if c.last.kv == nil || c.unordered {
+		c.res, err = readListing(&lr, c.prefix, c.value, c.last.kv)
+	} else {
+		c.res, err = mergeListing(&lr, c.prefix, c.value, c.last)
 	}
-	_, err := buf.ReadFrom(resp.Body)
-	*c.body = buf.Bytes()
-	if err != nil {
-		return fmt.Errorf("read KV listing: %w", err)
-	}
-	c.res, err = readListing(*c.body, c.prefix, c.last, c.value)
+	*c.body = lr.buf[:0]
 	if err != nil {
 		return err
 	}
@@ -129,89 +130,174 @@ func (c *capture) consume(resp *http.Response) error {
 	return nil
 }
 
+// held is a read the Sink accepted: the map it was handed and the same
+// content as keys in order with their values, which the next read is
+// merged with.
+type held struct {
+	kv   map[string]string
+	keys []string // sorted
+	vals []string // vals[i] is the value of keys[i]
+}
+
 // listing is one read of the prefix.
 type listing struct {
-	keys int // keys under the prefix: not the prefix itself, not a folder
+	count int // keys under the prefix: not the prefix itself, not a folder
 	// unchanged: the read holds exactly what the Sink last accepted (kv
-	// is then nil). Only a read compared with a last map is.
+	// is then nil). Only a read compared with a held one is.
 	unchanged bool
-	kv        map[string]string // values by relative key, when changed
-	// changed lists the keys set, added or deleted against the last map
-	// the read was compared with (nil when there was none).
+	// held is the read, when changed: kv is the Sink's.
+	held
+	// changed lists the keys set, added or deleted against the held read
+	// it was compared with (nil when there was none).
 	changed []string
 	// direct: read from the body by listingTransport, not from
 	// consul/api's pairs.
 	direct bool
 }
 
-// readListing decodes a listing's body into values by key relative to
-// prefix. When last is not nil it reads the body against it where it
-// stands: a read equal to last builds nothing, and one that only sets keys
-// (the usual change) is a copy of last with those keys set, sharing last's
-// strings. Only a read that deletes keys, or one with nothing to compare
-// with, builds the map from the body. value is scratch space for base64.
-// (Consul lists a key once; the counting below relies on it.)
-func readListing(body []byte, prefix string, last map[string]string, value *[]byte) (listing, error) {
-	if last != nil {
-		var (
-			keys, found int
-			kv          map[string]string // last with the differences; nil while there are none
-			changed     []string
-		)
-		err := walkListing(body, prefix, value, func(rel, v []byte) {
-			keys++
-			old, ok := last[string(rel)]
-			if ok {
-				found++
-				if old == string(v) {
-					return
-				}
-			}
-			if kv == nil {
-				kv = maps.Clone(last)
-			}
-			k := string(rel)
-			kv[k] = string(v)
-			changed = append(changed, k)
-		})
-		switch {
-		case err != nil:
-			return listing{}, err
-		case kv == nil && keys == len(last):
-			return listing{keys: keys, unchanged: true}, nil
-		case found == len(last):
-			return listing{keys: keys, kv: kv, changed: changed}, nil
+// errUnordered is a listing whose keys are not in order, which
+// mergeListing relies on. Consul lists keys sorted; the Watcher reads the
+// next listings in full if one ever is not.
+var errUnordered = errors.New("Consul listed the keys out of order")
+
+// mergeListing reads a listing against last, both in key order: a read
+// equal to last builds nothing, and one that changes keys is a copy of
+// last's map with those keys set or deleted, sharing last's strings. It
+// costs one pass over the body and no lookups.
+func mergeListing(lr *listingReader, prefix string, value *[]byte, last held) (listing, error) {
+	var (
+		n, j    int // keys read; last's keys passed
+		prev    []byte
+		changed []string
+		next    held // the read, from the first difference on
+	)
+	// differ starts the copy at the first difference: the keys before it
+	// are last's first j.
+	differ := func() {
+		if next.kv != nil {
+			return
 		}
+		next.kv = maps.Clone(last.kv)
+		next.keys = append(make([]string, 0, len(last.keys)+1), last.keys[:j]...)
+		next.vals = append(make([]string, 0, len(last.vals)+1), last.vals[:j]...)
 	}
-	kv := make(map[string]string, bytes.Count(body, []byte(`"Key"`)))
-	err := walkListing(body, prefix, value, func(rel, v []byte) {
-		kv[string(rel)] = string(v)
+	deleted := func(k string) {
+		differ()
+		delete(next.kv, k)
+		changed = append(changed, k)
+	}
+	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
+		if n > 0 && bytes.Compare(prev, rel) >= 0 {
+			return errUnordered
+		}
+		n++
+		prev = append(prev[:0], rel...)
+		for j < len(last.keys) && last.keys[j] < string(rel) {
+			deleted(last.keys[j])
+			j++
+		}
+		if j < len(last.keys) && last.keys[j] == string(rel) {
+			k, old := last.keys[j], last.vals[j]
+			if old == string(v) {
+				if next.kv != nil {
+					next.keys, next.vals = append(next.keys, k), append(next.vals, old)
+				}
+				j++
+				return nil
+			}
+			differ()
+			j++
+			val := string(v)
+			next.kv[k] = val
+			next.keys, next.vals = append(next.keys, k), append(next.vals, val)
+			changed = append(changed, k)
+			return nil
+		}
+		differ()
+		k, val := string(rel), string(v)
+		next.kv[k] = val
+		next.keys, next.vals = append(next.keys, k), append(next.vals, val)
+		changed = append(changed, k)
+		return nil
 	})
 	if err != nil {
 		return listing{}, err
 	}
-	return built(kv, last), nil
+	for ; j < len(last.keys); j++ {
+		deleted(last.keys[j])
+	}
+	if next.kv == nil {
+		return listing{count: n, unchanged: true}, nil
+	}
+	return listing{count: n, held: next, changed: changed}, nil
 }
 
-// built is the listing of a read built in full, kv, compared with last
+// readListing reads a listing in full into a new held read, and compares
+// it with last when there is one (the first read of a Watcher has none).
+func readListing(lr *listingReader, prefix string, value *[]byte, last map[string]string) (listing, error) {
+	var b builder
+	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
+		b.add(string(rel), string(v))
+		return nil
+	})
+	if err != nil {
+		return listing{}, err
+	}
+	return compared(b.held(), last), nil
+}
+
+// builder builds a held read from its keys in any order.
+type builder struct {
+	h        held
+	disorder bool
+}
+
+func (b *builder) add(k, v string) {
+	if b.h.kv == nil {
+		b.h.kv = map[string]string{}
+	}
+	if n := len(b.h.keys); n > 0 && b.h.keys[n-1] >= k {
+		b.disorder = true
+	}
+	b.h.kv[k] = v
+	b.h.keys, b.h.vals = append(b.h.keys, k), append(b.h.vals, v)
+}
+
+// held returns the read, its keys sorted (a key listed twice counts once,
+// with its last value).
+func (b *builder) held() held {
+	if b.h.kv == nil {
+		b.h.kv = map[string]string{}
+	}
+	if b.disorder {
+		b.h.keys = slices.Sorted(maps.Keys(b.h.kv))
+		b.h.vals = b.h.vals[:len(b.h.keys)]
+		for i, k := range b.h.keys {
+			b.h.vals[i] = b.h.kv[k]
+		}
+	}
+	return b.h
+}
+
+// compared is the listing of h, a read built in full, compared with last
 // (nil: nothing to compare with).
-func built(kv, last map[string]string) listing {
-	l := listing{keys: len(kv), kv: kv}
+func compared(h held, last map[string]string) listing {
+	l := listing{count: len(h.kv), held: h}
 	if last == nil {
 		return l
 	}
-	for k, v := range kv {
+	for k, v := range h.kv {
 		if old, ok := last[k]; !ok || old != v {
 			l.changed = append(l.changed, k)
 		}
 	}
 	for k := range last {
-		if _, ok := kv[k]; !ok {
+		if _, ok := h.kv[k]; !ok {
 			l.changed = append(l.changed, k)
 		}
 	}
 	if len(l.changed) == 0 {
-		return listing{keys: len(kv), unchanged: true}
+		return listing{count: len(h.kv), unchanged: true}
 	}
 	return l
 }
@@ -220,40 +306,156 @@ func built(kv, last map[string]string) listing {
 var errListing = errors.New("malformed Consul KV listing")
 
 // walkListing calls f with the relative key and the value of every key
-// under prefix in a listing's body, in order. Both
-// slices are valid during the call only. The prefix itself and folder
-// keys (ending in "/" with no value) are left out, as consul/api's reading
-// in pairKey leaves them. Only Key and Value are read; the other fields
-// are checked to be JSON and skipped.
-func walkListing(body []byte, prefix string, value *[]byte, f func(rel, v []byte)) error {
-	d := listingDecoder{b: body}
-	d.space()
-	if d.literal("null") {
-		return d.end()
+// under prefix in a listing's body, in order, until f returns an error.
+// Both slices are valid during the call only. The prefix itself and
+// folder keys (ending in "/" with no value) are left out, as consul/api's
+// reading in pairKey leaves them. Only Key and Value are read; the other
+// fields are checked to be JSON and skipped. The body is read one pair at
+// a time: what is held is the largest pair, not the listing.
+func walkListing(lr *listingReader, prefix string, value *[]byte, f func(rel, v []byte) error) error {
+	lr.space()
+	if lr.literal("null") {
+		return lr.end()
 	}
-	if !d.byte('[') {
-		return d.fail("want an array of KV pairs")
+	if !lr.byte('[') {
+		return lr.fail("want an array of KV pairs")
 	}
-	if d.space(); d.byte(']') {
-		return d.end()
+	if lr.space(); lr.byte(']') {
+		return lr.end()
 	}
 	for {
+		lr.space()
+		// The pair is parsed in the window; one that does not parse may
+		// only be cut by the window's end, so it is parsed again with
+		// more of the body until the body ends. (Parsing ends at the
+		// pair's closing brace: a pair that parses was whole.)
+		d := listingDecoder{b: lr.buf[lr.i:lr.n]}
 		key, v, err := d.pair(value)
 		if err != nil {
-			return err
+			if lr.more() {
+				continue
+			}
+			if err := lr.readErr(); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w (in the pair at byte %d)", err, lr.off+lr.i)
 		}
 		if rel, ok := bytes.CutPrefix(key, []byte(prefix)); ok && len(rel) > 0 && (len(v) > 0 || rel[len(rel)-1] != '/') {
-			f(rel, v)
+			if err := f(rel, v); err != nil {
+				return err
+			}
 		}
-		d.space()
+		lr.i += d.i
+		lr.space()
 		switch {
-		case d.byte(','):
-		case d.byte(']'):
-			return d.end()
+		case lr.byte(','):
+		case lr.byte(']'):
+			return lr.end()
 		default:
-			return d.fail("want ',' or ']' after a KV pair")
+			return lr.fail("want ',' or ']' after a KV pair")
 		}
 	}
+}
+
+// listingReader reads a listing's body through a window: buf[i:n] is read
+// and not yet parsed; off counts the bytes dropped before buf[0].
+type listingReader struct {
+	r    io.Reader
+	buf  []byte
+	i, n int
+	off  int
+	err  error // the read error that ended the body (io.EOF at its end)
+}
+
+// minListingWindow is the least a listingReader reads at once.
+const minListingWindow = 64 << 10
+
+// more reads more of the body into the window, keeping buf[i:n]. It
+// returns false at the end of the body or on a read error (lr.err).
+func (lr *listingReader) more() bool {
+	if lr.err != nil {
+		return false
+	}
+	if lr.i > 0 {
+		lr.n = copy(lr.buf, lr.buf[lr.i:lr.n])
+		lr.off += lr.i
+		lr.i = 0
+	}
+	if len(lr.buf)-lr.n < minListingWindow/2 {
+		lr.buf = append(lr.buf[:lr.n], make([]byte, max(len(lr.buf), minListingWindow))...)
+	}
+	for {
+		m, err := lr.r.Read(lr.buf[lr.n:])
+		lr.n += m
+		if err != nil {
+			lr.err = err
+			return m > 0
+		}
+		if m > 0 {
+			return true
+		}
+	}
+}
+
+// ensure makes at least k unparsed bytes available, if the body has them.
+func (lr *listingReader) ensure(k int) bool {
+	for lr.n-lr.i < k {
+		if !lr.more() {
+			return false
+		}
+	}
+	return true
+}
+
+func (lr *listingReader) space() {
+	for lr.ensure(1) {
+		switch lr.buf[lr.i] {
+		case ' ', '\t', '\n', '\r':
+			lr.i++
+		default:
+			return
+		}
+	}
+}
+
+func (lr *listingReader) byte(c byte) bool {
+	if lr.ensure(1) && lr.buf[lr.i] == c {
+		lr.i++
+		return true
+	}
+	return false
+}
+
+func (lr *listingReader) literal(s string) bool {
+	if lr.ensure(len(s)) && string(lr.buf[lr.i:lr.i+len(s)]) == s {
+		lr.i += len(s)
+		return true
+	}
+	return false
+}
+
+// end checks that nothing but space follows.
+func (lr *listingReader) end() error {
+	lr.space()
+	if lr.ensure(1) {
+		return lr.fail("unexpected data after the listing")
+	}
+	return lr.readErr()
+}
+
+// readErr is the error that ended the body early, or nil at its end.
+func (lr *listingReader) readErr() error {
+	if lr.err != nil && !errors.Is(lr.err, io.EOF) {
+		return fmt.Errorf("read KV listing: %w", lr.err)
+	}
+	return nil
+}
+
+func (lr *listingReader) fail(what string) error {
+	if err := lr.readErr(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w at byte %d: %s", errListing, lr.off+lr.i, what)
 }
 
 // listingDecoder reads one JSON document in place.
@@ -499,13 +701,13 @@ func (d *listingDecoder) number() error {
 // pairsListing reads a listing from consul/api's pairs, as readListing
 // reads a body: for a List that did not pass through listingTransport.
 func pairsListing(pairs api.KVPairs, prefix string, last map[string]string) listing {
-	kv := make(map[string]string, len(pairs))
+	var b builder
 	for _, p := range pairs {
 		if rel, ok := pairKey(p, prefix); ok {
-			kv[rel] = string(p.Value)
+			b.add(rel, string(p.Value))
 		}
 	}
-	return built(kv, last)
+	return compared(b.held(), last)
 }
 
 // pairKey returns a pair's key relative to prefix, and false for the

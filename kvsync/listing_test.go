@@ -8,16 +8,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/hashicorp/consul/api"
 )
 
 // listingBody builds a Consul KV listing of n state keys under prefix, as
 // Consul 1.13 writes it: 10 servers a backend, plain states and JSON
-// objects with a reason, by and at, a backend wildcard in a hundred.
+// objects with a reason, by and at, a backend wildcard in a hundred; in
+// key order.
 func listingBody(tb testing.TB, prefix string, n int) []byte {
 	tb.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -40,6 +45,7 @@ func listingBody(tb testing.TB, prefix string, n int) []byte {
 		pairs = append(pairs, &api.KVPair{Key: key, Value: []byte(v), CreateIndex: idx, ModifyIndex: idx + 7})
 	}
 	pairs = append(pairs, &api.KVPair{Key: prefix + "config/ramp", Value: []byte(`{"duration":"5m"}`), CreateIndex: 9, ModifyIndex: 9})
+	slices.SortFunc(pairs, func(a, b *api.KVPair) int { return strings.Compare(a.Key, b.Key) }) // as Consul lists them
 	b, err := json.Marshal(pairs)
 	if err != nil {
 		tb.Fatal(err)
@@ -47,8 +53,8 @@ func listingBody(tb testing.TB, prefix string, n int) []byte {
 	return b
 }
 
-// viaConsulAPI is what the Watcher does with a listing's body: consul/api's
-// KV.List decodes it into []*api.KVPair, then the map.
+// viaConsulAPI is consul/api's reading of a listing's body: encoding/json
+// into []*api.KVPair, then the map.
 func viaConsulAPI(body []byte, prefix string) (map[string]string, error) {
 	var pairs api.KVPairs
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&pairs); err != nil {
@@ -57,11 +63,23 @@ func viaConsulAPI(body []byte, prefix string) (map[string]string, error) {
 	return pairsListing(pairs, prefix, nil).kv, nil
 }
 
+// reader is a listingReader over r with a fresh buffer.
+func reader(r io.Reader) *listingReader { return &listingReader{r: r} }
+
 // decode is readListing with nothing to compare with: the map it builds.
 func decode(body []byte, prefix string) (map[string]string, error) {
 	var value []byte
-	l, err := readListing(body, prefix, nil, &value)
+	l, err := readListing(reader(bytes.NewReader(body)), prefix, &value, nil)
 	return l.kv, err
+}
+
+// heldOf is kv as the Watcher holds an accepted read.
+func heldOf(kv map[string]string) held {
+	var b builder
+	for _, k := range slices.Sorted(maps.Keys(kv)) {
+		b.add(k, kv[k])
+	}
+	return b.held()
 }
 
 func TestDecodeListingMatchesConsulAPI(t *testing.T) {
@@ -72,8 +90,9 @@ func TestDecodeListingMatchesConsulAPI(t *testing.T) {
 		// A folder key that holds a value is a key; a key outside the
 		// prefix is not.
 		`[{"Key":"hastate/dir/","Value":"eA=="},{"Key":"other/x","Value":"eA=="}]`,
-		// Escapes in keys, fields in any order, nested unknown fields.
-		`[{"Value":"cmVhZHk=","Flags":0,"Key":"hastate/state/w\u00e9b/\"a\"","Extra":{"x":[1,2,{"y":"}"}]},"N":-1.5e+3,"B":true}]`,
+		// Escapes in keys, fields in any order, nested unknown fields
+		// with braces and brackets in strings.
+		`[{"Value":"cmVhZHk=","Flags":0,"Key":"hastate/state/w\u00e9b/\"a\"}","Extra":{"x":[1,2,{"y":"}]\\"}]},"N":-1.5e+3,"B":true}]`,
 		`[{"Key":"hastate/state/web/a","Value":""}]`,
 		// A folder key with an empty value is a folder, as it is to
 		// consul/api's []byte{}.
@@ -81,17 +100,33 @@ func TestDecodeListingMatchesConsulAPI(t *testing.T) {
 		// Names that differ in case are the fields, as in encoding/json;
 		// a pair without a key is skipped.
 		`[{"key":"hastate/state/web/b","VALUE":"bWFpbnQ="},{},{"Value":"eA=="}]`,
+		// Out of order: read in full, it is the same map.
+		`[{"Key":"hastate/state/web/b","Value":"eA=="},{"Key":"hastate/state/web/a","Value":"eQ=="}]`,
 	} {
-		got, err := decode([]byte(body), "hastate/")
-		if err != nil {
-			t.Fatalf("decode(%.80q): %v", body, err)
-		}
 		want, err := viaConsulAPI([]byte(body), "hastate/")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !maps.Equal(got, want) {
-			t.Errorf("decode(%.80q) = %v, consul/api %v", body, got, want)
+		for name, r := range map[string]io.Reader{
+			"whole":         bytes.NewReader([]byte(body)),
+			"a byte a read": iotest.OneByteReader(bytes.NewReader([]byte(body))),
+		} {
+			var value []byte
+			l, err := readListing(reader(r), "hastate/", &value, nil)
+			if err != nil {
+				t.Fatalf("%s: readListing(%.80q): %v", name, body, err)
+			}
+			if !maps.Equal(l.kv, want) {
+				t.Errorf("%s: readListing(%.80q) = %v, consul/api %v", name, body, l.kv, want)
+			}
+			if !slices.IsSorted(l.held.keys) || len(l.held.keys) != len(want) || len(l.vals) != len(l.held.keys) {
+				t.Errorf("%s: keys %v (%d values) are not the map's keys in order", name, l.held.keys, len(l.vals))
+			}
+			for i, k := range l.held.keys {
+				if l.vals[i] != want[k] {
+					t.Errorf("%s: vals[%d] = %q, want %q (key %s)", name, i, l.vals[i], want[k], k)
+				}
+			}
 		}
 	}
 }
@@ -102,19 +137,55 @@ func TestDecodeListingRejectsMalformed(t *testing.T) {
 		`[{"Key":"hastate/a","Value":"!!"}]`, `[{"Key":"hastate/a","Value":"ZHJhaW4="}] x`,
 		`[{"Key":"hastate/a","Flags":01x}]`, `[{"Key":"hastate/a","Flags":}]`, `[{"Key":"hastate/a" "Value":null}]`,
 		`[{"Key":"hastate/a"},]`, `[{"Key":"hastate/a","X":{"y":}}]`, "[{\"Key\":\"hastate/\x01\"}]",
+		`[{"Key":"hastate/a","X":"}"`, `[{"Key":"hastate/a"}}]`,
 	} {
 		if kv, err := decode([]byte(body), "hastate/"); err == nil || !errors.Is(err, errListing) {
 			t.Errorf("decode(%q) = %v, %v; want an errListing", body, kv, err)
 		}
-		// Compared with a map first, it fails the same.
+		// Merged with a held read, it fails the same.
 		var value []byte
-		if l, err := readListing([]byte(body), "hastate/", map[string]string{"a": "x"}, &value); err == nil {
-			t.Errorf("readListing(%q) against a map = %+v, want an error", body, l)
+		if l, err := mergeListing(reader(strings.NewReader(body)), "hastate/", &value, heldOf(map[string]string{"a": "x"})); err == nil {
+			t.Errorf("mergeListing(%q) = %+v, want an error", body, l)
 		}
 	}
 }
 
-func TestReadListingComparesFirst(t *testing.T) {
+// TestListingReadErrorIsNotMalformed: a body cut by the connection fails
+// with the read error, not as a malformed listing.
+func TestListingReadErrorIsNotMalformed(t *testing.T) {
+	body := listingBody(t, "hastate/", 3000)
+	cut := io.MultiReader(bytes.NewReader(body[:len(body)/2]), iotest.ErrReader(io.ErrUnexpectedEOF))
+	var value []byte
+	_, err := readListing(reader(cut), "hastate/", &value, nil)
+	if !errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errListing) || !strings.Contains(err.Error(), "read KV listing") {
+		t.Errorf("cut body: %v, want the read error", err)
+	}
+}
+
+// TestListingWindowHoldsOnePair: the reader's window grows to the largest
+// pair (a 512 KB value, Consul's limit), not to the listing.
+func TestListingWindowHoldsOnePair(t *testing.T) {
+	big := strings.Repeat("x", 512<<10)
+	pairs := api.KVPairs{{Key: "hastate/config/big", Value: []byte(big)}}
+	for i := range 50_000 {
+		pairs = append(pairs, &api.KVPair{Key: fmt.Sprintf("hastate/state/web/s%05d", i), Value: []byte("drain")})
+	}
+	body, err := json.Marshal(pairs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr := reader(bytes.NewReader(body))
+	var value []byte
+	l, err := readListing(lr, "hastate/", &value, nil)
+	if err != nil || len(l.kv) != 50_001 || l.kv["config/big"] != big {
+		t.Fatalf("readListing: %d keys, %v", len(l.kv), err)
+	}
+	if len(body) < 3<<20 || cap(lr.buf) > 2<<20 {
+		t.Errorf("window %d bytes for a %d-byte listing whose largest pair is %d bytes", cap(lr.buf), len(body), len(big)*4/3)
+	}
+}
+
+func TestMergeListing(t *testing.T) {
 	const prefix = "hastate/"
 	body := listingBody(t, prefix, 300)
 	want, err := viaConsulAPI(body, prefix)
@@ -122,42 +193,64 @@ func TestReadListingComparesFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	var value []byte
-	read := func(last map[string]string) listing {
+	merge := func(last map[string]string) listing {
 		t.Helper()
-		l, err := readListing(body, prefix, last, &value)
+		l, err := mergeListing(reader(iotest.HalfReader(bytes.NewReader(body))), prefix, &value, heldOf(last))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
-	if l := read(maps.Clone(want)); !l.unchanged || l.kv != nil || l.keys != len(want) {
-		t.Errorf("against what it holds: unchanged=%v, %d keys, map %v; want unchanged, %d keys, no map", l.unchanged, l.keys, l.kv != nil, len(want))
+	if l := merge(maps.Clone(want)); !l.unchanged || l.kv != nil || l.count != len(want) {
+		t.Errorf("against what it holds: unchanged=%v, %d keys, map %v; want unchanged, %d keys, no map", l.unchanged, l.count, l.kv != nil, len(want))
 	}
-	for name, edit := range map[string]func(map[string]string){
-		"a value differs":     func(m map[string]string) { m["config/ramp"] = "x" },
-		"a key is missing":    func(m map[string]string) { delete(m, "config/ramp") },
-		"a key is extra":      func(m map[string]string) { m["state/web/gone"] = "drain" },
-		"one key is replaced": func(m map[string]string) { delete(m, "config/ramp"); m["config/rampx"] = `{"duration":"5m"}` },
-		"empty":               func(m map[string]string) { clear(m) },
+	keys := slices.Sorted(maps.Keys(want))
+	first, mid, lastKey := keys[0], keys[len(keys)/2], keys[len(keys)-1]
+	for name, c := range map[string]struct {
+		edit    func(map[string]string)
+		changed []string
+	}{
+		"a value differs":       {func(m map[string]string) { m[mid] = "x" }, []string{mid}},
+		"the first key differs": {func(m map[string]string) { m[first] = "x" }, []string{first}},
+		"a key is added":        {func(m map[string]string) { delete(m, lastKey) }, []string{lastKey}},
+		"the first is added":    {func(m map[string]string) { delete(m, first) }, []string{first}},
+		"a key is deleted":      {func(m map[string]string) { m["state/web/gone"] = "drain" }, []string{"state/web/gone"}},
+		"deleted at the end":    {func(m map[string]string) { m["zzz"] = "drain" }, []string{"zzz"}},
+		"deleted at the start":  {func(m map[string]string) { m["a"] = "drain" }, []string{"a"}},
+		"one key is replaced": {func(m map[string]string) { delete(m, mid); m[mid+"x"] = "drain" },
+			[]string{mid, mid + "x"}},
+		"all deleted and set": {func(m map[string]string) { clear(m); m["a"] = "b" }, append([]string{"a"}, keys...)},
 	} {
 		last := maps.Clone(want)
-		edit(last)
-		if l := read(last); l.unchanged || !maps.Equal(l.kv, want) || l.keys != len(want) {
-			t.Errorf("%s: unchanged=%v, %d keys, map equal %v; want the full changed map", name, l.unchanged, l.keys, maps.Equal(l.kv, want))
+		c.edit(last)
+		l := merge(last)
+		if l.unchanged || !maps.Equal(l.kv, want) || l.count != len(want) || !slices.Equal(l.held.keys, keys) {
+			t.Errorf("%s: unchanged=%v, %d keys, map equal %v, keys in order %v; want the changed read", name, l.unchanged, l.count, maps.Equal(l.kv, want), slices.Equal(l.held.keys, keys))
+			continue
+		}
+		if got := slices.Sorted(slices.Values(l.changed)); !slices.Equal(got, slices.Sorted(slices.Values(c.changed))) {
+			t.Errorf("%s: changed %v, want %v", name, got, c.changed)
+		}
+		for i, k := range l.held.keys {
+			if l.vals[i] != want[k] {
+				t.Errorf("%s: vals[%d] = %q, want %q", name, i, l.vals[i], want[k])
+			}
 		}
 	}
-	if l := read(nil); l.unchanged || !maps.Equal(l.kv, want) {
-		t.Errorf("with nothing to compare: unchanged=%v, map equal %v", l.unchanged, maps.Equal(l.kv, want))
+	// Keys out of order cannot be merged.
+	unordered := `[{"Key":"hastate/b","Value":"eA=="},{"Key":"hastate/a","Value":"eA=="}]`
+	if _, err := mergeListing(reader(strings.NewReader(unordered)), prefix, &value, heldOf(map[string]string{"a": "x"})); !errors.Is(err, errUnordered) {
+		t.Errorf("unordered listing: %v, want errUnordered", err)
 	}
 }
 
-// BenchmarkDecodeListing compares ways to turn a 50,000-key Consul KV
-// listing (the HTTP body; no network) into what the Watcher needs:
-// consul/api's decoding into []*api.KVPair plus the map (the Watcher
-// before listingTransport), and readListing: with nothing to compare
-// (a new leader's first read), against a map one key differs from (an
-// operator's write), and against the map the Sink holds (a read that
-// changed nothing: most reads).
+// BenchmarkDecodeListing compares ways to read a 50,000-key Consul KV
+// listing (the HTTP body; no network): consul/api's decoding into
+// []*api.KVPair plus the map (the Watcher before listingTransport), and
+// readListing/mergeListing: with nothing to compare (a new leader's first
+// read), against a read one key differs from (an operator's write), and
+// against the read the Sink holds (a read that changed nothing: most
+// reads).
 func BenchmarkDecodeListing(b *testing.B) {
 	const prefix = "hastate/"
 	body := listingBody(b, prefix, 50_000)
@@ -167,7 +260,10 @@ func BenchmarkDecodeListing(b *testing.B) {
 	}
 	oneSet := maps.Clone(last)
 	oneSet["config/ramp"] = `{"duration":"1m"}`
+	held, heldOneSet := heldOf(last), heldOf(oneSet)
 	var value []byte
+	window := make([]byte, minListingWindow) // kept from read to read, as the Watcher keeps it
+	lr := func() *listingReader { return &listingReader{r: bytes.NewReader(body), buf: window} }
 	for _, c := range []struct {
 		name string
 		read func() (int, error)
@@ -177,19 +273,19 @@ func BenchmarkDecodeListing(b *testing.B) {
 			return len(kv), err
 		}},
 		{"readListing-nothing-to-compare", func() (int, error) {
-			l, err := readListing(body, prefix, nil, &value)
+			l, err := readListing(lr(), prefix, &value, nil)
 			return len(l.kv), err
 		}},
-		{"readListing-one-key-set", func() (int, error) {
-			l, err := readListing(body, prefix, oneSet, &value)
+		{"mergeListing-one-key-set", func() (int, error) {
+			l, err := mergeListing(lr(), prefix, &value, heldOneSet)
 			return len(l.kv), err
 		}},
-		{"readListing-unchanged", func() (int, error) {
-			l, err := readListing(body, prefix, last, &value)
+		{"mergeListing-unchanged", func() (int, error) {
+			l, err := mergeListing(lr(), prefix, &value, held)
 			if !l.unchanged {
 				return 0, errors.New("read as changed")
 			}
-			return l.keys, err
+			return l.count, err
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {

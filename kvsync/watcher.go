@@ -36,6 +36,9 @@ type Watcher struct {
 	// body and value are the buffers a read decodes Consul's listing
 	// with, kept from one read to the next (one Run at a time).
 	body, value []byte
+	// unordered: Consul once listed keys out of order, so listings are
+	// read in full rather than merged (see errUnordered).
+	unordered bool
 
 	mu sync.Mutex
 	st Status
@@ -80,11 +83,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 		// index is the Consul index the Sink is in sync with; 0 means
 		// none, so the next read returns at once with the full prefix.
 		index    uint64
-		last     map[string]string // what the Sink last accepted; shared with it
-		accepted uint64            // the index of that read
-		failures int               // consecutive failed attempts
-		since    time.Time         // first failure of the current streak
-		wait     time.Duration     // before the next call
+		last     held          // what the Sink last accepted; its map is shared with it
+		accepted uint64        // the index of that read
+		failures int           // consecutive failed attempts
+		since    time.Time     // first failure of the current streak
+		wait     time.Duration // before the next call
 	)
 	for {
 		if err := sleep(ctx, wait); err != nil {
@@ -116,7 +119,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			index = got // the index moved, the data did not
 		default:
 			r := state.KVRead{Index: got, KV: l.kv}
-			if last != nil {
+			if last.kv != nil {
 				r.Base, r.Changed = accepted, l.changed
 			}
 			if err := w.o.Sink.ApplyRead(ctx, r); err != nil {
@@ -126,19 +129,19 @@ func (w *Watcher) Run(ctx context.Context) error {
 				// Not delivered: index stays, so the next read returns at
 				// once with the then-current data, after the backoff.
 				failures, since = w.failed(failures, since, index,
-					fmt.Errorf("sink: apply %d keys at index %d: %w", l.keys, got, err), false)
+					fmt.Errorf("sink: apply %d keys at index %d: %w", l.count, got, err), false)
 				wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
 				continue
 			}
 			w.m.updates.Inc()
-			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.keys))
-			index, last, accepted = got, l.kv, got
+			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.count))
+			index, last, accepted = got, l.held, got
 		}
 		if failures > 0 {
 			w.log.Info("consul KV sync recovered",
 				zap.Int("failed_attempts", failures),
 				zap.Duration("outage", time.Since(since).Round(time.Millisecond)),
-				zap.Uint64("consul_index", got), zap.Int("keys", l.keys))
+				zap.Uint64("consul_index", got), zap.Int("keys", l.count))
 			failures = 0
 		}
 		w.succeeded(index)
@@ -147,14 +150,24 @@ func (w *Watcher) Run(ctx context.Context) error {
 
 // read lists the prefix, blocking until Consul's index passes index (or the
 // wait ends), and returns the index and the listing compared with last,
-// what the Sink holds (nil: nothing yet).
-func (w *Watcher) read(ctx context.Context, index uint64, last map[string]string) (uint64, listing, error) {
+// what the Sink holds (its kv is nil when nothing yet).
+func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, listing, error) {
 	limit := w.o.WaitTime + w.o.WaitTime/16 + w.slack
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	c := &capture{prefix: w.o.Prefix, index: index, last: last, body: &w.body, value: &w.value}
-	q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(withCapture(ctx, c))
-	pairs, meta, err := w.o.KV.List(w.o.Prefix, q)
+	list := func() (*capture, consul.KVPairs, *consul.QueryMeta, error) {
+		c := &capture{prefix: w.o.Prefix, index: index, last: last, unordered: w.unordered, body: &w.body, value: &w.value}
+		q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(withCapture(ctx, c))
+		pairs, meta, err := w.o.KV.List(w.o.Prefix, q)
+		return c, pairs, meta, err
+	}
+	c, pairs, meta, err := list()
+	if errors.Is(err, errUnordered) {
+		w.log.Warn("Consul listed the keys under the prefix out of order; reading every listing in full from now on (this costs more at scale; report it with the Consul version)",
+			zap.Error(err))
+		w.unordered = true
+		c, pairs, meta, err = list()
+	}
 	switch {
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return 0, listing{}, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
@@ -171,14 +184,14 @@ func (w *Watcher) read(ctx context.Context, index uint64, last map[string]string
 	if !c.done {
 		// Not through listingTransport: a 404 (no key under the prefix),
 		// or a client NewClient did not build.
-		l = pairsListing(pairs, w.o.Prefix, last)
+		l = pairsListing(pairs, w.o.Prefix, last.kv)
 	}
 	// Consul's rule: an index must be above 0; waiting on 0 would not
 	// block, so treat 0 as 1.
 	got := max(meta.LastIndex, 1)
 
 	w.m.index.Set(float64(got))
-	w.m.keys.Set(float64(l.keys))
+	w.m.keys.Set(float64(l.count))
 	w.m.reachable.Set(1)
 	w.mu.Lock()
 	w.st.Index, w.st.Reachable = got, true
