@@ -121,7 +121,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 		return f.reject(l.Index, fmt.Errorf("undecodable entry: %w", err))
 	}
 	if f.lag != nil && !c.At.IsZero() {
-		f.lag(time.Since(c.At))
+		// Observed once the entry is applied and served (deferred calls
+		// run last first: after the switch below, before advance).
+		defer func() { f.lag(time.Since(c.At)) }()
 	}
 	switch c.Type {
 	case cmdKV:

@@ -299,8 +299,8 @@ func consulListing(tb testing.TB, consul *testenv.Consul) (list, raw time.Durati
 // Histograms read to get the per-entry cost. The leader observes
 // apply_duration for each entry it writes (raft Apply until committed by a
 // quorum and applied to its own FSM); each follower observes entry_lag
-// from the leader writing the entry until its FSM decodes it, before the
-// apply itself (cluster/fsm.go), so it shows replication, not apply cost.
+// from the leader writing the entry until its FSM has applied it and
+// serves it: replication, the commit notice and the apply.
 const (
 	applyHist = "hastate_raft_apply_duration_seconds"
 	lagHist   = "hastate_raft_entry_lag_seconds"
@@ -442,7 +442,7 @@ func BenchmarkScale(b *testing.B) {
 	}
 	fmt.Fprintf(&sb, "rss_MB: largest VmRSS over the replicas after each of the first %d changes (ldr_MB: the leader's); hwm_MB: largest VmHWM then (peak, initial sync included).\n", scaleChanges)
 	fmt.Fprintf(&sb, "apply_ms: leader's mean hastate_raft_apply_duration_seconds per entry (commit plus the leader's FSM apply) over the last %d changes;\n", costChanges)
-	sb.WriteString("lag_ms: followers' mean hastate_raft_entry_lag_seconds (observed when a follower decodes the entry, before its FSM applies it);\n")
+	sb.WriteString("lag_ms: followers' mean hastate_raft_entry_lag_seconds (from the leader writing an entry to the follower serving it);\n")
 	sb.WriteString("entries: raft entries per change. list_ms: consul/api KV.List of the prefix (median of 5); http_ms: the same read as raw uncompressed HTTP (Consul's floor), json_MB its size.\n")
 	// Straight to stdout: the testing package prints a parent benchmark's
 	// log only with -v, and cuts it at 10 lines.
