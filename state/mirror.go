@@ -27,6 +27,11 @@ func (c Change) Empty() bool { return len(c.Set) == 0 && len(c.Delete) == 0 }
 
 // Entry is one key under <prefix>state/ with its raw value and the last
 // value of it that parsed.
+//
+// An Entry a Mirror has handed to a Snapshot never changes: the mirror
+// replaces an entry it changes with a changed copy, so that snapshots
+// share entries with the mirror and with each other instead of copying
+// every one. Callers given an *Entry (Resolution.Entry) must not modify it.
 type Entry struct {
 	Key     string // relative KV key, e.g. "state/web/a"
 	Backend string
@@ -160,9 +165,25 @@ func (m *Mirror) Diff(desired map[string]string) Change {
 // Apply applies a change and marks the mirror as synced. An invalid value
 // keeps the key's last valid value. It neither starts nor ends ramps; the
 // state machine uses ApplyAt.
-func (m *Mirror) Apply(c Change) {
+func (m *Mirror) Apply(c Change) { m.apply(c, time.Time{}) }
+
+// apply is Apply that also starts a new Since, at, for every key whose last
+// valid value changes state (a new reason or an invalid value does not);
+// a zero at leaves Since alone.
+func (m *Mirror) apply(c Change, at time.Time) {
+	// A key both deleted and set is compared with the state it held
+	// before the change, not with its absence in between.
+	var was map[string]Value
 	m.synced = true
 	for _, k := range c.Delete {
+		if _, ok := c.Set[k]; ok && !at.IsZero() {
+			if e := m.entry(k); e != nil && e.HasLast {
+				if was == nil {
+					was = map[string]Value{}
+				}
+				was[k] = e.Last
+			}
+		}
 		delete(m.raw, k)
 		m.deleteEntry(k)
 	}
@@ -172,13 +193,36 @@ func (m *Mirror) Apply(c Change) {
 			continue
 		}
 		p := m.edit(entryShard(k))
-		e := p.entries[k]
-		if e == nil {
+		var e *Entry
+		if old := p.entries[k]; old != nil {
+			// A copy: a snapshot may hold old.
+			cp := *old
+			e = &cp
+		} else {
 			e = newEntry(k)
-			p.entries[k] = e
+		}
+		prev, hadLast := e.Last, e.HasLast
+		if w, ok := was[k]; ok {
+			prev, hadLast = w, true
 		}
 		e.set(v)
+		if !at.IsZero() && e.HasLast && (!hadLast || !sameState(prev, e.Last)) {
+			// No monotonic reading and one location, so that a
+			// restored Since compares equal.
+			e.Since = at.UTC().Round(0)
+		}
+		p.entries[k] = e
 	}
+}
+
+// sameState reports whether a and b hold the same state, the one
+// Value.String names (drain, maint, ready, N%), without building the
+// strings.
+func sameState(a, b Value) bool {
+	if a.WeightSet || b.WeightSet {
+		return a.WeightSet == b.WeightSet && a.Weight == b.Weight
+	}
+	return a.Admin.String() == b.Admin.String()
 }
 
 func newEntry(key string) *Entry {
@@ -272,6 +316,8 @@ func Restore(p Persisted) *Mirror {
 	for _, r := range p.Ramps {
 		m.edit(shardName(r.Target)).ramps[r.Target] = &r
 	}
+	// No snapshot holds the new mirror's entries yet: they are changed in
+	// place.
 	for _, k := range p.Expired {
 		if e := m.entry(k); e != nil {
 			e.Expired = true

@@ -109,33 +109,7 @@ func (m *Mirror) startsRamp(before Value, beforeOK bool, p RampPolicy) bool {
 // target goes straight to ready 100%, the same way on every replica.
 func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent {
 	keys := append(slices.Clone(c.Delete), slices.Collect(maps.Keys(c.Set))...)
-	return m.transition(keys, at, policy, func() { m.applySince(c, at) })
-}
-
-// applySince applies c and starts a new Since, at, for every key whose last
-// valid value changes state (a new reason or an invalid value does not).
-func (m *Mirror) applySince(c Change, at time.Time) {
-	was := make(map[string]string, len(c.Set))
-	for k := range c.Set {
-		if e := m.entry(k); e != nil && e.HasLast {
-			was[k] = e.Last.String()
-		}
-	}
-	m.Apply(c)
-	if at.IsZero() {
-		return
-	}
-	for k := range c.Set {
-		e := m.entry(k)
-		if e == nil || !e.HasLast {
-			continue
-		}
-		if prev, ok := was[k]; !ok || prev != e.Last.String() {
-			// No monotonic reading and one location, so that a
-			// restored Since compares equal.
-			e.Since = at.UTC().Round(0)
-		}
-	}
+	return m.transition(keys, at, policy, func() { m.apply(c, at) })
 }
 
 // Expire treats the keys whose "until" has passed at the leader's time at
@@ -152,7 +126,11 @@ func (m *Mirror) Expire(keys []string, at time.Time, policy RampPolicy) []RampEv
 	}
 	return m.transition(due, at, policy, func() {
 		for _, k := range due {
-			m.edit(entryShard(k)).entries[k].Expired = true
+			p := m.edit(entryShard(k))
+			// A copy: a snapshot may hold the entry.
+			e := *p.entries[k]
+			e.Expired = true
+			p.entries[k] = &e
 		}
 	})
 }
