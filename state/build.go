@@ -90,8 +90,10 @@ func buildShard(p *part) *shard {
 	for t, r := range p.ramps {
 		sh.ramps[t] = *r
 	}
-	put := func(target string) {
-		b, srv, _ := strings.Cut(target, "/")
+	// The exact map's keys are the servers' names as the entries and
+	// ramps already hold them (a substring of the key or target), not a
+	// new string each.
+	put := func(b, srv string) {
 		line := sh.resolve(b, srv).Answer.line()
 		if srv == Wildcard {
 			sh.wildcard, sh.hasWild = line, true
@@ -99,13 +101,14 @@ func buildShard(p *part) *shard {
 			sh.exact[srv] = line
 		}
 	}
-	for i := range sh.entries {
-		if t := sh.entries[i].target(); t != "" {
-			put(t)
+	for _, e := range sh.entries {
+		if e.Backend != "" {
+			put(e.Backend, e.Server)
 		}
 	}
 	for t := range sh.ramps {
-		put(t)
+		b, srv, _ := strings.Cut(t, "/")
+		put(b, srv)
 	}
 	return sh
 }

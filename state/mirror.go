@@ -227,12 +227,19 @@ func sameState(a, b Value) bool {
 
 func newEntry(key string) *Entry {
 	e := &Entry{Key: key}
+	e.Backend, e.Server = splitKey(key)
+	return e
+}
+
+// splitKey returns the backend and server a state key names, or "", ""
+// for a misshapen key (state/x, state/a/b/c, state//x).
+func splitKey(key string) (backend, server string) {
 	rest := strings.TrimPrefix(key, StatePrefix)
 	b, s, ok := strings.Cut(rest, "/")
 	if ok && b != "" && s != "" && !strings.Contains(s, "/") {
-		e.Backend, e.Server = b, s
+		return b, s
 	}
-	return e
+	return "", ""
 }
 
 func keyError(key string) error {
@@ -243,7 +250,7 @@ func keyError(key string) error {
 // CheckKV reports why a key under state/ and its value are ignored (the
 // key's shape, else the value), or nil when they are valid.
 func CheckKV(key, raw string) error {
-	if newEntry(key).Backend == "" {
+	if b, _ := splitKey(key); b == "" {
 		return keyError(key)
 	}
 	_, err := ParseValue(raw)

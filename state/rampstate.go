@@ -67,11 +67,16 @@ type RampSteps struct {
 func (s RampSteps) Empty() bool { return len(s.Weights) == 0 && len(s.Done) == 0 }
 
 // target returns the ramp target of a state key ("" for invalid keys).
-func (e *Entry) target() string {
-	if e.Backend == "" {
+func (e *Entry) target() string { return keyTarget(e.Key) }
+
+// keyTarget returns the ramp target a state key names, "backend/server":
+// the key without StatePrefix, so no new string. It is "" for a misshapen
+// key.
+func keyTarget(key string) string {
+	if b, _ := splitKey(key); b == "" {
 		return ""
 	}
-	return e.Backend + "/" + e.Server
+	return key[len(StatePrefix):]
 }
 
 // effective is what a target is told before ramps: the last valid value of
@@ -168,7 +173,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		if !strings.HasPrefix(k, StatePrefix) {
 			return
 		}
-		t := newEntry(k).target()
+		t := keyTarget(k)
 		if t == "" {
 			return
 		}
