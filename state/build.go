@@ -76,7 +76,7 @@ func (s *Snapshot) count(sh *shard, sign int) {
 // ramps, and the wire line of every target they name.
 func buildShard(p *part) *shard {
 	sh := &shard{
-		exact:   make(map[string][]byte, len(p.entries)+len(p.ramps)),
+		exact:   make(map[string]*[]byte, len(p.entries)+len(p.ramps)),
 		entries: make([]*Entry, 0, len(p.entries)),
 		ramps:   make(map[string]Ramp, len(p.ramps)),
 	}
@@ -94,9 +94,9 @@ func buildShard(p *part) *shard {
 	// ramps already hold them (a substring of the key or target), not a
 	// new string each.
 	put := func(b, srv string) {
-		line := sh.resolve(b, srv).Answer.line()
+		line := sh.resolve(b, srv).Answer.lineRef()
 		if srv == Wildcard {
-			sh.wildcard, sh.hasWild = line, true
+			sh.wildcard, sh.hasWild = *line, true
 		} else {
 			sh.exact[srv] = line
 		}

@@ -35,12 +35,12 @@ const snapshotGroups = 256
 // backend. A misshapen key (state/x, state/a/b/c) lives in the shard its
 // text names and only shows in Entries and Resolve.
 type shard struct {
-	exact    map[string][]byte // server -> wire line
-	wildcard []byte            // the backend wildcard's line (nil: withheld)
-	hasWild  bool              // whether the backend has a wildcard line
-	entries  []*Entry          // sorted by key; shared with the mirror
-	ramps    map[string]Ramp   // by target
-	invalid  int               // entries whose current value is invalid
+	exact    map[string]*[]byte // server -> wire line (Answer.lineRef)
+	wildcard []byte             // the backend wildcard's line (nil: withheld)
+	hasWild  bool               // whether the backend has a wildcard line
+	entries  []*Entry           // sorted by key; shared with the mirror
+	ramps    map[string]Ramp    // by target
+	invalid  int                // entries whose current value is invalid
 }
 
 // emptyShard stands for a backend without keys or ramps.
@@ -81,7 +81,7 @@ func (s *Snapshot) Lookup(req []byte, i int) []byte {
 		return lineReady[100]
 	}
 	if line, ok := sh.exact[string(req[i+1:])]; ok {
-		return line
+		return *line
 	}
 	if sh.hasWild {
 		return sh.wildcard
