@@ -65,7 +65,7 @@ func heapInUse() uint64 {
 // snapshot keep alive (retained), what one single-key raft entry costs
 // (change: ApplyAt and Snapshot), and the leader's per-tick reads (due:
 // Due; ramps: Ramps), with no key due and no ramp in progress, as in a
-// quiet fleet.
+// quiet fleet, then Due again with 1,000 keys that have an until.
 //
 //	go test -run '^$' -bench Mirror50k -benchtime 5x ./state   (retained)
 //	go test -run '^$' -bench Mirror50k ./state
@@ -116,6 +116,23 @@ func BenchmarkMirror50k(b *testing.B) {
 		for b.Loop() {
 			if len(m.Ramps()) != 0 {
 				b.Fatal("a ramp is in progress")
+			}
+		}
+	})
+
+	// One server in fifty drained for a while: Due has 1,000 untils to
+	// look at, none of them passed yet.
+	c := Change{Set: map[string]string{}}
+	until := `{"state":"drain","until":"` + now.Add(time.Hour).Format(time.RFC3339) + `"}`
+	for i := range backends {
+		c.Set[fmt.Sprintf("state/be%04d/srv%02d", i, i%servers)] = until
+	}
+	m.ApplyAt(c, t0, policy)
+	b.Run("due-1000-untils", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if len(m.Due(now)) != 0 {
+				b.Fatal("a key is due")
 			}
 		}
 	})

@@ -67,6 +67,13 @@ type Mirror struct {
 	// parts holds the state keys' entries and the ramps, by snapshot
 	// shard (backend), so that a shard is rebuilt from its own alone.
 	parts map[string]*part
+	// The leader reads these on every tick, under the state machine's
+	// lock, so they are kept as entries and ramps change rather than
+	// found by a scan of every part: until holds Last.Until of every
+	// entry that may come due (a valid last value with an until, not
+	// expired), by key; ramping holds the ramps of parts, by target.
+	until   map[string]time.Time
+	ramping map[string]*Ramp
 	// dirty holds the shards changed since last was built; Snapshot
 	// rebuilds them and shares the others with last.
 	dirty map[string]struct{}
@@ -81,7 +88,8 @@ type part struct {
 
 // NewMirror returns an empty mirror that holds no state yet.
 func NewMirror() *Mirror {
-	return &Mirror{raw: map[string]string{}, parts: map[string]*part{}, dirty: map[string]struct{}{}}
+	return &Mirror{raw: map[string]string{}, parts: map[string]*part{}, dirty: map[string]struct{}{},
+		until: map[string]time.Time{}, ramping: map[string]*Ramp{}}
 }
 
 // entryShard returns the name of the shard that holds a state key.
@@ -122,16 +130,53 @@ func (m *Mirror) settle(name string) {
 	}
 }
 
+// putEntry makes e the entry of its key.
+func (m *Mirror) putEntry(p *part, e *Entry) {
+	p.entries[e.Key] = e
+	m.noteUntil(e)
+}
+
+// noteUntil keeps the until index up to date with e, the key's entry now.
+func (m *Mirror) noteUntil(e *Entry) {
+	if e.HasLast && !e.Expired && !e.Last.Until.IsZero() {
+		m.until[e.Key] = e.Last.Until
+	} else {
+		delete(m.until, e.Key)
+	}
+}
+
 func (m *Mirror) deleteEntry(key string) {
 	name := entryShard(key)
 	delete(m.edit(name).entries, key)
+	delete(m.until, key)
 	m.settle(name)
+}
+
+// putRamp makes r the ramp of its target.
+func (m *Mirror) putRamp(r *Ramp) {
+	m.edit(shardName(r.Target)).ramps[r.Target] = r
+	m.ramping[r.Target] = r
 }
 
 func (m *Mirror) deleteRamp(target string) {
 	name := shardName(target)
 	delete(m.edit(name).ramps, target)
+	delete(m.ramping, target)
 	m.settle(name)
+}
+
+// reindex rebuilds the until and ramping indexes from the parts.
+func (m *Mirror) reindex() {
+	clear(m.until)
+	clear(m.ramping)
+	for _, p := range m.parts {
+		for _, e := range p.entries {
+			m.noteUntil(e)
+		}
+		for t, r := range p.ramps {
+			m.ramping[t] = r
+		}
+	}
 }
 
 // Synced reports whether the mirror holds state: a KV read was applied to it
@@ -211,7 +256,7 @@ func (m *Mirror) apply(c Change, at time.Time) {
 			// restored Since compares equal.
 			e.Since = at.UTC().Round(0)
 		}
-		p.entries[k] = e
+		m.putEntry(p, e)
 	}
 }
 
@@ -321,7 +366,7 @@ func Restore(p Persisted) *Mirror {
 	}
 	m.Apply(Change{Set: p.KV})
 	for _, r := range p.Ramps {
-		m.edit(shardName(r.Target)).ramps[r.Target] = &r
+		m.putRamp(&r)
 	}
 	// No snapshot holds the new mirror's entries yet: they are changed in
 	// place.
@@ -336,6 +381,8 @@ func Restore(p Persisted) *Mirror {
 		}
 	}
 	m.synced = p.Synced
+	// The loops above changed entries behind the indexes' back.
+	m.reindex()
 	return m
 }
 

@@ -135,20 +135,19 @@ func (m *Mirror) Expire(keys []string, at time.Time, policy RampPolicy) []RampEv
 			// A copy: a snapshot may hold the entry.
 			e := *p.entries[k]
 			e.Expired = true
-			p.entries[k] = &e
+			m.putEntry(p, &e)
 		}
 	})
 }
 
 // Due returns the keys whose "until" has passed at now and that are not
-// yet expired, sorted: what the leader's next expire entry holds.
+// yet expired, sorted: what the leader's next expire entry holds. It reads
+// the keys that have an until, not every key.
 func (m *Mirror) Due(now time.Time) []string {
 	var out []string
-	for _, p := range m.parts {
-		for k, e := range p.entries {
-			if e.due(now) {
-				out = append(out, k)
-			}
+	for k, until := range m.until {
+		if !now.Before(until) {
+			out = append(out, k)
 		}
 	}
 	slices.Sort(out)
@@ -215,7 +214,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		}
 		w, _ := p.Weight(0)
 		r := &Ramp{Target: t, Started: at, Policy: p, Weight: w}
-		m.edit(shardName(t)).ramps[t] = r
+		m.putRamp(r)
 		events = append(events, RampEvent{Target: t, Start: true, Reason: "left " + b.v.Admin.String(), Ramp: *r})
 	}
 	return events
@@ -265,11 +264,9 @@ func (m *Mirror) ApplySteps(s RampSteps) []RampEvent {
 
 // Ramps returns copies of the ramps in progress, sorted by target.
 func (m *Mirror) Ramps() []Ramp {
-	out := []Ramp{}
-	for _, p := range m.parts {
-		for _, r := range p.ramps {
-			out = append(out, *r)
-		}
+	out := make([]Ramp, 0, len(m.ramping))
+	for _, r := range m.ramping {
+		out = append(out, *r)
 	}
 	slices.SortFunc(out, func(a, b Ramp) int { return strings.Compare(a.Target, b.Target) })
 	return out
