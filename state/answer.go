@@ -28,27 +28,34 @@ func (a Answer) String() string {
 }
 
 // line returns the shared, LF-terminated wire form; nil when withheld.
-func (a Answer) line() []byte {
+func (a Answer) line() []byte { return *a.lineRef() }
+
+// lineRef returns a pointer to the shared wire form (to a nil slice when
+// withheld). A shard's map holds one per server, and a pointer takes a
+// third of the room of the slice itself.
+func (a Answer) lineRef() *[]byte {
 	switch {
 	case a.Withheld:
-		return nil
+		return &lineWithheld
 	case a.Admin == Drain:
-		return lineDrain
+		return &lineDrain
 	case a.Admin == Maint:
-		return lineMaint
+		return &lineMaint
 	case a.Weight >= 0 && a.Weight <= MaxWeight:
-		return lineReady[a.Weight]
+		return &lineReady[a.Weight]
 	default:
-		return []byte(a.String() + "\n")
+		l := []byte(a.String() + "\n")
+		return &l
 	}
 }
 
 // Immutable wire lines, shared by every snapshot so that serving an answer
 // never allocates.
 var (
-	lineDrain = []byte("drain\n")
-	lineMaint = []byte("maint\n")
-	lineReady = func() (l [MaxWeight + 1][]byte) {
+	lineWithheld []byte // nil: say nothing
+	lineDrain    = []byte("drain\n")
+	lineMaint    = []byte("maint\n")
+	lineReady    = func() (l [MaxWeight + 1][]byte) {
 		for i := range l {
 			l[i] = []byte("ready " + strconv.Itoa(i) + "%\n")
 		}

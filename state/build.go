@@ -71,40 +71,44 @@ func (s *Snapshot) count(sh *shard, sign int) {
 	s.ramps += sign * len(sh.ramps)
 }
 
-// buildShard builds one shard from its part of the mirror: copies of its
-// entries and ramps, and the wire line of every target they name.
+// buildShard builds one shard from its part of the mirror: its entries
+// (shared: the mirror never changes an entry in place), copies of its
+// ramps, and the wire line of every target they name.
 func buildShard(p *part) *shard {
 	sh := &shard{
-		exact:   make(map[string][]byte, len(p.entries)+len(p.ramps)),
-		entries: make([]Entry, 0, len(p.entries)),
+		exact:   make(map[string]*[]byte, len(p.entries)+len(p.ramps)),
+		entries: make([]*Entry, 0, len(p.entries)),
 		ramps:   make(map[string]Ramp, len(p.ramps)),
 	}
 	for _, e := range p.entries {
-		sh.entries = append(sh.entries, *e)
+		sh.entries = append(sh.entries, e)
 		if !e.Valid() {
 			sh.invalid++
 		}
 	}
-	slices.SortFunc(sh.entries, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(sh.entries, func(a, b *Entry) int { return strings.Compare(a.Key, b.Key) })
 	for t, r := range p.ramps {
 		sh.ramps[t] = *r
 	}
-	put := func(target string) {
-		b, srv, _ := strings.Cut(target, "/")
-		line := sh.resolve(b, srv).Answer.line()
+	// The exact map's keys are the servers' names as the entries and
+	// ramps already hold them (a substring of the key or target), not a
+	// new string each.
+	put := func(b, srv string) {
+		line := sh.resolve(b, srv).Answer.lineRef()
 		if srv == Wildcard {
-			sh.wildcard, sh.hasWild = line, true
+			sh.wildcard, sh.hasWild = *line, true
 		} else {
 			sh.exact[srv] = line
 		}
 	}
-	for i := range sh.entries {
-		if t := sh.entries[i].target(); t != "" {
-			put(t)
+	for _, e := range sh.entries {
+		if e.Backend != "" {
+			put(e.Backend, e.Server)
 		}
 	}
 	for t := range sh.ramps {
-		put(t)
+		b, srv, _ := strings.Cut(t, "/")
+		put(b, srv)
 	}
 	return sh
 }

@@ -261,3 +261,103 @@ func BenchmarkApplyEntry(b *testing.B) {
 		})
 	}
 }
+
+// snapshotText renders everything a snapshot answers for reqs, with every
+// pointer followed: two calls return the same text unless what the
+// snapshot holds changed.
+func snapshotText(s *Snapshot, reqs []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "len %d invalid %d\nentries %+v\nramps %+v\ntargets %v\n", s.Len(), s.Invalid(), s.Entries(), s.Ramps(), s.Targets())
+	for _, req := range reqs {
+		i := strings.IndexByte(req, '/')
+		fmt.Fprintf(&b, "%s: %q %s\n", req, s.Lookup([]byte(req), i), resolutionString(s.Resolve(req[:i], req[i+1:])))
+	}
+	return b.String()
+}
+
+// TestOldSnapshotsSurviveMirrorChanges: snapshots share entries with the
+// mirror, so the mirror must never change an entry in place. Every kind of
+// change (a new state, a new reason, an invalid value, a delete, an
+// expiry, ramp starts, steps and ends) leaves every earlier snapshot as it
+// was, and a change shares the entries it does not touch, even within
+// the shard it rebuilds.
+func TestOldSnapshotsSurviveMirrorChanges(t *testing.T) {
+	until := `{"state":"drain","reason":"r","until":"` + t0.Add(10*time.Second).Format(time.RFC3339) + `"}`
+	reqs := []string{"web/a", "web/b", "web/c", "web/*", "web/new", "api/x", "api/y", "api/*", "api/new", "bad/x"}
+	p := rampPolicy() // 10% to 100% over 10s
+	// want fails the test unless n events (or keys) came out of a step: the
+	// walk must reach the changes it names.
+	want := func(t *testing.T, step string, got, n int) {
+		t.Helper()
+		if got != n {
+			t.Fatalf("%s: %d events, want %d", step, got, n)
+		}
+	}
+	steps := []struct {
+		name  string
+		apply func(t *testing.T, m *Mirror, at time.Time)
+	}{
+		{"set", func(t *testing.T, m *Mirror, at time.Time) {
+			m.ApplyAt(set("state/web/a", "drain", "state/web/b", until, "state/web/c", "maint", "state/web/*", "25%",
+				"state/api/x", "drain", "state/api/y", "50%", "state/api/*", "drain", "state/bad", "drain"), at, p)
+		}},
+		{"a new reason", func(t *testing.T, m *Mirror, at time.Time) {
+			m.ApplyAt(set("state/web/a", `{"state":"drain","reason":"disk"}`), at, p)
+		}},
+		{"an invalid value", func(t *testing.T, m *Mirror, at time.Time) { m.ApplyAt(set("state/web/c", "maimt"), at, p) }},
+		{"undrain: ramps start", func(t *testing.T, m *Mirror, at time.Time) {
+			want(t, "undrain", len(m.ApplyAt(Change{Set: map[string]string{"state/api/x": "ready"}, Delete: []string{"state/api/*"}}, at, p)), 2)
+		}},
+		{"a ramp step", func(t *testing.T, m *Mirror, at time.Time) {
+			s := NextSteps(m.Ramps(), at)
+			want(t, "a ramp step", len(s.Weights), 2)
+			m.ApplySteps(s)
+		}},
+		{"expire", func(t *testing.T, m *Mirror, at time.Time) {
+			due := m.Due(at)
+			want(t, "expire", len(due), 1)
+			m.Expire(due, at, p)
+		}},
+		{"delete and set in one change", func(t *testing.T, m *Mirror, at time.Time) {
+			m.ApplyAt(Change{Set: map[string]string{"state/web/c": "drain"}, Delete: []string{"state/web/c", "state/api/y"}}, at, p)
+		}},
+		{"a wildcard ends its ramp", func(t *testing.T, m *Mirror, at time.Time) {
+			want(t, "a wildcard", len(m.ApplyAt(set("state/api/*", "maint"), at, p)), 1)
+		}},
+		{"a value without a time", func(t *testing.T, m *Mirror, at time.Time) {
+			m.Apply(set("state/web/b", "ready", "state/web/a", "maint"))
+		}},
+		{"ramps done", func(t *testing.T, m *Mirror, at time.Time) {
+			want(t, "ramps done", len(m.ApplySteps(NextSteps(m.Ramps(), at.Add(time.Hour)))), 1)
+		}},
+	}
+	m := NewMirror()
+	type frozen struct {
+		step string
+		snap *Snapshot
+		text string
+	}
+	var old []frozen
+	at := t0
+	for _, st := range steps {
+		prev := m.Snapshot()
+		old = append(old, frozen{st.name, prev, snapshotText(prev, reqs)})
+		at = at.Add(3 * time.Second)
+		st.apply(t, m, at)
+		cur := m.Snapshot()
+		for _, f := range old {
+			if got := snapshotText(f.snap, reqs); got != f.text {
+				t.Fatalf("after %q, the snapshot taken before %q changed:\n%s\nwant\n%s", st.name, f.step, got, f.text)
+			}
+		}
+		// Entries the step did not replace are shared, not copied.
+		for _, e := range prev.shard("web").entries {
+			if n := cur.shard("web").entry(e.Key); n != nil && *n == *e && n != e {
+				t.Fatalf("after %q: the unchanged entry %s was copied, not shared", st.name, e.Key)
+			}
+		}
+	}
+	if len(m.Ramps()) != 0 || m.Snapshot().Len() != 7 {
+		t.Fatalf("the walk ended with ramps %+v and %d keys: it did not go where the test means", m.Ramps(), m.Snapshot().Len())
+	}
+}

@@ -27,6 +27,11 @@ func (c Change) Empty() bool { return len(c.Set) == 0 && len(c.Delete) == 0 }
 
 // Entry is one key under <prefix>state/ with its raw value and the last
 // value of it that parsed.
+//
+// An Entry a Mirror has handed to a Snapshot never changes: the mirror
+// replaces an entry it changes with a changed copy, so that snapshots
+// share entries with the mirror and with each other instead of copying
+// every one. Callers given an *Entry (Resolution.Entry) must not modify it.
 type Entry struct {
 	Key     string // relative KV key, e.g. "state/web/a"
 	Backend string
@@ -62,6 +67,13 @@ type Mirror struct {
 	// parts holds the state keys' entries and the ramps, by snapshot
 	// shard (backend), so that a shard is rebuilt from its own alone.
 	parts map[string]*part
+	// The leader reads these on every tick, under the state machine's
+	// lock, so they are kept as entries and ramps change rather than
+	// found by a scan of every part: until holds Last.Until of every
+	// entry that may come due (a valid last value with an until, not
+	// expired), by key; ramping holds the ramps of parts, by target.
+	until   map[string]time.Time
+	ramping map[string]*Ramp
 	// dirty holds the shards changed since last was built; Snapshot
 	// rebuilds them and shares the others with last.
 	dirty map[string]struct{}
@@ -76,7 +88,8 @@ type part struct {
 
 // NewMirror returns an empty mirror that holds no state yet.
 func NewMirror() *Mirror {
-	return &Mirror{raw: map[string]string{}, parts: map[string]*part{}, dirty: map[string]struct{}{}}
+	return &Mirror{raw: map[string]string{}, parts: map[string]*part{}, dirty: map[string]struct{}{},
+		until: map[string]time.Time{}, ramping: map[string]*Ramp{}}
 }
 
 // entryShard returns the name of the shard that holds a state key.
@@ -117,16 +130,53 @@ func (m *Mirror) settle(name string) {
 	}
 }
 
+// putEntry makes e the entry of its key.
+func (m *Mirror) putEntry(p *part, e *Entry) {
+	p.entries[e.Key] = e
+	m.noteUntil(e)
+}
+
+// noteUntil keeps the until index up to date with e, the key's entry now.
+func (m *Mirror) noteUntil(e *Entry) {
+	if e.HasLast && !e.Expired && !e.Last.Until.IsZero() {
+		m.until[e.Key] = e.Last.Until
+	} else {
+		delete(m.until, e.Key)
+	}
+}
+
 func (m *Mirror) deleteEntry(key string) {
 	name := entryShard(key)
 	delete(m.edit(name).entries, key)
+	delete(m.until, key)
 	m.settle(name)
+}
+
+// putRamp makes r the ramp of its target.
+func (m *Mirror) putRamp(r *Ramp) {
+	m.edit(shardName(r.Target)).ramps[r.Target] = r
+	m.ramping[r.Target] = r
 }
 
 func (m *Mirror) deleteRamp(target string) {
 	name := shardName(target)
 	delete(m.edit(name).ramps, target)
+	delete(m.ramping, target)
 	m.settle(name)
+}
+
+// reindex rebuilds the until and ramping indexes from the parts.
+func (m *Mirror) reindex() {
+	clear(m.until)
+	clear(m.ramping)
+	for _, p := range m.parts {
+		for _, e := range p.entries {
+			m.noteUntil(e)
+		}
+		for t, r := range p.ramps {
+			m.ramping[t] = r
+		}
+	}
 }
 
 // Synced reports whether the mirror holds state: a KV read was applied to it
@@ -197,9 +247,25 @@ func (m *Mirror) DiffKeys(desired map[string]string, keys []string) Change {
 // Apply applies a change and marks the mirror as synced. An invalid value
 // keeps the key's last valid value. It neither starts nor ends ramps; the
 // state machine uses ApplyAt.
-func (m *Mirror) Apply(c Change) {
+func (m *Mirror) Apply(c Change) { m.apply(c, time.Time{}) }
+
+// apply is Apply that also starts a new Since, at, for every key whose last
+// valid value changes state (a new reason or an invalid value does not);
+// a zero at leaves Since alone.
+func (m *Mirror) apply(c Change, at time.Time) {
+	// A key both deleted and set is compared with the state it held
+	// before the change, not with its absence in between.
+	var was map[string]Value
 	m.synced = true
 	for _, k := range c.Delete {
+		if _, ok := c.Set[k]; ok && !at.IsZero() {
+			if e := m.entry(k); e != nil && e.HasLast {
+				if was == nil {
+					was = map[string]Value{}
+				}
+				was[k] = e.Last
+			}
+		}
 		delete(m.raw, k)
 		m.deleteEntry(k)
 	}
@@ -209,23 +275,53 @@ func (m *Mirror) Apply(c Change) {
 			continue
 		}
 		p := m.edit(entryShard(k))
-		e := p.entries[k]
-		if e == nil {
+		var e *Entry
+		if old := p.entries[k]; old != nil {
+			// A copy: a snapshot may hold old.
+			cp := *old
+			e = &cp
+		} else {
 			e = newEntry(k)
-			p.entries[k] = e
+		}
+		prev, hadLast := e.Last, e.HasLast
+		if w, ok := was[k]; ok {
+			prev, hadLast = w, true
 		}
 		e.set(v)
+		if !at.IsZero() && e.HasLast && (!hadLast || !sameState(prev, e.Last)) {
+			// No monotonic reading and one location, so that a
+			// restored Since compares equal.
+			e.Since = at.UTC().Round(0)
+		}
+		m.putEntry(p, e)
 	}
+}
+
+// sameState reports whether a and b hold the same state, the one
+// Value.String names (drain, maint, ready, N%), without building the
+// strings.
+func sameState(a, b Value) bool {
+	if a.WeightSet || b.WeightSet {
+		return a.WeightSet == b.WeightSet && a.Weight == b.Weight
+	}
+	return a.Admin.String() == b.Admin.String()
 }
 
 func newEntry(key string) *Entry {
 	e := &Entry{Key: key}
+	e.Backend, e.Server = splitKey(key)
+	return e
+}
+
+// splitKey returns the backend and server a state key names, or "", ""
+// for a misshapen key (state/x, state/a/b/c, state//x).
+func splitKey(key string) (backend, server string) {
 	rest := strings.TrimPrefix(key, StatePrefix)
 	b, s, ok := strings.Cut(rest, "/")
 	if ok && b != "" && s != "" && !strings.Contains(s, "/") {
-		e.Backend, e.Server = b, s
+		return b, s
 	}
-	return e
+	return "", ""
 }
 
 func keyError(key string) error {
@@ -236,7 +332,7 @@ func keyError(key string) error {
 // CheckKV reports why a key under state/ and its value are ignored (the
 // key's shape, else the value), or nil when they are valid.
 func CheckKV(key, raw string) error {
-	if newEntry(key).Backend == "" {
+	if b, _ := splitKey(key); b == "" {
 		return keyError(key)
 	}
 	_, err := ParseValue(raw)
@@ -307,8 +403,10 @@ func Restore(p Persisted) *Mirror {
 	}
 	m.Apply(Change{Set: p.KV})
 	for _, r := range p.Ramps {
-		m.edit(shardName(r.Target)).ramps[r.Target] = &r
+		m.putRamp(&r)
 	}
+	// No snapshot holds the new mirror's entries yet: they are changed in
+	// place.
 	for _, k := range p.Expired {
 		if e := m.entry(k); e != nil {
 			e.Expired = true
@@ -320,6 +418,8 @@ func Restore(p Persisted) *Mirror {
 		}
 	}
 	m.synced = p.Synced
+	// The loops above changed entries behind the indexes' back.
+	m.reindex()
 	return m
 }
 

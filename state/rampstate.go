@@ -67,11 +67,16 @@ type RampSteps struct {
 func (s RampSteps) Empty() bool { return len(s.Weights) == 0 && len(s.Done) == 0 }
 
 // target returns the ramp target of a state key ("" for invalid keys).
-func (e *Entry) target() string {
-	if e.Backend == "" {
+func (e *Entry) target() string { return keyTarget(e.Key) }
+
+// keyTarget returns the ramp target a state key names, "backend/server":
+// the key without StatePrefix, so no new string. It is "" for a misshapen
+// key.
+func keyTarget(key string) string {
+	if b, _ := splitKey(key); b == "" {
 		return ""
 	}
-	return e.Backend + "/" + e.Server
+	return key[len(StatePrefix):]
 }
 
 // effective is what a target is told before ramps: the last valid value of
@@ -109,33 +114,7 @@ func (m *Mirror) startsRamp(before Value, beforeOK bool, p RampPolicy) bool {
 // target goes straight to ready 100%, the same way on every replica.
 func (m *Mirror) ApplyAt(c Change, at time.Time, policy RampPolicy) []RampEvent {
 	keys := append(slices.Clone(c.Delete), slices.Collect(maps.Keys(c.Set))...)
-	return m.transition(keys, at, policy, func() { m.applySince(c, at) })
-}
-
-// applySince applies c and starts a new Since, at, for every key whose last
-// valid value changes state (a new reason or an invalid value does not).
-func (m *Mirror) applySince(c Change, at time.Time) {
-	was := make(map[string]string, len(c.Set))
-	for k := range c.Set {
-		if e := m.entry(k); e != nil && e.HasLast {
-			was[k] = e.Last.String()
-		}
-	}
-	m.Apply(c)
-	if at.IsZero() {
-		return
-	}
-	for k := range c.Set {
-		e := m.entry(k)
-		if e == nil || !e.HasLast {
-			continue
-		}
-		if prev, ok := was[k]; !ok || prev != e.Last.String() {
-			// No monotonic reading and one location, so that a
-			// restored Since compares equal.
-			e.Since = at.UTC().Round(0)
-		}
-	}
+	return m.transition(keys, at, policy, func() { m.apply(c, at) })
 }
 
 // Expire treats the keys whose "until" has passed at the leader's time at
@@ -152,20 +131,23 @@ func (m *Mirror) Expire(keys []string, at time.Time, policy RampPolicy) []RampEv
 	}
 	return m.transition(due, at, policy, func() {
 		for _, k := range due {
-			m.edit(entryShard(k)).entries[k].Expired = true
+			p := m.edit(entryShard(k))
+			// A copy: a snapshot may hold the entry.
+			e := *p.entries[k]
+			e.Expired = true
+			m.putEntry(p, &e)
 		}
 	})
 }
 
 // Due returns the keys whose "until" has passed at now and that are not
-// yet expired, sorted: what the leader's next expire entry holds.
+// yet expired, sorted: what the leader's next expire entry holds. It reads
+// the keys that have an until, not every key.
 func (m *Mirror) Due(now time.Time) []string {
 	var out []string
-	for _, p := range m.parts {
-		for k, e := range p.entries {
-			if e.due(now) {
-				out = append(out, k)
-			}
+	for k, until := range m.until {
+		if !now.Before(until) {
+			out = append(out, k)
 		}
 	}
 	slices.Sort(out)
@@ -190,7 +172,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		if !strings.HasPrefix(k, StatePrefix) {
 			return
 		}
-		t := newEntry(k).target()
+		t := keyTarget(k)
 		if t == "" {
 			return
 		}
@@ -232,7 +214,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		}
 		w, _ := p.Weight(0)
 		r := &Ramp{Target: t, Started: at, Policy: p, Weight: w}
-		m.edit(shardName(t)).ramps[t] = r
+		m.putRamp(r)
 		events = append(events, RampEvent{Target: t, Start: true, Reason: "left " + b.v.Admin.String(), Ramp: *r})
 	}
 	return events
@@ -282,11 +264,9 @@ func (m *Mirror) ApplySteps(s RampSteps) []RampEvent {
 
 // Ramps returns copies of the ramps in progress, sorted by target.
 func (m *Mirror) Ramps() []Ramp {
-	out := []Ramp{}
-	for _, p := range m.parts {
-		for _, r := range p.ramps {
-			out = append(out, *r)
-		}
+	out := make([]Ramp, 0, len(m.ramping))
+	for _, r := range m.ramping {
+		out = append(out, *r)
 	}
 	slices.SortFunc(out, func(a, b Ramp) int { return strings.Compare(a.Target, b.Target) })
 	return out

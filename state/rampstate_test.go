@@ -2,6 +2,9 @@ package state
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -172,20 +175,27 @@ func TestNextStepsResumesWithoutStepBack(t *testing.T) {
 	}
 }
 
+// persisted returns m's durable form as a raft snapshot carries it:
+// through JSON.
+func persisted(t *testing.T, m *Mirror) Persisted {
+	t.Helper()
+	data, err := json.Marshal(m.Export())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p Persisted
+	if err := json.Unmarshal(data, &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func TestRampsSurviveExportRestore(t *testing.T) {
 	m := NewMirror()
 	m.ApplyAt(set("state/web/*", "drain"), t0, rampPolicy())
 	m.ApplyAt(del("state/web/*"), t0, rampPolicy())
 	m.ApplySteps(RampSteps{Weights: map[string]int{"web/*": 42}})
-	b, err := json.Marshal(m.Export())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var p Persisted
-	if err := json.Unmarshal(b, &p); err != nil {
-		t.Fatal(err)
-	}
-	r := Restore(p)
+	r := Restore(persisted(t, m))
 	if got := lookup(r, "web/q"); got != "ready 42%\n" {
 		t.Fatalf("restored answer %q", got)
 	}
@@ -214,7 +224,7 @@ func TestRampEntriesBoundedByWeights(t *testing.T) {
 		m := NewMirror()
 		m.Apply(Change{})
 		w, _ := p.Weight(0)
-		m.edit("web").ramps["web/a"] = &Ramp{Target: "web/a", Started: t0, Policy: p, Weight: w}
+		m.putRamp(&Ramp{Target: "web/a", Started: t0, Policy: p, Weight: w})
 		entries := 0
 		for now := t0; len(m.Ramps()) > 0; now = now.Add(time.Millisecond) {
 			s := NextSteps(m.Ramps(), now)
@@ -280,5 +290,103 @@ func TestExpireRampsAnExpiredDrainBackUp(t *testing.T) {
 	m.ApplyAt(set("state/web/b", "drain"), at.Add(time.Minute), p)
 	if lookup(m, "web/b") != "drain\n" {
 		t.Fatalf("a new value after expiry: %q", lookup(m, "web/b"))
+	}
+}
+
+// dueByScan is Due as it was before the until index: a scan of every
+// entry.
+func dueByScan(m *Mirror, now time.Time) []string {
+	var out []string
+	for _, p := range m.parts {
+		for k, e := range p.entries {
+			if e.due(now) {
+				out = append(out, k)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// rampsByScan is Ramps as it was before the ramping index: a scan of
+// every part.
+func rampsByScan(m *Mirror) []Ramp {
+	out := []Ramp{}
+	for _, p := range m.parts {
+		for _, r := range p.ramps {
+			out = append(out, *r)
+		}
+	}
+	slices.SortFunc(out, func(a, b Ramp) int { return strings.Compare(a.Target, b.Target) })
+	return out
+}
+
+// TestIndexesMatchFullScan applies random KV changes (values with and
+// without until, invalid values, deletes, misshapen keys), expiries, ramp
+// steps and export/restore round trips, and after each one checks that
+// Due and Ramps, which read indexes, return what a scan of every entry and
+// part returns.
+func TestIndexesMatchFullScan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	var keys []string
+	for _, b := range []string{"web", "api", "db"} {
+		for _, s := range []string{"a", "b", "c", Wildcard} {
+			keys = append(keys, StatePrefix+b+"/"+s)
+		}
+	}
+	keys = append(keys, "state/web", "state/a/b/c", "config/ramp")
+	at := t0
+	// Values to set, "%s" standing for an until around the step's time.
+	forms := []string{"junk", "ready", "drain", "drain", `{"state":"drain","until":"%s"}`,
+		`{"state":"drain","until":"%s"}`, `{"state":"ready","until":"%s"}`, `{"state":"maint","ramp":"3s","until":"%s"}`}
+	value := func() string {
+		f := forms[rng.IntN(len(forms))]
+		if !strings.Contains(f, "%s") {
+			return f
+		}
+		return fmt.Sprintf(f, at.Add(time.Duration(rng.IntN(8)-2)*time.Second).Format(time.RFC3339))
+	}
+	policy := RampPolicy{Start: 10, Duration: 5 * time.Second, Interval: time.Second, Aggression: 1, FromMaint: true}
+	m := NewMirror()
+	var dues, ramps int // how often each index had something to find
+	for step := range 3000 {
+		at = at.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		switch rng.IntN(8) {
+		case 0, 1, 2, 3:
+			c := Change{Set: map[string]string{}}
+			for range 1 + rng.IntN(3) {
+				k := keys[rng.IntN(len(keys))]
+				if rng.IntN(4) == 0 {
+					c.Delete = append(c.Delete, k)
+				} else {
+					c.Set[k] = value()
+				}
+			}
+			m.ApplyAt(c, at, policy)
+		case 4, 5:
+			m.ApplySteps(NextSteps(m.Ramps(), at))
+		case 6:
+			// Some of the keys given are not due: Expire must leave them.
+			m.Expire(append(m.Due(at), keys[rng.IntN(len(keys))]), at, policy)
+		default:
+			m = Restore(persisted(t, m))
+		}
+		for _, now := range []time.Time{at.Add(-time.Hour), at, at.Add(2 * time.Second), at.Add(24 * time.Hour)} {
+			got, want := m.Due(now), dueByScan(m, now)
+			if !slices.Equal(got, want) {
+				t.Fatalf("step %d: Due(%s) = %v, a full scan finds %v", step, now.Sub(at), got, want)
+			}
+			if now == at && len(got) > 0 {
+				dues++
+			}
+		}
+		if got, want := m.Ramps(), rampsByScan(m); !slices.Equal(got, want) {
+			t.Fatalf("step %d: Ramps() = %+v, a full scan finds %+v", step, got, want)
+		} else if len(got) > 0 {
+			ramps++
+		}
+	}
+	if dues < 100 || ramps < 100 {
+		t.Fatalf("keys were due after %d steps and ramps in progress after %d: the walk exercises too little", dues, ramps)
 	}
 }

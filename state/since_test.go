@@ -1,7 +1,6 @@
 package state
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 )
@@ -42,14 +41,7 @@ func TestSinceSurvivesExportRestore(t *testing.T) {
 	local := t0.In(time.FixedZone("X", 3600))
 	m.ApplyAt(set("state/web/a", "drain", "state/web/*", "maint"), local, RampPolicy{})
 	m.ApplyAt(set("state/web/a", "bad"), t0.Add(time.Hour), RampPolicy{})
-	data, err := json.Marshal(m.Export())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var p Persisted
-	if err := json.Unmarshal(data, &p); err != nil {
-		t.Fatal(err)
-	}
+	p := persisted(t, m)
 	r := Restore(p).Snapshot()
 	for _, srv := range []string{"a", "*", "c"} { // c follows the wildcard
 		if got := r.Resolve("web", srv).Since(); !got.Equal(t0) {

@@ -35,12 +35,12 @@ const snapshotGroups = 256
 // backend. A misshapen key (state/x, state/a/b/c) lives in the shard its
 // text names and only shows in Entries and Resolve.
 type shard struct {
-	exact    map[string][]byte // server -> wire line
-	wildcard []byte            // the backend wildcard's line (nil: withheld)
-	hasWild  bool              // whether the backend has a wildcard line
-	entries  []Entry           // sorted by key
-	ramps    map[string]Ramp   // by target
-	invalid  int               // entries whose current value is invalid
+	exact    map[string]*[]byte // server -> wire line (Answer.lineRef)
+	wildcard []byte             // the backend wildcard's line (nil: withheld)
+	hasWild  bool               // whether the backend has a wildcard line
+	entries  []*Entry           // sorted by key; shared with the mirror
+	ramps    map[string]Ramp    // by target
+	invalid  int                // entries whose current value is invalid
 }
 
 // emptyShard stands for a backend without keys or ramps.
@@ -81,7 +81,7 @@ func (s *Snapshot) Lookup(req []byte, i int) []byte {
 		return lineReady[100]
 	}
 	if line, ok := sh.exact[string(req[i+1:])]; ok {
-		return line
+		return *line
 	}
 	if sh.hasWild {
 		return sh.wildcard
@@ -105,7 +105,8 @@ type Resolution struct {
 	Answer  Answer
 	// Source is the relative KV key the answer comes from, or SourceAbsent.
 	Source Source
-	// Entry is the key's entry when Source is a key.
+	// Entry is the key's entry when Source is a key. It is the snapshot's
+	// own (shared, like Expired): read it, do not modify it.
 	Entry *Entry
 	// Ramp is the ramp that sets the weight, if one does.
 	Ramp *Ramp
@@ -160,11 +161,11 @@ func (sh *shard) resolve(backend, server string) Resolution {
 }
 
 func (sh *shard) entry(key string) *Entry {
-	i, ok := slices.BinarySearchFunc(sh.entries, key, func(e Entry, k string) int { return strings.Compare(e.Key, k) })
+	i, ok := slices.BinarySearchFunc(sh.entries, key, func(e *Entry, k string) int { return strings.Compare(e.Key, k) })
 	if !ok {
 		return nil
 	}
-	return &sh.entries[i]
+	return sh.entries[i]
 }
 
 // shards returns the shards in key order: by name followed by '/', which
@@ -184,15 +185,18 @@ func (s *Snapshot) shards() []*shard {
 	return out
 }
 
-// Entries returns the state keys, sorted by key. It gathers them from every
-// shard into a new slice: it is for status and tests, not the hot path.
+// Entries returns copies of the state keys' entries, sorted by key. It
+// gathers them from every shard into a new slice: it is for status and
+// tests, not the hot path.
 func (s *Snapshot) Entries() []Entry {
 	if s == nil {
 		return nil
 	}
 	out := make([]Entry, 0, s.entries)
 	for _, sh := range s.shards() {
-		out = append(out, sh.entries...)
+		for _, e := range sh.entries {
+			out = append(out, *e)
+		}
 	}
 	// Shards come in key order, unless a misshapen key without a '/'
 	// (state/web) meets a backend that extends its name (state/web-2/a).

@@ -55,17 +55,20 @@ var (
 // Value is one parsed desired state.
 type Value struct {
 	Admin Admin
+	// WeightSet and RampSet say whether Weight and Ramp hold a value.
+	// They sit next to Admin so that the three share one word: every
+	// key's entry holds a Value.
+	WeightSet bool
+	RampSet   bool
 	// Weight is the weight in percent for an explicit "N%" value; it is
 	// meaningful only when WeightSet is true (then Admin is Ready).
-	Weight    int
-	WeightSet bool
+	Weight int
 	// Reason and By are free text from the JSON form, shown in status.
 	Reason string
 	By     string
 	// Ramp overrides the undrain ramp duration for this key when RampSet
 	// is true; zero means no ramp.
-	Ramp    time.Duration
-	RampSet bool
+	Ramp time.Duration
 	// Until, when set, is when the state expires: after it the leader
 	// treats the key as absent. At is when the CLI wrote the value.
 	Until time.Time
