@@ -89,6 +89,9 @@ type fsm struct {
 	// rejected is called for every entry Apply skips or applies only in
 	// part; may be nil.
 	rejected func(error)
+	// large is called after a restore or an entry that changed at least
+	// largeChange keys (see memory.go); may be nil.
+	large func()
 }
 
 func newFSM() *fsm {
@@ -131,6 +134,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 		if err := policy.Validate(); err != nil && policy != (state.RampPolicy{}) {
 			f.reject(l.Index, fmt.Errorf("%w; the change is applied without ramps", err))
 			policy = state.RampPolicy{}
+		}
+		if f.large != nil && len(c.Change.Set)+len(c.Change.Delete) >= largeChange {
+			defer f.large()
 		}
 		return f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent {
 			events := m.ApplyAt(c.Change, c.At, policy)
@@ -288,6 +294,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mirror = state.Restore(d.Mirror)
 	f.kvIndex = d.KVIndex
 	f.kvGen++
+	if f.large != nil {
+		defer f.large()
+	}
 	f.index.Store(d.Index)
 	f.publishLocked()
 	return nil

@@ -1,8 +1,11 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"math"
 	"strings"
 	"testing"
@@ -193,4 +196,43 @@ func FuzzFSMApply(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestLargeChangesReturnMemory: an entry that changes largeChange keys or
+// more, and a restore, are followed by returning memory to the OS (see
+// memory.go); an ordinary entry is not.
+func TestLargeChangesReturnMemory(t *testing.T) {
+	f := newFSM()
+	var large int
+	f.large = func() { large++ }
+	set := func(n int) map[string]string {
+		kv := make(map[string]string, n)
+		for i := range n {
+			kv[fmt.Sprintf("state/web/s%05d", i)] = "drain"
+		}
+		return kv
+	}
+	apply := func(i uint64, c state.Change) {
+		t.Helper()
+		if r := f.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: entry(t, command{Type: cmdKV, KVIndex: i, Change: c})}); r != nil {
+			if err, ok := r.(error); ok {
+				t.Fatal(err)
+			}
+		}
+	}
+	apply(1, state.Change{Set: set(10)})
+	if large != 0 {
+		t.Fatalf("an entry of 10 keys: %d returns, want 0", large)
+	}
+	apply(2, state.Change{Set: set(largeChange)})
+	if large != 1 {
+		t.Fatalf("an entry of %d keys: %d returns, want 1", largeChange, large)
+	}
+	_, sink := roundTrip(t, f)
+	if err := f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if large != 2 {
+		t.Fatalf("after a restore: %d returns, want 2", large)
+	}
 }

@@ -164,6 +164,7 @@ type Node struct {
 	kvState
 
 	stop     chan struct{}
+	release  chan struct{} // a large change was applied (see releaseLoop)
 	wg       sync.WaitGroup
 	stopOnce sync.Once
 	stopErr  error
@@ -179,7 +180,7 @@ func New(o Options) (*Node, error) {
 	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
 	}
-	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{})}
+	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{}), release: make(chan struct{}, 1)}
 	n.started = time.Now()
 	n.leaderSeen.Store(n.started.UnixNano())
 	// The metrics exist before raft starts: the FSM reports into them as
@@ -188,6 +189,7 @@ func New(o Options) (*Node, error) {
 	n.fsm = newFSM()
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
+	n.fsm.large = n.noteLarge
 	n.fsm.rejected = func(err error) {
 		n.metrics.applyErrors.Inc()
 		n.log.Error("raft entry not applied as written; every replica skips it the same way (report this with the entry's index)", zap.Error(err))
@@ -290,11 +292,12 @@ func New(o Options) (*Node, error) {
 	r.RegisterObserver(n.observer)
 
 	sl.serveQueries()
-	n.wg.Add(4)
+	n.wg.Add(5)
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)
 	go n.catchUpLoop()
 	go n.leaderReportLoop()
+	go n.releaseLoop()
 	return n, nil
 }
 

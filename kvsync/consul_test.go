@@ -386,13 +386,13 @@ func TestConsulListingReadDirect(t *testing.T) {
 	}
 	direct := consulClient(t, c)
 	got, l := read(direct, 0, nil)
-	if !l.direct || l.unchanged || !maps.Equal(l.kv, want) || l.count != 3 || got < idx {
+	if !l.direct || l.unchanged || !maps.Equal(l.full.kv, want) || l.count != 3 || got < idx {
 		t.Fatalf("first read: direct=%v unchanged=%v keys=%d index %d, %v; want direct, changed, 3 keys, index >= %d, %v",
-			l.direct, l.unchanged, l.count, got, l.kv, idx, want)
+			l.direct, l.unchanged, l.count, got, l.full.kv, idx, want)
 	}
-	if _, l := read(direct, 0, maps.Clone(want)); !l.direct || !l.unchanged || l.kv != nil || l.count != 3 {
-		t.Errorf("read against what the Sink holds: direct=%v unchanged=%v keys=%d map %v; want direct, unchanged, no map",
-			l.direct, l.unchanged, l.count, l.kv)
+	if _, l := read(direct, 0, maps.Clone(want)); !l.direct || !l.unchanged || l.edits != nil || l.count != 3 {
+		t.Errorf("read against what the Sink holds: direct=%v unchanged=%v keys=%d edits %v; want direct, unchanged, no edit",
+			l.direct, l.unchanged, l.count, l.edits)
 	}
 	// A blocking read at the current index times out with that index: not
 	// decoded, read as unchanged.
@@ -401,8 +401,8 @@ func TestConsulListingReadDirect(t *testing.T) {
 	}
 
 	_, l = read(c.Client(t), 0, nil)
-	if l.direct || !maps.Equal(l.kv, want) {
-		t.Errorf("consul/api client: direct=%v, %v; want not direct, %v", l.direct, l.kv, want)
+	if l.direct || !maps.Equal(l.full.kv, want) {
+		t.Errorf("consul/api client: direct=%v, %v; want not direct, %v", l.direct, l.full.kv, want)
 	}
 	// A prefix with no key is a 404, which consul/api answers with no
 	// pairs and the transport leaves alone.

@@ -130,23 +130,94 @@ func (c *capture) consume(resp *http.Response) error {
 	return nil
 }
 
-// held is a read the Sink accepted: the map it was handed and the same
-// content as keys in order with their values, which the next read is
-// merged with.
+// held is the read the Sink accepted last: its map, which the Watcher hands
+// the Sink and keeps, and the same content as keys in order with their
+// values, which the next read is merged with.
 type held struct {
 	kv   map[string]string
 	keys []string // sorted
 	vals []string // vals[i] is the value of keys[i]
 }
 
+// edit is one difference of a read from the held one.
+type edit struct {
+	at       int // index in the held keys: of the key, or where it goes
+	key, val string
+	op       editOp
+}
+
+type editOp uint8
+
+const (
+	editSet editOp = iota // a held key has a new value
+	editAdd               // a key the held read does not have
+	editDel               // a held key is gone
+)
+
+// setMap applies edits to h's map.
+func (h *held) setMap(edits []edit) {
+	for _, e := range edits {
+		if e.op == editDel {
+			delete(h.kv, e.key)
+		} else {
+			h.kv[e.key] = e.val
+		}
+	}
+}
+
+// setKeys applies edits, in key order as mergeListing returns them, to h's
+// keys and values: in place for new values and a few keys added or
+// deleted, in one new pass for many.
+func (h *held) setKeys(edits []edit) {
+	moves := 0
+	for _, e := range edits {
+		if e.op != editSet {
+			moves++
+		}
+	}
+	if moves > 16 {
+		keys := make([]string, 0, len(h.keys)+moves)
+		vals := make([]string, 0, len(h.keys)+moves)
+		i := 0
+		for _, e := range edits {
+			keys, vals = append(keys, h.keys[i:e.at]...), append(vals, h.vals[i:e.at]...)
+			i = e.at
+			switch e.op {
+			case editSet:
+				keys, vals = append(keys, e.key), append(vals, e.val)
+				i++
+			case editAdd:
+				keys, vals = append(keys, e.key), append(vals, e.val)
+			case editDel:
+				i++
+			}
+		}
+		h.keys, h.vals = append(keys, h.keys[i:]...), append(vals, h.vals[i:]...)
+		return
+	}
+	// Last first, so that the positions of the earlier edits hold.
+	for k := len(edits) - 1; k >= 0; k-- {
+		switch e := edits[k]; e.op {
+		case editSet:
+			h.vals[e.at] = e.val
+		case editAdd:
+			h.keys, h.vals = slices.Insert(h.keys, e.at, e.key), slices.Insert(h.vals, e.at, e.val)
+		case editDel:
+			h.keys, h.vals = slices.Delete(h.keys, e.at, e.at+1), slices.Delete(h.vals, e.at, e.at+1)
+		}
+	}
+}
+
 // listing is one read of the prefix.
 type listing struct {
 	count int // keys under the prefix: not the prefix itself, not a folder
-	// unchanged: the read holds exactly what the Sink last accepted (kv
-	// is then nil). Only a read compared with a held one is.
+	// unchanged: the read holds exactly what the Sink last accepted. Only
+	// a read compared with a held one can be.
 	unchanged bool
-	// held is the read, when changed: kv is the Sink's.
-	held
+	// A changed read is either merged with the held one (edits, in key
+	// order) or read in full (full, whose map is new).
+	edits []edit
+	full  held
 	// changed lists the keys set, added or deleted against the held read
 	// it was compared with (nil when there was none).
 	changed []string
@@ -160,76 +231,48 @@ type listing struct {
 // next listings in full if one ever is not.
 var errUnordered = errors.New("Consul listed the keys out of order")
 
-// mergeListing reads a listing against last, both in key order: a read
-// equal to last builds nothing, and one that changes keys is a copy of
-// last's map with those keys set or deleted, sharing last's strings. It
-// costs one pass over the body and no lookups.
+// mergeListing reads a listing against last, both in key order, into the
+// edits that make last the read. It costs one pass over the body, no
+// lookups, and allocates only what differs.
 func mergeListing(lr *listingReader, prefix string, value *[]byte, last held) (listing, error) {
 	var (
-		n, j    int // keys read; last's keys passed
-		prev    []byte
-		changed []string
-		next    held // the read, from the first difference on
+		n, j  int // keys read; last's keys passed
+		prev  []byte
+		edits []edit
 	)
-	// differ starts the copy at the first difference: the keys before it
-	// are last's first j.
-	differ := func() {
-		if next.kv != nil {
-			return
-		}
-		next.kv = maps.Clone(last.kv)
-		next.keys = append(make([]string, 0, len(last.keys)+1), last.keys[:j]...)
-		next.vals = append(make([]string, 0, len(last.vals)+1), last.vals[:j]...)
-	}
-	deleted := func(k string) {
-		differ()
-		delete(next.kv, k)
-		changed = append(changed, k)
-	}
 	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
 		if n > 0 && bytes.Compare(prev, rel) >= 0 {
 			return errUnordered
 		}
 		n++
 		prev = append(prev[:0], rel...)
-		for j < len(last.keys) && last.keys[j] < string(rel) {
-			deleted(last.keys[j])
-			j++
+		for ; j < len(last.keys) && last.keys[j] < string(rel); j++ {
+			edits = append(edits, edit{at: j, key: last.keys[j], op: editDel})
 		}
 		if j < len(last.keys) && last.keys[j] == string(rel) {
-			k, old := last.keys[j], last.vals[j]
-			if old == string(v) {
-				if next.kv != nil {
-					next.keys, next.vals = append(next.keys, k), append(next.vals, old)
-				}
-				j++
-				return nil
+			if last.vals[j] != string(v) {
+				edits = append(edits, edit{at: j, key: last.keys[j], val: string(v), op: editSet})
 			}
-			differ()
 			j++
-			val := string(v)
-			next.kv[k] = val
-			next.keys, next.vals = append(next.keys, k), append(next.vals, val)
-			changed = append(changed, k)
 			return nil
 		}
-		differ()
-		k, val := string(rel), string(v)
-		next.kv[k] = val
-		next.keys, next.vals = append(next.keys, k), append(next.vals, val)
-		changed = append(changed, k)
+		edits = append(edits, edit{at: j, key: string(rel), val: string(v), op: editAdd})
 		return nil
 	})
 	if err != nil {
 		return listing{}, err
 	}
 	for ; j < len(last.keys); j++ {
-		deleted(last.keys[j])
+		edits = append(edits, edit{at: j, key: last.keys[j], op: editDel})
 	}
-	if next.kv == nil {
+	if len(edits) == 0 {
 		return listing{count: n, unchanged: true}, nil
 	}
-	return listing{count: n, held: next, changed: changed}, nil
+	changed := make([]string, len(edits))
+	for i, e := range edits {
+		changed[i] = e.key
+	}
+	return listing{count: n, edits: edits, changed: changed}, nil
 }
 
 // readListing reads a listing in full into a new held read, and compares
@@ -282,7 +325,7 @@ func (b *builder) held() held {
 // compared is the listing of h, a read built in full, compared with last
 // (nil: nothing to compare with).
 func compared(h held, last map[string]string) listing {
-	l := listing{count: len(h.kv), held: h}
+	l := listing{count: len(h.kv), full: h}
 	if last == nil {
 		return l
 	}

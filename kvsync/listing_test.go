@@ -60,7 +60,7 @@ func viaConsulAPI(body []byte, prefix string) (map[string]string, error) {
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&pairs); err != nil {
 		return nil, err
 	}
-	return pairsListing(pairs, prefix, nil).kv, nil
+	return pairsListing(pairs, prefix, nil).full.kv, nil
 }
 
 // reader is a listingReader over r with a fresh buffer.
@@ -70,7 +70,21 @@ func reader(r io.Reader) *listingReader { return &listingReader{r: r} }
 func decode(body []byte, prefix string) (map[string]string, error) {
 	var value []byte
 	l, err := readListing(reader(bytes.NewReader(body)), prefix, &value, nil)
-	return l.kv, err
+	return l.full.kv, err
+}
+
+// checkHeld checks that h's keys and values are want's, in key order.
+func checkHeld(t *testing.T, name string, h held, want map[string]string) {
+	t.Helper()
+	if !slices.IsSorted(h.keys) || len(h.keys) != len(want) || len(h.vals) != len(h.keys) {
+		t.Errorf("%s: %d keys (%d values) are not the read's %d keys in order", name, len(h.keys), len(h.vals), len(want))
+		return
+	}
+	for i, k := range h.keys {
+		if v, ok := want[k]; !ok || h.vals[i] != v {
+			t.Errorf("%s: key %d %q = %q, want %q (present %v)", name, i, k, h.vals[i], v, ok)
+		}
+	}
 }
 
 // heldOf is kv as the Watcher holds an accepted read.
@@ -116,17 +130,10 @@ func TestDecodeListingMatchesConsulAPI(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: readListing(%.80q): %v", name, body, err)
 			}
-			if !maps.Equal(l.kv, want) {
-				t.Errorf("%s: readListing(%.80q) = %v, consul/api %v", name, body, l.kv, want)
+			if !maps.Equal(l.full.kv, want) {
+				t.Errorf("%s: readListing(%.80q) = %v, consul/api %v", name, body, l.full.kv, want)
 			}
-			if !slices.IsSorted(l.held.keys) || len(l.held.keys) != len(want) || len(l.vals) != len(l.held.keys) {
-				t.Errorf("%s: keys %v (%d values) are not the map's keys in order", name, l.held.keys, len(l.vals))
-			}
-			for i, k := range l.held.keys {
-				if l.vals[i] != want[k] {
-					t.Errorf("%s: vals[%d] = %q, want %q (key %s)", name, i, l.vals[i], want[k], k)
-				}
-			}
+			checkHeld(t, name, l.full, want)
 		}
 	}
 }
@@ -177,8 +184,8 @@ func TestListingWindowHoldsOnePair(t *testing.T) {
 	lr := reader(bytes.NewReader(body))
 	var value []byte
 	l, err := readListing(lr, "hastate/", &value, nil)
-	if err != nil || len(l.kv) != 50_001 || l.kv["config/big"] != big {
-		t.Fatalf("readListing: %d keys, %v", len(l.kv), err)
+	if err != nil || len(l.full.kv) != 50_001 || l.full.kv["config/big"] != big {
+		t.Fatalf("readListing: %d keys, %v", len(l.full.kv), err)
 	}
 	if len(body) < 3<<20 || cap(lr.buf) > 2<<20 {
 		t.Errorf("window %d bytes for a %d-byte listing whose largest pair is %d bytes", cap(lr.buf), len(body), len(big)*4/3)
@@ -201,41 +208,65 @@ func TestMergeListing(t *testing.T) {
 		}
 		return l
 	}
-	if l := merge(maps.Clone(want)); !l.unchanged || l.kv != nil || l.count != len(want) {
-		t.Errorf("against what it holds: unchanged=%v, %d keys, map %v; want unchanged, %d keys, no map", l.unchanged, l.count, l.kv != nil, len(want))
+	if l := merge(maps.Clone(want)); !l.unchanged || l.edits != nil || l.count != len(want) {
+		t.Errorf("against what it holds: unchanged=%v, %d keys, %d edits; want unchanged, %d keys, no edit", l.unchanged, l.count, len(l.edits), len(want))
 	}
 	keys := slices.Sorted(maps.Keys(want))
 	first, mid, lastKey := keys[0], keys[len(keys)/2], keys[len(keys)-1]
+	spread := func(m map[string]string, n int, edit func(m map[string]string, k string)) []string {
+		var ks []string
+		for i := range n {
+			k := keys[i*len(keys)/n]
+			edit(m, k)
+			ks = append(ks, k)
+		}
+		return ks
+	}
 	for name, c := range map[string]struct {
-		edit    func(map[string]string)
-		changed []string
+		edit func(map[string]string) []string // returns the keys that differ
 	}{
-		"a value differs":       {func(m map[string]string) { m[mid] = "x" }, []string{mid}},
-		"the first key differs": {func(m map[string]string) { m[first] = "x" }, []string{first}},
-		"a key is added":        {func(m map[string]string) { delete(m, lastKey) }, []string{lastKey}},
-		"the first is added":    {func(m map[string]string) { delete(m, first) }, []string{first}},
-		"a key is deleted":      {func(m map[string]string) { m["state/web/gone"] = "drain" }, []string{"state/web/gone"}},
-		"deleted at the end":    {func(m map[string]string) { m["zzz"] = "drain" }, []string{"zzz"}},
-		"deleted at the start":  {func(m map[string]string) { m["a"] = "drain" }, []string{"a"}},
-		"one key is replaced": {func(m map[string]string) { delete(m, mid); m[mid+"x"] = "drain" },
-			[]string{mid, mid + "x"}},
-		"all deleted and set": {func(m map[string]string) { clear(m); m["a"] = "b" }, append([]string{"a"}, keys...)},
+		"a value differs":       {func(m map[string]string) []string { m[mid] = "x"; return []string{mid} }},
+		"the first key differs": {func(m map[string]string) []string { m[first] = "x"; return []string{first} }},
+		"a key is added":        {func(m map[string]string) []string { delete(m, lastKey); return []string{lastKey} }},
+		"the first is added":    {func(m map[string]string) []string { delete(m, first); return []string{first} }},
+		"a key is deleted":      {func(m map[string]string) []string { m["state/web/gone"] = "drain"; return []string{"state/web/gone"} }},
+		"deleted at the end":    {func(m map[string]string) []string { m["zzz"] = "drain"; return []string{"zzz"} }},
+		"deleted at the start":  {func(m map[string]string) []string { m["a"] = "drain"; return []string{"a"} }},
+		"one key is replaced": {func(m map[string]string) []string {
+			delete(m, mid)
+			m[mid+"x"] = "drain"
+			return []string{mid, mid + "x"}
+		}},
+		"20 added (a new pass)": {func(m map[string]string) []string {
+			return spread(m, 20, func(m map[string]string, k string) { delete(m, k) })
+		}},
+		"20 set, 9 added, 4 deleted (in place)": {func(m map[string]string) []string {
+			ks := spread(m, 20, func(m map[string]string, k string) { m[k] = "x" })
+			ks = append(ks, spread(m, 9, func(m map[string]string, k string) { delete(m, k) })...)
+			for _, k := range []string{"a", "b", mid + "y", "zzz"} {
+				m[k] = "drain"
+			}
+			return append(ks, "a", "b", mid+"y", "zzz")
+		}},
+		"all deleted and set": {func(m map[string]string) []string { clear(m); m["a"] = "b"; return append([]string{"a"}, keys...) }},
 	} {
 		last := maps.Clone(want)
-		c.edit(last)
+		differ := c.edit(last)
 		l := merge(last)
-		if l.unchanged || !maps.Equal(l.kv, want) || l.count != len(want) || !slices.Equal(l.held.keys, keys) {
-			t.Errorf("%s: unchanged=%v, %d keys, map equal %v, keys in order %v; want the changed read", name, l.unchanged, l.count, maps.Equal(l.kv, want), slices.Equal(l.held.keys, keys))
+		if l.unchanged || l.edits == nil || l.count != len(want) {
+			t.Errorf("%s: unchanged=%v, %d keys, %d edits; want the edits of a changed read", name, l.unchanged, l.count, len(l.edits))
 			continue
 		}
-		if got := slices.Sorted(slices.Values(l.changed)); !slices.Equal(got, slices.Sorted(slices.Values(c.changed))) {
-			t.Errorf("%s: changed %v, want %v", name, got, c.changed)
+		if got, want := slices.Sorted(slices.Values(l.changed)), slices.Compact(slices.Sorted(slices.Values(differ))); !slices.Equal(got, want) {
+			t.Errorf("%s: changed %v, want %v", name, got, want)
 		}
-		for i, k := range l.held.keys {
-			if l.vals[i] != want[k] {
-				t.Errorf("%s: vals[%d] = %q, want %q", name, i, l.vals[i], want[k])
-			}
+		h := heldOf(last)
+		h.setMap(l.edits)
+		if !maps.Equal(h.kv, want) {
+			t.Errorf("%s: the held map with the edits differs from the read", name)
 		}
+		h.setKeys(l.edits)
+		checkHeld(t, name, h, want)
 	}
 	// Keys out of order cannot be merged.
 	unordered := `[{"Key":"hastate/b","Value":"eA=="},{"Key":"hastate/a","Value":"eA=="}]`
@@ -274,11 +305,14 @@ func BenchmarkDecodeListing(b *testing.B) {
 		}},
 		{"readListing-nothing-to-compare", func() (int, error) {
 			l, err := readListing(lr(), prefix, &value, nil)
-			return len(l.kv), err
+			return len(l.full.kv), err
 		}},
 		{"mergeListing-one-key-set", func() (int, error) {
 			l, err := mergeListing(lr(), prefix, &value, heldOneSet)
-			return len(l.kv), err
+			if len(l.edits) != 1 {
+				return 0, fmt.Errorf("%d edits, want 1", len(l.edits))
+			}
+			return l.count, err
 		}},
 		{"mergeListing-unchanged", func() (int, error) {
 			l, err := mergeListing(lr(), prefix, &value, held)

@@ -14,10 +14,10 @@ import (
 
 // Sink receives changed reads of the prefix (see state.KVRead: the whole
 // prefix, and what changed since the read the Sink last accepted from
-// this Watcher). The map is the Sink's to keep but not to modify: the
-// Watcher compares the next read with it. A returned error means "not
-// applied": the Watcher backs off and hands over the then-current full
-// read again.
+// this Watcher). The map is valid during the call only: the Watcher
+// changes it in place into the next read, so the Sink must neither keep
+// nor modify it. A returned error means "not applied": the Watcher backs
+// off and hands over the then-current full read again.
 type Sink interface {
 	ApplyRead(ctx context.Context, r state.KVRead) error
 }

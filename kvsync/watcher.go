@@ -118,13 +118,24 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case l.unchanged:
 			index = got // the index moved, the data did not
 		default:
-			r := state.KVRead{Index: got, KV: l.kv}
+			r := state.KVRead{Index: got, KV: l.full.kv}
+			if l.edits != nil {
+				// The held map becomes the read; its keys follow once
+				// the Sink accepts it.
+				last.setMap(l.edits)
+				r.KV = last.kv
+			}
 			if last.kv != nil {
 				r.Base, r.Changed = accepted, l.changed
 			}
 			if err := w.o.Sink.ApplyRead(ctx, r); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
+				}
+				if l.edits != nil {
+					// The held map is now the read the Sink refused:
+					// the next read is compared in full.
+					last, accepted = held{}, 0
 				}
 				// Not delivered: index stays, so the next read returns at
 				// once with the then-current data, after the backoff.
@@ -134,8 +145,13 @@ func (w *Watcher) Run(ctx context.Context) error {
 				continue
 			}
 			w.m.updates.Inc()
-			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.count))
-			index, last, accepted = got, l.held, got
+			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.count), zap.Int("changed", len(l.changed)))
+			if l.edits != nil {
+				last.setKeys(l.edits)
+			} else {
+				last = l.full
+			}
+			index, accepted = got, got
 		}
 		if failures > 0 {
 			w.log.Info("consul KV sync recovered",

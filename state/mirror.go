@@ -212,8 +212,8 @@ func (m *Mirror) Diff(desired map[string]string) Change {
 type KVRead struct {
 	// Index is Consul's index of the read (X-Consul-Index).
 	Index uint64
-	// KV is the whole prefix: values by key relative to it. It is the
-	// receiver's to keep but not to modify.
+	// KV is the whole prefix: values by key relative to it, valid during
+	// the call it is handed to only (the reader changes it in place).
 	KV map[string]string
 	// Base, when not 0, is the Index of an earlier read that KV differs
 	// from only in Changed: the keys set, added or deleted since.
