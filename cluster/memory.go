@@ -23,6 +23,8 @@ const (
 	// releaseGap is the least time between two returns: a run of large
 	// entries is followed by one.
 	releaseGap = 5 * time.Second
+	// releaseSettle is how long after a large change memory is returned.
+	releaseSettle = time.Second
 )
 
 // noteLarge asks releaseLoop to return memory; it never blocks.
@@ -42,6 +44,14 @@ func (n *Node) releaseLoop() {
 		case <-n.stop:
 			return
 		case <-n.release:
+		}
+		// What follows a large change (the leader's reply to the watch,
+		// the replies to the gates' polls, a follower catching up) still
+		// holds garbage for a moment; return the heap once it is.
+		select {
+		case <-n.stop:
+			return
+		case <-time.After(releaseSettle):
 		}
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -216,7 +217,17 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	return c
 }
 
+// defaultGCPercent is the GOGC that serve runs with when the environment
+// sets none. A replica's heap is almost all long-lived state (the mirror
+// and its serving snapshot) and the agent path does not allocate per
+// request, so collecting at 50% growth instead of Go's 100% costs little
+// CPU and keeps the footprint near 1.5 times the state, not twice it.
+const defaultGCPercent = 50
+
 func serve(ctx context.Context, o app.Options) error {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 	a, err := app.New(o)
 	if err != nil {
 		return err
