@@ -24,7 +24,7 @@ const (
 	// entries is followed by one.
 	releaseGap = 5 * time.Second
 	// releaseSettle is how long after a large change memory is returned.
-	releaseSettle = time.Second
+	releaseSettle = 250 * time.Millisecond
 )
 
 // noteLarge asks releaseLoop to return memory; it never blocks.

@@ -30,8 +30,10 @@ const (
 	// costs a few microseconds on both sides.
 	commitTimeout = 3 * time.Millisecond
 	// logCacheEntries is how many recent raft entries are kept decoded
-	// (see raft.NewLogCache below).
-	logCacheEntries = 128
+	// (see raft.NewLogCache below): enough for replication, which reads
+	// the last few; few enough that a large entry (5 MB for a first read
+	// of 50,000 keys) is not held for long.
+	logCacheEntries = 32
 )
 
 // Errors returned by Node.

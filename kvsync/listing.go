@@ -278,7 +278,7 @@ func mergeListing(lr *listingReader, prefix string, value *[]byte, last held) (l
 // readListing reads a listing in full into a new held read, and compares
 // it with last when there is one (the first read of a Watcher has none).
 func readListing(lr *listingReader, prefix string, value *[]byte, last map[string]string) (listing, error) {
-	var b builder
+	b := newBuilder(len(last))
 	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
 		b.add(string(rel), string(v))
 		return nil
@@ -295,10 +295,13 @@ type builder struct {
 	disorder bool
 }
 
+// newBuilder returns a builder sized for n keys (the held read's count is
+// the best guess of the next one's).
+func newBuilder(n int) *builder {
+	return &builder{h: held{kv: make(map[string]string, n), keys: make([]string, 0, n), vals: make([]string, 0, n)}}
+}
+
 func (b *builder) add(k, v string) {
-	if b.h.kv == nil {
-		b.h.kv = map[string]string{}
-	}
 	if n := len(b.h.keys); n > 0 && b.h.keys[n-1] >= k {
 		b.disorder = true
 	}
@@ -309,9 +312,6 @@ func (b *builder) add(k, v string) {
 // held returns the read, its keys sorted (a key listed twice counts once,
 // with its last value).
 func (b *builder) held() held {
-	if b.h.kv == nil {
-		b.h.kv = map[string]string{}
-	}
 	if b.disorder {
 		b.h.keys = slices.Sorted(maps.Keys(b.h.kv))
 		b.h.vals = b.h.vals[:len(b.h.keys)]
@@ -744,7 +744,7 @@ func (d *listingDecoder) number() error {
 // pairsListing reads a listing from consul/api's pairs, as readListing
 // reads a body: for a List that did not pass through listingTransport.
 func pairsListing(pairs api.KVPairs, prefix string, last map[string]string) listing {
-	var b builder
+	b := newBuilder(len(pairs))
 	for _, p := range pairs {
 		if rel, ok := pairKey(p, prefix); ok {
 			b.add(rel, string(p.Value))

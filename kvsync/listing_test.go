@@ -89,7 +89,7 @@ func checkHeld(t *testing.T, name string, h held, want map[string]string) {
 
 // heldOf is kv as the Watcher holds an accepted read.
 func heldOf(kv map[string]string) held {
-	var b builder
+	b := newBuilder(len(kv))
 	for _, k := range slices.Sorted(maps.Keys(kv)) {
 		b.add(k, kv[k])
 	}

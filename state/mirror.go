@@ -193,7 +193,9 @@ func (m *Mirror) Diff(desired map[string]string) Change {
 	for k, v := range desired {
 		if old, ok := m.raw[k]; !ok || old != v {
 			if c.Set == nil {
-				c.Set = map[string]string{}
+				// Sized for a first read (everything is new); a later
+				// difference usually is a few keys.
+				c.Set = make(map[string]string, max(len(desired)-len(m.raw), 1))
 			}
 			c.Set[k] = v
 		}

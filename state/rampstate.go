@@ -83,13 +83,11 @@ func keyTarget(key string) string {
 // its own key, else (for a server) its backend wildcard's, else ready.
 // ok is false when the answer is withheld.
 func (m *Mirror) effective(target string) (v Value, ok bool) {
-	b, s, _ := strings.Cut(target, "/")
-	keys := []string{StatePrefix + target}
-	if s != Wildcard {
-		keys = append(keys, StatePrefix+b+"/"+Wildcard)
+	if e := m.entry(StatePrefix + target); e != nil && !e.Expired {
+		return e.Last, e.HasLast
 	}
-	for _, k := range keys {
-		if e := m.entry(k); e != nil && !e.Expired {
+	if b, s, _ := strings.Cut(target, "/"); s != Wildcard {
+		if e := m.entry(StatePrefix + b + "/" + Wildcard); e != nil && !e.Expired {
 			return e.Last, e.HasLast
 		}
 	}
@@ -162,12 +160,15 @@ func (e *Entry) due(at time.Time) bool {
 // transition runs change on the mirror and starts or ends the ramps of the
 // targets of keys as their effective state moved (see ApplyAt).
 func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, change func()) []RampEvent {
+	// What a target was before the change: only what deciding on its ramp
+	// needs, since a full read of the prefix notes every target.
 	type before struct {
-		v        Value
-		ok       bool
+		admin    Admin
+		plain    bool // plainReady
+		starts   bool // startsRamp under policy
 		override *time.Duration
 	}
-	targets := map[string]before{}
+	targets := make(map[string]before, len(keys))
 	note := func(k string) {
 		if !strings.HasPrefix(k, StatePrefix) {
 			return
@@ -177,7 +178,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 			return
 		}
 		v, ok := m.effective(t)
-		b := before{v: v, ok: ok}
+		b := before{admin: v.Admin, plain: plainReady(v, ok), starts: m.startsRamp(v, ok, policy)}
 		if e := m.entry(k); e != nil && e.HasLast && e.Last.RampSet {
 			d := e.Last.Ramp
 			b.override = &d
@@ -197,7 +198,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 			events = append(events, m.endRamps(t)...)
 			continue
 		}
-		if plainReady(b.v, b.ok) || !m.startsRamp(b.v, b.ok, policy) {
+		if b.plain || !b.starts {
 			continue
 		}
 		p, err := policy, policy.Validate()
@@ -215,7 +216,7 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		w, _ := p.Weight(0)
 		r := &Ramp{Target: t, Started: at, Policy: p, Weight: w}
 		m.putRamp(r)
-		events = append(events, RampEvent{Target: t, Start: true, Reason: "left " + b.v.Admin.String(), Ramp: *r})
+		events = append(events, RampEvent{Target: t, Start: true, Reason: "left " + b.admin.String(), Ramp: *r})
 	}
 	return events
 }
