@@ -30,10 +30,8 @@ const (
 	// costs a few microseconds on both sides.
 	commitTimeout = 3 * time.Millisecond
 	// logCacheEntries is how many recent raft entries are kept decoded
-	// (see raft.NewLogCache below): enough for replication, which reads
-	// the last few; few enough that a large entry (5 MB for a first read
-	// of 50,000 keys) is not held for long.
-	logCacheEntries = 32
+	// (see logcache.go): replication reads the last few.
+	logCacheEntries = 64
 )
 
 // Errors returned by Node.
@@ -241,17 +239,7 @@ func New(o Options) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
-	// Raft reads the entry before the next one to send for every
-	// AppendEntries, the empty ones sent each CommitTimeout included.
-	// From boltdb that decodes the whole entry every time: a new leader's
-	// full-KV entry of 50,000 keys is 5 MB, decoded every 10–20 ms per
-	// follower (2 GB of garbage in a minute). The cache keeps the recent
-	// entries as they were stored.
-	logs, err := raft.NewLogCache(logCacheEntries, store)
-	if err != nil {
-		n.closeStores()
-		return nil, fmt.Errorf("cluster: raft log cache: %w", err)
-	}
+	logs := newLogCache(logCacheEntries, store) // see logcache.go
 	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, n.transport)
 	if err != nil {
 		n.closeStores()

@@ -1,0 +1,84 @@
+package cluster
+
+// This file keeps the recent raft entries decoded. Raft reads the entry
+// before the next one to send for every AppendEntries, the idle ones sent
+// each commitTimeout included; from boltdb that decodes the whole entry
+// every time, and a new leader's full-KV entry at 50,000 keys is 5 MB
+// (decoded every few milliseconds per follower, it set the replicas'
+// memory). raft.LogCache solves that but keeps such an entry for as long
+// as it is among the last few, on every replica; this cache keeps a large
+// entry only while it is the newest.
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
+
+// largeEntry is the size of an entry's data above which the cache keeps it
+// only while it is the newest entry.
+const largeEntry = 256 << 10
+
+// logCache is a raft.LogStore that keeps the last entries it stored (a
+// ring of fixed size) in front of store.
+type logCache struct {
+	store raft.LogStore
+
+	mu   sync.RWMutex
+	ring []*raft.Log // by index modulo its length
+}
+
+var _ raft.LogStore = (*logCache)(nil)
+
+func newLogCache(entries int, store raft.LogStore) *logCache {
+	return &logCache{store: store, ring: make([]*raft.Log, entries)}
+}
+
+func (c *logCache) GetLog(index uint64, l *raft.Log) error {
+	c.mu.RLock()
+	cached := c.ring[index%uint64(len(c.ring))]
+	c.mu.RUnlock()
+	if cached != nil && cached.Index == index {
+		*l = *cached
+		return nil
+	}
+	return c.store.GetLog(index, l)
+}
+
+func (c *logCache) StoreLog(l *raft.Log) error { return c.StoreLogs([]*raft.Log{l}) }
+
+// StoreLogs stores logs, then caches them; a large entry before the newest
+// one leaves the cache (a follower that still needs it reads it from the
+// store once).
+func (c *logCache) StoreLogs(logs []*raft.Log) error {
+	if err := c.store.StoreLogs(logs); err != nil {
+		return fmt.Errorf("store raft entries: %w", err)
+	}
+	if len(logs) == 0 {
+		return nil
+	}
+	newest := logs[len(logs)-1].Index
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range logs {
+		c.ring[l.Index%uint64(len(c.ring))] = l
+	}
+	for i, l := range c.ring {
+		if l != nil && l.Index != newest && len(l.Data) > largeEntry {
+			c.ring[i] = nil
+		}
+	}
+	return nil
+}
+
+func (c *logCache) FirstIndex() (uint64, error) { return c.store.FirstIndex() }
+func (c *logCache) LastIndex() (uint64, error)  { return c.store.LastIndex() }
+
+// DeleteRange empties the cache, then deletes from the store.
+func (c *logCache) DeleteRange(min, max uint64) error {
+	c.mu.Lock()
+	clear(c.ring)
+	c.mu.Unlock()
+	return c.store.DeleteRange(min, max)
+}
