@@ -3,10 +3,14 @@ package kvsync
 // Tests against a real Consul agent (internal/testenv), loopback only.
 
 import (
+	"encoding/base64"
 	"errors"
+	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -449,5 +453,52 @@ func TestListingMalformedIsAReadError(t *testing.T) {
 	}
 	if n := len(sink.all()); n != 0 {
 		t.Errorf("sink called %d times, want 0", n)
+	}
+}
+
+// TestWatcherReadsUnorderedListingsInFull: were Consul to list keys out of
+// order, a read could not be merged with the held one; the Watcher reads
+// it again in full (and every later one), and the Sink gets the read.
+func TestWatcherReadsUnorderedListingsInFull(t *testing.T) {
+	t.Parallel()
+	pair := func(k, v string) string {
+		return fmt.Sprintf(`{"Key":"hastate/%s","Value":"%s"}`, k, base64.StdEncoding.EncodeToString([]byte(v)))
+	}
+	ordered := "[" + pair("state/web/a", "drain") + "," + pair("state/web/b", "maint") + "]"
+	unordered := "[" + pair("state/web/c", "drain") + "," + pair("state/web/a", "ready") + "]"
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		switch r.URL.Query().Get("index") {
+		case "", "0":
+			rw.Header().Set("X-Consul-Index", "10")
+			_, _ = io.WriteString(rw, ordered)
+		case "10":
+			rw.Header().Set("X-Consul-Index", "11")
+			_, _ = io.WriteString(rw, unordered)
+		default:
+			<-r.Context().Done() // nothing new: block like Consul
+		}
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.WarnLevel)
+	sink := &recSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, WaitTime: time.Second, Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWatcher(t, w)
+	want := map[string]string{"state/web/c": "drain", "state/web/a": "ready"}
+	waitFor(t, sink, want)
+	stop()
+	calls := sink.all()
+	if len(calls) != 2 || calls[1].index != 11 || calls[1].base != 10 || !slices.Equal(calls[1].changed, []string{"state/web/a", "state/web/b", "state/web/c"}) {
+		t.Errorf("sink calls = %+v, want the full read at 10, then the one at 11 based on 10 with a, b and c changed", calls)
+	}
+	if logs.FilterMessageSnippet("out of order").Len() != 1 {
+		t.Errorf("warnings: %v, want one saying the keys were out of order", logs.All())
 	}
 }
