@@ -42,6 +42,26 @@ func newPodman(t *testing.T) *podman {
 	if _, err := exec.LookPath("runc"); err == nil {
 		p.flags = append(p.flags, "--runtime", "runc")
 	}
+	// Runs after the tests' own container cleanups, before TempDir's: when
+	// a container exits, conmon starts "podman container cleanup" in the
+	// background, which may still write under dir after "podman rm"
+	// returns, and TempDir's single RemoveAll then fails the test with
+	// "directory not empty". Remove every container, then retry.
+	t.Cleanup(func() {
+		_, _ = p.run("rm", "--all", "--force", "--time", "0")
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			err := os.RemoveAll(dir)
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("podman's storage %s is still in use 10s after its containers were removed: %v", dir, err)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
 	return p
 }
 
