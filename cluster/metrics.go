@@ -155,7 +155,7 @@ func (m *metrics) collectServers(ch chan<- prometheus.Metric, snap *state.Snapsh
 		}
 		by := ""
 		if r.Entry != nil && r.Entry.HasLast && r.Ramp == nil {
-			by = cutLabel(r.Entry.Last.By, 64)
+			by = cutLabel(r.Entry.Last().By, 64)
 		}
 		ch <- prometheus.MustNewConstMetric(m.serverState, prometheus.GaugeValue, 1, t.Backend, t.Server, kind, by)
 		if since := r.Since(); !since.IsZero() {

@@ -132,16 +132,16 @@ func rowFor(r state.Resolution) api.ServerState {
 	if e := r.Expired; e != nil {
 		row.Expired = e.Key
 	}
-	if e := r.Entry; e != nil && !e.Last.Until.IsZero() {
-		until := e.Last.Until
-		row.Until = &until
-	}
 	if e := r.Entry; e != nil {
+		last := e.Last()
+		if until := last.Until; !until.IsZero() {
+			row.Until = &until
+		}
 		row.Key, row.Value, row.Valid, row.Error = e.Key, e.Raw, e.Valid(), e.Err
 		if e.HasLast {
-			row.Desired, row.Reason, row.By = e.Last.String(), e.Last.Reason, e.Last.By
-			if e.Last.RampSet {
-				row.Ramp = e.Last.Ramp.String()
+			row.Desired, row.Reason, row.By = last.String(), last.Reason, last.By
+			if last.RampSet {
+				row.Ramp = last.Ramp.String()
 			}
 		}
 	}

@@ -79,5 +79,5 @@ func entryAnswer(e *Entry) Answer {
 	if !e.HasLast {
 		return Answer{Withheld: true}
 	}
-	return ValueAnswer(e.Last)
+	return ValueAnswer(e.Last())
 }

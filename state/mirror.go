@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 )
 
 // StatePrefix is the part of a KV key, after the configured prefix, under
@@ -38,14 +39,18 @@ type Entry struct {
 	Server  string // a server name or Wildcard
 	Raw     string // current KV value
 	Err     string // why Raw is invalid; empty when it is valid
-	Last    Value  // the last valid value; equals Raw's when Err is empty
+	// last is the last valid value (see Last), interned: most keys of a
+	// fleet hold one of a few values (drain, maint, the same JSON drain
+	// for a whole zone), so entries share one copy each instead of
+	// holding about 100 bytes apiece. Zero when HasLast is false.
+	last    unique.Handle[Value]
 	LastRaw string
 	HasLast bool
 	// Expired is true once the leader expired the key (its value's
 	// "until" passed): it then counts as absent, until its value changes.
 	Expired bool
 	// Since is when the key's last valid value took the state it holds
-	// (Last.String(): drain, maint, ready, N%): the leader's time in the
+	// (Last().String(): drain, maint, ready, N%): the leader's time in the
 	// raft entry that set it, so it is the same on every replica. A new
 	// reason or an invalid value does not move it. Zero when not known
 	// (applied without a time, or restored from a snapshot written before
@@ -55,6 +60,15 @@ type Entry struct {
 
 // Valid reports whether the current raw value parsed.
 func (e *Entry) Valid() bool { return e.Err == "" }
+
+// Last returns the last valid value: Raw's when Err is empty, the zero
+// Value when HasLast is false.
+func (e *Entry) Last() Value {
+	if !e.HasLast {
+		return Value{}
+	}
+	return e.last.Value()
+}
 
 // Mirror is the mirrored KV content under the prefix plus, for every state
 // key, its last valid value. It is the state machine's data: Apply must be
@@ -138,8 +152,9 @@ func (m *Mirror) putEntry(p *part, e *Entry) {
 
 // noteUntil keeps the until index up to date with e, the key's entry now.
 func (m *Mirror) noteUntil(e *Entry) {
-	if e.HasLast && !e.Expired && !e.Last.Until.IsZero() {
-		m.until[e.Key] = e.Last.Until
+	// Last is the zero Value, without an until, when HasLast is false.
+	if until := e.Last().Until; !e.Expired && !until.IsZero() {
+		m.until[e.Key] = until
 	} else {
 		delete(m.until, e.Key)
 	}
@@ -265,7 +280,7 @@ func (m *Mirror) apply(c Change, at time.Time) {
 				if was == nil {
 					was = map[string]Value{}
 				}
-				was[k] = e.Last
+				was[k] = e.Last()
 			}
 		}
 		delete(m.raw, k)
@@ -285,12 +300,12 @@ func (m *Mirror) apply(c Change, at time.Time) {
 		} else {
 			e = newEntry(k)
 		}
-		prev, hadLast := e.Last, e.HasLast
+		prev, hadLast := e.Last(), e.HasLast
 		if w, ok := was[k]; ok {
 			prev, hadLast = w, true
 		}
 		e.set(v)
-		if !at.IsZero() && e.HasLast && (!hadLast || !sameState(prev, e.Last)) {
+		if !at.IsZero() && e.HasLast && (!hadLast || !sameState(prev, e.Last())) {
 			// No monotonic reading and one location, so that a
 			// restored Since compares equal.
 			e.Since = at.UTC().Round(0)
@@ -352,7 +367,7 @@ func (e *Entry) set(raw string) {
 		e.Err = err.Error()
 		return
 	}
-	e.Err, e.Last, e.LastRaw, e.HasLast = "", v, raw, true
+	e.Err, e.last, e.LastRaw, e.HasLast = "", unique.Make(v), raw, true
 }
 
 // Persisted is the mirror's durable form, used by raft snapshots.

@@ -319,8 +319,8 @@ func TestInvalidValueKeepsLastValid(t *testing.T) {
 				}
 				if e.HasLast {
 					want, err := state.ParseValue(e.LastRaw)
-					if err != nil || e.Last != want {
-						t.Errorf("step %d: entry Last = %+v, want the parse of %q", i, e.Last, e.LastRaw)
+					if err != nil || e.Last() != want {
+						t.Errorf("step %d: entry Last = %+v, want the parse of %q", i, e.Last(), e.LastRaw)
 					}
 				}
 			}
@@ -643,7 +643,7 @@ func TestExportRestore(t *testing.T) {
 		"api/y\n": withheld,      // invalid, never valid
 		"api/z\n": "ready 100%\n",
 	})
-	if e := got.Resolve("web", "b").Entry; e == nil || e.Last.Reason != "r" || e.Last.By != "b" || !e.Last.RampSet {
+	if e := got.Resolve("web", "b").Entry; e == nil || e.Last().Reason != "r" || e.Last().By != "b" || !e.Last().RampSet {
 		t.Errorf("restored wildcard entry %+v lost the JSON fields of its last valid value", e)
 	}
 

@@ -84,11 +84,11 @@ func keyTarget(key string) string {
 // ok is false when the answer is withheld.
 func (m *Mirror) effective(target string) (v Value, ok bool) {
 	if e := m.entry(StatePrefix + target); e != nil && !e.Expired {
-		return e.Last, e.HasLast
+		return e.Last(), e.HasLast
 	}
 	if b, s, _ := strings.Cut(target, "/"); s != Wildcard {
 		if e := m.entry(StatePrefix + b + "/" + Wildcard); e != nil && !e.Expired {
-			return e.Last, e.HasLast
+			return e.Last(), e.HasLast
 		}
 	}
 	return Value{Admin: Ready, Weight: 100}, true
@@ -154,7 +154,8 @@ func (m *Mirror) Due(now time.Time) []string {
 
 // due reports whether the entry's until has passed at at.
 func (e *Entry) due(at time.Time) bool {
-	return e.HasLast && !e.Expired && !e.Last.Until.IsZero() && !at.Before(e.Last.Until)
+	until := e.Last().Until // zero without a last value
+	return !e.Expired && !until.IsZero() && !at.Before(until)
 }
 
 // transition runs change on the mirror and starts or ends the ramps of the
@@ -179,8 +180,8 @@ func (m *Mirror) transition(keys []string, at time.Time, policy RampPolicy, chan
 		}
 		v, ok := m.effective(t)
 		b := before{admin: v.Admin, plain: plainReady(v, ok), starts: m.startsRamp(v, ok, policy)}
-		if e := m.entry(k); e != nil && e.HasLast && e.Last.RampSet {
-			d := e.Last.Ramp
+		if e := m.entry(k); e != nil && e.Last().RampSet {
+			d := e.Last().Ramp
 			b.override = &d
 		}
 		targets[t] = b

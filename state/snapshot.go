@@ -147,7 +147,7 @@ func (sh *shard) resolve(backend, server string) Resolution {
 	// A ramp sets the weight of a plain ready answer: the server's own
 	// ramp, else (when the answer does not come from its own key) the
 	// backend wildcard's.
-	if r.Answer.Withheld || r.Answer.Admin != Ready || (r.Entry != nil && r.Entry.Last.WeightSet) {
+	if r.Answer.Withheld || r.Answer.Admin != Ready || (r.Entry != nil && r.Entry.Last().WeightSet) {
 		return r
 	}
 	rp, ok := sh.ramps[backend+"/"+server]

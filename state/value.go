@@ -56,8 +56,7 @@ var (
 type Value struct {
 	Admin Admin
 	// WeightSet and RampSet say whether Weight and Ramp hold a value.
-	// They sit next to Admin so that the three share one word: every
-	// key's entry holds a Value.
+	// They sit next to Admin so that the three share one word.
 	WeightSet bool
 	RampSet   bool
 	// Weight is the weight in percent for an explicit "N%" value; it is
@@ -148,6 +147,8 @@ func parseJSON(s string) (Value, error) {
 		if err != nil {
 			return Value{}, invalid(s, fmt.Sprintf("%s %q: want an RFC 3339 time such as 2026-12-01T15:04:05Z", f.name, cut(*f.in, 40)))
 		}
+		// In UTC, so that the same instant written at another offset
+		// makes an equal Value: entries share equal values (Entry.last).
 		*f.out = t.UTC()
 	}
 	return v, nil

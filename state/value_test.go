@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unique"
 
 	"github.com/hastate/hastate/state"
 )
@@ -151,6 +152,40 @@ func TestParseValue(t *testing.T) {
 				t.Errorf("ParseValue(%q) = %+v, want %+v", tt.raw, got, tt.want)
 			}
 		})
+	}
+}
+
+// Entries intern their last value (unique.Make), so that keys holding the
+// same value share one copy: that needs the same value to compare equal
+// however it was written, times included (their location is part of ==).
+func TestParseValueInternsEqualValues(t *testing.T) {
+	const drain = `{"state":"drain","reason":"zone b","by":"alice","ramp":"10m","until":"2026-12-01T15:00:00Z","at":"2026-11-30T10:00:00Z"}`
+	same := [][]string{
+		{"drain", "drain", "DRAIN", " drain\n"},
+		{"25%", "25%", " 25%"},
+		{drain, drain,
+			// The same instants at another offset.
+			`{"state":"drain","reason":"zone b","by":"alice","ramp":"10m","until":"2026-12-01T16:00:00+01:00","at":"2026-11-30T05:00:00-05:00"}`},
+	}
+	for _, raws := range same {
+		want, err := state.ParseValue(raws[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, raw := range raws[1:] {
+			got, err := state.ParseValue(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if unique.Make(got) != unique.Make(want) {
+				t.Errorf("ParseValue(%q) = %#v, ParseValue(%q) = %#v: not one handle", raw, got, raws[0], want)
+			}
+		}
+	}
+	a, _ := state.ParseValue(drain)
+	b, _ := state.ParseValue(strings.Replace(drain, "alice", "bob", 1))
+	if unique.Make(a) == unique.Make(b) {
+		t.Errorf("values by alice and bob share a handle")
 	}
 }
 
