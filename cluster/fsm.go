@@ -263,7 +263,7 @@ func (f *fsm) digest() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.digestVal == "" || f.digestGen != f.kvGen {
-		f.digestVal, f.digestGen = state.Digest(f.mirror.KV()), f.kvGen
+		f.digestVal, f.digestGen = f.mirror.Digest(), f.kvGen
 	}
 	return f.digestVal
 }

@@ -7,7 +7,9 @@ package cluster
 // (decoded every few milliseconds per follower, it set the replicas'
 // memory). raft.LogCache solves that but keeps such an entry for as long
 // as it is among the last few, on every replica; this cache keeps a large
-// entry only while it is the newest.
+// entry only while it is the newest or the one before it (sending the
+// next entry needs it as the previous one; then nothing does, unless a
+// follower lags, which reads it from the store).
 
 import (
 	"fmt"
@@ -17,7 +19,7 @@ import (
 )
 
 // largeEntry is the size of an entry's data above which the cache keeps it
-// only while it is the newest entry.
+// only while it is one of the newest two.
 const largeEntry = 256 << 10
 
 // logCache is a raft.LogStore that keeps the last entries it stored (a
@@ -48,9 +50,8 @@ func (c *logCache) GetLog(index uint64, l *raft.Log) error {
 
 func (c *logCache) StoreLog(l *raft.Log) error { return c.StoreLogs([]*raft.Log{l}) }
 
-// StoreLogs stores logs, then caches them; a large entry before the newest
-// one leaves the cache (a follower that still needs it reads it from the
-// store once).
+// StoreLogs stores logs, then caches them; a large entry older than the
+// newest two leaves the cache.
 func (c *logCache) StoreLogs(logs []*raft.Log) error {
 	if err := c.store.StoreLogs(logs); err != nil {
 		return fmt.Errorf("store raft entries: %w", err)
@@ -65,7 +66,7 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 		c.ring[l.Index%uint64(len(c.ring))] = l
 	}
 	for i, l := range c.ring {
-		if l != nil && l.Index != newest && len(l.Data) > largeEntry {
+		if l != nil && l.Index+1 < newest && len(l.Data) > largeEntry {
 			c.ring[i] = nil
 		}
 	}

@@ -27,7 +27,7 @@ func (s *countingStore) StoreLogs(logs []*raft.Log) error {
 	return s.InmemStore.StoreLogs(logs)
 }
 
-func TestLogCacheKeepsRecentEntriesAndALargeOneOnlyWhileNewest(t *testing.T) {
+func TestLogCacheKeepsRecentEntriesAndALargeOneOnlyWhileNeeded(t *testing.T) {
 	store := &countingStore{InmemStore: raft.NewInmemStore()}
 	c := newLogCache(4, store)
 	get := func(i uint64) raft.Log {
@@ -59,18 +59,22 @@ func TestLogCacheKeepsRecentEntriesAndALargeOneOnlyWhileNewest(t *testing.T) {
 	if store.gets != 0 {
 		t.Fatalf("%d reads from the store, want 0", store.gets)
 	}
-	// Once superseded, the large entry is read from the store.
+	// The next entry is sent with it as the previous one: still cached.
 	if err := c.StoreLog(small(4)); err != nil {
 		t.Fatal(err)
 	}
-	if l := get(3); len(l.Data) != largeEntry+1 || store.gets != 1 {
-		t.Fatalf("entry 3 after entry 4: %d bytes, %d store reads; want it whole, from the store", len(l.Data), store.gets)
+	if l := get(3); len(l.Data) != largeEntry+1 || store.gets != 0 {
+		t.Fatalf("entry 3 after entry 4: %d bytes, %d store reads; want it whole, from the cache", len(l.Data), store.gets)
 	}
-	get(4)
-	// The ring holds the last 4: entry 1 falls out after entry 5.
+	// Two entries on, it is read from the store.
 	if err := c.StoreLog(small(5)); err != nil {
 		t.Fatal(err)
 	}
+	if l := get(3); len(l.Data) != largeEntry+1 || store.gets != 1 {
+		t.Fatalf("entry 3 after entry 5: %d bytes, %d store reads; want it whole, from the store", len(l.Data), store.gets)
+	}
+	get(4)
+	// The ring holds the last 4: entry 1 falls out after entry 5.
 	get(1)
 	if store.gets != 2 {
 		t.Fatalf("%d store reads, want 2 (entry 3 and entry 1)", store.gets)

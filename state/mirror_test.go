@@ -1,6 +1,8 @@
 package state_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -790,5 +792,25 @@ func TestDiffKeysEqualsDiffOnTheKeysThatDiffer(t *testing.T) {
 	}
 	if c := m.DiffKeys(desired, nil); !c.Empty() {
 		t.Errorf("DiffKeys with no keys = %+v, want empty", c)
+	}
+}
+
+// TestDigestIsTheSortedQuotedLines: the digest is SHA-256 over the sorted
+// lines %q=%q, as the tests and tools outside compute it, for the mirror
+// as for a map.
+func TestDigestIsTheSortedQuotedLines(t *testing.T) {
+	kv := map[string]string{"state/web/b": "maint", "state/web/a": `{"reason":"x\ny"}`, "state/wéb/\"q\"": "\x01", "config/ramp": ""}
+	h := sha256.New()
+	for _, k := range slices.Sorted(maps.Keys(kv)) {
+		fmt.Fprintf(h, "%q=%q\n", k, kv[k])
+	}
+	want := hex.EncodeToString(h.Sum(nil))
+	if got := state.Digest(kv); got != want {
+		t.Errorf("Digest = %s, want %s", got, want)
+	}
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: kv})
+	if got := m.Digest(); got != want {
+		t.Errorf("Mirror.Digest = %s, want %s", got, want)
 	}
 }
