@@ -115,14 +115,14 @@ func (c *capture) consume(resp *http.Response) error {
 		c.done, c.res = true, listing{count: len(c.last.kv), unchanged: true, direct: true}
 		return nil
 	}
-	lr := listingReader{r: resp.Body, buf: (*c.body)[:cap(*c.body)]}
+	lr := listingReader{listingDecoder: listingDecoder{b: (*c.body)[:0]}, r: resp.Body}
 	var err error
 	if c.last.kv == nil || c.unordered {
 		c.res, err = readListing(&lr, c.prefix, c.value, c.last.kv)
 	} else {
 		c.res, err = mergeListing(&lr, c.prefix, c.value, c.last)
 	}
-	*c.body = lr.buf[:0]
+	*c.body = lr.b[:0]
 	if err != nil {
 		return err
 	}
@@ -372,7 +372,7 @@ func walkListing(lr *listingReader, prefix string, value *[]byte, f func(rel, v 
 		// only be cut by the window's end, so it is parsed again with
 		// more of the body until the body ends. (Parsing ends at the
 		// pair's closing brace: a pair that parses was whole.)
-		d := listingDecoder{b: lr.buf[lr.i:lr.n]}
+		d := listingDecoder{b: lr.b[lr.i:]}
 		key, v, err := d.pair(value)
 		if err != nil {
 			if lr.more() {
@@ -400,36 +400,37 @@ func walkListing(lr *listingReader, prefix string, value *[]byte, f func(rel, v 
 	}
 }
 
-// listingReader reads a listing's body through a window: buf[i:n] is read
-// and not yet parsed; off counts the bytes dropped before buf[0].
+// listingReader reads a listing's body through a window: its decoder's b
+// is what was read (up to the buffer's capacity), i the first byte not yet
+// parsed; off counts the bytes dropped before b[0]. Its own space, byte
+// and literal are the decoder's, reading more of the body as they need.
 type listingReader struct {
-	r    io.Reader
-	buf  []byte
-	i, n int
-	off  int
-	err  error // the read error that ended the body (io.EOF at its end)
+	listingDecoder
+	r   io.Reader
+	off int
+	err error // the read error that ended the body (io.EOF at its end)
 }
 
 // minListingWindow is the least a listingReader reads at once.
 const minListingWindow = 64 << 10
 
-// more reads more of the body into the window, keeping buf[i:n]. It
-// returns false at the end of the body or on a read error (lr.err).
+// more reads more of the body into the window, keeping b[i:]. It returns
+// false at the end of the body or on a read error (lr.err).
 func (lr *listingReader) more() bool {
 	if lr.err != nil {
 		return false
 	}
 	if lr.i > 0 {
-		lr.n = copy(lr.buf, lr.buf[lr.i:lr.n])
+		n := copy(lr.b, lr.b[lr.i:])
 		lr.off += lr.i
-		lr.i = 0
+		lr.b, lr.i = lr.b[:n], 0
 	}
-	if len(lr.buf)-lr.n < minListingWindow/2 {
-		lr.buf = append(lr.buf[:lr.n], make([]byte, max(len(lr.buf), minListingWindow))...)
+	if cap(lr.b)-len(lr.b) < minListingWindow/2 {
+		lr.b = slices.Grow(lr.b, max(cap(lr.b), minListingWindow))
 	}
 	for {
-		m, err := lr.r.Read(lr.buf[lr.n:])
-		lr.n += m
+		m, err := lr.r.Read(lr.b[len(lr.b):cap(lr.b)])
+		lr.b = lr.b[:len(lr.b)+m]
 		if err != nil {
 			lr.err = err
 			return m > 0
@@ -442,7 +443,7 @@ func (lr *listingReader) more() bool {
 
 // ensure makes at least k unparsed bytes available, if the body has them.
 func (lr *listingReader) ensure(k int) bool {
-	for lr.n-lr.i < k {
+	for len(lr.b)-lr.i < k {
 		if !lr.more() {
 			return false
 		}
@@ -451,30 +452,18 @@ func (lr *listingReader) ensure(k int) bool {
 }
 
 func (lr *listingReader) space() {
-	for lr.ensure(1) {
-		switch lr.buf[lr.i] {
-		case ' ', '\t', '\n', '\r':
-			lr.i++
-		default:
+	for {
+		lr.listingDecoder.space()
+		if lr.i < len(lr.b) || !lr.more() {
 			return
 		}
 	}
 }
 
-func (lr *listingReader) byte(c byte) bool {
-	if lr.ensure(1) && lr.buf[lr.i] == c {
-		lr.i++
-		return true
-	}
-	return false
-}
+func (lr *listingReader) byte(c byte) bool { return lr.ensure(1) && lr.listingDecoder.byte(c) }
 
 func (lr *listingReader) literal(s string) bool {
-	if lr.ensure(len(s)) && string(lr.buf[lr.i:lr.i+len(s)]) == s {
-		lr.i += len(s)
-		return true
-	}
-	return false
+	return lr.ensure(len(s)) && lr.listingDecoder.literal(s)
 }
 
 // end checks that nothing but space follows.
