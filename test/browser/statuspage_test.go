@@ -31,9 +31,6 @@ var polled = []string{"web/a", "web/b", "web/c", "web/m", "web/r", "web/w", "web
 // by the page's own refresh and after a reload. Screenshots of each state,
 // desktop and phone width, go to artifacts/ (or $BROWSER_ARTIFACTS).
 func TestStatusPage(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Consul, hastate and Chromium")
-	}
 	chromium := chromiumBin(t)
 	shots := artifactsDir(t)
 	bin := testenv.BuildHastate(t, "../..")

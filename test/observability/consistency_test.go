@@ -23,9 +23,6 @@ var synthetic = []string{"up"}
 // that every family shows, scrapes /-/metrics, and fails when an alert or a
 // dashboard panel names a metric that is not there (a rename, a typo).
 func TestEveryUsedMetricExists(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Consul and hastate")
-	}
 	used := usedMetrics(t)
 	exported := scrapeShowcase(t)
 	var missing []string
