@@ -6,7 +6,9 @@
 set -euo pipefail
 version=1.13.9
 cache="${HASTATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hastate}"
-bin="$cache/bin/consul-$version"
+# The "-golinegodebug" suffix names builds made as below, so a cache filled by
+# an older version of this script (Go 1.26's GODEBUG defaults) is not reused.
+bin="$cache/bin/consul-$version-golinegodebug"
 
 if [ -n "${CONSUL_BIN:-}" ] && [ -x "$CONSUL_BIN" ]; then echo "$CONSUL_BIN"; exit 0; fi
 if p=$(command -v consul 2>/dev/null); then echo "$p"; exit 0; fi
@@ -21,6 +23,12 @@ mkdir -p "$cache/bin"
   export GOFLAGS=-mod=mod GOTOOLCHAIN=local
   go mod init consulwrapper >/dev/null 2>&1
   go get "github.com/hashicorp/consul@v$version" >&2
+  # A main module's `go` line sets the GODEBUG defaults of the binary, and
+  # `go get` raised the wrapper's to this toolchain's (1.26). Consul would then
+  # route requests and parse URLs as no release of it does (which keys it
+  # accepts, for one). Use Consul's own go line, as its release builds did.
+  consul_go=$(go list -m -f '{{.GoVersion}}' "github.com/hashicorp/consul")
+  go mod edit -go="$consul_go" -toolchain=none
   go build -o "$bin.tmp" github.com/hashicorp/consul >&2
 )
 mv "$bin.tmp" "$bin"
