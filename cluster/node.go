@@ -88,6 +88,14 @@ type Options struct {
 	// Consul may be unreachable before it hands over leadership.
 	KVFailoverAfter time.Duration
 
+	// Version is this build's release, reported to peers and in
+	// /v1/cluster ("": not reported).
+	Version string
+	// MaxLevel, for tests only, makes the node play a release that
+	// understands feature levels up to it (0: state.MaxLevel): it
+	// advertises it and withholds on an entry above it.
+	MaxLevel int
+
 	ApplyTimeout      time.Duration // 0: 5s
 	SnapshotInterval  time.Duration // 0: 2m
 	SnapshotThreshold uint64        // 0: 1024 entries
@@ -161,6 +169,8 @@ type Node struct {
 
 	caughtUp      atomic.Bool
 	lastBadPolicy atomic.Pointer[string]
+	// levelWaiting is what the leader's level gate waits for (nil: nothing).
+	levelWaiting atomic.Pointer[string]
 	kvState
 
 	stop     chan struct{}
@@ -187,6 +197,9 @@ func New(o Options) (*Node, error) {
 	// soon as raft applies an entry.
 	n.metrics = newMetrics(n)
 	n.fsm = newFSM()
+	if o.MaxLevel > 0 {
+		n.fsm.maxLevel = min(o.MaxLevel, state.MaxLevel)
+	}
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
 	n.fsm.large = n.noteLarge

@@ -229,7 +229,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
-		LeaderDuty: a.watchConsul, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
+		LeaderDuty: a.watchConsul, Version: version.Get().Version, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},

@@ -40,10 +40,13 @@ type Plan struct {
 	Notes []string
 }
 
-// Print writes the plan, one operation a line, then the notes.
+// Print writes the plan, one Consul operation a line (see TxnOps), then
+// the notes.
 func (p Plan) Print(w io.Writer) {
 	for _, o := range p.Ops {
-		fmt.Fprintln(w, "  "+o.String())
+		for _, t := range TxnOps(o) {
+			fmt.Fprintln(w, "  "+t.String())
+		}
 	}
 	for _, n := range p.Notes {
 		fmt.Fprintln(w, "note: "+n)
@@ -143,9 +146,9 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			}
 		}
 	}
-	if len(p.Ops) > MaxTxnKeys {
-		return p, fmt.Errorf("refused, nothing was written: %d keys are more than one Consul transaction holds (%d); "+
-			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(p.Ops), MaxTxnKeys)
+	if n := txnLen(p.Ops); n > MaxTxnKeys {
+		return p, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, are %d operations, more than one Consul transaction holds (%d); "+
+			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(p.Ops), n, MaxTxnKeys)
 	}
 	if (o.Command == "drain" || o.Command == "maint") && fleet != nil && !o.Force {
 		if err := minReady(rows, individual, o.MinReady); err != nil {
@@ -336,13 +339,15 @@ func (w Writer) DropAbsent(ctx context.Context, p *Plan) error {
 
 // Apply writes the plan as one transaction.
 func (w Writer) Apply(ctx context.Context, p Plan) error {
-	ops := make(consul.TxnOps, 0, len(p.Ops))
-	for _, o := range p.Ops {
-		op := &consul.KVTxnOp{Verb: consul.KVSet, Key: o.Key, Value: []byte(o.Value)}
-		if o.Delete {
-			op = &consul.KVTxnOp{Verb: consul.KVDelete, Key: o.Key}
+	ops := make(consul.TxnOps, 0, 2*len(p.Ops))
+	for _, planned := range p.Ops {
+		for _, o := range TxnOps(planned) {
+			op := &consul.KVTxnOp{Verb: consul.KVSet, Key: o.Key, Value: []byte(o.Value)}
+			if o.Delete {
+				op = &consul.KVTxnOp{Verb: consul.KVDelete, Key: o.Key}
+			}
+			ops = append(ops, &consul.TxnOp{KV: op})
 		}
-		ops = append(ops, &consul.TxnOp{KV: op})
 	}
 	ok, resp, _, err := w.Client.Txn().Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
 	if err != nil {

@@ -1,0 +1,121 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/state"
+)
+
+// An entry this release does not understand (a type, or a feature level,
+// of a newer release) is not skipped: the replica withholds every answer
+// from then on, says why, and fails readiness.
+func TestUnknownEntryWithholds(t *testing.T) {
+	for name, data := range map[string][]byte{
+		"unknown type":     []byte(`{"type":"ramp-v9"}`),
+		"level from later": entry(t, command{Type: cmdLevel, Level: state.MaxLevel + 1}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFSM()
+			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
+			if f.serving.Load() == nil {
+				t.Fatal("no state after a KV entry")
+			}
+			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: data})
+			if f.serving.Load() != nil {
+				t.Error("the replica still answers after an entry it does not understand")
+			}
+			if err := f.notUnderstood(); err == nil || !strings.Contains(err.Error(), "upgrade") {
+				t.Errorf("notUnderstood = %v, want the reason with what to do", err)
+			}
+			// Later entries are applied but not served.
+			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/b": "drain"}}})})
+			if f.serving.Load() != nil || f.index.Load() != 3 {
+				t.Errorf("after a later entry: serving %v, index %d", f.serving.Load() != nil, f.index.Load())
+			}
+		})
+	}
+	n := startLeader(t, Options{})
+	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.raft.Apply([]byte(`{"type":"ramp-v9"}`), 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() bool { ok, _ := n.Ready(); return !ok }, "ready after an entry it does not understand")
+	if _, detail := n.Ready(); !strings.Contains(detail, "withholds every answer") {
+		t.Errorf("readiness detail %q", detail)
+	}
+	if got := answer(n.Node, "web/a"); got != "" {
+		t.Errorf("web/a answers %q, want nothing", got)
+	}
+	if in := n.Info(); in.Level.NotUnderstood == "" {
+		t.Errorf("/v1/cluster level %+v does not say why the replica withholds", in.Level)
+	}
+}
+
+// The gate, shown with a replica that plays release 0.13.0 (it advertises
+// LevelBase and would withhold on a level entry): the leader defers
+// LevelMeta while it runs, says so, and the meta key's until does not
+// count on any replica; the older replica never withholds. Once it runs
+// this release, the level rises everywhere and the key expires everywhere.
+func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
+	nodes := startCluster(t, func(i int, o *Options) {
+		if i == 2 {
+			o.MaxLevel = state.LevelBase
+		}
+	})
+	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	ctx := context.Background()
+	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	kv := map[string]string{"state/web/a": "drain", "meta/web/a": `{"state":"drain","by":"alice","until":"` + past + `","future":1}`}
+	if err := leaderOf(nodes).ApplyKV(ctx, 1, kv); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() bool {
+		for _, n := range nodes {
+			if answer(n.Node, "web/a") != "drain\n" {
+				return false
+			}
+		}
+		return strings.Contains(leaderOf(nodes).Info().Level.Waiting, "n2 (")
+	}, "the leader does not say what waits for n2: %+v", leaderOf(nodes).Info().Level)
+	// Several gate rounds: nothing expires, nobody withholds.
+	deadline := time.Now().Add(3 * levelEvery)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			if got := answer(n.Node, "web/a"); got != "drain\n" {
+				t.Fatalf("%s answers %q while the gate waits, want drain (the meta key's until waits)", n.opts.ID, got)
+			}
+			if err := n.fsm.notUnderstood(); err != nil || n.fsm.level() != state.LevelBase {
+				t.Fatalf("%s: level %d, not understood %v", n.opts.ID, n.fsm.level(), err)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := nodes[0].Snapshot().Resolve("web", "a").Entry.Note; got != state.NoteMetaWaits {
+		t.Errorf("status note %q, want %q", got, state.NoteMetaWaits)
+	}
+
+	// n2 is upgraded: same data dir, this release.
+	o := nodes[2].opts
+	if err := nodes[2].Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o.MaxLevel = 0
+	nodes[2] = startNode(t, o)
+	eventually(t, 15*time.Second, func() bool {
+		for _, n := range nodes {
+			if n.fsm.level() != state.LevelMeta || answer(n.Node, "web/a") != "ready 100%\n" {
+				return false
+			}
+		}
+		return true
+	}, "the level did not rise, or the key did not expire, on every replica")
+	if w := leaderOf(nodes).Info().Level.Waiting; w != "" {
+		t.Errorf("still waiting: %s", w)
+	}
+}
