@@ -37,11 +37,15 @@ func TxnOps(o Op) []Op {
 	return []Op{word, {Key: mk, Value: state.MarshalMeta(v)}}
 }
 
-// txnLen is the number of Consul operations the planned ops make.
+// txnLen is the number of Consul operations the planned ops make at most:
+// two for a state key (the key and its meta key), one for any other.
 func txnLen(ops []Op) int {
 	n := 0
 	for _, o := range ops {
-		n += len(TxnOps(o))
+		n++
+		if _, ok := state.MetaKeyOf(o.Key); ok && strings.Contains(o.Key, state.StatePrefix) {
+			n++
+		}
 	}
 	return n
 }
