@@ -28,14 +28,18 @@ const PollerTTL = time.Minute
 // ServerState is one row of /v1/state: a server (or a backend wildcard,
 // Server "*"), what it is told and why.
 type ServerState struct {
-	Backend  string `json:"backend"`
-	Server   string `json:"server"`
-	Key      string `json:"key,omitempty"`     // the KV key the answer comes from
-	Source   string `json:"source"`            // the key, "absent" or "no-state"
-	Value    string `json:"value,omitempty"`   // the raw KV value
-	Desired  string `json:"desired,omitempty"` // the last valid value in short form
-	Valid    bool   `json:"valid"`
-	Error    string `json:"error,omitempty"`
+	Backend string `json:"backend"`
+	Server  string `json:"server"`
+	Key     string `json:"key,omitempty"`     // the KV key the answer comes from
+	Source  string `json:"source"`            // the key, "absent" or "no-state"
+	Value   string `json:"value,omitempty"`   // the raw KV value
+	Desired string `json:"desired,omitempty"` // the last valid value in short form
+	Valid   bool   `json:"valid"`
+	Error   string `json:"error,omitempty"`
+	// Note is what status should say about the key and its meta key:
+	// "set outside hastate", "JSON in a state key: ...", an ignored meta
+	// key, additions that wait for a rolling upgrade.
+	Note     string `json:"note,omitempty"`
 	Reason   string `json:"reason,omitempty"`
 	By       string `json:"by,omitempty"`
 	Ramp     string `json:"ramp,omitempty"`

@@ -111,8 +111,12 @@ replica that did not answer) go to stderr.`,
 				if r.Since != nil {
 					since = ago(time.Since(*r.Since))
 				}
+				problem := r.Error
+				if r.Note != "" {
+					problem = strings.TrimPrefix(problem+"; "+r.Note, "; ")
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
-					until, r.Told, r.Polled, r.Reason, r.By, r.Error)
+					until, r.Told, r.Polled, r.Reason, r.By, problem)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
