@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -469,6 +470,8 @@ func (h *Hastate) checkLog(t testing.TB) {
 // Most tests write for servers no HAProxy has asked about yet, so writes
 // get --force unless Checks is set; the tests of those checks set it.
 type Operator struct {
+	// Bin is the hastate binary ("": this build's).
+	Bin        string
 	ConsulAddr string
 	Env        []string // extra KEY=VALUE, e.g. HASTATE_KV_PREFIX=... or HASTATE_ADDR=...
 	Checks     bool
@@ -496,7 +499,7 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	if len(args) > 0 && writeCommands[args[0]] && !o.Checks {
 		args = append(slices.Clone(args), "--force")
 	}
-	cmd := exec.CommandContext(ctx, hastateBin, args...)
+	cmd := exec.CommandContext(ctx, cmp.Or(o.Bin, hastateBin), args...)
 	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
 	cmd.SysProcAttr = testenv.ProcAttr()
 	out, err := cmd.CombinedOutput()
