@@ -91,9 +91,10 @@ type Options struct {
 	// Version is this build's release, reported to peers and in
 	// /v1/cluster ("": not reported).
 	Version string
-	// MaxLevel, for tests only, makes the node play a release that
-	// understands feature levels up to it (0: state.MaxLevel): it
-	// advertises it and withholds on an entry above it.
+	// MaxLevel caps the feature level the node advertises and applies (0:
+	// state.MaxLevel): it withholds on a level entry above it. Operators
+	// set 1 (serve --feature-level) to keep a rollback to 0.13.0 with the
+	// data directories safe; tests use it to play an older release.
 	MaxLevel int
 
 	ApplyTimeout      time.Duration // 0: 5s
