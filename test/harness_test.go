@@ -60,6 +60,8 @@ type Hastate struct {
 
 	mu   sync.Mutex
 	args []string
+	// extra are flags appended after args (see Use).
+	extra []string
 }
 
 // StartHastate starts a one-replica hastate and waits until it is ready.
@@ -186,9 +188,19 @@ func hermeticEnv(extra ...string) []string {
 func (h *Hastate) Start(t testing.TB) {
 	t.Helper()
 	h.mu.Lock()
-	args := slices.Clone(h.args)
+	args := append(slices.Clone(h.args), h.extra...)
 	h.mu.Unlock()
 	h.proc.Start(t, args...)
+}
+
+// Use makes the next Start run bin ("": this build's) with extra flags
+// after the others, on the same ports and data dir: a rolling upgrade to
+// another release, or back. Call it while the replica is stopped.
+func (h *Hastate) Use(bin string, extra ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.proc.Bin = cmp.Or(bin, hastateBin)
+	h.extra = extra
 }
 
 // Pid returns the replica's process ID, 0 when it is not running.

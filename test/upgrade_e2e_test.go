@@ -1,0 +1,413 @@
+package test
+
+import (
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/state"
+)
+
+// previousRelease reads test/testdata/previous-release: the release this
+// build rolls from and back to, and its commit in this repository.
+func previousRelease(t *testing.T) (version, commit string) {
+	t.Helper()
+	b, err := os.ReadFile("testdata/previous-release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		t.Fatalf("testdata/previous-release: %q, want \"<version> <commit>\"", b)
+	}
+	return f[0], f[1]
+}
+
+// buildRelease builds hastate at commit from this repository's own
+// history (git archive into a temp dir, go build there with the module
+// cache and no network), stamped as version.
+func buildRelease(t *testing.T, version, commit string) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	archive := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, commit, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		t.Fatalf("git archive %s (the previous release must be in this clone's history; a shallow clone lacks it: git fetch --unshallow): %v\n%s", commit, err, out)
+	}
+	bin := filepath.Join(t.TempDir(), "hastate-"+version)
+	pkg := "github.com/hastate/hastate/internal/version"
+	build := exec.Command("go", "build", "-o", bin, "-ldflags", "-X "+pkg+".Version="+version+" -X "+pkg+".Revision="+commit, "./cmd/hastate")
+	build.Dir = src
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly -buildvcs=false", "GOPROXY=off", "GOTOOLCHAIN=local")
+	start := time.Now()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build of %s at %s: %v\n%s", version, commit, err, out)
+	}
+	t.Logf("built %s (%s) from this repository's history in %s", version, commit[:7], time.Since(start).Round(time.Second))
+	return bin
+}
+
+// expect is what a server may be answered at a moment of the roll.
+type expect struct {
+	fixed map[string]bool // these answers
+	// ramp: also "drain" and "ready N%", never below what the same
+	// replica said before; once it said a weight, "drain" is wrong there.
+	// (A weight that fixed also allows, e.g. "ready 100%" before a drain,
+	// does not start the ramp.)
+	ramp bool
+}
+
+// rollChecker probes every replica for every server in a loop and counts
+// every answer that is not expected, or withheld while the replica is
+// ready (its readiness is read before and after the round: a replica that
+// is not ready both times is not counted, since the load balancer sends it
+// no checks).
+type rollChecker struct {
+	hs      []*Hastate
+	servers []string
+	stop    chan struct{}
+	wg      sync.WaitGroup
+
+	mu       sync.Mutex
+	want     map[string]expect
+	lastW    map[string]map[string]int // replica -> server -> last ramp weight (-1: drained, no weight yet)
+	checked  int
+	wrong    int
+	withheld int
+	bad      []string
+}
+
+func startRollChecker(hs []*Hastate, want map[string]expect) *rollChecker {
+	c := &rollChecker{hs: hs, servers: slices.Sorted(maps.Keys(want)), stop: make(chan struct{}), want: want, lastW: map[string]map[string]int{}}
+	for _, h := range hs {
+		c.lastW[h.NodeID] = map[string]int{}
+		c.wg.Add(1)
+		go c.run(h)
+	}
+	return c
+}
+
+// set changes what a server may be answered.
+func (c *rollChecker) set(server string, e expect) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.want[server] = e
+	if !e.ramp {
+		for _, m := range c.lastW {
+			delete(m, server)
+		}
+	}
+}
+
+func ready(h *Hastate) bool {
+	cl := http.Client{Timeout: time.Second}
+	resp, err := cl.Get("http://" + h.HTTPAddr + "/-/readiness")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func (c *rollChecker) run(h *Hastate) {
+	defer c.wg.Done()
+	type probe struct {
+		server, ans string
+		kind        probeKind
+	}
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		before := ready(h)
+		var round []probe
+		for _, s := range c.servers {
+			kind, ans, _ := probeAgent(h.AgentAddr, s)
+			round = append(round, probe{s, ans, kind})
+		}
+		if !before || !ready(h) {
+			continue
+		}
+		c.mu.Lock()
+		for _, p := range round {
+			c.checked++
+			e := c.want[p.server]
+			last, tracked := c.lastW[h.NodeID][p.server]
+			w, isRamp := rampWeight(p.ans)
+			var why string
+			switch {
+			case p.kind != probeAnswered:
+				c.withheld++
+				why = "withheld while ready"
+			case e.ramp && p.ans == "drain" && tracked && last >= 0:
+				c.wrong++
+				why = fmt.Sprintf("drain after the ramp reached %d%%", last)
+			case e.ramp && p.ans == "drain":
+				c.lastW[h.NodeID][p.server] = -1
+			case e.ramp && isRamp && tracked && w < last:
+				c.wrong++
+				why = fmt.Sprintf("ramp stepped back from %d%%", last)
+			case e.ramp && isRamp && (tracked || !e.fixed[p.ans]):
+				c.lastW[h.NodeID][p.server] = w
+			case e.fixed[p.ans]:
+			default:
+				c.wrong++
+				why = fmt.Sprintf("wrong (want %v, ramp %v)", slices.Sorted(maps.Keys(e.fixed)), e.ramp)
+			}
+			if why != "" && len(c.bad) < 20 {
+				c.bad = append(c.bad, fmt.Sprintf("%s %s %s: %q: %s", time.Now().Format("15:04:05.000"), h.NodeID, p.server, p.ans, why))
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// rampWeight reads "ready N%".
+func rampWeight(ans string) (int, bool) {
+	n, ok := strings.CutPrefix(ans, "ready ")
+	if !ok {
+		return 0, false
+	}
+	w, err := strconv.Atoi(strings.TrimSuffix(n, "%"))
+	return w, err == nil && strings.HasSuffix(n, "%")
+}
+
+func (c *rollChecker) Stop() (checked, wrong, withheld int, bad []string) {
+	close(c.stop)
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checked, c.wrong, c.withheld, c.bad
+}
+
+func fixed(answers ...string) expect {
+	m := map[string]bool{}
+	for _, a := range answers {
+		m[a] = true
+	}
+	return expect{fixed: m}
+}
+
+// TestE2ERollingUpgradeAndBack rolls a three-replica cluster, highest
+// ordinal first and on the same data dirs, from the previous release
+// (built from this repository's history) to this build and back, with
+// HAProxy polling through a load balancer; then to this build for good
+// (the cluster's feature level rises), and back the documented way: stop
+// every replica, clear the data, start the previous release. Drains are
+// written with both CLIs while the releases are mixed; a drain expires and
+// a ramp runs through the roll. Every answer of a ready replica is checked.
+func TestE2ERollingUpgradeAndBack(t *testing.T) {
+	prevVersion, prevCommit := previousRelease(t)
+	oldBin := buildRelease(t, prevVersion, prevCommit)
+	c := testenv.StartConsul(t, testenv.ConsulOptions{})
+	hs := NewCluster(t, 3, HastateOptions{ConsulAddr: c.Addr(),
+		Args: []string{"--ramp-duration", "40s", "--ramp-interval", "1s", "--ramp-start", "10%"}})
+	for _, h := range hs {
+		h.Use(oldBin)
+	}
+	StartAll(t, hs...)
+	roll := Backend{Name: "roll", Servers: []string{"ramp", "expire", "maint", "oldcli", "newcli", "newfor", "plain"}}
+	hap := StartHAProxyLB(t, hs, roll)
+	oldOp := Operator{Bin: oldBin, ConsulAddr: c.Addr(), Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr}}
+	newOp := Operator{ConsulAddr: c.Addr(), Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr}}
+
+	answers := func(h *Hastate) map[string]string {
+		out := map[string]string{}
+		for _, s := range roll.Servers {
+			_, ans, _ := probeAgent(h.AgentAddr, "roll/"+s)
+			out[s] = ans
+		}
+		return out
+	}
+	// agree: every replica answers the same for every server and holds
+	// the same KV content (kv_digest is the same on both releases).
+	agree := func(step string) {
+		t.Helper()
+		var last string
+		eventually(t, 30*time.Second, func() bool {
+			a0, d0 := answers(hs[0]), hs[0].Cluster(t).KVDigest
+			for _, h := range hs[1:] {
+				if a, d := answers(h), h.Cluster(t).KVDigest; !maps.Equal(a, a0) || d != d0 {
+					last = fmt.Sprintf("%s: %v %s; %s: %v %s", hs[0].NodeID, a0, d0, h.NodeID, a, d)
+					return false
+				}
+			}
+			return true
+		}, func() string { return step + ": replicas do not agree: " + last })
+		t.Logf("%s: all three agree: %v", step, answers(hs[0]))
+	}
+	// converged: every replica answers what e allows.
+	converged := func(server string, e expect) bool {
+		for _, h := range hs {
+			_, ans, _ := probeAgent(h.AgentAddr, "roll/"+server)
+			if _, isRamp := rampWeight(ans); !e.fixed[ans] && !(e.ramp && isRamp) {
+				return false
+			}
+		}
+		return true
+	}
+	// write runs a CLI write, widening what the server may be told to
+	// both states until every replica answers the new one.
+	var chk *rollChecker
+	write := func(op Operator, server string, from, to expect, args ...string) {
+		t.Helper()
+		both := expect{fixed: maps.Clone(from.fixed), ramp: from.ramp || to.ramp}
+		maps.Copy(both.fixed, to.fixed)
+		chk.set("roll/"+server, both)
+		op.Run(t, args...)
+		eventually(t, 15*time.Second, func() bool { return converged(server, to) },
+			func() string { return fmt.Sprintf("%s: replicas did not all take %v", strings.Join(args, " "), to) })
+		chk.set("roll/"+server, to)
+	}
+	rampish := expect{fixed: map[string]bool{"drain": true}, ramp: true}
+
+	// The previous release's CLI writes JSON: a drain that expires
+	// during the roll, a maint, and a drain cleared to start a ramp that
+	// runs through it.
+	oldOp.Run(t, "drain", "roll/ramp")
+	oldOp.Run(t, "maint", "roll/maint", "--reason", "disk")
+	eventually(t, 15*time.Second, func() bool { return converged("ramp", fixed("drain")) && converged("maint", fixed("maint")) },
+		func() string { return "the first writes did not reach every replica" })
+	agree("start, " + prevVersion)
+	chk = startRollChecker(hs, map[string]expect{
+		"roll/ramp": fixed("drain"), "roll/expire": fixed("ready 100%"), "roll/maint": fixed("maint"),
+		"roll/oldcli": fixed("ready 100%"), "roll/newcli": fixed("ready 100%"), "roll/newfor": fixed("ready 100%"), "roll/plain": fixed("ready 100%"),
+	})
+	write(oldOp, "ramp", fixed("drain"), rampish, "clear", "roll/ramp")
+	eventually(t, 10*time.Second, func() bool { w, ok := rampWeight(answers(hs[1])["ramp"]); return ok && w < 100 },
+		func() string { return "the ramp did not start" })
+
+	upgrade := func(step string, h *Hastate, bin string, extra ...string) {
+		t.Helper()
+		if code, took := h.Stop(t); code != 0 {
+			t.Fatalf("%s: %s exited %d after SIGTERM (%s)", step, h.NodeID, code, took)
+		}
+		h.Use(bin, extra...)
+		h.Start(t)
+		h.WaitReady(t)
+		agree(step)
+	}
+	level := func(h *Hastate) int { return h.Cluster(t).Level.Applied }
+
+	// Roll forward, the new replicas capped at level 1 (--feature-level):
+	// rolling back with the data stays safe.
+	for i, h := range slices.Backward(hs) {
+		upgrade(fmt.Sprintf("forward, capped: %s runs this build", h.NodeID), h, "", "--feature-level", "1")
+		if i == 2 {
+			// Mixed: a drain with each CLI; this CLI's --for waits
+			// for level 2, on every replica alike.
+			write(oldOp, "oldcli", fixed("ready 100%"), fixed("drain"), "drain", "roll/oldcli", "--reason", "old CLI, mixed")
+			write(newOp, "newcli", fixed("ready 100%"), fixed("drain"), "drain", "roll/newcli", "--reason", "new CLI, mixed")
+			write(newOp, "newfor", fixed("ready 100%"), fixed("drain"), "drain", "roll/newfor", "--for", "2s", "--ramp", "3s")
+			// An expiring drain (the previous CLI's JSON until, which
+			// both releases read) expires while mixed.
+			write(oldOp, "expire", fixed("ready 100%"), fixed("drain"), "drain", "roll/expire", "--for", "3s", "--reason", "expires while mixed")
+			chk.set("roll/expire", rampish)
+			eventually(t, 20*time.Second, func() bool { return converged("expire", expect{ramp: true}) },
+				func() string { return "roll/expire did not expire while mixed" })
+			agree("mixed: drains written with both CLIs, one expired")
+		}
+	}
+	for _, h := range hs {
+		if l := level(h); l != state.LevelBase {
+			t.Fatalf("%s: level %d with every replica capped at 1", h.NodeID, l)
+		}
+	}
+	// And back, on the same data dirs.
+	for _, h := range hs {
+		upgrade(fmt.Sprintf("back: %s runs %s", h.NodeID, prevVersion), h, oldBin)
+	}
+	// Forward for good: level 2 once every replica runs this build; then
+	// roll/newfor's meta key's until counts (it expires and ramps).
+	chk.set("roll/newfor", rampish)
+	for i, h := range slices.Backward(hs) {
+		upgrade(fmt.Sprintf("forward: %s runs this build", h.NodeID), h, "")
+		if i == 1 {
+			for _, n := range hs[1:] {
+				if in := n.Cluster(t).Level; in.Applied != state.LevelBase || !strings.Contains(in.Waiting+hs[2].Cluster(t).Level.Waiting, "n1 (") && n.Cluster(t).State == "leader" {
+					t.Fatalf("%s: level %+v with n1 still on %s", n.NodeID, in, prevVersion)
+				}
+			}
+			if a := answers(hs[0]); a["newfor"] != "drain" {
+				t.Fatalf("roll/newfor answered %q before level 2", a["newfor"])
+			}
+		}
+	}
+	eventually(t, 15*time.Second, func() bool {
+		for _, h := range hs {
+			if level(h) != state.LevelMeta {
+				return false
+			}
+		}
+		return true
+	}, func() string { return "the feature level did not rise on every replica" })
+	eventually(t, 20*time.Second, func() bool { return answers(hs[2])["newfor"] == "ready 100%" },
+		func() string { return "roll/newfor did not expire and ramp (3s) once level 2 was in force: " + answers(hs[2])["newfor"] })
+	// Every ramp ends; then they agree for good.
+	eventually(t, 90*time.Second, func() bool {
+		a := answers(hs[0])
+		return a["ramp"] == "ready 100%" && a["expire"] == "ready 100%"
+	}, func() string { return fmt.Sprintf("ramps did not end: %v", answers(hs[0])) })
+	agree("all on this build, ramps done")
+	if r := hap.Server(t, "roll/ramp"); r.Status != "UP" || r.Weight != serverWeight {
+		t.Errorf("HAProxy shows roll/ramp %s after its ramp", r)
+	}
+
+	// The documented way back once level 2 is in force: clear what only
+	// this release expires (0.13.0 reads no meta key), stop every
+	// replica, clear the data, start the previous release.
+	write(newOp, "newfor", fixed("ready 100%"), fixed("ready 100%"), "clear", "roll/newfor")
+	write(newOp, "expire", fixed("ready 100%"), fixed("ready 100%"), "clear", "roll/expire")
+	agree("before the way back")
+	want := answers(hs[0])
+	for _, h := range hs {
+		h.Stop(t)
+		if err := os.RemoveAll(h.DataDir); err != nil {
+			t.Fatal(err)
+		}
+		h.Use(oldBin)
+	}
+	StartAll(t, hs...)
+	agree("the way back: " + prevVersion + " from empty data dirs")
+	if got := answers(hs[1]); !maps.Equal(got, want) {
+		t.Errorf("after the way back: %v, want %v", got, want)
+	}
+	checked, wrong, withheld, bad := chk.Stop()
+	t.Logf("roll: %d answers of ready replicas checked: %d wrong, %d withheld", checked, wrong, withheld)
+	if wrong+withheld > 0 {
+		t.Fatalf("%d wrong and %d withheld answers while ready; first: %s", wrong, withheld, strings.Join(bad, "\n"))
+	}
+	if checked < 1000 {
+		t.Fatalf("only %d answers checked", checked)
+	}
+	// HAProxy, which polled through the load balancer all along, shows
+	// the same.
+	for _, s := range roll.Servers {
+		r := hap.Server(t, "roll/"+s)
+		wantStatus := map[string]string{"drain": statDrainAgent, "maint": "MAINT"}[want[s]]
+		if wantStatus == "" {
+			wantStatus = "UP"
+		}
+		if r.Status != wantStatus {
+			t.Errorf("HAProxy shows roll/%s %s, want %s (%s)", s, r.Status, wantStatus, want[s])
+		}
+	}
+}
