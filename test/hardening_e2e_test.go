@@ -140,10 +140,10 @@ func TestE2EConsulStoppedSaysSoEverywhere(t *testing.T) {
 	// A follower hears the leader's report within a second.
 	for _, h := range hs {
 		var rd Readiness
-		eventually(t, 5*time.Second, func() bool {
+		testenv.Eventually(t, 5*time.Second, func() error {
 			_, rd = h.Readiness(t)
-			return rd.KV.Warning == "" && h.Metric(t, "hastate_kv_reachable") == 1
-		}, func() string { return fmt.Sprintf("%s with Consul up: %+v", h.NodeID, rd.KV) })
+			return testenv.Expect(rd.KV.Warning == "" && h.Metric(t, "hastate_kv_reachable") == 1, "%s with Consul up: %+v", h.NodeID, rd.KV)
+		})
 		if age := h.Metric(t, "hastate_kv_sync_age_seconds"); age > 5 {
 			t.Errorf("%s: hastate_kv_sync_age_seconds = %v with Consul up", h.NodeID, age)
 		}
@@ -152,7 +152,7 @@ func TestE2EConsulStoppedSaysSoEverywhere(t *testing.T) {
 	consul.Kill()
 	stopped := time.Now()
 	seen := map[string]time.Duration{}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		for _, h := range hs {
 			if _, ok := seen[h.NodeID]; ok {
 				continue
@@ -165,8 +165,8 @@ func TestE2EConsulStoppedSaysSoEverywhere(t *testing.T) {
 				seen[h.NodeID] = time.Since(stopped)
 			}
 		}
-		return len(seen) == len(hs)
-	}, func() string { return fmt.Sprintf("only %v said Consul is lost", seen) })
+		return testenv.Expect(len(seen) == len(hs), "only %v said Consul is lost", seen)
+	})
 	t.Logf("Consul stopped: metrics, readiness and hastate status said so after %v", seen)
 	for _, h := range hs {
 		if a := h.Ask(t, "be_cs/web1"); a != "drain" {
