@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -646,5 +647,12 @@ func TestE2EShutdownDelay(t *testing.T) {
 		t.Errorf("%s after two SIGTERMs: exit code %d after %s; want 0, before the %s delay", f.NodeID, code, took, delay)
 	} else {
 		t.Logf("%s after two SIGTERMs: exit code 0 after %s", f.NodeID, took.Round(time.Millisecond))
+	}
+	// A clean shutdown closes raft's inbound connections under it: raft's
+	// failed read on them is no error.
+	for _, h := range []*Hastate{leader, f} {
+		if l := h.LogLine(t, "use of closed network connection"); strings.Contains(l, `"level":"error"`) {
+			t.Errorf("%s logged an error at a clean shutdown: %s", h.NodeID, l)
+		}
 	}
 }
