@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -97,4 +99,46 @@ func TestWatchThatCannotBeBuiltIsCounted(t *testing.T) {
 		_, m := httpGet(t, a, "/-/metrics")
 		return strings.Contains(m, "hastate_leader_duty_failures_total 1")
 	}, "the failed duty was not counted")
+}
+
+// A Start that fails half-way stops what it started, in order, and leaves
+// nothing bound or running (TestMain checks for goroutines): each step
+// registered its stop. Stop after it is a no-op, twice.
+func TestFailedStartStopsWhatItStarted(t *testing.T) {
+	for _, busy := range []string{"http", "raft"} {
+		t.Run(busy, func(t *testing.T) {
+			taken, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer taken.Close()
+			agent := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			a := newApp(t, "127.0.0.1:1", "a", func(o *Options) {
+				o.AgentAddr = agent
+				if busy == "http" {
+					o.HTTPAddr = taken.Addr().String()
+				} else {
+					o.RaftAddr, o.RaftAdvertise = taken.Addr().String(), taken.Addr().String()
+				}
+			})
+			err = a.Start(context.Background())
+			if err == nil {
+				t.Fatalf("Start with the %s port taken succeeded", busy)
+			}
+			if busy == "http" && !strings.Contains(err.Error(), "--http-addr") {
+				t.Errorf("Start = %v, want it to name --http-addr", err)
+			}
+			// The agent listener was bound before and is closed again.
+			ln, err := net.Listen("tcp", agent)
+			if err != nil {
+				t.Fatalf("the agent port is still bound after the failed Start: %v", err)
+			}
+			ln.Close()
+			for range 2 {
+				if err := a.Stop(context.Background()); err != nil {
+					t.Errorf("Stop after a failed Start = %v", err)
+				}
+			}
+		})
+	}
 }
