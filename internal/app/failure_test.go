@@ -2,14 +2,14 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/kvsync"
 )
@@ -46,12 +46,6 @@ func TestListenerStopIsReported(t *testing.T) {
 	}
 }
 
-type failingKV struct{}
-
-func (failingKV) List(string, *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
-	return nil, nil, errors.New("403 (Permission denied)")
-}
-
 // The leader's Consul health counts its watch, not only the probe: with a
 // probe that reaches Consul but a watch that fails every read, the leader
 // reports Consul unreachable (so --kv-failover-after hands over) and the
@@ -59,8 +53,18 @@ func (failingKV) List(string, *api.QueryOptions) (api.KVPairs, *api.QueryMeta, e
 func TestLeaderHealthCountsTheWatch(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	a := newApp(t, consul.Addr(), "a")
+	// The watch's Consul refuses every listing, as Consul does for a
+	// token without key_prefix read.
+	denied := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		http.Error(rw, "Permission denied", http.StatusForbidden)
+	}))
+	t.Cleanup(denied.Close)
+	watchClient, err := kvsync.NewClient(denied.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	a.newWatcher = func() (*kvsync.Watcher, error) {
-		return kvsync.New(kvsync.Options{KV: failingKV{}, Prefix: a.o.KVPrefix, Sink: a.node, BackoffMax: 100 * time.Millisecond})
+		return kvsync.New(kvsync.Options{Client: watchClient, Prefix: a.o.KVPrefix, Sink: a.node, BackoffMax: 100 * time.Millisecond})
 	}
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
