@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 )
 
@@ -45,7 +46,7 @@ func TestUnknownEntryWithholds(t *testing.T) {
 	if err := n.raft.Apply([]byte(`{"type":"ramp-v9"}`), 5*time.Second).Error(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() bool { ok, _ := n.Ready(); return !ok }, "ready after an entry it does not understand")
+	testenv.Eventually(t, 5*time.Second, holdsf(func() bool { ok, _ := n.Ready(); return !ok }, "ready after an entry it does not understand"))
 	if _, detail := n.Ready(); !strings.Contains(detail, "withholds every answer") {
 		t.Errorf("readiness detail %q", detail)
 	}
@@ -68,21 +69,21 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 			o.MaxLevel = state.LevelBase
 		}
 	})
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { return leaderOf(nodes) != nil }, "no leader"))
 	ctx := context.Background()
 	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 	kv := map[string]string{"state/web/a": "drain", "meta/web/a": `{"state":"drain","by":"alice","until":"` + past + `","future":1}`}
 	if err := leaderOf(nodes).ApplyKV(ctx, 1, kv); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, holdsf(func() bool {
 		for _, n := range nodes {
 			if answer(n.Node, "web/a") != "drain\n" {
 				return false
 			}
 		}
 		return strings.Contains(leaderOf(nodes).Info().Level.Waiting, "n2 (")
-	}, "the leader does not say what waits for n2: %+v", leaderOf(nodes).Info().Level)
+	}, "the leader does not say what waits for n2"))
 	// Several gate rounds: nothing expires, nobody withholds.
 	deadline := time.Now().Add(3 * levelEvery)
 	for time.Now().Before(deadline) {
@@ -107,15 +108,21 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	}
 	o.MaxLevel = 0
 	nodes[2] = startNode(t, o)
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, holdsf(func() bool {
 		for _, n := range nodes {
 			if n.fsm.level() != state.LevelMeta || answer(n.Node, "web/a") != "ready 100%\n" {
 				return false
 			}
 		}
 		return true
-	}, "the level did not rise, or the key did not expire, on every replica")
+	}, "the level did not rise, or the key did not expire, on every replica"))
 	if w := leaderOf(nodes).Info().Level.Waiting; w != "" {
 		t.Errorf("still waiting: %s", w)
 	}
+}
+
+// holdsf turns a condition and its failure message into an Eventually
+// condition.
+func holdsf(cond func() bool, format string, args ...any) func() error {
+	return func() error { return testenv.Expect(cond(), format, args...) }
 }

@@ -47,7 +47,8 @@ type Entry struct {
 	LastRaw string
 	HasLast bool
 	// Expired is true once the leader expired the key (its value's
-	// "until" passed): it then counts as absent, until its value changes.
+	// "until" passed): it then counts as absent, until a valid value is
+	// written (an invalid one changes nothing, see set).
 	Expired bool
 	// Since is when the key's last valid value took the state it holds
 	// (Last().String(): drain, maint, ready, N%): the leader's time in the
@@ -355,8 +356,14 @@ func (m *Mirror) apply(c Change, at time.Time) {
 		if w, ok := was[k]; ok {
 			prev, hadLast = w, true
 		}
-		e.Raw, e.Expired = v, false
+		e.Raw = v
 		m.evaluate(e)
+		// An invalid value leaves an expiry alone (issue 15.1), from
+		// LevelMeta on: release 0.13.0 brings the key back on any value,
+		// and every replica of a mixed cluster must do the same.
+		if e.Valid() || m.level < LevelMeta {
+			e.Expired = false
+		}
 		if !at.IsZero() && e.HasLast && (!hadLast || !sameState(prev, e.Last())) {
 			// No monotonic reading and one location, so that a
 			// restored Since compares equal.

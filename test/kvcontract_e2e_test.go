@@ -2,6 +2,7 @@ package test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -68,8 +69,8 @@ func TestE2EKVContract(t *testing.T) {
 		op.Run(t, w...)
 		checkWords(strings.Join(w, " "))
 		if w[1] == "zone/s1" { // --override reads the keys the replica holds
-			eventually(t, 10*time.Second, func() bool { return serverRow(t, hs[0], "zone", "s1").Desired == "maint" },
-				func() string { return "zone/s1 not mirrored" })
+			testenv.Eventually(t, 10*time.Second, holds(func() bool { return serverRow(t, hs[0], "zone", "s1").Desired == "maint" },
+				func() string { return "zone/s1 not mirrored" }))
 		}
 	}
 	metaOf := func(key string) map[string]any {
@@ -100,10 +101,10 @@ func TestE2EKVContract(t *testing.T) {
 	// key's ramp 0) and the per-key ramp of api/x (6s, not the policy's
 	// 4s) from it too.
 	for _, h := range hs {
-		eventually(t, 10*time.Second, func() bool {
+		testenv.Eventually(t, 10*time.Second, holds(func() bool {
 			r := serverRow(t, h, "web", "b")
 			return r.Reason == "canary" && r.Desired == "30%" && r.By != ""
-		}, func() string { return fmt.Sprintf("%s: status of web/b: %+v", h.NodeID, serverRow(t, h, "web", "b")) })
+		}, func() string { return fmt.Sprintf("%s: status of web/b: %+v", h.NodeID, serverRow(t, h, "web", "b")) }))
 	}
 	if r := serverRow(t, hs[1], "web", "a"); r.Until == nil || r.Reason != "contract" {
 		t.Errorf("status of web/a shows no until or reason: %+v", r)
@@ -115,21 +116,21 @@ func TestE2EKVContract(t *testing.T) {
 		t.Errorf("web/a expired but status does not say so: %+v", r)
 	}
 	op.Run(t, "clear", "api/x")
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, holds(func() bool {
 		r := serverRow(t, hs[0], "api", "x")
 		return r.Ramping != nil && r.Ramping.Duration == "6s"
 	}, func() string {
 		return fmt.Sprintf("api/x after clear: %+v, want a 6s ramp", serverRow(t, hs[0], "api", "x"))
-	})
+	}))
 
 	// A state key changed outside hastate: its meta key no longer counts.
 	if _, err := c.Client(t).KV().Put(&consul.KVPair{Key: prefix + "state/web/c", Value: []byte("drain")}, nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, holds(func() bool {
 		r := serverRow(t, hs[0], "web", "c")
 		return r.Desired == "drain" && r.Note == state.NoteOutside && r.Reason == ""
-	}, func() string { return fmt.Sprintf("web/c after consul kv put: %+v", serverRow(t, hs[0], "web", "c")) })
+	}, func() string { return fmt.Sprintf("web/c after consul kv put: %+v", serverRow(t, hs[0], "web", "c")) }))
 
 	// JSON state keys, as 0.13.0's CLI wrote them.
 	until := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
@@ -149,8 +150,8 @@ func TestE2EKVContract(t *testing.T) {
 	want := map[string]string{"mig/a": "drain", "mig/b": "ready 30%", "mig/c": "maint", "mig/d": "ready 100%", "mig/e": "drain",
 		"web/a": "ready 100%", "web/b": "ready 30%", "web/c": "drain"}
 	for _, h := range hs {
-		eventually(t, 10*time.Second, func() bool { return maps.Equal(h.Answers(t, servers...), want) },
-			func() string { return fmt.Sprintf("%s answers %v, want %v", h.NodeID, h.Answers(t, servers...), want) })
+		testenv.Eventually(t, 10*time.Second, holds(func() bool { return maps.Equal(h.Answers(t, servers...), want) },
+			func() string { return fmt.Sprintf("%s answers %v, want %v", h.NodeID, h.Answers(t, servers...), want) }))
 	}
 	if r := serverRow(t, hs[0], "mig", "a"); r.Note != state.NoteJSONState {
 		t.Errorf("a JSON state key is not flagged: %+v", r)
@@ -196,12 +197,12 @@ func TestE2EKVContract(t *testing.T) {
 	}
 	checkWords("migrate-kv")
 	for _, h := range hs {
-		eventually(t, 10*time.Second, func() bool {
+		testenv.Eventually(t, 10*time.Second, holds(func() bool {
 			r := serverRow(t, h, "mig", "a")
 			return r.Note == "" && r.Reason == "contract" && r.Value == "drain"
 		}, func() string {
 			return fmt.Sprintf("%s: mig/a after migrate-kv: %+v", h.NodeID, serverRow(t, h, "mig", "a"))
-		})
+		}))
 	}
 	if r := serverRow(t, hs[1], "mig", "c"); r.Until == nil || r.Until.UTC().Format(time.RFC3339) != until || r.Ramp != "1m0s" {
 		t.Errorf("mig/c lost its until or ramp: %+v", r)
@@ -221,4 +222,15 @@ func serverRow(t *testing.T, h *Hastate, backend, server string) api.ServerState
 	var r api.ServerState
 	h.GetJSON(t, "/v1/state/"+backend+"/"+server, &r)
 	return r
+}
+
+// holds turns a condition and its failure message into an Eventually
+// condition.
+func holds(cond func() bool, msg func() string) func() error {
+	return func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New(msg())
+	}
 }

@@ -242,7 +242,7 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	agree := func(step string) {
 		t.Helper()
 		var last string
-		eventually(t, 30*time.Second, func() bool {
+		testenv.Eventually(t, 30*time.Second, holds(func() bool {
 			a0, d0 := answers(hs[0]), hs[0].Cluster(t).KVDigest
 			for _, h := range hs[1:] {
 				if a, d := answers(h), h.Cluster(t).KVDigest; !maps.Equal(a, a0) || d != d0 {
@@ -251,7 +251,7 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 				}
 			}
 			return true
-		}, func() string { return step + ": replicas do not agree: " + last })
+		}, func() string { return step + ": replicas do not agree: " + last }))
 		t.Logf("%s: all three agree: %v", step, answers(hs[0]))
 	}
 	// converged: every replica answers what e allows.
@@ -273,27 +273,59 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 		maps.Copy(both.fixed, to.fixed)
 		chk.set("roll/"+server, both)
 		op.Run(t, args...)
-		eventually(t, 15*time.Second, func() bool { return converged(server, to) },
-			func() string { return fmt.Sprintf("%s: replicas did not all take %v", strings.Join(args, " "), to) })
+		testenv.Eventually(t, 15*time.Second, holds(func() bool { return converged(server, to) },
+			func() string { return fmt.Sprintf("%s: replicas did not all take %v", strings.Join(args, " "), to) }))
 		chk.set("roll/"+server, to)
 	}
 	rampish := expect{fixed: map[string]bool{"drain": true}, ramp: true}
+	// What HAProxy itself shows for roll/ramp, sampled all along: once it
+	// is UP, its weight never goes down.
+	var (
+		hapMu      sync.Mutex
+		hapSamples int
+		hapBack    []string
+		hapStop    = make(chan struct{})
+		hapDone    = make(chan struct{})
+	)
+	go func() {
+		defer close(hapDone)
+		last := -1
+		for {
+			select {
+			case <-hapStop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			st, err := hap.stat()
+			r, ok := st["roll/ramp"]
+			if err != nil || !ok || r.Status != "UP" {
+				continue
+			}
+			hapMu.Lock()
+			hapSamples++
+			if r.Weight < last {
+				hapBack = append(hapBack, fmt.Sprintf("%d after %d", r.Weight, last))
+			}
+			hapMu.Unlock()
+			last = max(last, r.Weight)
+		}
+	}()
 
 	// The previous release's CLI writes JSON: a drain that expires
 	// during the roll, a maint, and a drain cleared to start a ramp that
 	// runs through it.
 	oldOp.Run(t, "drain", "roll/ramp")
 	oldOp.Run(t, "maint", "roll/maint", "--reason", "disk")
-	eventually(t, 15*time.Second, func() bool { return converged("ramp", fixed("drain")) && converged("maint", fixed("maint")) },
-		func() string { return "the first writes did not reach every replica" })
+	testenv.Eventually(t, 15*time.Second, holds(func() bool { return converged("ramp", fixed("drain")) && converged("maint", fixed("maint")) },
+		func() string { return "the first writes did not reach every replica" }))
 	agree("start, " + prevVersion)
 	chk = startRollChecker(hs, map[string]expect{
 		"roll/ramp": fixed("drain"), "roll/expire": fixed("ready 100%"), "roll/maint": fixed("maint"),
 		"roll/oldcli": fixed("ready 100%"), "roll/newcli": fixed("ready 100%"), "roll/newfor": fixed("ready 100%"), "roll/plain": fixed("ready 100%"),
 	})
 	write(oldOp, "ramp", fixed("drain"), rampish, "clear", "roll/ramp")
-	eventually(t, 10*time.Second, func() bool { w, ok := rampWeight(answers(hs[1])["ramp"]); return ok && w < 100 },
-		func() string { return "the ramp did not start" })
+	testenv.Eventually(t, 10*time.Second, holds(func() bool { w, ok := rampWeight(answers(hs[1])["ramp"]); return ok && w < 100 },
+		func() string { return "the ramp did not start" }))
 
 	upgrade := func(step string, h *Hastate, bin string, extra ...string) {
 		t.Helper()
@@ -321,8 +353,8 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 			// both releases read) expires while mixed.
 			write(oldOp, "expire", fixed("ready 100%"), fixed("drain"), "drain", "roll/expire", "--for", "3s", "--reason", "expires while mixed")
 			chk.set("roll/expire", rampish)
-			eventually(t, 20*time.Second, func() bool { return converged("expire", expect{ramp: true}) },
-				func() string { return "roll/expire did not expire while mixed" })
+			testenv.Eventually(t, 20*time.Second, holds(func() bool { return converged("expire", expect{ramp: true}) },
+				func() string { return "roll/expire did not expire while mixed" }))
 			agree("mixed: drains written with both CLIs, one expired")
 		}
 	}
@@ -351,21 +383,23 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, holds(func() bool {
 		for _, h := range hs {
 			if level(h) != state.LevelMeta {
 				return false
 			}
 		}
 		return true
-	}, func() string { return "the feature level did not rise on every replica" })
-	eventually(t, 20*time.Second, func() bool { return answers(hs[2])["newfor"] == "ready 100%" },
-		func() string { return "roll/newfor did not expire and ramp (3s) once level 2 was in force: " + answers(hs[2])["newfor"] })
+	}, func() string { return "the feature level did not rise on every replica" }))
+	testenv.Eventually(t, 20*time.Second, holds(func() bool { return answers(hs[2])["newfor"] == "ready 100%" },
+		func() string {
+			return "roll/newfor did not expire and ramp (3s) once level 2 was in force: " + answers(hs[2])["newfor"]
+		}))
 	// Every ramp ends; then they agree for good.
-	eventually(t, 90*time.Second, func() bool {
+	testenv.Eventually(t, 90*time.Second, holds(func() bool {
 		a := answers(hs[0])
 		return a["ramp"] == "ready 100%" && a["expire"] == "ready 100%"
-	}, func() string { return fmt.Sprintf("ramps did not end: %v", answers(hs[0])) })
+	}, func() string { return fmt.Sprintf("ramps did not end: %v", answers(hs[0])) }))
 	agree("all on this build, ramps done")
 	if r := hap.Server(t, "roll/ramp"); r.Status != "UP" || r.Weight != serverWeight {
 		t.Errorf("HAProxy shows roll/ramp %s after its ramp", r)
@@ -389,6 +423,12 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	agree("the way back: " + prevVersion + " from empty data dirs")
 	if got := answers(hs[1]); !maps.Equal(got, want) {
 		t.Errorf("after the way back: %v, want %v", got, want)
+	}
+	close(hapStop)
+	<-hapDone
+	t.Logf("HAProxy: roll/ramp sampled %d times while UP, weight stepped back %d times %v", hapSamples, len(hapBack), hapBack)
+	if len(hapBack) > 0 || hapSamples == 0 {
+		t.Errorf("HAProxy's weight of roll/ramp: %d samples, stepped back: %v", hapSamples, hapBack)
 	}
 	checked, wrong, withheld, bad := chk.Stop()
 	t.Logf("roll: %d answers of ready replicas checked: %d wrong, %d withheld", checked, wrong, withheld)
