@@ -278,8 +278,8 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 		chk.set("roll/"+server, to)
 	}
 	rampish := expect{fixed: map[string]bool{"drain": true}, ramp: true}
-	// What HAProxy itself shows for roll/ramp, sampled all along: once it
-	// is UP, its weight never goes down.
+	// What HAProxy itself shows for roll/ramp, sampled all along: while it
+	// is UP (after its drain: ramping), its weight never goes down.
 	var (
 		hapMu      sync.Mutex
 		hapSamples int
@@ -298,7 +298,11 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 			}
 			st, err := hap.stat()
 			r, ok := st["roll/ramp"]
-			if err != nil || !ok || r.Status != "UP" {
+			if err != nil || !ok {
+				continue
+			}
+			if r.Status != "UP" { // drained: the ramp starts when it is UP again
+				last = -1
 				continue
 			}
 			hapMu.Lock()
@@ -323,6 +327,7 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 		"roll/ramp": fixed("drain"), "roll/expire": fixed("ready 100%"), "roll/maint": fixed("maint"),
 		"roll/oldcli": fixed("ready 100%"), "roll/newcli": fixed("ready 100%"), "roll/newfor": fixed("ready 100%"), "roll/plain": fixed("ready 100%"),
 	})
+	hap.WaitServer(t, "roll/ramp", statDrainAgent, -1) // HAProxy applied the drain: its ramp is seen from the start
 	write(oldOp, "ramp", fixed("drain"), rampish, "clear", "roll/ramp")
 	testenv.Eventually(t, 10*time.Second, holds(func() bool { w, ok := rampWeight(answers(hs[1])["ramp"]); return ok && w < 100 },
 		func() string { return "the ramp did not start" }))
