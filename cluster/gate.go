@@ -75,6 +75,12 @@ func waitingText(level int, below []string) string {
 		level, levelFeature(level), strings.Join(below, ", "))
 }
 
+// heldText says that the levels above capped wait for the operator.
+func heldText(capped int) string {
+	return fmt.Sprintf("level %d (%s) is held: this replica runs with --feature-level %d (drop the flag on every replica to let it rise)",
+		capped+1, levelFeature(capped+1), capped)
+}
+
 // levelLoop is the leader's gate: it raises the cluster's level, one at a
 // time, to this build's as soon as every member advertises it. Once it is
 // there, it keeps asking, and says loudly when a member advertises less
@@ -104,6 +110,9 @@ func (n *Node) levelLoop(ctx context.Context) {
 					zap.String("feature", levelFeature(next)), zap.Uint64("raft_index", idx))
 				continue
 			}
+		}
+		if w == "" && cur < state.MaxLevel {
+			w = heldText(n.maxLevel())
 		}
 		if w == "" {
 			n.levelWaiting.Store(nil)
@@ -140,6 +149,9 @@ func (n *Node) levelInfo(statuses map[string]api.PeerStatus) api.LevelInfo {
 		if below := n.below(in.Applied+1, statuses); len(below) > 0 {
 			in.Waiting = waitingText(in.Applied+1, below)
 		}
+	}
+	if in.Waiting == "" && in.Applied < state.MaxLevel && in.Build < state.MaxLevel {
+		in.Waiting = heldText(in.Build)
 	}
 	return in
 }

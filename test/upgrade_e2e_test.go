@@ -368,6 +368,14 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 			t.Fatalf("%s: level %d with every replica capped at 1", h.NodeID, l)
 		}
 	}
+	// The feature waits and says so: roll/newfor's until has passed, but
+	// nobody expires it (a 0.13.0 replica would not), and the leader says
+	// what waits.
+	leader := WaitLeader(t, 10*time.Second, hs...)
+	testenv.Eventually(t, 10*time.Second, holds(func() bool { return strings.Contains(leader.Cluster(t).Level.Waiting, "level 2") },
+		func() string { return fmt.Sprintf("the leader does not say that level 2 waits: %+v", leader.Cluster(t).Level) }))
+	consistently(t, 3*time.Second, func() bool { return converged("newfor", fixed("drain")) },
+		func() string { return "roll/newfor expired while level 2 waits" })
 	// And back, on the same data dirs.
 	for _, h := range hs {
 		upgrade(fmt.Sprintf("back: %s runs %s", h.NodeID, prevVersion), h, oldBin)
