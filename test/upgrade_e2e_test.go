@@ -267,15 +267,16 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	// write runs a CLI write, widening what the server may be told to
 	// both states until every replica answers the new one.
 	var chk *rollChecker
-	write := func(op Operator, server string, from, to expect, args ...string) {
+	write := func(op Operator, server string, from, to expect, args ...string) string {
 		t.Helper()
 		both := expect{fixed: maps.Clone(from.fixed), ramp: from.ramp || to.ramp}
 		maps.Copy(both.fixed, to.fixed)
 		chk.set("roll/"+server, both)
-		op.Run(t, args...)
+		out := op.Run(t, args...)
 		testenv.Eventually(t, 15*time.Second, holds(func() bool { return converged(server, to) },
 			func() string { return fmt.Sprintf("%s: replicas did not all take %v", strings.Join(args, " "), to) }))
 		chk.set("roll/"+server, to)
+		return out
 	}
 	rampish := expect{fixed: map[string]bool{"drain": true}, ramp: true}
 	// What HAProxy itself shows for roll/ramp, sampled all along: while it
@@ -353,7 +354,10 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 			// for level 2, on every replica alike.
 			write(oldOp, "oldcli", fixed("ready 100%"), fixed("drain"), "drain", "roll/oldcli", "--reason", "old CLI, mixed")
 			write(newOp, "newcli", fixed("ready 100%"), fixed("drain"), "drain", "roll/newcli", "--reason", "new CLI, mixed")
-			write(newOp, "newfor", fixed("ready 100%"), fixed("drain"), "drain", "roll/newfor", "--for", "2s", "--ramp", "3s")
+			out := write(newOp, "newfor", fixed("ready 100%"), fixed("drain"), "drain", "roll/newfor", "--for", "2s", "--ramp", "3s")
+			if !strings.Contains(out, "count only from feature level 2") {
+				t.Errorf("this CLI's --for while mixed does not say that it waits:\n%s", out)
+			}
 			// An expiring drain (the previous CLI's JSON until, which
 			// both releases read) expires while mixed.
 			write(oldOp, "expire", fixed("ready 100%"), fixed("drain"), "drain", "roll/expire", "--for", "3s", "--reason", "expires while mixed")
