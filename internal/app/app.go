@@ -72,7 +72,7 @@ type Options struct {
 	HTTPMaxHeaderBytes int
 	// PollersMax bounds the (HAProxy, server) pairs this replica remembers
 	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
-	// and counted (0: server.DefaultMaxPollers).
+	// and counted (0: server.DefaultMaxPollers; negative is refused).
 	PollersMax int
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
@@ -86,6 +86,19 @@ type Options struct {
 	Registry *prometheus.Registry
 }
 
+// ErrInvalidOptions is what every error of New's validation Is: a flag
+// (an Options field) is wrong, and the message names it and what to set.
+// cmd/hastate exits 2 for it, as for any other usage error.
+var ErrInvalidOptions = errors.New("invalid options")
+
+// optionsError marks err as ErrInvalidOptions without changing its text.
+type optionsError struct{ error }
+
+func (e optionsError) Unwrap() error      { return e.error }
+func (optionsError) Is(target error) bool { return target == ErrInvalidOptions }
+
+// validate is the one place the replica's configuration is checked and its
+// defaults are set: cmd/hastate only translates flags into Options.
 func (o *Options) validate() error {
 	if o.NodeID == "" {
 		return errors.New("node id is empty: set --node-id")
@@ -182,7 +195,7 @@ type App struct {
 // New validates the options and builds the replica; Start runs it.
 func New(o Options) (*App, error) {
 	if err := o.validate(); err != nil {
-		return nil, err
+		return nil, optionsError{err}
 	}
 	consul, err := kvsync.NewClient(o.ConsulAddr)
 	if err != nil {
