@@ -47,9 +47,9 @@ func consulOptions(client *api.Client, prefix string, sink Sink) Options {
 // waitFor waits until the Sink's last delivered map equals want.
 func waitFor(t *testing.T, sink *recSink, want map[string]string) {
 	t.Helper()
-	eventually(t, deliveryTimeout, "sink to receive "+fmtMap(want), func() bool {
+	testenv.Eventually(t, deliveryTimeout, func() error {
 		got := sink.lastDelivered()
-		return got != nil && maps.Equal(got, want)
+		return testenv.Expect(got != nil && maps.Equal(got, want), "sink to receive %s", fmtMap(want))
 	})
 }
 
@@ -104,8 +104,8 @@ func TestConsulEmptyPrefixIsDeliveredAndUnrelatedWritesAreNot(t *testing.T) {
 	idx := c.Put(t, "other/key", "1")
 	c.Put(t, "hastatex/key", "2")
 	idx = max(idx, c.Put(t, "other/key", "3"))
-	eventually(t, deliveryTimeout, "the watcher to see index "+strconv.FormatUint(idx, 10), func() bool {
-		return w.Status().Index >= idx
+	testenv.Eventually(t, deliveryTimeout, func() error {
+		return testenv.Expect(w.Status().Index >= idx, "the watcher to see index %s", strconv.FormatUint(idx, 10))
 	})
 	if w.Status().Index == first {
 		t.Fatalf("index did not move (%d); the test proves nothing", first)
@@ -151,8 +151,8 @@ func TestConsulEachChangeDeliveredOnce(t *testing.T) {
 			calls++
 			waitFor(t, sink, s.want)
 		} else if idx > 0 {
-			eventually(t, deliveryTimeout, s.name+": watcher at index "+strconv.FormatUint(idx, 10), func() bool {
-				return w.Status().Index >= idx
+			testenv.Eventually(t, deliveryTimeout, func() error {
+				return testenv.Expect(w.Status().Index >= idx, "%s", s.name+": watcher at index "+strconv.FormatUint(idx, 10))
 			})
 		}
 		if n := len(sink.all()); n != calls {
@@ -207,7 +207,7 @@ func TestConsulDownAtStartThenUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	runWatcher(t, w)
-	eventually(t, deliveryTimeout, "3 failed attempts", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	testenv.Eventually(t, deliveryTimeout, func() error { return testenv.Expect(w.Status().ConsecutiveErrors >= 3, "3 failed attempts") })
 	if st := w.Status(); st.Reachable || len(sink.all()) != 0 {
 		t.Fatalf("with Consul down: status %+v, sink calls %v", st, sink.all())
 	}
@@ -252,9 +252,9 @@ func TestConsulKilledAndRestarted(t *testing.T) {
 	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
 
 	c.Kill()
-	eventually(t, deliveryTimeout, "the watcher to notice", func() bool {
+	testenv.Eventually(t, deliveryTimeout, func() error {
 		st := w.Status()
-		return !st.Reachable && st.ConsecutiveErrors >= 2
+		return testenv.Expect(!st.Reachable && st.ConsecutiveErrors >= 2, "the watcher to notice")
 	})
 	c.Restart(t)
 	restarted := time.Now()
@@ -339,7 +339,7 @@ func TestConsulCancelReturnsPromptly(t *testing.T) {
 	}
 	stop := runWatcher(t, w)
 	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
-	eventually(t, deliveryTimeout, "a blocking query in flight", blocking.Load)
+	testenv.Eventually(t, deliveryTimeout, func() error { return testenv.Expect(blocking.Load(), "a blocking query in flight") })
 
 	began := time.Now()
 	stop() // fails the test if Run does not return within 5s
@@ -459,7 +459,7 @@ func TestListingMalformedIsAReadError(t *testing.T) {
 		t.Errorf("Accept-Encoding = %v, want identity", got)
 	}
 	stop := runWatcher(t, w)
-	eventually(t, deliveryTimeout, "three failed reads", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	testenv.Eventually(t, deliveryTimeout, func() error { return testenv.Expect(w.Status().ConsecutiveErrors >= 3, "three failed reads") })
 	stop()
 	if st := w.Status(); st.Reachable || !strings.Contains(st.LastError, "malformed Consul KV listing") {
 		t.Errorf("status = %+v, want unreachable with the malformed listing error", st)

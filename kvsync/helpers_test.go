@@ -221,18 +221,6 @@ func runWatcher(t *testing.T, w *Watcher) (stop func()) {
 	return stop
 }
 
-// eventually polls cond every 10ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func kvp(key, value string) *api.KVPair { return &api.KVPair{Key: key, Value: []byte(value)} }
 
 func folder(key string) *api.KVPair { return &api.KVPair{Key: key} }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -256,7 +257,7 @@ func TestWatcherStatusWhileFailing(t *testing.T) {
 		t.Fatal(err)
 	}
 	runWatcher(t, w)
-	eventually(t, 5*time.Second, "3 failed attempts", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(w.Status().ConsecutiveErrors >= 3, "3 failed attempts") })
 	st := w.Status()
 	if st.Reachable || !st.LastSuccess.IsZero() || !strings.Contains(st.LastError, "connection refused") {
 		t.Errorf("status = %+v, want unreachable, never succeeded, the error", st)
@@ -290,7 +291,7 @@ func TestWatcherAbandonsHungCall(t *testing.T) {
 	}
 	w.slack = 10 * time.Millisecond
 	runWatcher(t, w)
-	eventually(t, 5*time.Second, "delivery after the hung call", func() bool { return len(sink.delivered()) == 1 })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(len(sink.delivered()) == 1, "delivery after the hung call") })
 	if st := w.Status(); !strings.Contains(st.LastError, "no answer within") {
 		t.Errorf("LastError = %q, want it to say the call was abandoned", st.LastError)
 	}

@@ -70,11 +70,11 @@ func TestLeaderHealthCountsTheWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Stop(context.Background()) })
-	eventually(t, 10*time.Second, func() bool { return a.probe.Health().Reachable }, "the probe never reached Consul")
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(a.probe.Health().Reachable, "the probe never reached Consul") })
+	testenv.Eventually(t, 10*time.Second, func() error {
 		h := a.consulHealth()
-		return !h.Reachable && !h.FailingSince.IsZero()
-	}, "the leader's health ignores a failing watch")
+		return testenv.Expect(!h.Reachable && !h.FailingSince.IsZero(), "the leader's health ignores a failing watch")
+	})
 	if v := a.node.KVView(); v.Reachable || !strings.Contains(v.Warning, "Consul not synced") {
 		t.Errorf("KV view %+v, want unreachable with a warning", v)
 	}
@@ -99,10 +99,10 @@ func TestWatchThatCannotBeBuiltIsCounted(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the leader never tried to build its watch")
 	}
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		_, m := httpGet(t, a, "/-/metrics")
-		return strings.Contains(m, "hastate_leader_duty_failures_total 1")
-	}, "the failed duty was not counted")
+		return testenv.Expect(strings.Contains(m, "hastate_leader_duty_failures_total 1"), "the failed duty was not counted")
+	})
 }
 
 // A Start that fails half-way stops what it started, in order, and leaves
