@@ -8,6 +8,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,18 +93,10 @@ func (o AgentOptions) withDefaults() AgentOptions {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	if o.ReadTimeout == 0 {
-		o.ReadTimeout = DefaultAgentReadTimeout
-	}
-	if o.QuietPeriod == 0 {
-		o.QuietPeriod = DefaultAgentQuietPeriod
-	}
-	if o.WriteTimeout == 0 {
-		o.WriteTimeout = DefaultAgentWriteTimeout
-	}
-	if o.MaxConns == 0 {
-		o.MaxConns = DefaultAgentMaxConns
-	}
+	o.ReadTimeout = cmp.Or(o.ReadTimeout, DefaultAgentReadTimeout)
+	o.QuietPeriod = cmp.Or(o.QuietPeriod, DefaultAgentQuietPeriod)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultAgentWriteTimeout)
+	o.MaxConns = cmp.Or(o.MaxConns, DefaultAgentMaxConns)
 	return o
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"fmt"
 	"github.com/hastate/hastate/api"
 	"net"
@@ -57,9 +58,7 @@ func NewPollers(o PollersOptions) (*Pollers, error) {
 	if o.Max < 0 {
 		return nil, fmt.Errorf("pollers: max %d is negative: set --pollers-max to a positive number of (HAProxy, server) pairs, or 0 for %d", o.Max, DefaultMaxPollers)
 	}
-	if o.Max == 0 {
-		o.Max = DefaultMaxPollers
-	}
+	o.Max = cmp.Or(o.Max, DefaultMaxPollers)
 	p := &Pollers{max: o.Max, dropped: prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hastate_pollers_dropped_total",
 		Help: "Probes of a new (HAProxy, server) pair that this replica did not remember because its poller table was full (--pollers-max). Per replica: each replica keeps its own table. Such pairs are missing from /v1/pollers and `hastate wait` does not wait for them; raise --pollers-max.",

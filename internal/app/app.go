@@ -5,6 +5,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -106,15 +107,10 @@ func (o *Options) validate() error {
 	if o.DataDir == "" {
 		return errors.New("data dir is empty: set --data-dir to a persistent directory")
 	}
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	def(&o.AgentAddr, ":9777")
-	def(&o.HTTPAddr, ":9778")
-	def(&o.RaftAddr, ":9779")
-	def(&o.KVPrefix, "hastate/")
+	o.AgentAddr = cmp.Or(o.AgentAddr, ":9777")
+	o.HTTPAddr = cmp.Or(o.HTTPAddr, ":9778")
+	o.RaftAddr = cmp.Or(o.RaftAddr, ":9779")
+	o.KVPrefix = cmp.Or(o.KVPrefix, "hastate/")
 	if o.RaftAdvertise == "" {
 		_, port, err := net.SplitHostPort(o.RaftAddr)
 		if err != nil {
@@ -135,9 +131,7 @@ func (o *Options) validate() error {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
-	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = 20 * time.Second
-	}
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, 20*time.Second)
 	for _, d := range []struct {
 		v    *time.Duration
 		def  time.Duration
@@ -150,16 +144,12 @@ func (o *Options) validate() error {
 		if *d.v < 0 {
 			return fmt.Errorf("%s %s is negative: leave it 0 for %s", d.name, *d.v, d.def)
 		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+		*d.v = cmp.Or(*d.v, d.def)
 	}
 	if o.HTTPMaxHeaderBytes < 0 {
 		return fmt.Errorf("HTTPMaxHeaderBytes %d is negative: leave it 0 for 64 KiB", o.HTTPMaxHeaderBytes)
 	}
-	if o.HTTPMaxHeaderBytes == 0 {
-		o.HTTPMaxHeaderBytes = 64 << 10
-	}
+	o.HTTPMaxHeaderBytes = cmp.Or(o.HTTPMaxHeaderBytes, 64<<10)
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
 	}
