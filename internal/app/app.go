@@ -27,6 +27,7 @@ import (
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 )
 
@@ -198,14 +199,13 @@ func New(o Options) (*App, error) {
 		return nil, err
 	}
 	build := version.Get()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "hastate_build_info", Help: "Per replica: build information (version, git revision, Go version); always 1.",
-			ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
-		}, func() float64 { return 1 }),
-	)
+	// The Go runtime's and the process's collectors are not metrics
+	// promauto builds: they are registered as they are.
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hastate_build_info", Help: "Per replica: build information (version, git revision, Go version); always 1.",
+		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
+	}, func() float64 { return 1 })
 	a.kvm = kvsync.NewMetrics(reg)
 	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg})
 	if err != nil {
@@ -283,7 +283,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.stops.Add("raft node", a.node.Shutdown)
-	if err := a.o.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	promauto.With(a.o.Registry).NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_ready",
 		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state and has caught up with a raft leader since it started, and is not shutting down), else 0. A later loss of the leader or of Consul does not make it 0.",
 	}, func() float64 {
@@ -291,9 +291,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return 1
 		}
 		return 0
-	})); err != nil {
-		return fmt.Errorf("register hastate_ready: %w", err)
-	}
+	})
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
 			Pollers: a.pollers, NodeID: a.o.NodeID}),
