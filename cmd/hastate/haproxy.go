@@ -165,7 +165,7 @@ cannot confirm; 3 when the selector matches no server.`,
 			} else if err := printVerify(stdout, rep); err != nil {
 				return err
 			}
-			summary := fmt.Sprintf("%d servers on %d HAProxy instances; newest sample %s old; %d samples read", rep.Servers, rep.Instances, age(rep.Newest), rep.Samples)
+			summary := fmt.Sprintf("%d server(s) on %d HAProxy instance(s); newest sample %s old; %d samples read", rep.Servers, rep.Instances, age(rep.Newest), rep.Samples)
 			if len(rep.Problems) > 0 {
 				kind := ctl.ErrNotDone
 				if cannotConfirmOnly(rep.Problems) {

@@ -50,6 +50,9 @@ const (
 // MaxSampleAge is reported stale instead of silently missing.
 const seenWindow = 10 * time.Minute
 
+// seenStep is the resolution of the subquery over seenWindow.
+const seenStep = 15 * time.Second
+
 const promAdvice = "check --prometheus / HASTATE_PROMETHEUS_URL (Prometheus' HTTP address, e.g. http://prometheus:9090)"
 
 // PrometheusOptions configure NewPrometheus.
@@ -276,9 +279,10 @@ func (p *Prometheus) Read(ctx context.Context, sels []Selector) (Reading, error)
 	}
 
 	// Instances whose scrapes stopped have no sample in the window above:
-	// find them over seenWindow, with the time of their newest sample.
-	q = fmt.Sprintf(`max by (%s) (max_over_time(timestamp(%s{%s})[%s:%s]))`, inst, metricSessions, match,
-		model.Duration(seenWindow), model.Duration(seenWindow/40))
+	// find their series over seenWindow (at seenStep's resolution), and
+	// then the exact time of each such instance's newest sample.
+	q = fmt.Sprintf(`max by (%s, %s, %s) (max_over_time(timestamp(%s{%s})[%s:%s]))`, inst, px, sv, metricSessions, match,
+		model.Duration(seenWindow), model.Duration(seenStep))
 	if v, err = p.query(ctx, q, rd.At); err != nil {
 		return rd, err
 	}
@@ -286,14 +290,44 @@ func (p *Prometheus) Read(ctx context.Context, sels []Selector) (Reading, error)
 		return rd, fmt.Errorf("%w: Prometheus at %s answered %s with a %s, not a vector", ErrCannotConfirm, p.addr, q, v.Type())
 	}
 	rd.Samples += len(vec)
-	for _, s := range vec {
-		if in := string(s.Metric[inst]); in != "" {
-			rd.Instances[in] = time.UnixMilli(int64(float64(s.Value) * 1000))
+	for _, r := range rows {
+		if r.Sample.After(rd.Instances[r.Instance]) {
+			rd.Instances[r.Instance] = r.Sample
 		}
 	}
+	stale := map[string]model.Metric{} // instance -> one of its series
+	for _, s := range vec {
+		r := row(s.Metric)
+		if r == nil || !r.Sample.IsZero() {
+			continue
+		}
+		if _, fresh := rd.Instances[r.Instance]; !fresh {
+			stale[r.Instance] = s.Metric
+		}
+	}
+	for in, m := range stale {
+		// The raw samples of one of its series back to just before the
+		// subquery's step that saw it.
+		seen := time.UnixMilli(int64(float64(vecValue(vec, m)) * 1000))
+		q := fmt.Sprintf(`%s{%s=%s,%s=%s,%s=%s}[%s]`, metricSessions, inst, strconv.Quote(in), px, strconv.Quote(string(m[px])),
+			sv, strconv.Quote(string(m[sv])), model.Duration(rd.At.Sub(seen)+2*seenStep).String())
+		if v, err = p.query(ctx, q, rd.At); err != nil {
+			return rd, err
+		}
+		newest := seen
+		if mat, ok := v.(model.Matrix); ok {
+			for _, ss := range mat {
+				rd.Samples += len(ss.Values)
+				if n := len(ss.Values); n > 0 && ss.Values[n-1].Timestamp.Time().After(newest) {
+					newest = ss.Values[n-1].Timestamp.Time()
+				}
+			}
+		}
+		rd.Instances[in] = newest
+	}
 	for _, r := range rows {
-		if t, ok := rd.Instances[r.Instance]; !ok || r.Sample.After(t) {
-			rd.Instances[r.Instance] = r.Sample
+		if r.Sample.IsZero() {
+			r.Sample = rd.Instances[r.Instance] // a stale instance's: its series are scraped together
 		}
 		rd.Servers = append(rd.Servers, *r)
 	}
@@ -302,6 +336,16 @@ func (p *Prometheus) Read(ctx context.Context, sels []Selector) (Reading, error)
 		return a.Backend+"/"+a.Server+"\x00"+a.Instance < b.Backend+"/"+b.Server+"\x00"+b.Instance
 	})
 	return rd, nil
+}
+
+// vecValue is the value of the sample of vec with metric m.
+func vecValue(vec model.Vector, m model.Metric) model.SampleValue {
+	for _, s := range vec {
+		if s.Metric.Equal(m) {
+			return s.Value
+		}
+	}
+	return 0
 }
 
 func (p *Prometheus) query(ctx context.Context, q string, at time.Time) (model.Value, error) {

@@ -33,8 +33,8 @@ type IdleResult struct {
 }
 
 func (r IdleResult) String() string {
-	return fmt.Sprintf("%d servers on %d HAProxy instances; newest sample %s old; %d samples in %d reads",
-		r.Servers, r.Instances, roundAge(r.Newest), r.Samples, r.Reads)
+	return fmt.Sprintf("%d %s on %d HAProxy %s; newest sample %s old; %d samples in %d reads",
+		r.Servers, plural(r.Servers, "server"), r.Instances, plural(r.Instances, "instance"), roundAge(r.Newest), r.Samples, r.Reads)
 }
 
 // WaitIdle waits until every HAProxy instance reports no current session

@@ -141,7 +141,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 		if poll != nil {
 			row.Told, row.ToldAt = toldAnswer(*poll), &poll.LastAsked
 		}
-		row.Problem, row.Note = judge(row, poll != nil, rd.At.Sub(r.Sample), o.Prometheus.o.MaxSampleAge)
+		row.Problem, row.Note = judge(row, poll != nil, cur.Since, rd.At.Sub(r.Sample), o.Prometheus.o.MaxSampleAge)
 		if row.Problem != "" {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s on HAProxy %s: %s", r.Name(), r.Instance, row.Problem))
 		}
@@ -162,12 +162,24 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 	return rep, nil
 }
 
+// applyGrace is how long after an answer changed a sample may still show
+// the old state: HAProxy applies it at its next agent check (agent-inter,
+// 2s), and the scrape after that shows it.
+const applyGrace = 3 * time.Second
+
+// silentAgent is how long an HAProxy may go without an agent check that
+// reaches hastate (every agent-inter, 2s) before verify names it.
+const silentAgent = 10 * time.Second
+
 // judge compares one row: what HAProxy reports against what hastate
 // answers and told it. polled says an agent check of this HAProxy for the
-// server reached hastate within api.PollerTTL; age is how old the row's
-// newest sample is.
-func judge(r VerifyRow, polled bool, age, maxAge time.Duration) (problem, note string) {
-	if r.Sample.IsZero() || age > maxAge {
+// server reached hastate within api.PollerTTL; since is when the answer
+// took effect (nil: not known); age is how old the row's newest sample is.
+func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration) (problem, note string) {
+	if r.Sample.IsZero() {
+		return fmt.Sprintf("cannot confirm: no sample of it within the last %s: is Prometheus still scraping it?", seenWindow), ""
+	}
+	if age > maxAge {
 		return fmt.Sprintf("cannot confirm: its newest sample is %s old (over --max-sample-age %s): is Prometheus still scraping it?", roundAge(age), maxAge), ""
 	}
 	if r.Withheld {
@@ -192,6 +204,8 @@ func judge(r VerifyRow, polled bool, age, maxAge time.Duration) (problem, note s
 		told = "no agent check from this HAProxy reached hastate in the last minute: its agent check is disabled (`enable agent " + r.Name() + "` on its admin socket) or cannot reach hastate"
 	case r.Told != r.Answer:
 		told = fmt.Sprintf("it was last told %q %s ago and has not checked since (agent check disabled, or it cannot reach hastate?)", r.Told, roundAge(time.Since(*r.ToldAt)))
+	case time.Since(*r.ToldAt) > silentAgent:
+		told = fmt.Sprintf("its last agent check reached hastate %s ago: disabled (`enable agent %s` on its admin socket) or it cannot reach hastate", roundAge(time.Since(*r.ToldAt)), r.Name())
 	}
 	switch {
 	case agrees && told == "":
@@ -200,12 +214,15 @@ func judge(r VerifyRow, polled bool, age, maxAge time.Duration) (problem, note s
 		return "agrees for now, but " + told, note
 	case told != "":
 		return fmt.Sprintf("reports %s, hastate answers %q: %s", r.Reports(), r.Answer, told), note
-	case got == "MAINT" || got == "DRAIN":
-		return fmt.Sprintf("reports %s, hastate answers %q and told it so %s ago: a state set over the admin socket, which the agent cannot clear "+
-			"(on that HAProxy: `set server %s state ready`, then the agent's answer applies)", got, r.Answer, roundAge(time.Since(*r.ToldAt)), r.Name()), note
+	case since != nil && r.Sample.Before(since.Add(applyGrace)):
+		return fmt.Sprintf("reports %s, hastate answers %q since %s ago: not applied yet in a sample %s old (HAProxy applies it at its next agent check; run again)",
+			r.Reports(), r.Answer, roundAge(time.Since(*since)), roundAge(age)), note
 	}
-	return fmt.Sprintf("reports %s, hastate answers %q and told it so %s ago: HAProxy has not applied it (a weight or state set over the admin socket since?)",
-		r.Reports(), r.Answer, roundAge(time.Since(*r.ToldAt))), note
+	// Told the current answer after it took effect, and still showing
+	// another state: set over the admin socket (CLI and agent write the
+	// same flags, last writer wins) since HAProxy's last agent check.
+	return fmt.Sprintf("reports %s, hastate answers %q and told it so %s ago: a state or weight set over the admin socket since that check "+
+		"(the next agent check replaces it; if it stays, see `show servers state` on that HAProxy)", r.Reports(), r.Answer, roundAge(time.Since(*r.ToldAt))), note
 }
 
 // expected is the exporter's state, and the weight percentage (-1: any),
