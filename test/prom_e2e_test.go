@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,7 +70,7 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 
 	// Both HAProxy nodes poll every server, and Prometheus has samples of
 	// both exporters.
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		var v stateView
 		hs[0].GetJSON(t, "/v1/state?scope=cluster", &v)
 		n := 0
@@ -78,10 +79,11 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 				n++
 			}
 		}
-		return n == len(be.Servers)
-	}, func() string { return "the servers are not each polled by both HAProxy nodes" })
-	eventually(t, 20*time.Second, func() bool { return promUp(t, prom) == 2 }, func() string {
-		return fmt.Sprintf("Prometheus does not scrape both exporters (up == 1 for %d of 2)", promUp(t, prom))
+		return testenv.Expect(n == len(be.Servers), "%d of the %d servers are polled by both HAProxy nodes", n, len(be.Servers))
+	})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		n := promUp(t, prom)
+		return testenv.Expect(n == 2, "Prometheus does not scrape both exporters (up == 1 for %d of 2)", n)
 	})
 
 	// Client sessions held open through both HAProxy nodes: round robin
@@ -97,17 +99,13 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 		}
 		return n
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		for _, s := range be.Servers {
-			for _, n := range perServer(s) {
-				if n == 0 {
-					return false
-				}
+			if n := perServer(s); slices.Contains(n, 0) {
+				return fmt.Errorf("sessions on %s per HAProxy node: %v", s, n)
 			}
 		}
-		return true
-	}, func() string {
-		return fmt.Sprintf("sessions per server and HAProxy: hold1 %v hold2 %v hold3 %v", perServer("hold1"), perServer("hold2"), perServer("hold3"))
+		return nil
 	})
 	t.Logf("sessions per HAProxy node: hold1 %v hold2 %v hold3 %v", perServer("hold1"), perServer("hold2"), perServer("hold3"))
 
@@ -116,11 +114,11 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	// last one closing.
 	run(0, "drain", "be_hold/hold1", "--reason", "kernel upgrade")
 	w := startOperator(t, op, "wait", "be_hold/hold1", "--idle", "--timeout", "90s")
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		out := w.Output()
-		return strings.Contains(out, "be_hold/hold1 on HAProxy "+instances[0]+": ") &&
-			strings.Contains(out, "be_hold/hold1 on HAProxy "+instances[1]+": ") && strings.Contains(out, "session")
-	}, func() string { return "wait --idle does not name the sessions on both HAProxy nodes:\n" + w.Output() })
+		return testenv.Expect(strings.Contains(out, "be_hold/hold1 on HAProxy "+instances[0]+": 2 sessions") &&
+			strings.Contains(out, "be_hold/hold1 on HAProxy "+instances[1]+": 2 sessions"), "wait --idle does not name the sessions on both HAProxy nodes:\n%s", out)
+	})
 	// It keeps waiting while they stay open: it reads Prometheus every
 	// second meanwhile (the scrape above proves samples keep coming).
 	consistently(t, 3*time.Second, func() bool { return !w.Exited() }, func() string {
@@ -165,11 +163,11 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	// 3. verify: every HAProxy agrees (hold1 drain, hold2 maint, hold3
 	// ready) once Prometheus scraped the maint.
 	var vout string
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		var code int
 		vout, code = op.RunCode(t, "verify", "be_hold/*")
-		return code == 0
-	}, func() string { return "verify never agreed:\n" + vout })
+		return testenv.Expect(code == 0, "verify: exit %d:\n%s", code, vout)
+	})
 	if !strings.Contains(vout, "ok: every HAProxy agrees") || !strings.Contains(vout, "3 server(s) on 2 HAProxy instance(s)") {
 		t.Fatalf("verify output:\n%s", vout)
 	}
@@ -179,11 +177,11 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	// disabled (with the agent running, its next answer replaces it).
 	hapCommand(t, haps[0], "disable agent be_hold/hold3")
 	hapCommand(t, haps[0], "set server be_hold/hold3 state maint")
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		var code int
 		vout, code = op.RunCode(t, "verify", "be_hold/hold3")
-		return code == 1
-	}, func() string { return "verify does not see the socket's maint:\n" + vout })
+		return testenv.Expect(code == 1, "verify does not see the socket's maint: exit %d:\n%s", code, vout)
+	})
 	if !strings.Contains(vout, "be_hold/hold3 on HAProxy "+instances[0]+": reports MAINT") || strings.Contains(vout, "on HAProxy "+instances[1]+":") {
 		t.Fatalf("verify after a socket maint on %s:\n%s", instances[0], vout)
 	}
@@ -198,23 +196,23 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	hapCommand(t, haps[1], "disable agent be_hold/hold3")
 	run(0, "drain", "be_hold/hold3")
 	haps[0].WaitServer(t, "be_hold/hold3", statDrainAgent, -1)
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		var code int
 		vout, code = op.RunCode(t, "verify", "be_hold/hold3")
 		// Once HAProxy A applied the drain and Prometheus scraped it, only
 		// B disagrees.
-		return code == 1 && strings.Contains(vout, "be_hold/hold3 on HAProxy "+instances[1]+": reports UP") &&
-			!strings.Contains(vout, "on HAProxy "+instances[0]+":")
-	}, func() string { return "verify does not name (only) the HAProxy with its agent disabled:\n" + vout })
+		return testenv.Expect(code == 1 && strings.Contains(vout, "be_hold/hold3 on HAProxy "+instances[1]+": reports UP") &&
+			!strings.Contains(vout, "on HAProxy "+instances[0]+":"), "verify does not name (only) the HAProxy with its agent disabled: exit %d:\n%s", code, vout)
+	})
 	if !strings.Contains(vout, "has not checked since") {
 		t.Fatalf("verify with the agent disabled on %s:\n%s", instances[1], vout)
 	}
 	t.Logf("verify with the agent disabled on one HAProxy:\n%s", vout)
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		var code int
 		vout, code = op.RunCode(t, "verify", "be_hold/hold1")
-		return code == 0
-	}, func() string { return "verify of a server both HAProxy nodes agree on:\n" + vout })
+		return testenv.Expect(code == 0, "verify of a server both HAProxy nodes agree on: exit %d:\n%s", code, vout)
+	})
 	sout := run(0, "status", "be_hold", "--haproxy")
 	if !regexp.MustCompile(`hold1 .*agrees \(2\)`).MatchString(sout) || !strings.Contains(sout, instances[1]+": UP weight 100") {
 		t.Fatalf("status --haproxy:\n%s", sout)
@@ -291,18 +289,18 @@ scrape_configs:
 			t.Logf("prometheus log:\n%s", b)
 		}
 	})
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		if p.Exited() {
 			b, _ := os.ReadFile(p.LogPath)
 			t.Fatalf("prometheus exited at start:\n%s", b)
 		}
 		resp, err := http.Get("http://" + addr + "/-/ready")
 		if err != nil {
-			return false
+			return fmt.Errorf("prometheus at %s: %w", addr, err)
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, func() string { return "prometheus never became ready at " + addr })
+		return testenv.Expect(resp.StatusCode == http.StatusOK, "prometheus at %s: /-/ready: %s", addr, resp.Status)
+	})
 	return addr
 }
 

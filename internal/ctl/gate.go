@@ -212,14 +212,7 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	}
 	// The latest poll of each (server, HAProxy) on any replica; a manual
 	// probe (a source that asked once, a while ago) is not waited for.
-	latest := map[[2]string]api.Poll{}
-	now := time.Now()
-	for _, p := range api.MergePolls(pv.Pollers) {
-		k := [2]string{p.Backend + "/" + p.Server, p.HAProxy}
-		if _, sel := current[k[0]]; sel && p.Polling(now) {
-			latest[k] = p
-		}
-	}
+	latest := latestPolls(pv, current)
 	var lag []string
 	for k, p := range latest {
 		if told := toldAnswer(p); told != current[k[0]] {

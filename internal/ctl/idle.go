@@ -216,16 +216,15 @@ func selectedPolled(ctx context.Context, r *Replica, sels []Selector) (map[strin
 	return servers, pollers, nil
 }
 
-// latestPolls is, per (server, HAProxy), the latest poll within
-// api.PollerTTL on any replica, for the servers given.
-func latestPolls(pv api.PollersView, servers map[string]bool) map[[2]string]api.Poll {
+// latestPolls is, per (server, HAProxy), the latest poll on any replica
+// of an HAProxy that polls one of servers (by backend/server) now: a
+// manual probe is none.
+func latestPolls[V any](pv api.PollersView, servers map[string]V) map[[2]string]api.Poll {
 	latest := map[[2]string]api.Poll{}
-	for _, p := range pv.Pollers {
+	now := time.Now()
+	for _, p := range api.MergePolls(pv.Pollers) {
 		k := [2]string{p.Backend + "/" + p.Server, p.HAProxy}
-		if !servers[k[0]] || time.Since(p.LastAsked) > api.PollerTTL {
-			continue
-		}
-		if old, ok := latest[k]; !ok || p.LastAsked.After(old.LastAsked) {
+		if _, sel := servers[k[0]]; sel && p.Polling(now) {
 			latest[k] = p
 		}
 	}
