@@ -220,6 +220,22 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	t.Logf("status --haproxy:\n%s", sout)
 	hapCommand(t, haps[1], "enable agent be_hold/hold3")
 
+	// maint --drain-first interrupted while it waits for idle says what
+	// it left: the drain, not the maint.
+	d := startOperator(t, op, "maint", "be_hold/hold3", "--drain-first", "--idle-timeout", "60s")
+	testenv.Eventually(t, 20*time.Second, func() error {
+		return testenv.Expect(strings.Contains(d.Output(), "be_hold/hold3 on HAProxy "), "maint --drain-first is not waiting for sessions:\n%s", d.Output())
+	})
+	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := d.Wait(t, 10*time.Second); code != 1 || !strings.Contains(d.Output(), "interrupted during the wait for idle: be_hold/hold3 left drained") {
+		t.Fatalf("maint --drain-first after SIGINT: exit %d\n%s", code, d.Output())
+	}
+	if sout := run(0, "status", "be_hold/hold3"); !regexp.MustCompile(`hold3 +drain`).MatchString(sout) {
+		t.Fatalf("after the interrupted maint --drain-first, status:\n%s", sout)
+	}
+
 	// 4. An unreachable Prometheus cannot confirm anything.
 	dead := "http://" + freeAddr(t)
 	for _, args := range [][]string{{"verify", "be_hold/hold1"}, {"wait", "be_hold/hold1", "--idle"}} {

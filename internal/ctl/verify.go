@@ -66,8 +66,9 @@ type VerifyReport struct {
 	Servers   int `json:"servers"`
 	Instances int `json:"instances"`
 	// Samples the read returned, and the age of the newest one.
-	Samples int           `json:"samples"`
-	Newest  time.Duration `json:"-"`
+	Samples       int           `json:"samples"`
+	Newest        time.Duration `json:"-"`
+	NewestSeconds float64       `json:"newest_sample_age_seconds"` // -1: no sample
 }
 
 // Verify compares, for each selected server on each HAProxy instance, the
@@ -119,6 +120,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 		return rep, err
 	}
 	rep.Samples, rep.Newest = rd.Samples, rd.Newest()
+	rep.NewestSeconds = max(rep.Newest.Seconds(), -1)
 	hosts := o.Prometheus.hosts(ctx, slices.Collect(maps.Keys(rd.Instances)))
 	instances := map[string]bool{}
 	have := map[string]bool{}
