@@ -83,11 +83,11 @@ func DrainFirst(ctx context.Context, o DrainFirstOptions) error {
 	var res IdleResult
 	switch {
 	case err == nil && o.Idle == nil:
-		fmt.Fprintf(o.Out, "  every HAProxy was told the drain (%s); no Prometheus (--prometheus): waiting out the idle timeout, sessions unchecked\n", roundAge(time.Since(start)))
+		fmt.Fprintf(o.Out, "every HAProxy was told the drain after %s; no Prometheus (--prometheus): waiting out the idle timeout, sessions unchecked\n", roundAge(time.Since(start)))
 		<-ictx.Done()
 		err = ictx.Err()
 	case err == nil:
-		fmt.Fprintf(o.Out, "  every HAProxy was told the drain (%s); waiting for its sessions to end\n", roundAge(time.Since(start)))
+		fmt.Fprintf(o.Out, "every HAProxy was told the drain after %s; waiting for its sessions to end\n", roundAge(time.Since(start)))
 		res, err = o.Idle(ictx)
 	}
 	switch {
@@ -95,18 +95,18 @@ func DrainFirst(ctx context.Context, o DrainFirstOptions) error {
 		cancel()
 		return interrupted("the wait for idle", err)
 	case err == nil:
-		fmt.Fprintf(o.Out, "  idle after %s: %s\n", roundAge(time.Since(start)), res)
+		fmt.Fprintf(o.Out, "idle after %s: %s\n", roundAge(time.Since(start)), res)
 	case errors.Is(err, ErrCannotConfirm):
 		// Cannot prove idle: fall back to what ChatOps did, a fixed wait.
-		fmt.Fprintf(o.Out, "  cannot confirm idle: %v\n  waiting out the idle timeout (%s left)\n", err, roundAge(time.Until(deadline(ictx))))
+		fmt.Fprintf(o.Out, "cannot confirm idle: %v\nwaiting out the idle timeout (%s left)\n", err, roundAge(time.Until(deadline(ictx))))
 		<-ictx.Done()
 		if ctx.Err() != nil {
 			cancel()
 			return interrupted("the wait for idle", ctx.Err())
 		}
-		fmt.Fprintf(o.Out, "  idle timeout %s passed\n", o.IdleTimeout)
+		fmt.Fprintf(o.Out, "idle timeout %s passed; setting maint\n", o.IdleTimeout)
 	default:
-		fmt.Fprintf(o.Out, "  idle timeout %s passed: %v\n", o.IdleTimeout, err)
+		fmt.Fprintf(o.Out, "idle timeout %s passed, setting maint anyway; %v\n", o.IdleTimeout, err)
 	}
 	cancel()
 

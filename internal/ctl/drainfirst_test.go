@@ -65,7 +65,7 @@ func TestDrainFirst(t *testing.T) {
 		{"idle at once", func(context.Context) (IdleResult, error) { return IdleResult{Servers: 1, Instances: 2}, nil }, 0,
 			"write drain,told,idle,write maint,told", "idle after", false},
 		{"sessions never end", untilDone(fmt.Errorf("%w: still waiting for: web/a on HAProxy h1: 2 sessions", ErrNotDone)), 200 * time.Millisecond,
-			"write drain,told,idle,write maint,told", "idle timeout 200ms passed: not done: still waiting for: web/a on HAProxy h1: 2 sessions", false},
+			"write drain,told,idle,write maint,told", "idle timeout 200ms passed, setting maint anyway; not done: still waiting for: web/a on HAProxy h1: 2 sessions", false},
 		{"cannot confirm: the timeout is waited out", func(context.Context) (IdleResult, error) {
 			return IdleResult{}, fmt.Errorf("%w: Prometheus refused", ErrCannotConfirm)
 		}, 200 * time.Millisecond, "write drain,told,idle,write maint,told", "cannot confirm idle", false},
