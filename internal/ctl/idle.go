@@ -129,8 +129,12 @@ func idleLag(rd Reading, servers map[string]bool, since time.Time) ([]string, in
 // instance Prometheus scrapes.
 func (p *Prometheus) covers(ctx context.Context, rd Reading, servers map[string]bool, pollers map[string][]string) error {
 	have := map[string]bool{}
+	reporting := Reading{At: rd.At, Instances: map[string]time.Time{}} // the instances of selected servers
 	for _, r := range rd.Servers {
-		have[r.Name()] = true
+		if servers[r.Name()] {
+			have[r.Name()] = true
+			reporting.Instances[r.Instance] = rd.Instances[r.Instance]
+		}
 	}
 	var missing []string
 	for s := range servers {
@@ -144,13 +148,13 @@ func (p *Prometheus) covers(ctx context.Context, rd Reading, servers map[string]
 			"and are the label names right (--proxy-label, --server-label, --instance-label)?", ErrCannotConfirm, p.addr, metricSessions,
 			strings.Join(missing, ", "), p.o.MaxSampleAge, p.o.ProxyLabel, p.o.ServerLabel, p.o.InstanceLabel)
 	}
-	if stale := rd.Stale(p.o.MaxSampleAge); len(stale) > 0 {
+	if stale := reporting.Stale(p.o.MaxSampleAge); len(stale) > 0 {
 		return fmt.Errorf("%w: stale samples from HAProxy %s: older than --max-sample-age %s, so they prove nothing; "+
 			"is Prometheus scraping them (its targets page, the up series)?", ErrCannotConfirm, strings.Join(stale, ", "), p.o.MaxSampleAge)
 	}
-	if unseen := p.unscraped(ctx, slices.Collect(maps.Keys(rd.Instances)), pollers); len(unseen) > 0 {
+	if unseen := p.unscraped(ctx, slices.Collect(maps.Keys(reporting.Instances)), pollers); len(unseen) > 0 {
 		return fmt.Errorf("%w: %s; Prometheus scrapes %s: scrape every HAProxy's exporter, with an instance label whose host is the address its agent checks come from (docs/deploy.md)",
-			ErrCannotConfirm, strings.Join(unseen, "; "), orNone(slices.Sorted(maps.Keys(rd.Instances))))
+			ErrCannotConfirm, strings.Join(unseen, "; "), orNone(slices.Sorted(maps.Keys(reporting.Instances))))
 	}
 	return nil
 }
