@@ -191,17 +191,13 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	if err := Missing(fleet.Replicas); err != nil {
 		return []string{err.Error()}, nil
 	}
+	selected, err := selectedServers(fleet, o.Selectors)
+	if err != nil {
+		return nil, err
+	}
 	current := map[string]string{}
-	for _, sel := range o.Selectors {
-		rows := Select(fleet.Servers, sel)
-		if len(rows) == 0 {
-			return nil, noMatch(sel, fleet.Servers)
-		}
-		for _, r := range rows {
-			if r.Server != state.Wildcard {
-				current[r.Backend+"/"+r.Server] = r.Answer
-			}
-		}
+	for k, r := range selected {
+		current[k] = r.Answer
 	}
 	pv, err := o.Replica.Pollers(ctx)
 	if err != nil {

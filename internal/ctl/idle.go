@@ -188,17 +188,13 @@ func selectedPolled(ctx context.Context, r *Replica, sels []Selector) (map[strin
 	if err := Missing(fleet.Replicas); err != nil {
 		return nil, nil, err
 	}
+	rows, err := selectedServers(fleet, sels)
+	if err != nil {
+		return nil, nil, err
+	}
 	servers := map[string]bool{}
-	for _, sel := range sels {
-		rows := Select(fleet.Servers, sel)
-		if len(rows) == 0 {
-			return nil, nil, noMatch(sel, fleet.Servers)
-		}
-		for _, row := range rows {
-			if row.Server != state.Wildcard {
-				servers[row.Backend+"/"+row.Server] = true
-			}
-		}
+	for k := range rows {
+		servers[k] = true
 	}
 	if len(servers) == 0 {
 		return nil, nil, fmt.Errorf("%w: %s select only backend-wide keys, no server an HAProxy polls: nothing to ask HAProxy about", ErrCannotConfirm, selList(sels))
@@ -218,6 +214,25 @@ func selectedPolled(ctx context.Context, r *Replica, sels []Selector) (map[strin
 		sort.Strings(pollers[ip])
 	}
 	return servers, pollers, nil
+}
+
+// selectedServers maps backend/server to the row of each server the
+// selectors match (backend-wide keys are not servers); a selector that
+// matches nothing is ErrNoMatch.
+func selectedServers(fleet api.StateView, sels []Selector) (map[string]api.ServerState, error) {
+	out := map[string]api.ServerState{}
+	for _, sel := range sels {
+		rows := Select(fleet.Servers, sel)
+		if len(rows) == 0 {
+			return nil, noMatch(sel, fleet.Servers)
+		}
+		for _, r := range rows {
+			if r.Server != state.Wildcard {
+				out[r.Backend+"/"+r.Server] = r
+			}
+		}
+	}
+	return out, nil
 }
 
 // latestPolls is, per (server, HAProxy), the latest poll on any replica

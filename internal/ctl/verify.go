@@ -91,17 +91,9 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 	if err := confirmable(*fleet); err != nil {
 		rep.Problems = append(rep.Problems, err.Error())
 	}
-	rows := map[string]api.ServerState{}
-	for _, sel := range o.Selectors {
-		sr := Select(fleet.Servers, sel)
-		if len(sr) == 0 {
-			return rep, noMatch(sel, fleet.Servers)
-		}
-		for _, r := range sr {
-			if r.Server != state.Wildcard {
-				rows[r.Backend+"/"+r.Server] = r
-			}
-		}
+	rows, err := selectedServers(*fleet, o.Selectors)
+	if err != nil {
+		return rep, err
 	}
 	servers := map[string]bool{}
 	for k := range rows {
