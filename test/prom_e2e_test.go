@@ -59,14 +59,7 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	promURL := "http://" + prom
 	op := Operator{ConsulAddr: consul.Addr(), Checks: true,
 		Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr, "HASTATE_PROMETHEUS_URL=" + promURL}}
-	run := func(want int, args ...string) string {
-		t.Helper()
-		out, code := op.RunCode(t, args...)
-		if code != want {
-			t.Fatalf("hastate %s: exit %d, want %d:\n%s", strings.Join(args, " "), code, want, out)
-		}
-		return out
-	}
+	run := func(want int, args ...string) string { t.Helper(); return op.RunExit(t, want, args...) }
 
 	// Both HAProxy nodes poll every server, and Prometheus has samples of
 	// both exporters.
