@@ -55,11 +55,7 @@ func (p *promFlags) prometheus() (*ctl.Prometheus, error) {
 
 // waitIdle is the second half of `wait --idle`: after Wait, until HAProxy
 // holds no session on the selected servers.
-func waitIdle(ctx context.Context, pf *promFlags, g ctl.GateOptions, stdout io.Writer, args []string, start time.Time) error {
-	prom, err := pf.prometheus()
-	if err != nil {
-		return err
-	}
+func waitIdle(ctx context.Context, prom *ctl.Prometheus, g ctl.GateOptions, stdout io.Writer, args []string, start time.Time) error {
 	fmt.Fprintf(g.Out, "every HAProxy was told (%s); waiting until HAProxy reports no session (Prometheus at %s)\n", time.Since(start).Round(time.Millisecond), prom.Addr())
 	res, err := ctl.WaitIdle(ctx, ctl.IdleOptions{Prometheus: prom, Replica: g.Replica, Selectors: g.Selectors, Out: g.Out})
 	if err != nil {

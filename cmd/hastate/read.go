@@ -185,12 +185,18 @@ matches no server.`,
 				return err
 			}
 			g.Out = c.ErrOrStderr()
+			var prom *ctl.Prometheus
+			if idle {
+				if prom, err = pf.prometheus(); err != nil {
+					return err
+				}
+			}
 			start := time.Now()
 			if err := ctl.Wait(c.Context(), g); err != nil {
 				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
 			}
 			if idle {
-				return waitIdle(c.Context(), &pf, g, stdout, args, start)
+				return waitIdle(c.Context(), prom, g, stdout, args, start)
 			}
 			fmt.Fprintf(stdout, "every HAProxy polling %s was told the current answer (%s)\n", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
 			return nil
