@@ -377,7 +377,9 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	// what waits.
 	leader := WaitLeader(t, 10*time.Second, hs...)
 	testenv.Eventually(t, 10*time.Second, holds(func() bool { return strings.Contains(leader.Cluster(t).Level.Waiting, "level 2") },
-		func() string { return fmt.Sprintf("the leader does not say that level 2 waits: %+v", leader.Cluster(t).Level) }))
+		func() string {
+			return fmt.Sprintf("the leader does not say that level 2 waits: %+v", leader.Cluster(t).Level)
+		}))
 	consistently(t, 3*time.Second, func() bool { return converged("newfor", fixed("drain")) },
 		func() string { return "roll/newfor expired while level 2 waits" })
 	// And back, on the same data dirs.
