@@ -63,64 +63,17 @@ func swapDir(key, from, to string) (string, bool) {
 	return head[:len(head)-len(from)] + to + key[j+1:], true
 }
 
-// Meta is a parsed meta key.
-type Meta struct {
-	// State is the word the meta key describes (ready, drain, maint, N%).
-	State      Value
-	Reason, By string
-	At, Until  time.Time
-	// Ramp is the key's undrain ramp duration when RampSet.
-	Ramp    time.Duration
-	RampSet bool
-}
-
-type jsonMeta struct {
-	State  *string `json:"state"`
-	Reason string  `json:"reason"`
-	By     string  `json:"by"`
-	Ramp   *string `json:"ramp"`
-	Until  *string `json:"until"`
-	At     *string `json:"at"`
-}
-
 // ParseMeta parses a meta key's value: a JSON object with a required
 // "state" and optional "reason", "by", "at", "until" (RFC 3339) and
-// "ramp". Unknown fields are ignored: a newer release may add some. The
-// error says why the value is ignored.
-func ParseMeta(raw string) (Meta, error) {
-	var j jsonMeta
+// "ramp", the fields of a state key's JSON form. Unknown fields are
+// ignored: a newer release may add some. It returns the value the meta key
+// describes; the error says why the meta key is ignored.
+func ParseMeta(raw string) (Value, error) {
+	var j jsonValue
 	if err := json.Unmarshal([]byte(raw), &j); err != nil {
-		return Meta{}, fmt.Errorf("not a JSON object: %v", err)
+		return Value{}, fmt.Errorf("not a JSON object: %v", err)
 	}
-	if j.State == nil {
-		return Meta{}, fmt.Errorf(`no "state" field`)
-	}
-	st, err := parseShort(strings.TrimSpace(*j.State))
-	if err != nil {
-		return Meta{}, fmt.Errorf("state %q: %v", cut(*j.State, 20), err)
-	}
-	m := Meta{State: st, Reason: j.Reason, By: j.By}
-	if j.Ramp != nil {
-		if m.Ramp, err = ParseRamp(*j.Ramp); err != nil {
-			return Meta{}, err
-		}
-		m.RampSet = true
-	}
-	for _, f := range []struct {
-		name string
-		in   *string
-		out  *time.Time
-	}{{"until", j.Until, &m.Until}, {"at", j.At, &m.At}} {
-		if f.in == nil {
-			continue
-		}
-		t, err := time.Parse(time.RFC3339, strings.TrimSpace(*f.in))
-		if err != nil {
-			return Meta{}, fmt.Errorf("%s %q: want an RFC 3339 time", f.name, cut(*f.in, 40))
-		}
-		*f.out = t.UTC()
-	}
-	return m, nil
+	return j.value()
 }
 
 // MarshalMeta renders a meta key's value for v, the value a CLI write
@@ -168,7 +121,7 @@ func withMeta(v Value, raw string, present bool, level int) (out Value, note str
 	if err != nil {
 		return v, noteMetaInvalid + err.Error()
 	}
-	if !sameState(m.State, v) {
+	if !sameState(m, v) {
 		return v, NoteOutside
 	}
 	v.Reason, v.By, v.At = m.Reason, m.By, m.At

@@ -108,7 +108,7 @@ func TestMismatchingOrInvalidMetaIsIgnored(t *testing.T) {
 	}{
 		"stale state": {meta("maint", until, "0"), NoteOutside},
 		"not JSON":    {`{"state":"drain","until":`, "meta key ignored: not a JSON object"},
-		"no state":    {`{"until":"` + until + `"}`, `meta key ignored: no "state" field`},
+		"no state":    {`{"until":"` + until + `"}`, `meta key ignored: JSON needs a "state" field`},
 		"bad until":   {`{"state":"drain","until":"tomorrow"}`, "meta key ignored: until"},
 	} {
 		m := NewMirror()

@@ -328,7 +328,7 @@ func TestWriterTransactions(t *testing.T) {
 			t.Fatalf("meta key %s: %v, %v", mk, p, err)
 		}
 		m, err := state.ParseMeta(string(p.Value))
-		if err != nil || m.State.String() != "drain" || m.Reason != "contract" || m.By != "alice" || m.Until.IsZero() || m.At.IsZero() || !m.RampSet || m.Ramp != 2*time.Minute {
+		if err != nil || m.String() != "drain" || m.Reason != "contract" || m.By != "alice" || m.Until.IsZero() || m.At.IsZero() || !m.RampSet || m.Ramp != 2*time.Minute {
 			t.Fatalf("meta key %s = %s (%+v, %v)", mk, p.Value, m, err)
 		}
 	}

@@ -179,23 +179,5 @@ func (w Writer) casTxn(ctx context.Context, batch []migration) error {
 			ops = append(ops, &consul.TxnOp{KV: &consul.KVTxnOp{Verb: consul.KVCAS, Key: o.Key, Value: []byte(o.Value), Index: m.indexes[i]}})
 		}
 	}
-	ok, resp, _, err := w.Client.Txn().Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		note := "this batch was not written"
-		if ctx.Err() != nil {
-			note = "this batch may or may not have been applied (all or nothing); running migrate-kv again is safe"
-		}
-		return consulError(ctx, w.Addr, err, note)
-	}
-	if !ok {
-		var msgs []string
-		for _, e := range resp.Errors {
-			msgs = append(msgs, e.What)
-		}
-		if len(msgs) > 0 && strings.Contains(strings.Join(msgs, " "), "index") {
-			return fmt.Errorf("%w: %s", errCAS, strings.Join(msgs, "; "))
-		}
-		return fmt.Errorf("consul rolled back the transaction, this batch was not written: %s (check the token's KV write permission on the prefix)", strings.Join(msgs, "; "))
-	}
-	return nil
+	return w.txn(ctx, ops, "this batch was not written", "running migrate-kv again is safe")
 }

@@ -81,7 +81,7 @@ func TestMigrateRewritesWithCAS(t *testing.T) {
 	if !strings.HasPrefix(get("state/web/e"), "{") {
 		t.Errorf("an expired key was rewritten: %s", get("state/web/e"))
 	}
-	for k, want := range map[string]state.Meta{
+	for k, want := range map[string]state.Value{
 		"meta/web/a": {Reason: "contract", By: "root", Ramp: 2 * time.Minute, RampSet: true},
 		"meta/web/b": {By: "alice"},
 	} {

@@ -349,12 +349,20 @@ func (w Writer) Apply(ctx context.Context, p Plan) error {
 			ops = append(ops, &consul.TxnOp{KV: op})
 		}
 	}
+	return w.txn(ctx, ops, "nothing was written", "running the command again is safe")
+}
+
+// txn runs one Consul transaction. unwritten says what a failure means
+// ("nothing was written"), again what to do when the request may have
+// reached Consul before the deadline. A rollback's reasons are in the
+// error; errCAS wraps it when an index check failed.
+func (w Writer) txn(ctx context.Context, ops consul.TxnOps, unwritten, again string) error {
 	ok, resp, _, err := w.Client.Txn().Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		note := "nothing was written"
+		note := unwritten
 		if ctx.Err() != nil {
 			// The request may have reached Consul before the deadline.
-			note = "the transaction may or may not have been applied (all or nothing); running the command again is safe"
+			note = "the transaction may or may not have been applied (all or nothing); " + again
 		}
 		return consulError(ctx, w.Addr, err, note)
 	}
@@ -363,7 +371,11 @@ func (w Writer) Apply(ctx context.Context, p Plan) error {
 		for _, e := range resp.Errors {
 			msgs = append(msgs, e.What)
 		}
-		return fmt.Errorf("consul rolled back the transaction, nothing was written: %s (check the token's KV write permission on the prefix)", strings.Join(msgs, "; "))
+		what := strings.Join(msgs, "; ")
+		if strings.Contains(what, "index") {
+			return fmt.Errorf("%w: %s", errCAS, what)
+		}
+		return fmt.Errorf("consul rolled back the transaction, %s: %s (check the token's KV write permission on the prefix)", unwritten, what)
 	}
 	return nil
 }
