@@ -76,14 +76,22 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	if err := leaderOf(nodes).ApplyKV(ctx, 1, kv); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, holdsf(func() bool {
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool {
 		for _, n := range nodes {
 			if answer(n.Node, "web/a") != "drain\n" {
 				return false
 			}
 		}
-		return strings.Contains(leaderOf(nodes).Info().Level.Waiting, "n2 (")
-	}, "the leader does not say what waits for n2"))
+		return true
+	}, "not every replica answers drain"))
+	var waiting string
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if l := leaderOf(nodes); l != nil {
+			waiting = l.Info().Level.Waiting
+		}
+		// n2 itself may lead: it plays the older release, capped.
+		return testenv.Expect(strings.Contains(waiting, "n2 (") || strings.Contains(waiting, "is held"), "the leader does not say what waits for n2: %q", waiting)
+	})
 	// Several gate rounds: nothing expires, nobody withholds.
 	deadline := time.Now().Add(3 * levelEvery)
 	for time.Now().Before(deadline) {
