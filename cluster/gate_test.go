@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -133,4 +134,26 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 // condition.
 func holdsf(cond func() bool, format string, args ...any) func() error {
 	return func() error { return testenv.Expect(cond(), format, args...) }
+}
+
+// A snapshot keeps release 0.13.0's shape (version 4) until level 2 is in
+// force, and then says version 5 and the level, which a replica capped
+// below it refuses.
+func TestSnapshotShapeFollowsTheLevel(t *testing.T) {
+	f := newFSM()
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
+	_, base := roundTrip(t, f)
+	if !strings.Contains(base.String(), `"version":4`) || strings.Contains(base.String(), `"level"`) {
+		t.Fatalf("a snapshot at level 1: %s", base.String())
+	}
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: entry(t, command{Type: cmdLevel, Level: state.LevelMeta})})
+	g, meta := roundTrip(t, f)
+	if !strings.Contains(meta.String(), `"version":5`) || !strings.Contains(meta.String(), `"level":2`) || g.level() != state.LevelMeta {
+		t.Fatalf("a snapshot at level 2: %s (restored level %d)", meta.String(), g.level())
+	}
+	old := newFSM()
+	old.maxLevel = state.LevelBase
+	if err := old.Restore(io.NopCloser(strings.NewReader(meta.String()))); err == nil || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("a replica capped at level 1 restoring a level 2 snapshot: %v", err)
+	}
 }
