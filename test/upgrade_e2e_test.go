@@ -137,6 +137,11 @@ func (c *rollChecker) run(h *Hastate) {
 			return
 		case <-time.After(20 * time.Millisecond):
 		}
+		// A probe is judged by what was expected when the round began
+		// or when it is judged: a write may land in between.
+		c.mu.Lock()
+		began := maps.Clone(c.want)
+		c.mu.Unlock()
 		before := ready(h)
 		var round []probe
 		for _, s := range c.servers {
@@ -149,7 +154,7 @@ func (c *rollChecker) run(h *Hastate) {
 		c.mu.Lock()
 		for _, p := range round {
 			c.checked++
-			e := c.want[p.server]
+			e := union(began[p.server], c.want[p.server])
 			last, tracked := c.lastW[h.NodeID][p.server]
 			w, isRamp := rampWeight(p.ans)
 			var why string
@@ -178,6 +183,16 @@ func (c *rollChecker) run(h *Hastate) {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// union is what either expectation allows.
+func union(a, b expect) expect {
+	u := expect{fixed: maps.Clone(a.fixed), ramp: a.ramp || b.ramp}
+	if u.fixed == nil {
+		u.fixed = map[string]bool{}
+	}
+	maps.Copy(u.fixed, b.fixed)
+	return u
 }
 
 // rampWeight reads "ready N%".
@@ -269,9 +284,7 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	var chk *rollChecker
 	write := func(op Operator, server string, from, to expect, args ...string) string {
 		t.Helper()
-		both := expect{fixed: maps.Clone(from.fixed), ramp: from.ramp || to.ramp}
-		maps.Copy(both.fixed, to.fixed)
-		chk.set("roll/"+server, both)
+		chk.set("roll/"+server, union(from, to))
 		out := op.Run(t, args...)
 		testenv.Eventually(t, 15*time.Second, holds(func() bool { return converged(server, to) },
 			func() string { return fmt.Sprintf("%s: replicas did not all take %v", strings.Join(args, " "), to) }))
