@@ -200,7 +200,7 @@ func buildPage(now time.Time, v api.StateView, ci api.ClusterInfo, ready bool, r
 		var c pageCounts
 		for _, r := range b.Rows {
 			if !r.Wildcard {
-				c.add(r.Class)
+				c.add(r.Class, r.AtZero())
 			}
 		}
 		all.merge(c)
@@ -301,10 +301,17 @@ func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []p
 // pageCounts counts rows by class.
 type pageCounts struct {
 	servers, ready, weight, ramping, drain, maint, withheld int
+	// zero counts the servers at 0% (a weight or a ramp; counted there
+	// only): HAProxy shows them as DRAIN, so they are out of rotation.
+	zero int
 }
 
-func (c *pageCounts) add(class string) {
+func (c *pageCounts) add(class string, atZero bool) {
 	c.servers++
+	if atZero {
+		c.zero++
+		return
+	}
 	switch class {
 	case "ready":
 		c.ready++
@@ -329,13 +336,18 @@ func (c *pageCounts) merge(o pageCounts) {
 	c.drain += o.drain
 	c.maint += o.maint
 	c.withheld += o.withheld
+	c.zero += o.zero
 }
+
+// inRotation counts the servers HAProxy sends traffic: ready, at a weight
+// or ramping, above 0%.
+func (c pageCounts) inRotation() int { return c.ready + c.weight + c.ramping }
 
 // summary is a backend's line: "3 of 5 ready", then each other state.
 // Servers at a set weight or ramping count as ready (HAProxy sends them
 // traffic), and are also named.
 func (c pageCounts) summary() ([]pageCount, string) {
-	inRotation := c.ready + c.weight + c.ramping
+	inRotation := c.inRotation()
 	class := "ok"
 	if inRotation < c.servers || c.weight+c.ramping > 0 {
 		class = "warn"
@@ -349,7 +361,7 @@ func (c pageCounts) summary() ([]pageCount, string) {
 		class, text string
 	}{
 		{c.drain, "drain", "draining"}, {c.maint, "maint", "in maint"}, {c.ramping, "ramping", "ramping"},
-		{c.weight, "weight", "at a set weight"}, {c.withheld, "withheld", "withheld (no answer)"},
+		{c.weight, "weight", "at a set weight"}, {c.zero, "drain", "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld", "withheld (no answer)"},
 	} {
 		if p.n > 0 {
 			out = append(out, pageCount{p.class, fmt.Sprintf("%d %s", p.n, p.text)})
@@ -363,7 +375,7 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 	for _, p := range []struct {
 		n    int
 		text string
-	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.withheld, "withheld"}} {
+	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.zero, "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld"}} {
 		if p.n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.text))
 		}
@@ -379,7 +391,7 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 		h.Text = fmt.Sprintf("all %s ready at full weight", plural(c.servers, "server", "servers"))
 	default:
 		h.Class = "warn"
-		h.Text = fmt.Sprintf("%d of %s ready: %s", c.ready+c.weight+c.ramping, plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
+		h.Text = fmt.Sprintf("%d of %s ready: %s", c.inRotation(), plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
 	}
 	if banner {
 		h.Class = "bad"
@@ -397,20 +409,20 @@ func plural(n int, one, many string) string {
 // pageRowOf classifies one server row and renders its times at now.
 func pageRowOf(now time.Time, s api.ServerState) pageRow {
 	r := pageRow{ServerState: s, Wildcard: s.Server == "*"}
-	switch {
-	case s.Withheld:
+	switch s.Kind {
+	case api.KindWithheld:
 		r.Class, r.Label = "withheld", "withheld"
-	case s.Answer == "drain":
+	case api.KindDrain:
 		r.Class, r.Label = "drain", "drain"
-	case s.Answer == "maint":
+	case api.KindMaint:
 		r.Class, r.Label = "maint", "maint"
 	default:
-		w, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(s.Answer, "ready "), "%"))
+		w := s.Weight
 		r.HasWeight, r.Weight, r.BarPct, r.Over = true, w, min(w, 100), w > 100
-		switch {
-		case s.Ramping != nil:
+		switch s.Kind {
+		case api.KindRamping:
 			r.Class, r.Label = "ramping", "ramping"
-		case w != 100:
+		case api.KindWeight:
 			r.Class, r.Label = "weight", "weight"
 		default:
 			r.Class, r.Label = "ready", "ready"

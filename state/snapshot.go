@@ -285,20 +285,23 @@ func (s *Snapshot) Targets() []Target {
 	return out
 }
 
-// Kinds of effective state, as Resolution.Kind names them.
+// Kind is a kind of effective state, as Resolution.Kind names it.
+type Kind string
+
+// The kinds of effective state.
 const (
-	KindReady    = "ready"    // ready 100% without a ramp: the default
-	KindDrain    = "drain"    // drain
-	KindMaint    = "maint"    // maint
-	KindWeight   = "weight"   // an explicit N%
-	KindRamping  = "ramping"  // ready, its weight set by an undrain ramp
-	KindWithheld = "withheld" // no answer: invalid key without a last valid value
+	KindReady    Kind = "ready"    // ready 100% without a ramp: the default
+	KindDrain    Kind = "drain"    // drain
+	KindMaint    Kind = "maint"    // maint
+	KindWeight   Kind = "weight"   // an explicit N%
+	KindRamping  Kind = "ramping"  // ready, its weight set by an undrain ramp
+	KindWithheld Kind = "withheld" // no answer: invalid key without a last valid value
 )
 
 // Kind names the server's effective state: KindDrain, KindMaint,
 // KindWeight, KindRamping, KindWithheld, or KindReady for the default
 // (ready 100%, no ramp; an explicit "ready" or "100%" key included).
-func (r Resolution) Kind() string {
+func (r Resolution) Kind() Kind {
 	a := r.Answer
 	switch {
 	case a.Withheld:

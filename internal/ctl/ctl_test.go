@@ -1,9 +1,11 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -22,13 +24,14 @@ func TestParseSelectors(t *testing.T) {
 		want string // joined selectors, or the error substring after "ERR:"
 	}{
 		{[]string{"web/a", "web/*", "web/a"}, "web/a web/*"},
-		{[]string{"web"}, "ERR:not <backend>/<server>"},
+		{[]string{"web"}, "web/*"},
+		{[]string{"canary_web/web 3"}, "canary_web/web 3"},
+		{[]string{"a/b\tc"}, "ERR:consul kv delete '<kv-prefix>state/a/b\tc'"},
 		{[]string{"canary_*/*", "*/gke-cny-web", "*/*-us-east1-b"}, "canary_*/* */gke-cny-web */*-us-east1-b"},
 		{nil, "ERR:at least one"},
 		{[]string{"web/"}, "ERR:not <backend>/<server>"},
 		{[]string{"/a"}, "ERR:not <backend>/<server>"},
-		{[]string{"a/b/c"}, "ERR:not <backend>/<server>"},
-		{[]string{"a/b c"}, "ERR:not <backend>/<server>"},
+		{[]string{"a/b/c"}, "ERR:more than one '/'; if it is a key in KV, no agent request can name it: remove it with `consul kv delete '<kv-prefix>state/a/b/c'`"},
 		{[]string{"web/[a"}, "ERR:bad glob"},
 	} {
 		got, err := ParseSelectors(tt.args)
@@ -96,12 +99,13 @@ func TestParseWeight(t *testing.T) {
 func fleet() *api.StateView {
 	row := func(b, s, answer string, polled int, key string) api.ServerState {
 		r := api.ServerState{Backend: b, Server: s, Answer: answer, Polled: polled, Told: polled, Source: "absent"}
+		r.Kind, r.Weight = kindOf(answer)
 		if key != "" {
 			r.Key, r.Source, r.Desired = "state/"+b+"/"+key, "state/"+b+"/"+key, answer
 		}
 		return r
 	}
-	return &api.StateView{HoldsState: true, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}},
+	return &api.StateView{HoldsState: true, KV: api.KVStatus{KVView: api.KVView{Synced: true}}, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}},
 		Servers: []api.ServerState{
 			row("canary_api", "*", "drain", 0, "*"),
 			row("canary_api", "api-1", "drain", 2, "*"),
@@ -115,6 +119,20 @@ func fleet() *api.StateView {
 			row("main_web", "m-2", "ready 100%", 2, ""),
 			row("main_web", "m-3", "maint", 0, "m-3"),
 		}}
+}
+
+// kindOf is the kind and weight a replica gives a row with answer (no ramp).
+func kindOf(answer string) (api.Kind, int) {
+	switch answer {
+	case "drain":
+		return api.KindDrain, 0
+	case "maint":
+		return api.KindMaint, 0
+	case "ready 100%":
+		return api.KindReady, 100
+	}
+	w, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(answer, "ready "), "%"))
+	return api.KindWeight, w
 }
 
 func planKeys(p Plan) string {
@@ -137,19 +155,51 @@ func TestPlanWrite(t *testing.T) {
 		want      string // keys ("-" for a delete), or "ERR:" and the error text
 		note      string // in the plan's notes
 		noFleet   bool
+		value     string // the value written ("": {"state":"<cmd>"})
+		edit      func(*api.StateView)
 	}{
 		{name: "one server", cmd: "drain", args: []string{"canary_web/web-1"}, want: "canary_web/web-1"},
-		{name: "backend-wide names who keeps its own key", cmd: "drain", args: []string{"canary_web/*"}, want: "canary_web/*",
-			note: "canary_web/* does not reach servers with their own key: web-2 keeps ready 50%"},
+		{name: "backend-wide drain that a server would escape is refused", cmd: "drain", args: []string{"canary_web/*"},
+			want: "ERR:refused, nothing was written: canary_web/* would not reach servers with their own key: web-2 keeps ready 50%; add --override to clear their keys in the same transaction, or --keep-own"},
+		{name: "backend-wide with keep-own names who keeps its own key", cmd: "drain", args: []string{"canary_web/*"}, want: "canary_web/*",
+			o: WriteOptions{KeepOwn: true}, note: "canary_web/* does not reach servers with their own key: web-2 keeps ready 50% (--keep-own)"},
+		{name: "backend-wide maint escaped by a drained own key", cmd: "maint", args: []string{"canary_api/*", "main_web"},
+			o: WriteOptions{Override: true}, want: "canary_api/* main_web/* -main_web/m-3"},
+		{name: "backend-wide drain: a server in maint does not escape it", cmd: "drain", args: []string{"main_web"}, want: "main_web/*",
+			note: "main_web/* does not reach servers with their own key: m-3 keeps maint; add --override"},
+		{name: "backend-wide weight 0% is a drain", cmd: "weight", value: "0%", args: []string{"canary_web"}, want: "ERR:web-2 keeps ready 50%"},
+		{name: "backend-wide weight 50% only notes", cmd: "weight", value: "50%", args: []string{"canary_web"}, want: "canary_web/*",
+			note: "web-2 keeps ready 50%"},
 		{name: "backend-wide with override clears them in the same transaction", cmd: "drain", args: []string{"canary_web/*"},
 			o: WriteOptions{Override: true}, want: "canary_web/* -canary_web/web-2"},
-		{name: "canary drain: one wildcard per known backend", cmd: "drain", args: []string{"canary_*/*"}, want: "canary_api/* canary_web/*"},
+		{name: "canary drain: one wildcard per known backend", cmd: "drain", args: []string{"canary_*/*"}, o: WriteOptions{KeepOwn: true},
+			want: "canary_api/* canary_web/*"},
+		{name: "canary drain that a canary escapes is refused", cmd: "drain", args: []string{"canary_*/*"}, want: "ERR:canary_web/* would not reach"},
 		{name: "one server across backends", cmd: "drain", args: []string{"*/gke-cny-web"}, want: "main_api/gke-cny-web main_web/gke-cny-web"},
 		{name: "zonal drain", cmd: "drain", args: []string{"*/*-us-east1-b"}, want: "main_api/x-us-east1-b"},
 		{name: "a glob that matches nothing", cmd: "drain", args: []string{"canary_wbe*/*"}, want: "ERR:no server matches 'canary_wbe*/*'; known backends: canary_api, canary_web, main_api, main_web"},
 		{name: "a server glob that matches nothing", cmd: "drain", args: []string{"*/nope-*"}, want: "ERR:no server matches '*/nope-*'"},
-		{name: "a server no HAProxy polls", cmd: "drain", args: []string{"canary_web/web1"},
-			want: "ERR:no HAProxy has polled canary_web/web1 in the last 1m0s (a typo?); known servers of canary_web: web-1, web-2; add --force"},
+		{name: "a server the cluster does not know", cmd: "drain", args: []string{"canary_web/web1"},
+			want: "ERR:no server matches 'canary_web/web1': no HAProxy has polled canary_web/web1 in the last 1m0s and it has no key (a typo?); known servers of canary_web: web-1, web-2; add --force"},
+		{name: "a server no HAProxy polls", cmd: "drain", args: []string{"main_web/m-3"},
+			want: "ERR:no HAProxy has polled main_web/m-3 in the last 1m0s (a typo?); known servers of main_web: gke-cny-web, m-1, m-2, m-3; add --force"},
+		{name: "a server of a backend the cluster does not know", cmd: "drain", args: []string{"canery_web/web-1"},
+			want: "ERR:no server matches 'canery_web/web-1'; known backends: canary_api, canary_web, main_api, main_web (add --force"},
+		{name: "the backend alone", cmd: "drain", args: []string{"canary_api"}, want: "canary_api/*"},
+		{name: "weight 0% of the last ready servers is refused", cmd: "weight", value: "0%", args: []string{"canary_web/web-1", "canary_web/web-2"},
+			want: "ERR:canary_web would have 0 ready of the servers HAProxy polls (now 2), fewer than --min-ready 1 (a server at 0% is not ready"},
+		{name: "weight 25% is not refused for min-ready", cmd: "weight", value: "25%", args: []string{"canary_web/web-1", "canary_web/web-2"},
+			want: "canary_web/web-1 canary_web/web-2"},
+		{name: "a server at 0% is not ready for min-ready", cmd: "drain", args: []string{"canary_web/web-1"}, want: "ERR:canary_web would have 0 ready",
+			edit: func(v *api.StateView) {
+				v.Servers[3].Kind, v.Servers[3].Weight, v.Servers[3].Answer = api.KindWeight, 0, "ready 0%"
+			}},
+		{name: "ready deletes a key no backend-wide key covers", cmd: "ready", args: []string{"canary_web/web-2"}, want: "-canary_web/web-2"},
+		{name: "ready with a ramp keeps the key", cmd: "ready", value: `{"state":"ready","ramp":"10m"}`, args: []string{"canary_web/web-2"},
+			want: "canary_web/web-2", note: "--ramp lives in its key"},
+		{name: "ready under a backend-wide key writes ready and says so", cmd: "ready", args: []string{"canary_api/api-1"}, want: "canary_api/api-1",
+			note: "canary_api/api-1: written as ready under canary_api/* (drain), so it now stays out of backend-wide drains and maints"},
+		{name: "ready of a backend deletes its backend-wide key", cmd: "ready", args: []string{"canary_api"}, want: "-canary_api/*"},
 		{name: "forced", cmd: "drain", args: []string{"canary_web/web1"}, o: WriteOptions{Force: true}, want: "canary_web/web1"},
 		{name: "the last ready server", cmd: "drain", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
 			want: "ERR:main_web would have 0 ready of the servers HAProxy polls (now 3), fewer than --min-ready 1"},
@@ -160,7 +210,7 @@ func TestPlanWrite(t *testing.T) {
 			want: "ERR:main_web would have 2 ready"},
 		{name: "a backend-wide drain may empty the backend", cmd: "drain", args: []string{"main_web/*"}, want: "main_web/* -main_web/m-3",
 			o: WriteOptions{Override: true}},
-		{name: "ready is never refused for min-ready", cmd: "ready", args: []string{"canary_api/api-1"}, want: "canary_api/api-1"},
+		{name: "ready is never refused for min-ready", cmd: "ready", args: []string{"canary_api/api-1", "main_web/m-1"}, want: "canary_api/api-1 -main_web/m-1"},
 		{name: "clear expands against keys only", cmd: "clear", args: []string{"main_web/*", "*/m-*"}, want: "-main_web/* -main_web/m-3"},
 		{name: "no replica: literal keys with --force", cmd: "drain", args: []string{"web/a"}, o: WriteOptions{Force: true}, noFleet: true, want: "web/a"},
 		{name: "no replica: no globs", cmd: "drain", args: []string{"web/a-*"}, o: WriteOptions{Force: true}, noFleet: true, want: "ERR:needs the servers the cluster knows"},
@@ -171,11 +221,14 @@ func TestPlanWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			o := tt.o
-			o.Command, o.Value, o.Prefix = tt.cmd, `{"state":"`+tt.cmd+`"}`, "hastate/"
+			o.Command, o.Value, o.Prefix = tt.cmd, cmp.Or(tt.value, `{"state":"`+tt.cmd+`"}`), "hastate/"
 			if o.MinReady == 0 {
 				o.MinReady = 1
 			}
 			f := fleet()
+			if tt.edit != nil {
+				tt.edit(f)
+			}
 			if tt.noFleet {
 				f = nil
 			}
@@ -183,6 +236,10 @@ func TestPlanWrite(t *testing.T) {
 			if want, ok := strings.CutPrefix(tt.want, "ERR:"); ok {
 				if err == nil || !strings.Contains(err.Error(), want) {
 					t.Fatalf("err = %v, want %q", err, want)
+				}
+				// Issue 15.5: matching nothing is exit 3 in every command.
+				if noMatch := strings.Contains(want, "no server matches"); errors.Is(err, ErrNoMatch) != noMatch {
+					t.Fatalf("err = %v: ErrNoMatch %v, want %v", err, errors.Is(err, ErrNoMatch), noMatch)
 				}
 				return
 			}
@@ -205,14 +262,14 @@ func TestPlanWrite(t *testing.T) {
 		f.Servers = append(f.Servers, api.ServerState{Backend: "big", Server: "s" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Polled: 1, Answer: "ready 100%"})
 	}
 	sels, _ := ParseSelectors([]string{"big/s*", "canary_web/web-1"})
-	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
+	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
 		t.Errorf("%d keys: %v, want a refusal with advice", MaxTxnKeys+1, err)
 	}
 	// A replica did not answer: refused unless --force.
 	f = fleet()
 	f.Replicas[1] = api.ReplicaAnswer{ID: "n2", Error: "connection refused"}
 	sels, _ = ParseSelectors([]string{"canary_*/*"})
-	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Prefix: "hastate/"}); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "replica n2 unreachable") {
+	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/"}); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "replica n2 unreachable") {
 		t.Errorf("with n2 unreachable: %v, want cannot confirm naming n2", err)
 	}
 }
@@ -260,11 +317,20 @@ func TestPrecheckFollowsTheDeployContract(t *testing.T) {
 		{"maint passes", "main_web/m-3", nil, "ok"},
 		{"one drained", "canary_*/*", nil, "block:canary_api/api-1 is drained"},
 		{"one ramping", "canary_web/*", func(v *api.StateView) {
-			v.Servers[2].Ramping = &api.RampProgress{WeightPercent: 40}
+			v.Servers[2].Ramping, v.Servers[2].Kind, v.Servers[2].Weight = &api.RampProgress{WeightPercent: 40}, api.KindRamping, 40
 		}, "block:canary_web/web-1 is ramping: 40%"},
 		{"an invalid key with no valid value", "canary_web/web-1", func(v *api.StateView) {
-			v.Servers[2].Withheld, v.Servers[2].Error = true, "invalid value"
+			v.Servers[2].Withheld, v.Servers[2].Error, v.Servers[2].Kind = true, "invalid value", api.KindWithheld
 		}, "block:cannot confirm"},
+		// Issue 15.3: 0% is DRAIN in HAProxy.
+		{"one at 0%", "canary_web", func(v *api.StateView) {
+			v.Servers[3].Answer, v.Servers[3].Kind, v.Servers[3].Weight = "ready 0%", api.KindWeight, 0
+		}, "block:canary_web/web-2 is at 0% (HAProxy shows it as DRAIN)"},
+		{"a weight above 0% passes", "canary_web", nil, "ok"},
+		// Issue 15.6: a backend-wide key is not a server.
+		{"a drained backend-wide key is not counted", "canary_api", nil, "count:1 block:canary_api/api-1 is drained"},
+		{"a backend with only a backend-wide key matches no server", "canary_api", func(v *api.StateView) { v.Servers = v.Servers[:1] },
+			"ERR:no server matches 'canary_api/*'"},
 		{"nothing matched", "canary_wbe/web-1", nil, "ERR:no server matches 'canary_wbe/web-1'; known backends: canary_api, canary_web"},
 		{"a replica down", "canary_web/*", func(v *api.StateView) {
 			v.Replicas[1] = api.ReplicaAnswer{ID: "n2", Error: "i/o timeout"}
@@ -280,8 +346,17 @@ func TestPrecheckFollowsTheDeployContract(t *testing.T) {
 				tt.edit(v)
 			}
 			sels, _ := ParseSelectors([]string{tt.sel})
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
 			n, blocking, err := Precheck(ctx, fakeGate(t, v, sels))
-			switch kind, text, _ := strings.Cut(tt.want, ":"); kind {
+			want := tt.want
+			if c, rest, ok := strings.Cut(want, " "); ok && strings.HasPrefix(c, "count:") {
+				if got := fmt.Sprint(n); got != strings.TrimPrefix(c, "count:") {
+					t.Fatalf("precheck checked %d servers, want %s (%v)", n, c, blocking)
+				}
+				want = rest
+			}
+			switch kind, text, _ := strings.Cut(want, ":"); kind {
 			case "ok":
 				if err != nil || len(blocking) > 0 || n == 0 {
 					t.Fatalf("precheck = %d %v %v, want ok", n, blocking, err)

@@ -94,6 +94,17 @@ func Select(rows []api.ServerState, sels ...Selector) []api.ServerState {
 	return out
 }
 
+// Matched fails with ErrNoMatch, naming the known backends, for the first
+// selector that matches none of rows.
+func Matched(rows []api.ServerState, sels []Selector) error {
+	for _, sel := range sels {
+		if len(Select(rows, sel)) == 0 {
+			return noMatch(sel, rows)
+		}
+	}
+	return nil
+}
+
 // noMatch is the exit-3 error for a selector that matched nothing, with
 // the backends the cluster knows.
 func noMatch(sel Selector, rows []api.ServerState) error {
