@@ -10,9 +10,11 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
@@ -510,5 +512,189 @@ func TestWaitIgnoresAManualProbe(t *testing.T) {
 				t.Fatalf("wait: %v, want it to wait for %q", err, tt.lag)
 			}
 		})
+	}
+}
+
+// scriptedReplica is a replica at Consul index 5 whose /v1/state is
+// view(n) at its n-th read (from 0) and whose pollers are none.
+func scriptedReplica(t *testing.T, view func(n int) *api.StateView) *Replica {
+	t.Helper()
+	var (
+		mu sync.Mutex
+		n  int
+	)
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
+		case "/v1/pollers":
+			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: []api.Poll{}, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}}})
+		default:
+			mu.Lock()
+			v := view(n)
+			n++
+			mu.Unlock()
+			_ = json.NewEncoder(w).Encode(v)
+		}
+	}))
+	t.Cleanup(replica.Close)
+	return replicaAt(t, replica.URL)
+}
+
+// Issue 15.8: right after a replica starts (it has applied the current
+// index, but no leader has reported a KV sync to it yet), precheck waits
+// within --timeout instead of failing; a Consul that is really out of
+// sync still fails at once.
+func TestPrecheckWaitsOutAReplicasStartUp(t *testing.T) {
+	starting := func(n int) *api.StateView {
+		v := fleet()
+		if n < 3 {
+			v.KV = api.KVStatus{KVView: api.KVView{Warning: "Consul not synced: no leader has mirrored KV in the 1s since this replica started"}}
+		}
+		return v
+	}
+	g := fakeGate(t, fleet(), []Selector{{"canary_web", "*"}})
+	g.Replica = scriptedReplica(t, starting)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if n, blocking, err := Precheck(ctx, g); err != nil || len(blocking) != 0 || n != 2 {
+		t.Fatalf("precheck during a replica's start-up: %d %v %v, want ok for 2 servers", n, blocking, err)
+	}
+
+	g.Replica = scriptedReplica(t, func(int) *api.StateView {
+		v := fleet()
+		v.KV.Warning = "Consul not synced for 42s: the leader n2 cannot read it"
+		return v
+	})
+	start := time.Now()
+	if _, _, err := Precheck(ctx, g); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "cannot read it") {
+		t.Fatalf("precheck with Consul out of sync: %v, want cannot confirm", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("precheck with Consul out of sync took %s; it is not a start-up state to wait out", took)
+	}
+}
+
+// Issue 15.7: wait --settled also waits until no selected server is
+// ramping or expires before the timeout; without it wait returns once
+// every HAProxy was told.
+func TestWaitSettled(t *testing.T) {
+	ramping := func(n int) *api.StateView {
+		v := fleet()
+		if n < 4 {
+			r := &v.Servers[2] // canary_web/web-1
+			r.Ramping, r.Kind, r.Weight, r.Answer = &api.RampProgress{WeightPercent: 10 * (n + 1)}, api.KindRamping, 10*(n+1), fmt.Sprintf("ready %d%%", 10*(n+1))
+		}
+		return v
+	}
+	soon := time.Now().Add(500 * time.Millisecond)
+	for _, tt := range []struct {
+		name    string
+		settled bool
+		view    func(int) *api.StateView
+		want    string // "" done, else what it still waits for
+	}{
+		{"not settled", false, ramping, ""},
+		{"settled waits for the ramp", true, ramping, ""},
+		{"settled and a ramp that does not end", true, func(int) *api.StateView { return ramping(0) }, "canary_web/web-1 is ramping: 10%"},
+		{"settled and an expiry before the timeout", true, func(int) *api.StateView {
+			v := fleet()
+			v.Servers[2].Until = &soon
+			return v
+		}, "canary_web/web-1 expire"}, // expires at, then expired at (the leader never applies it here)
+		{"settled and an expiry after the timeout", true, func(int) *api.StateView {
+			v := fleet()
+			until := time.Now().Add(time.Hour)
+			v.Servers[2].Until = &until
+			return v
+		}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := fakeGate(t, fleet(), []Selector{{"canary_web", "web-1"}})
+			g.Replica, g.Settled, g.Interval = scriptedReplica(t, tt.view), tt.settled, 20*time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			var out strings.Builder
+			g.Out = &out
+			err := Wait(ctx, g)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("wait: %v, want done", err)
+			case tt.want != "" && (!errors.Is(err, ErrNotDone) || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("wait: %v, want it to wait for %q", err, tt.want)
+			case tt.settled && tt.name == "settled waits for the ramp" && !strings.Contains(out.String(), "is ramping"):
+				t.Fatalf("wait --settled returned without waiting for the ramp; progress: %q", out.String())
+			}
+		})
+	}
+}
+
+// Issue 15.9: with Consul unreachable a write says nothing was written and
+// does not suggest --force, which cannot help; the "replica unreachable"
+// hint does not send the operator to the raft address.
+func TestHintsThatDoNotMislead(t *testing.T) {
+	dead := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	wr, err := NewWriter(dead, "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = Write(ctx, WriteRequest{WriteOptions: WriteOptions{Command: "drain", Value: "drain", MinReady: 1},
+		Selectors: []Selector{{"canary_web", "web-1"}}, Writer: wr, Replica: pollsReplica(t, nil)})
+	if err == nil || strings.Contains(err.Error(), "--force") || !strings.Contains(err.Error(), "nothing was written") || !strings.Contains(err.Error(), dead) {
+		t.Fatalf("write with Consul unreachable: %v; want it to name Consul, say nothing was written, and not suggest --force", err)
+	}
+	err = Missing([]api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n3", Error: "dial tcp 127.0.0.1:9779: connect: connection refused"}})
+	if !errors.Is(err, ErrCannotConfirm) || strings.Contains(err.Error(), "--addr <it>") || !strings.Contains(err.Error(), "HTTP address") || !strings.Contains(err.Error(), "9778") {
+		t.Fatalf("Missing: %v; want a hint at the replica's HTTP address, not the raft one in the error", err)
+	}
+}
+
+// Issue 18.5: the gates read Consul's index of the prefix without listing
+// it, and the index is the one a recursive read of the prefix (the
+// leader's watch) reports: writes and deletes under the prefix raise it,
+// writes elsewhere do not.
+func TestConsulIndexIsThePrefixIndex(t *testing.T) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	kv := consul.Client(t).KV()
+	w, err := NewWriter(consul.Addr(), "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: "hastate/"}
+	ctx := context.Background()
+	check := func(step string) uint64 {
+		t.Helper()
+		got, err := g.consulIndex(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, meta, err := kv.List("hastate/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != meta.LastIndex {
+			t.Fatalf("%s: consulIndex %d, a recursive read of the prefix %d", step, got, meta.LastIndex)
+		}
+		return got
+	}
+	put := func(k string) {
+		if _, err := kv.Put(&consulapi.KVPair{Key: k, Value: []byte("drain")}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("hastate/state/web/a")
+	i1 := check("one key")
+	put("other/x")
+	if i := check("a write outside the prefix"); i != i1 {
+		t.Errorf("a write outside the prefix moved the index %d -> %d", i1, i)
+	}
+	put("hastate/state/web/b")
+	if _, err := kv.Delete("hastate/state/web/b", nil); err != nil {
+		t.Fatal(err)
+	}
+	if i := check("a delete under the prefix"); i <= i1 {
+		t.Errorf("a delete under the prefix left the index at %d", i)
 	}
 }

@@ -77,7 +77,9 @@ func Missing(answers []api.ReplicaAnswer) error {
 	if len(miss) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s: what only it saw is missing; check that replica (hastate status --addr <it>), or retry", ErrCannotConfirm, strings.Join(miss, "; "))
+	return fmt.Errorf("%w: %s: what only it saw is missing; retry, or check that replica with "+
+		"hastate status --addr <its HTTP address> (port 9778 by default; an address in the error above is its raft port, which the replicas ask each other on)",
+		ErrCannotConfirm, strings.Join(miss, "; "))
 }
 
 // Select returns the rows that match any of the selectors.
