@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -185,10 +186,10 @@ func TestE2EPartition(t *testing.T) {
 	// The old leader stops acting as leader: without contact with a quorum
 	// for the leader lease it steps down.
 	var oldInfo ClusterInfo
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		oldInfo = old.Cluster(t)
-		return oldInfo.State != "leader"
-	}, func() string { return fmt.Sprintf("isolated %s still says it leads: %+v", old.NodeID, oldInfo) })
+		return testenv.Expect(oldInfo.State != "leader", "isolated %s still says it leads: %+v", old.NodeID, oldInfo)
+	})
 	stepDown := time.Since(cutAt)
 	next, seen := firstLeader(t, 15*time.Second, majority...)
 	WaitLeader(t, 10*time.Second, majority...)
@@ -605,8 +606,10 @@ func TestE2EShutdownDelay(t *testing.T) {
 	survivors := others(hs, leader)
 
 	sent := leader.Signal(t, syscall.SIGTERM)
-	eventually(t, time.Second, func() bool { code, _ := leader.Readiness(t); return code == 503 },
-		func() string { return fmt.Sprintf("%s still ready after SIGTERM", leader.NodeID) })
+	testenv.Eventually(t, time.Second, func() error {
+		code, _ := leader.Readiness(t)
+		return testenv.Expect(code == 503, "%s still ready after SIGTERM", leader.NodeID)
+	})
 	unready := time.Since(sent)
 	next := WaitLeader(t, 2*time.Second, survivors...)
 	led := time.Since(sent)
@@ -635,12 +638,21 @@ func TestE2EShutdownDelay(t *testing.T) {
 	// A second signal cuts the delay short.
 	f := others(survivors, next)[0]
 	sent = f.Signal(t, syscall.SIGTERM)
-	eventually(t, time.Second, func() bool { code, _ := f.Readiness(t); return code == 503 },
-		func() string { return fmt.Sprintf("%s still ready after SIGTERM", f.NodeID) })
+	testenv.Eventually(t, time.Second, func() error {
+		code, _ := f.Readiness(t)
+		return testenv.Expect(code == 503, "%s still ready after SIGTERM", f.NodeID)
+	})
 	f.Signal(t, syscall.SIGTERM)
 	if code, took := f.Wait(t, sent); code != 0 || took >= delay {
 		t.Errorf("%s after two SIGTERMs: exit code %d after %s; want 0, before the %s delay", f.NodeID, code, took, delay)
 	} else {
 		t.Logf("%s after two SIGTERMs: exit code 0 after %s", f.NodeID, took.Round(time.Millisecond))
+	}
+	// A clean shutdown closes raft's inbound connections under it: raft's
+	// failed read on them is no error.
+	for _, h := range []*Hastate{leader, f} {
+		if l := h.LogLine(t, "use of closed network connection"); strings.Contains(l, `"level":"error"`) {
+			t.Errorf("%s logged an error at a clean shutdown: %s", h.NodeID, l)
+		}
 	}
 }
