@@ -300,7 +300,6 @@ func TestAdminString(t *testing.T) {
 	}
 }
 
-
 // Callers branch on ErrAboveMax, not on the message's text.
 func TestParsePercentAboveMaxIsTyped(t *testing.T) {
 	if _, err := state.ParsePercent("300%", state.MaxWeight); !errors.Is(err, state.ErrAboveMax) || err.Error() != "300% is above 256%: want 0% to 256%" {
