@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -37,6 +38,8 @@ func usageError(c *cobra.Command, err error) error {
 
 func statusCmd(stdout io.Writer) *cobra.Command {
 	var addr, output string
+	var withHAProxy bool
+	var pf promFlags
 	c := &cobra.Command{
 		Use:   "status [<selector>...]",
 		Short: "Show desired state and the answer each server gets, over the whole cluster",
@@ -48,10 +51,14 @@ nodes polling it were told that answer, then counts the servers in and out
 of rotation (drain, maint, 0% and withheld are out). Selectors are read as
 in every command (backend alone is backend/*); one that matches nothing
 exits 3 and lists the known backends. Warnings (Consul not in sync, a
-replica that did not answer) go to stderr.`,
+replica that did not answer) go to stderr.
+
+--haproxy adds what HAProxy itself reports, read from Prometheus, against
+what it was told (the column of hastate verify, which explains each).`,
 		Example: `  hastate status
   HASTATE_ADDR=hastate.internal:9778 hastate status 'canary_*/*'
-  hastate status canary_web -o json`,
+  hastate status canary_web -o json
+  hastate status canary_web --haproxy --prometheus http://prometheus:9090`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			if output != "table" && output != "json" {
@@ -89,19 +96,33 @@ replica that did not answer) go to stderr.`,
 				}
 			}
 			rows := ctl.Select(v.Servers, sels...)
+			var hapCol map[string]string
+			var hapRows map[string][]ctl.VerifyRow
+			if withHAProxy {
+				hapCol, hapRows = haproxyColumn(c.Context(), &pf, addr, &v, sels, c.ErrOrStderr())
+			}
 			if output == "json" {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
+				if withHAProxy {
+					return enc.Encode(withHAProxyRows(rows, hapRows))
+				}
 				if rows == nil {
 					rows = []api.ServerState{}
 				}
 				return enc.Encode(rows)
 			}
-			return printStatus(stdout, rows, v.InvalidKeys)
+			var hap func(api.ServerState) string
+			if withHAProxy {
+				hap = func(r api.ServerState) string { return cmp.Or(hapCol[r.Backend+"/"+r.Server], "?") }
+			}
+			return printStatus(stdout, rows, v.InvalidKeys, hap)
 		},
 	}
 	replicaFlag(c, &addr)
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
+	c.Flags().BoolVar(&withHAProxy, "haproxy", false, "add a column with what HAProxy reports through Prometheus, as hastate verify compares it")
+	pf.add(c)
 	return c
 }
 
@@ -111,9 +132,13 @@ const statusTime = "Jan 2 15:04:05 MST"
 // printStatus writes the status table, the servers in and out of
 // rotation, the invalid keys that name no server, and the value grammar
 // once if a row's problem is an invalid value.
-func printStatus(w io.Writer, rows, invalidKeys []api.ServerState) error {
+func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.ServerState) string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
+	fmt.Fprint(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
+	if hap != nil {
+		fmt.Fprint(tw, "\tHAPROXY")
+	}
+	fmt.Fprintln(tw)
 	grammar := false
 	problem := func(msg string) string {
 		if short, ok := strings.CutSuffix(msg, "; valid forms: "+state.ValidForms); ok {
@@ -151,8 +176,12 @@ func printStatus(w io.Writer, rows, invalidKeys []api.ServerState) error {
 		if r.Since != nil {
 			since = ago(time.Since(*r.Since))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
 			until, r.Told, r.Polled, r.Reason, r.By, strings.Join(problems, "; "))
+		if hap != nil {
+			fmt.Fprint(tw, "\t"+hap(r))
+		}
+		fmt.Fprintln(tw)
 		if r.Server == state.Wildcard {
 			continue
 		}
@@ -196,7 +225,8 @@ func printStatus(w io.Writer, rows, invalidKeys []api.ServerState) error {
 func waitCmd(stdout io.Writer) *cobra.Command {
 	var cf consulFlags
 	var addr string
-	var settled bool
+	var settled, idle bool
+	var pf promFlags
 	c := &cobra.Command{
 		Use:   "wait <selector>...",
 		Short: "Wait until every HAProxy polling the selected servers was told their current answer",
@@ -210,10 +240,17 @@ on any replica, was last told that server's current answer. A manual probe
 it also waits until no selected server is ramping or expires (--for) before
 --timeout runs out.
 
+With --idle it then waits until every HAProxy reports no current session on
+each selected server, in a sample scraped after every HAProxy was told,
+naming the servers and HAProxy instances that still hold sessions.
+` + promHelp + `
+
 Exit 0 when done; 1 on timeout, naming what lags (an HAProxy, a replica that
-does not answer, a ramp); 3 when a selector matches no server.`,
+does not answer, a ramp, sessions), or when it cannot confirm; 3 when a
+selector matches no server.`,
 		Example: `  hastate drain 'canary_*/*' --reason deploy && hastate wait 'canary_*/*' --timeout 1m
-  hastate ready canary_web && hastate wait canary_web --settled --timeout 10m   # until the ramp is done`,
+  hastate ready canary_web && hastate wait canary_web --settled --timeout 10m   # until the ramp is done
+  hastate wait canary_web/gke-cny-web --idle --timeout 10m --prometheus http://prometheus:9090`,
 		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),
 		RunE: func(c *cobra.Command, args []string) error {
 			g, err := gate(cf, addr, args)
@@ -221,9 +258,18 @@ does not answer, a ramp); 3 when a selector matches no server.`,
 				return err
 			}
 			g.Out, g.Settled = c.ErrOrStderr(), settled
+			var prom *ctl.Prometheus
+			if idle {
+				if prom, err = pf.prometheus(); err != nil {
+					return err
+				}
+			}
 			start := time.Now()
 			if err := ctl.Wait(c.Context(), g); err != nil {
 				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
+			}
+			if idle {
+				return waitIdle(c.Context(), prom, g, stdout, args, start)
 			}
 			what := "was told the current answer"
 			if settled {
@@ -236,6 +282,8 @@ does not answer, a ramp); 3 when a selector matches no server.`,
 	cf.add(c)
 	replicaFlag(c, &addr)
 	c.Flags().BoolVar(&settled, "settled", false, "also wait until no selected server is ramping or expires before --timeout runs out")
+	c.Flags().BoolVar(&idle, "idle", false, "also wait until HAProxy reports no current session on each selected server (through Prometheus)")
+	pf.add(c)
 	return c
 }
 

@@ -147,6 +147,7 @@ ramps back up (--ramp sets the ramp for these keys; the key then stays).`,
 func setCmd(st string, stdout io.Writer) *cobra.Command {
 	var w writeFlags
 	h := setHelp[st]
+	var df drainFirstFlags
 	c := &cobra.Command{
 		Use:     st + " <selector>...",
 		Short:   h.short,
@@ -154,6 +155,9 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
 		Example: h.example,
 		Args:    argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector, e.g. canary_web/gke-cny-web"),
 		RunE: func(c *cobra.Command, args []string) error {
+			if df.on {
+				return drainFirst(c, &w, &df.prom, df.idleTimeout, stdout, args)
+			}
 			val, err := ctl.Value(st, ctl.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
 			if err != nil {
 				return err
@@ -162,6 +166,9 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
 		},
 	}
 	w.add(c, writeKind{audit: true, ramp: true, takesOut: st != "ready"})
+	if st == "maint" {
+		df.add(c)
+	}
 	return c
 }
 

@@ -238,34 +238,25 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	if err := Missing(fleet.Replicas); err != nil {
 		return []string{err.Error()}, nil
 	}
+	selected, err := selectedServers(fleet, o.Selectors)
+	if err != nil {
+		return nil, err
+	}
 	current := map[string]string{}
 	var unsettled []string
 	deadline, hasDeadline := ctx.Deadline()
-	for _, sel := range o.Selectors {
-		rows := Select(fleet.Servers, sel)
-		if len(rows) == 0 {
-			return nil, noMatch(sel, fleet.Servers)
+	for name, r := range selected {
+		current[name] = r.Answer
+		if !o.Settled {
+			continue
 		}
-		for _, r := range rows {
-			if r.Server == state.Wildcard {
-				continue
-			}
-			name := r.Backend + "/" + r.Server
-			if _, dup := current[name]; dup {
-				continue // matched by two selectors
-			}
-			current[name] = r.Answer
-			if !o.Settled {
-				continue
-			}
-			switch {
-			case r.Ramping != nil:
-				unsettled = append(unsettled, fmt.Sprintf("%s is ramping: %s", name, r.Ramping))
-			case r.Until != nil && !r.Until.After(time.Now()):
-				unsettled = append(unsettled, fmt.Sprintf("%s expired at %s; the leader has yet to apply it", name, r.Until.UTC().Format(time.RFC3339)))
-			case r.Until != nil && hasDeadline && r.Until.Before(deadline):
-				unsettled = append(unsettled, fmt.Sprintf("%s expires at %s, before --timeout runs out", name, r.Until.UTC().Format(time.RFC3339)))
-			}
+		switch {
+		case r.Ramping != nil:
+			unsettled = append(unsettled, fmt.Sprintf("%s is ramping: %s", name, r.Ramping))
+		case r.Until != nil && !r.Until.After(time.Now()):
+			unsettled = append(unsettled, fmt.Sprintf("%s expired at %s; the leader has yet to apply it", name, r.Until.UTC().Format(time.RFC3339)))
+		case r.Until != nil && hasDeadline && r.Until.Before(deadline):
+			unsettled = append(unsettled, fmt.Sprintf("%s expires at %s, before --timeout runs out", name, r.Until.UTC().Format(time.RFC3339)))
 		}
 	}
 	if len(unsettled) > 0 {
@@ -281,14 +272,7 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	}
 	// The latest poll of each (server, HAProxy) on any replica; a manual
 	// probe (a source that asked once, a while ago) is not waited for.
-	latest := map[[2]string]api.Poll{}
-	now := time.Now()
-	for _, p := range api.MergePolls(pv.Pollers) {
-		k := [2]string{p.Backend + "/" + p.Server, p.HAProxy}
-		if _, sel := current[k[0]]; sel && p.Polling(now) {
-			latest[k] = p
-		}
-	}
+	latest := latestPolls(pv, current)
 	var lag []string
 	for k, p := range latest {
 		if told := toldAnswer(p); told != current[k[0]] {
