@@ -698,3 +698,73 @@ func TestConsulIndexIsThePrefixIndex(t *testing.T) {
 		t.Errorf("a delete under the prefix left the index at %d", i)
 	}
 }
+
+// syncedReplica is a replica that has applied every Consul index and
+// serves v as /v1/state.
+func syncedReplica(t *testing.T, v *api.StateView) *Replica {
+	t.Helper()
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/cluster" {
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 1 << 50}})
+			return
+		}
+		_ = json.NewEncoder(w).Encode(v)
+	}))
+	t.Cleanup(replica.Close)
+	return replicaAt(t, replica.URL)
+}
+
+// Issue 18.3: a write command runs without cobra: wait for the sync, read
+// the fleet, plan, drop deletes of absent keys, apply; a dry run writes
+// nothing. Against a real Consul.
+func TestWriteOrchestration(t *testing.T) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	kv := consul.Client(t).KV()
+	wr, err := NewWriter(consul.Addr(), "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/canary_web/web-2", Value: []byte("50%")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	write := func(cmd, value string, dry bool, args ...string) (Plan, error) {
+		t.Helper()
+		sels, err := ParseSelectors(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Write(ctx, WriteRequest{WriteOptions: WriteOptions{Command: cmd, Value: value, MinReady: 1},
+			Selectors: sels, DryRun: dry, Writer: wr, Replica: syncedReplica(t, fleet())})
+	}
+	keys := func() string {
+		ks, _, err := kv.Keys("hastate/state/", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(ks, " ")
+	}
+	p, err := write("drain", "drain", true, "canary_web/web-1")
+	if err != nil || p.Written || planKeys(p) != "canary_web/web-1" || keys() != "hastate/state/canary_web/web-2" {
+		t.Fatalf("dry run: %+v %v, keys %q", p, err, keys())
+	}
+	var out strings.Builder
+	p.Report(&out)
+	if !strings.Contains(out.String(), "dry run, nothing written") {
+		t.Errorf("dry run report: %q", out.String())
+	}
+	if p, err = write("drain", "drain", false, "canary_web/web-1"); err != nil || !p.Written || keys() != "hastate/state/canary_web/web-1 hastate/state/canary_web/web-2" {
+		t.Fatalf("drain: %+v %v, keys %q", p, err, keys())
+	}
+	// ready of a server with its own key and no backend-wide key: deleted.
+	if p, err = write("ready", "ready", false, "canary_web/web-2"); err != nil || !p.Written || keys() != "hastate/state/canary_web/web-1" {
+		t.Fatalf("ready: %+v %v, keys %q", p, err, keys())
+	}
+	// ready of a server without a key: nothing to write, and it says so.
+	p, err = write("ready", "ready", false, "main_web/m-1")
+	out.Reset()
+	p.Report(&out)
+	if err != nil || p.Written || !strings.Contains(out.String(), "nothing to write") || !strings.Contains(out.String(), "already ready") {
+		t.Fatalf("ready of a server without a key: %v %q", err, out.String())
+	}
+}
