@@ -161,3 +161,23 @@ func TestHelpSaysWhatEachCommandDoes(t *testing.T) {
 		t.Errorf("ready --help shows drain's examples:\n%s", out.String())
 	}
 }
+
+// Issue 18.3: HASTATE_ADDR is bound once, by bindEnv, to the replica's
+// --addr; probe's --addr (the agent port) reads HASTATE_PROBE_ADDR instead.
+func TestEnvAddressesBoundOnce(t *testing.T) {
+	dead := "127.0.0.1:1"
+	t.Setenv("HASTATE_ADDR", dead)
+	var out bytes.Buffer
+	if code := run([]string{"status", "--timeout", "2s"}, &out, &out); code != 1 || !strings.Contains(out.String(), dead) {
+		t.Errorf("status with HASTATE_ADDR=%s: exit %d %q; want it to ask %s", dead, code, out.String(), dead)
+	}
+	out.Reset()
+	if code := run([]string{"probe", "web/a", "--timeout", "2s"}, &out, &out); strings.Contains(out.String(), dead) {
+		t.Errorf("probe with HASTATE_ADDR set: exit %d %q; want the agent port (127.0.0.1:9777), not the HTTP address", code, out.String())
+	}
+	t.Setenv("HASTATE_PROBE_ADDR", "127.0.0.1:2")
+	out.Reset()
+	if code := run([]string{"probe", "web/a", "--timeout", "2s"}, &out, &out); code != 1 || !strings.Contains(out.String(), "127.0.0.1:2") {
+		t.Errorf("probe with HASTATE_PROBE_ADDR: exit %d %q", code, out.String())
+	}
+}
