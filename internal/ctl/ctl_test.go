@@ -460,23 +460,6 @@ func TestWaitNamesWhatLags(t *testing.T) {
 	}
 }
 
-// pollsReplica is a replica at Consul index 5 that serves fleet() and polls.
-func pollsReplica(t *testing.T, polls []api.Poll) *Replica {
-	t.Helper()
-	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
-		case "/v1/pollers":
-			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}}})
-		default:
-			_ = json.NewEncoder(w).Encode(fleet())
-		}
-	}))
-	t.Cleanup(replica.Close)
-	return replicaAt(t, replica.URL)
-}
-
 // Issue 15.2: a source that asked once, longer than api.ProbeGrace ago (a
 // person's nc), is not waited for; an HAProxy that spread two checks over
 // two replicas is, and so is a source whose one ask is fresh (an HAProxy
@@ -515,20 +498,25 @@ func TestWaitIgnoresAManualProbe(t *testing.T) {
 	}
 }
 
-// scriptedReplica is a replica at Consul index 5 whose /v1/state is
-// view(n) at its n-th read (from 0) and whose pollers are none.
-func scriptedReplica(t *testing.T, view func(n int) *api.StateView) *Replica {
+// scriptedReplica is a replica that has applied Consul index synced,
+// whose /v1/state is view(n) at its n-th read (from 0) and whose
+// /v1/pollers is polls.
+func scriptedReplica(t *testing.T, synced uint64, polls []api.Poll, view func(n int) *api.StateView) *Replica {
 	t.Helper()
 	var (
 		mu sync.Mutex
 		n  int
 	)
+	if polls == nil {
+		polls = []api.Poll{}
+	}
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: synced}})
 		case "/v1/pollers":
-			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: []api.Poll{}, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}}})
+			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls,
+				Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}}})
 		default:
 			mu.Lock()
 			v := view(n)
@@ -539,6 +527,11 @@ func scriptedReplica(t *testing.T, view func(n int) *api.StateView) *Replica {
 	}))
 	t.Cleanup(replica.Close)
 	return replicaAt(t, replica.URL)
+}
+
+// pollsReplica is a replica at Consul index 5 that serves fleet() and polls.
+func pollsReplica(t *testing.T, polls []api.Poll) *Replica {
+	return scriptedReplica(t, 5, polls, func(int) *api.StateView { return fleet() })
 }
 
 // Issue 15.8: right after a replica starts (it has applied the current
@@ -554,14 +547,14 @@ func TestPrecheckWaitsOutAReplicasStartUp(t *testing.T) {
 		return v
 	}
 	g := fakeGate(t, fleet(), []Selector{{"canary_web", "*"}})
-	g.Replica = scriptedReplica(t, starting)
+	g.Replica = scriptedReplica(t, 5, nil, starting)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if n, blocking, err := Precheck(ctx, g); err != nil || len(blocking) != 0 || n != 2 {
 		t.Fatalf("precheck during a replica's start-up: %d %v %v, want ok for 2 servers", n, blocking, err)
 	}
 
-	g.Replica = scriptedReplica(t, func(int) *api.StateView {
+	g.Replica = scriptedReplica(t, 5, nil, func(int) *api.StateView {
 		v := fleet()
 		v.KV.Warning = "Consul not synced for 42s: the leader n2 cannot read it"
 		return v
@@ -611,7 +604,7 @@ func TestWaitSettled(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			g := fakeGate(t, fleet(), []Selector{{"canary_web", "web-1"}})
-			g.Replica, g.Settled, g.Interval = scriptedReplica(t, tt.view), tt.settled, 20*time.Millisecond
+			g.Replica, g.Settled, g.Interval = scriptedReplica(t, 5, nil, tt.view), tt.settled, 20*time.Millisecond
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			var out strings.Builder
@@ -651,17 +644,24 @@ func TestHintsThatDoNotMislead(t *testing.T) {
 	}
 }
 
+// realConsul starts a Consul and returns its KV and a Writer for prefix
+// hastate/.
+func realConsul(t *testing.T) (*consulapi.KV, Writer) {
+	t.Helper()
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	w, err := NewWriter(consul.Addr(), "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return consul.Client(t).KV(), w
+}
+
 // Issue 18.5: the gates read Consul's index of the prefix without listing
 // it, and the index is the one a recursive read of the prefix (the
 // leader's watch) reports: writes and deletes under the prefix raise it,
 // writes elsewhere do not.
 func TestConsulIndexIsThePrefixIndex(t *testing.T) {
-	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
-	kv := consul.Client(t).KV()
-	w, err := NewWriter(consul.Addr(), "hastate/")
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv, w := realConsul(t)
 	g := GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: "hastate/"}
 	ctx := context.Background()
 	check := func(step string) uint64 {
@@ -699,31 +699,11 @@ func TestConsulIndexIsThePrefixIndex(t *testing.T) {
 	}
 }
 
-// syncedReplica is a replica that has applied every Consul index and
-// serves v as /v1/state.
-func syncedReplica(t *testing.T, v *api.StateView) *Replica {
-	t.Helper()
-	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/cluster" {
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 1 << 50}})
-			return
-		}
-		_ = json.NewEncoder(w).Encode(v)
-	}))
-	t.Cleanup(replica.Close)
-	return replicaAt(t, replica.URL)
-}
-
 // Issue 18.3: a write command runs without cobra: wait for the sync, read
 // the fleet, plan, drop deletes of absent keys, apply; a dry run writes
 // nothing. Against a real Consul.
 func TestWriteOrchestration(t *testing.T) {
-	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
-	kv := consul.Client(t).KV()
-	wr, err := NewWriter(consul.Addr(), "hastate/")
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv, wr := realConsul(t)
 	ctx := context.Background()
 	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/canary_web/web-2", Value: []byte("50%")}, nil); err != nil {
 		t.Fatal(err)
@@ -735,7 +715,7 @@ func TestWriteOrchestration(t *testing.T) {
 			t.Fatal(err)
 		}
 		return Write(ctx, WriteRequest{WriteOptions: WriteOptions{Command: cmd, Value: value, MinReady: 1},
-			Selectors: sels, DryRun: dry, Writer: wr, Replica: syncedReplica(t, fleet())})
+			Selectors: sels, DryRun: dry, Writer: wr, Replica: scriptedReplica(t, 1<<50, nil, func(int) *api.StateView { return fleet() })})
 	}
 	keys := func() string {
 		ks, _, err := kv.Keys("hastate/state/", "", nil)
