@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/internal/accept"
+	"github.com/hastate/hastate/internal/ratelog"
 
 	"github.com/hashicorp/raft"
 	"go.uber.org/zap"
@@ -49,6 +51,10 @@ type streamLayer struct {
 	guard     *connGuard
 	metrics   *portMetrics
 	rejects   *rejectLog
+	retries   *ratelog.Limiter // accept retries logged
+	// failed receives the Accept error that ended the accept loop (one at
+	// most); Node.ListenerFailed hands it to the wiring.
+	failed chan error
 
 	raftConns chan net.Conn
 	// queriesReady is closed once the node can answer status and named
@@ -96,7 +102,7 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	}
 	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, status: c.Status, queries: c.Queries, log: c.Log,
 		identify: c.IdentifyTimeout, guard: newConnGuard(c.MaxConnsPerIP, c.MaxConns, c.Metrics.open), metrics: c.Metrics,
-		rejects:   newRejectLog(c.Log, time.Second),
+		rejects: newRejectLog(c.Log, time.Second), retries: ratelog.New(time.Second, nil), failed: make(chan error, 1),
 		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
 	if c.TLS != nil {
 		c.Metrics.tlsEnabled.Set(1)
@@ -110,36 +116,41 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	return s, nil
 }
 
+// acceptLoop runs the raft port's accept loop (internal/accept: the same
+// rules as the agent-check port's). An Accept error that is not temporary
+// ends it: the port takes no more connections, which ListenerFailed
+// reports so that the replica is restarted.
 func (s *streamLayer) acceptLoop() {
 	defer s.wg.Done()
-	var delay time.Duration
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			select {
-			case <-s.closed:
-				return
-			default:
-			}
-			delay = max(5*time.Millisecond, min(2*delay, time.Second))
-			s.log.Warn("raft accept failed; retrying", zap.Error(err), zap.Duration("retry_in", delay))
-			select {
-			case <-time.After(delay):
-			case <-s.closed:
-				return
-			}
-			continue
+	err := accept.Loop(s.ln, s.closed, s.admit, func(err error, pause time.Duration) {
+		if ok, hidden := s.retries.Allow(); ok {
+			s.log.Warn("raft accept failed; retrying (check the file descriptor limit)", zap.Error(err), zap.Duration("retry_in", pause), zap.Int64("suppressed", hidden))
 		}
-		delay = 0
-		gc, reason := s.guard.admit(c)
-		if reason != "" {
-			s.reject(c, reason, nil)
-			continue
-		}
-		s.wg.Add(1)
-		go s.route(gc)
+	})
+	if err != nil {
+		err = fmt.Errorf("raft accept on %s: %w", s.ln.Addr(), err)
+		s.log.Error("the raft port stopped accepting connections", zap.Error(err))
+		s.failed <- err
 	}
 }
+
+// admit passes an accepted connection through the guard and starts its
+// routing goroutine.
+func (s *streamLayer) admit(c net.Conn) {
+	gc, reason := s.guard.admit(c)
+	if reason != "" {
+		s.reject(c, reason, nil)
+		return
+	}
+	s.wg.Add(1)
+	go s.route(gc)
+}
+
+// ListenerFailed receives an error when the raft port stopped accepting
+// connections for another reason than Shutdown (an Accept error that is
+// not temporary). The replica then cannot follow raft while it may look
+// ready; its owner should stop it and exit so that it is restarted.
+func (n *Node) ListenerFailed() <-chan error { return n.stream.failed }
 
 // reject closes a connection unserved, counts it and logs it (rate-limited).
 // Connections cut by Close are neither counted nor logged.

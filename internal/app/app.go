@@ -270,7 +270,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	bgCtx, stopBackground := context.WithCancel(context.Background())
 	a.stopBackground = stopBackground
-	a.serveWG.Add(4)
+	a.serveWG.Add(5)
 	go func() {
 		defer a.serveWG.Done()
 		_ = a.probe.Run(bgCtx)
@@ -286,6 +286,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 	go func() {
 		defer a.serveWG.Done()
 		a.fail("HTTP listener", a.http.Serve(a.httpLn), http.ErrServerClosed)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		select {
+		case err := <-a.node.ListenerFailed():
+			a.fail("raft listener", err, nil)
+		case <-bgCtx.Done():
+		}
 	}()
 	a.log.Info("hastate started",
 		zap.String("agent_addr", a.agentLn.Addr().String()), zap.String("http_addr", a.httpLn.Addr().String()),
