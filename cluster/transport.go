@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -21,14 +22,25 @@ import (
 )
 
 // The raft port carries two kinds of connection, told apart by their first
-// byte: raft's own RPCs and hastate's peer status query (each node's Consul
-// reachability, which the leader needs to pick a successor when its own
-// Consul watch fails). One port keeps the firewall and the TLS story simple.
+// byte: raft's own RPCs and hastate's named queries between members. One
+// port keeps the firewall and the TLS story simple. The node's own status
+// (api.PeerStatus: its raft state, state index and Consul reachability,
+// which a follower needs for readiness and the leader to pick a successor
+// when its own Consul watch fails) is the named query "status"; the
+// wiring adds others (Options.PeerQueries).
 const (
-	connRaft   byte = 'R'
+	connRaft  byte = 'R'
+	connQuery byte = 'Q' // followed by a query name and LF; answered with JSON
+	// connStatus is how replicas of versions before "status" was a named
+	// query ask for it: the kind byte alone. It is answered as the query
+	// "status", and asked only of a replica that answers that query with
+	// null (one of those versions, which knows no such name), so that a
+	// rolling upgrade works in both directions.
 	connStatus byte = 'S'
-	connQuery  byte = 'Q' // followed by a query name and LF; answered with JSON
 )
+
+// statusQuery is the name of the node's own status query.
+const statusQuery = "status"
 
 // streamLayer is raft's network layer over plain TCP (or mutual TLS). It
 // listens on a bind address but advertises a host name, and dials peers by
@@ -43,9 +55,8 @@ const (
 type streamLayer struct {
 	ln        net.Listener // plain TCP; TLS is layered per connection
 	advertise advertiseAddr
-	tls       *tls.Config // nil: plain TCP
-	status    func() api.PeerStatus
-	queries   map[string]func() any
+	tls       *tls.Config           // nil: plain TCP
+	queries   map[string]func() any // the wiring's and "status"
 	log       *zap.Logger
 	identify  time.Duration
 	guard     *connGuard
@@ -57,7 +68,7 @@ type streamLayer struct {
 	failed chan error
 
 	raftConns chan net.Conn
-	// queriesReady is closed once the node can answer status and named
+	// queriesReady is closed once the node can answer named
 	// queries (its raft is up); until then those connections wait.
 	queriesReady chan struct{}
 	readyOnce    sync.Once
@@ -96,11 +107,21 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	if _, _, err := net.SplitHostPort(c.Advertise); err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", c.Advertise, err)
 	}
+	if _, ok := c.Queries[statusQuery]; ok {
+		return nil, fmt.Errorf("peer query %q: the name is the node's own status query; name the query otherwise", statusQuery)
+	}
+	queries := maps.Clone(c.Queries)
+	if c.Status != nil {
+		if queries == nil {
+			queries = map[string]func() any{}
+		}
+		queries[statusQuery] = func() any { return c.Status() }
+	}
 	ln, err := net.Listen("tcp", c.Bind)
 	if err != nil {
 		return nil, fmt.Errorf("raft listen on %s: %w (is another hastate using this --raft-addr?)", c.Bind, err)
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, status: c.Status, queries: c.Queries, log: c.Log,
+	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, queries: queries, log: c.Log,
 		identify: c.IdentifyTimeout, guard: newConnGuard(c.MaxConnsPerIP, c.MaxConns, c.Metrics.open), metrics: c.Metrics,
 		rejects: newRejectLog(c.Log, time.Second), retries: ratelog.New(time.Second, nil), failed: make(chan error, 1),
 		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
@@ -167,7 +188,7 @@ func (s *streamLayer) reject(c net.Conn, reason string, err error) {
 
 // route makes the connection identify itself (the TLS handshake, then its
 // kind byte) within the identify timeout, then hands it to raft or answers
-// it. A connection that fails TLS never reaches raft, status or queries.
+// it. A connection that fails TLS never reaches raft or a query.
 func (s *streamLayer) route(c net.Conn) {
 	defer s.wg.Done()
 	raw := c
@@ -206,33 +227,27 @@ func (s *streamLayer) route(c net.Conn) {
 	}
 }
 
-// serveQueries lets status and named queries be answered.
+// serveQueries lets named queries (the status among them) be answered.
 func (s *streamLayer) serveQueries() { s.readyOnce.Do(func() { close(s.queriesReady) }) }
 
-// answer serves one status or named query and closes the connection.
+// answer serves one named query (connStatus: the query "status") and
+// closes the connection. An unknown name is answered with null.
 func (s *streamLayer) answer(c net.Conn, kind byte) {
-	switch kind {
-	case connStatus:
-		defer c.Close()
-		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		var st api.PeerStatus
-		if s.status != nil {
-			st = s.status()
-		}
-		_ = json.NewEncoder(c).Encode(st)
-	case connQuery:
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		name, err := bufio.NewReaderSize(io.LimitReader(c, 64), 64).ReadString('\n')
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	name := statusQuery
+	if kind == connQuery {
+		line, err := bufio.NewReaderSize(io.LimitReader(c, 64), 64).ReadString('\n')
 		if err != nil {
 			return
 		}
-		var v any
-		if q, ok := s.queries[strings.TrimSuffix(name, "\n")]; ok {
-			v = q()
-		}
-		_ = json.NewEncoder(c).Encode(v)
+		name = strings.TrimSuffix(line, "\n")
 	}
+	var v any
+	if q, ok := s.queries[name]; ok {
+		v = q()
+	}
+	_ = json.NewEncoder(c).Encode(v)
 }
 
 // Accept returns the next raft connection.
@@ -288,7 +303,8 @@ func (s *streamLayer) dial(address string, kind byte, timeout time.Duration) (ne
 	return c, nil
 }
 
-// query asks the node at address for the answer to a named query.
+// query asks the node at address for the answer to a named query: JSON,
+// null if it knows no such query.
 func (s *streamLayer) query(address, name string, timeout time.Duration) (json.RawMessage, error) {
 	c, err := s.dial(address, connQuery, timeout)
 	if err != nil {
@@ -304,15 +320,32 @@ func (s *streamLayer) query(address, name string, timeout time.Duration) (json.R
 	return raw, err
 }
 
-// queryStatus asks the node at address for its api.PeerStatus.
+// queryStatus asks the node at address for its api.PeerStatus, the named
+// query "status"; a replica of an older version answers that with null,
+// and is asked the way it knows (connStatus).
 func (s *streamLayer) queryStatus(address string, timeout time.Duration) (api.PeerStatus, error) {
 	var st api.PeerStatus
-	c, err := s.dial(address, connStatus, timeout)
+	raw, err := s.query(address, statusQuery, timeout)
+	if err == nil && string(raw) == "null" {
+		raw, err = s.legacyStatus(address, timeout)
+	}
 	if err != nil {
 		return st, err
 	}
+	err = json.Unmarshal(raw, &st)
+	return st, err
+}
+
+// legacyStatus asks for the status with connStatus, as versions before
+// the named query did.
+func (s *streamLayer) legacyStatus(address string, timeout time.Duration) (json.RawMessage, error) {
+	c, err := s.dial(address, connStatus, timeout)
+	if err != nil {
+		return nil, err
+	}
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(timeout))
-	err = json.NewDecoder(io.LimitReader(c, 64<<10)).Decode(&st)
-	return st, err
+	var raw json.RawMessage
+	err = json.NewDecoder(io.LimitReader(c, 64<<10)).Decode(&raw)
+	return raw, err
 }
