@@ -412,7 +412,7 @@ func (a *App) PrepareStop(ctx context.Context) {
 		return
 	}
 	a.stopping.Store(true)
-	a.log.Info("draining before shutdown: readiness fails, agent probes are still answered",
+	a.log.Info("shutdown delay: readiness fails; agent probes are answered, and raft followed, until it ends",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
 	t := time.NewTimer(a.o.ShutdownDelay)
