@@ -9,6 +9,7 @@ import (
 	"hash/crc64"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -460,5 +461,41 @@ func TestApplyReadComparesOnlyWhatChanged(t *testing.T) {
 	}
 	if got := answer(n.Node, "api/x"); got != "ready 50%\n" {
 		t.Errorf("api/x answers %q, want ready 50%%", got)
+	}
+}
+
+// A New that fails after raft started (here: its metrics are already
+// registered) stops what it started, last first: raft, the transport (the
+// port can be bound again) and the log store (the data dir opens again).
+// TestMain checks that no goroutine is left.
+func TestNewFailingLateStopsWhatItStarted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	options := func() Options {
+		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		return Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: t.TempDir(), Registerer: reg}
+	}
+	first, err := New(options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := options()
+	if _, err := New(o); err == nil || !strings.Contains(err.Error(), "register metrics") {
+		t.Fatalf("New with the metrics registered already = %v, want the registration error", err)
+	}
+	_ = first.Shutdown(context.Background())
+	ln, err := net.Listen("tcp", o.BindAddr)
+	if err != nil {
+		t.Fatalf("the failed New left its raft port bound: %v", err)
+	}
+	ln.Close()
+	n, err := New(o) // the same port and data dir
+	if err != nil {
+		t.Fatalf("the failed New left its port or data dir held: %v", err)
+	}
+	if err := n.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(context.Background()); err != nil {
+		t.Errorf("second Shutdown = %v", err)
 	}
 }

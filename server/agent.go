@@ -8,6 +8,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/hastate/hastate/internal/ratelog"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
 	"github.com/hastate/hastate/state"
@@ -93,18 +95,10 @@ func (o AgentOptions) withDefaults() AgentOptions {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	if o.ReadTimeout == 0 {
-		o.ReadTimeout = DefaultAgentReadTimeout
-	}
-	if o.QuietPeriod == 0 {
-		o.QuietPeriod = DefaultAgentQuietPeriod
-	}
-	if o.WriteTimeout == 0 {
-		o.WriteTimeout = DefaultAgentWriteTimeout
-	}
-	if o.MaxConns == 0 {
-		o.MaxConns = DefaultAgentMaxConns
-	}
+	o.ReadTimeout = cmp.Or(o.ReadTimeout, DefaultAgentReadTimeout)
+	o.QuietPeriod = cmp.Or(o.QuietPeriod, DefaultAgentQuietPeriod)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultAgentWriteTimeout)
+	o.MaxConns = cmp.Or(o.MaxConns, DefaultAgentMaxConns)
 	return o
 }
 
@@ -206,9 +200,7 @@ func NewAgentServer(o AgentOptions) (*AgentServer, error) {
 	for i := range s.limits {
 		s.limits[i] = ratelog.New(time.Second, nil)
 	}
-	if err := s.m.init(o.Registerer); err != nil {
-		return nil, err
-	}
+	s.m.init(o.Registerer) // one registry per server: a second registration panics
 	return s, nil
 }
 
@@ -287,7 +279,7 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 	buf := s.bufs.Get().(*readBuf)
 	defer s.bufs.Put(buf)
 
-	n, err := s.readRequest(c, buf, start.Add(s.readTimeout))
+	n, read, err := s.readRequest(c, buf, start.Add(s.readTimeout))
 	switch {
 	case err == nil:
 	case errors.Is(err, net.ErrClosed):
@@ -318,10 +310,15 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 		return
 	}
 	req = req[:len(backend)+1+len(server)]
+	// A manual probe is never an HAProxy: it is answered, not recorded.
+	pollers := s.pollers
+	if bytes.HasPrefix(buf[n:read], probeMarker) {
+		pollers = nil
+	}
 	line := s.src.Snapshot().Lookup(req, len(backend))
 	if line == nil {
 		s.m.withheld.Inc()
-		s.pollers.Record(c.RemoteAddr(), req, nil, start)
+		pollers.Record(c.RemoteAddr(), req, nil, start)
 		return
 	}
 	if err := c.SetWriteDeadline(time.Now().Add(s.writeTimeout)); err != nil {
@@ -334,8 +331,12 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 	}
 	s.m.answered.Inc()
 	s.m.duration.Observe(time.Since(start).Seconds())
-	s.pollers.Record(c.RemoteAddr(), req, line, start)
+	pollers.Record(c.RemoteAddr(), req, line, start)
 }
+
+// probeMarker is state.ProbeMarker as bytes, so that checking for it does
+// not allocate.
+var probeMarker = []byte(state.ProbeMarker)
 
 func (s *AgentServer) writeFailed(c net.Conn, err error) {
 	if errors.Is(err, net.ErrClosed) {
@@ -349,37 +350,37 @@ func (s *AgentServer) writeFailed(c net.Conn, err error) {
 var errTooLong = fmt.Errorf("%w: longer than %d bytes", state.ErrMalformedRequest, state.MaxRequest)
 
 // readRequest reads one request into buf and returns its length, LF
-// included when there is one. The request is complete at the first LF; at
+// included when there is one, and how many bytes it read into buf in all
+// (what came with the request after its LF: a manual probe's marker). The request is complete at the first LF; at
 // end of input (the peer half-closed) if data arrived; or, without LF, once
 // the peer has sent nothing for the quiet period. It fails with an error
 // wrapping os.ErrDeadlineExceeded when no complete request arrived before
 // deadline, errTooLong when the buffer fills without LF, io.EOF when the
 // peer closed without sending anything, or the read error.
-func (s *AgentServer) readRequest(c net.Conn, buf *readBuf, deadline time.Time) (int, error) {
+func (s *AgentServer) readRequest(c net.Conn, buf *readBuf, deadline time.Time) (n, read int, err error) {
 	if err := c.SetReadDeadline(deadline); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n := 0
 	quiet := false // the current read deadline is a quiet-period one
 	for {
 		m, err := c.Read(buf[n:])
 		if m > 0 {
 			if i := bytes.IndexByte(buf[n:n+m], '\n'); i >= 0 {
-				return n + i + 1, nil
+				return n + i + 1, n + m, nil
 			}
 			n += m
 			if n == len(buf) {
-				return n, errTooLong
+				return n, n, errTooLong
 			}
 		}
 		switch {
 		case err == nil:
 		case err == io.EOF && n > 0:
-			return n, nil
+			return n, n, nil
 		case quiet && n > 0 && errors.Is(err, os.ErrDeadlineExceeded):
-			return n, nil
+			return n, n, nil
 		default:
-			return n, err
+			return n, n, err
 		}
 		if m > 0 {
 			// No LF yet: wait for more, but only for the quiet period.
@@ -388,7 +389,7 @@ func (s *AgentServer) readRequest(c net.Conn, buf *readBuf, deadline time.Time) 
 				d, q = deadline, false
 			}
 			if err := c.SetReadDeadline(d); err != nil {
-				return n, err
+				return n, n, err
 			}
 			quiet = q
 		}
@@ -548,8 +549,9 @@ type agentMetrics struct {
 	active                                           prometheus.Gauge
 }
 
-func (m *agentMetrics) init(reg prometheus.Registerer) error {
-	checks := prometheus.NewCounterVec(prometheus.CounterOpts{
+func (m *agentMetrics) init(reg prometheus.Registerer) {
+	f := promauto.With(reg)
+	checks := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "hastate_agent_checks_total",
 		Help: "Per replica (sum over replicas for the fleet): agent-check probes by result: answered, withheld (no answer: the replica holds no valid state for the server), malformed (bad request or read error), timeout (request not complete within the read timeout), rejected (over the connection limit).",
 	}, []string{"result"})
@@ -558,30 +560,17 @@ func (m *agentMetrics) init(reg prometheus.Registerer) error {
 	m.malformed = checks.WithLabelValues("malformed")
 	m.timeout = checks.WithLabelValues("timeout")
 	m.rejected = checks.WithLabelValues("rejected")
-	m.writeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+	m.writeErrors = f.NewCounter(prometheus.CounterOpts{
 		Name: "hastate_agent_write_errors_total",
 		Help: "Per replica: agent-check answers that could not be written (the probe is not counted as answered).",
 	})
-	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.duration = f.NewHistogram(prometheus.HistogramOpts{
 		Name:    "hastate_agent_check_duration_seconds",
 		Help:    "Per replica: time from accepting an agent-check connection to having written its answer (answered probes only).",
 		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1},
 	})
-	m.active = prometheus.NewGauge(prometheus.GaugeOpts{
+	m.active = f.NewGauge(prometheus.GaugeOpts{
 		Name: "hastate_agent_connections_active",
 		Help: "Per replica: agent-check connections being served now.",
 	})
-	if reg == nil {
-		return nil
-	}
-	cs := []prometheus.Collector{checks, m.writeErrors, m.duration, m.active}
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return fmt.Errorf("agent server: register metrics: %w (one registry per server)", err)
-		}
-	}
-	return nil
 }

@@ -5,6 +5,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -19,12 +20,14 @@ import (
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/internal/lifecycle"
 	"github.com/hastate/hastate/internal/version"
 	"github.com/hastate/hastate/kvsync"
 	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 )
 
@@ -71,7 +74,7 @@ type Options struct {
 	HTTPMaxHeaderBytes int
 	// PollersMax bounds the (HAProxy, server) pairs this replica remembers
 	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
-	// and counted (0: server.DefaultMaxPollers).
+	// and counted (0: server.DefaultMaxPollers; negative is refused).
 	PollersMax int
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
@@ -85,6 +88,19 @@ type Options struct {
 	Registry *prometheus.Registry
 }
 
+// ErrInvalidOptions is what every error of New's validation Is: a flag
+// (an Options field) is wrong, and the message names it and what to set.
+// cmd/hastate exits 2 for it, as for any other usage error.
+var ErrInvalidOptions = errors.New("invalid options")
+
+// optionsError marks err as ErrInvalidOptions without changing its text.
+type optionsError struct{ error }
+
+func (e optionsError) Unwrap() error      { return e.error }
+func (optionsError) Is(target error) bool { return target == ErrInvalidOptions }
+
+// validate is the one place the replica's configuration is checked and its
+// defaults are set: cmd/hastate only translates flags into Options.
 func (o *Options) validate() error {
 	if o.NodeID == "" {
 		return errors.New("node id is empty: set --node-id")
@@ -92,15 +108,10 @@ func (o *Options) validate() error {
 	if o.DataDir == "" {
 		return errors.New("data dir is empty: set --data-dir to a persistent directory")
 	}
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	def(&o.AgentAddr, ":9777")
-	def(&o.HTTPAddr, ":9778")
-	def(&o.RaftAddr, ":9779")
-	def(&o.KVPrefix, "hastate/")
+	o.AgentAddr = cmp.Or(o.AgentAddr, ":9777")
+	o.HTTPAddr = cmp.Or(o.HTTPAddr, ":9778")
+	o.RaftAddr = cmp.Or(o.RaftAddr, ":9779")
+	o.KVPrefix = cmp.Or(o.KVPrefix, "hastate/")
 	if o.RaftAdvertise == "" {
 		_, port, err := net.SplitHostPort(o.RaftAddr)
 		if err != nil {
@@ -121,9 +132,7 @@ func (o *Options) validate() error {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
-	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = 20 * time.Second
-	}
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, 20*time.Second)
 	for _, d := range []struct {
 		v    *time.Duration
 		def  time.Duration
@@ -136,16 +145,12 @@ func (o *Options) validate() error {
 		if *d.v < 0 {
 			return fmt.Errorf("%s %s is negative: leave it 0 for %s", d.name, *d.v, d.def)
 		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+		*d.v = cmp.Or(*d.v, d.def)
 	}
 	if o.HTTPMaxHeaderBytes < 0 {
 		return fmt.Errorf("HTTPMaxHeaderBytes %d is negative: leave it 0 for 64 KiB", o.HTTPMaxHeaderBytes)
 	}
-	if o.HTTPMaxHeaderBytes == 0 {
-		o.HTTPMaxHeaderBytes = 64 << 10
-	}
+	o.HTTPMaxHeaderBytes = cmp.Or(o.HTTPMaxHeaderBytes, 64<<10)
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
 	}
@@ -166,11 +171,11 @@ type App struct {
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
 	pollers         *server.Pollers
-	stopBackground  context.CancelFunc
-	serveWG         sync.WaitGroup
-	stopOnce        sync.Once
-	stopErr         error
-	stopping        atomic.Bool // PrepareStop began: readiness fails
+	// stops holds the stop of every step Start took; Stop runs them
+	// last-first (see Start for the order).
+	stops    lifecycle.Stops
+	serveWG  sync.WaitGroup // the goroutines Start began
+	stopping atomic.Bool    // PrepareStop began: readiness fails
 	// failed receives the error of a listener that stopped for another
 	// reason than Stop (see Failed).
 	failed chan error
@@ -181,7 +186,7 @@ type App struct {
 // New validates the options and builds the replica; Start runs it.
 func New(o Options) (*App, error) {
 	if err := o.validate(); err != nil {
-		return nil, err
+		return nil, optionsError{err}
 	}
 	consul, err := kvsync.NewClient(o.ConsulAddr)
 	if err != nil {
@@ -194,38 +199,75 @@ func New(o Options) (*App, error) {
 		return nil, err
 	}
 	build := version.Get()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "hastate_build_info", Help: "Per replica: build information (version, git revision, Go version); always 1.",
-			ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
-		}, func() float64 { return 1 }),
-	)
+	// The Go runtime's and the process's collectors are not metrics
+	// promauto builds: they are registered as they are.
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hastate_build_info", Help: "Per replica: build information (version, git revision, Go version); always 1.",
+		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
+	}, func() float64 { return 1 })
 	a.kvm = kvsync.NewMetrics(reg)
 	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg})
 	if err != nil {
 		return nil, err
 	}
+	// The first stop registered runs last, after everything Start began.
+	a.stops.Add("goroutines", func(context.Context) error {
+		a.serveWG.Wait()
+		a.log.Info("hastate stopped")
+		return nil
+	})
 	return a, nil
 }
 
-// Start binds the listeners, starts raft and begins serving. On error what
-// was started is stopped again.
+// Start binds the listeners, starts raft and begins serving. Each step
+// registers its stop; Stop runs them last-first, and so does a Start that
+// fails half-way. The order of the steps is therefore the order of the
+// stops reversed: the agent-check listener is bound first so that it
+// closes last (HAProxy's probes are answered while HTTP and raft shut
+// down); the HTTP server is served last so that it stops first.
 func (a *App) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
 			_ = a.Stop(context.Background())
 		}
 	}()
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	a.stops.Add("probe and pollers sweep", func(context.Context) error {
+		stopBackground()
+		return nil
+	})
+	a.serveWG.Add(2)
+	go func() {
+		defer a.serveWG.Done()
+		_ = a.probe.Run(bgCtx)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		a.sweepPollers(bgCtx)
+	}()
+
+	a.agent, err = server.NewAgentServer(server.AgentOptions{
+		Source: replica{a}, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
+		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod, Pollers: a.pollers,
+	})
+	if err != nil {
+		return err
+	}
 	a.agentLn, err = net.Listen("tcp", a.o.AgentAddr)
 	if err != nil {
 		return fmt.Errorf("agent listener %s: %w (is another process on --agent-addr?)", a.o.AgentAddr, err)
 	}
+	a.stops.Add("agent-check listener", func(ctx context.Context) error {
+		// Shutdown closes the listener Serve was given; closing it here
+		// too covers a Start that failed before Serve.
+		return errors.Join(a.agent.Shutdown(ctx), closeListener(a.agentLn))
+	})
 	a.httpLn, err = net.Listen("tcp", a.o.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("http listener %s: %w (is another process on --http-addr?)", a.o.HTTPAddr, err)
 	}
+	a.stops.Add("HTTP listener", func(context.Context) error { return closeListener(a.httpLn) })
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
@@ -240,7 +282,17 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := a.o.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	a.stops.Add("raft node", a.node.Shutdown)
+	a.serveWG.Add(1)
+	go func() {
+		defer a.serveWG.Done()
+		select {
+		case err := <-a.node.ListenerFailed(): // its accept loop ended (not by Shutdown)
+			a.fail("raft listener", err, nil)
+		case <-bgCtx.Done():
+		}
+	}()
+	promauto.With(a.o.Registry).NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_ready",
 		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state and has caught up with a raft leader since it started, and is not shutting down), else 0. A later loss of the leader or of Consul does not make it 0.",
 	}, func() float64 {
@@ -248,16 +300,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return 1
 		}
 		return 0
-	})); err != nil {
-		return fmt.Errorf("register hastate_ready: %w", err)
-	}
-	a.agent, err = server.NewAgentServer(server.AgentOptions{
-		Source: a.node, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
-		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod, Pollers: a.pollers,
 	})
-	if err != nil {
-		return err
-	}
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
 			Pollers: a.pollers, NodeID: a.o.NodeID}),
@@ -268,17 +311,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		MaxHeaderBytes:    a.o.HTTPMaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(a.log.Named("http")),
 	}
-	bgCtx, stopBackground := context.WithCancel(context.Background())
-	a.stopBackground = stopBackground
-	a.serveWG.Add(5)
-	go func() {
-		defer a.serveWG.Done()
-		_ = a.probe.Run(bgCtx)
-	}()
-	go func() {
-		defer a.serveWG.Done()
-		a.sweepPollers(bgCtx)
-	}()
+	a.serveWG.Add(2)
 	go func() {
 		defer a.serveWG.Done()
 		a.fail("agent-check listener", a.agent.Serve(a.agentLn), server.ErrServerClosed)
@@ -287,14 +320,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		defer a.serveWG.Done()
 		a.fail("HTTP listener", a.http.Serve(a.httpLn), http.ErrServerClosed)
 	}()
-	go func() {
-		defer a.serveWG.Done()
-		select {
-		case err := <-a.node.ListenerFailed():
-			a.fail("raft listener", err, nil)
-		case <-bgCtx.Done():
-		}
-	}()
+	a.stops.Add("HTTP server", a.http.Shutdown)
 	a.log.Info("hastate started",
 		zap.String("agent_addr", a.agentLn.Addr().String()), zap.String("http_addr", a.httpLn.Addr().String()),
 		zap.String("raft_addr", a.o.RaftAddr), zap.String("raft_advertise", a.o.RaftAdvertise),
@@ -424,40 +450,26 @@ func (a *App) PrepareStop(ctx context.Context) {
 	}
 }
 
-// Stop shuts the replica down in order: HTTP, then raft (a leader hands over
-// leadership first), and the agent listener last, so probes keep being
-// answered while raft shuts down. Safe to call more than once.
+// Stop shuts the replica down in the reverse order of Start's steps: HTTP,
+// then raft (a leader hands over leadership first), and the agent listener
+// last, so probes keep being answered while raft shuts down; then the
+// probe. Safe to call more than once.
 func (a *App) Stop(ctx context.Context) error {
-	a.stopOnce.Do(func() { a.stopErr = a.stop(ctx) })
-	return a.stopErr
-}
-
-func (a *App) stop(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, a.o.ShutdownTimeout)
 		defer cancel()
 	}
-	var errs []error
-	if a.http != nil {
-		errs = append(errs, a.http.Shutdown(ctx))
-	} else if a.httpLn != nil {
-		errs = append(errs, a.httpLn.Close())
+	return a.stops.Stop(ctx)
+}
+
+// closeListener closes ln; one closed already (by its server's Shutdown)
+// is no error.
+func closeListener(ln net.Listener) error {
+	if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
 	}
-	if a.node != nil {
-		errs = append(errs, a.node.Shutdown(ctx))
-	}
-	if a.agent != nil {
-		errs = append(errs, a.agent.Shutdown(ctx))
-	} else if a.agentLn != nil {
-		errs = append(errs, a.agentLn.Close())
-	}
-	if a.stopBackground != nil {
-		a.stopBackground()
-	}
-	a.serveWG.Wait()
-	a.log.Info("hastate stopped")
-	return errors.Join(errs...)
+	return nil
 }
 
 // replica adapts the App to server.Replica.

@@ -191,17 +191,13 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	if err := Missing(fleet.Replicas); err != nil {
 		return []string{err.Error()}, nil
 	}
+	selected, err := selectedServers(fleet, o.Selectors)
+	if err != nil {
+		return nil, err
+	}
 	current := map[string]string{}
-	for _, sel := range o.Selectors {
-		rows := Select(fleet.Servers, sel)
-		if len(rows) == 0 {
-			return nil, noMatch(sel, fleet.Servers)
-		}
-		for _, r := range rows {
-			if r.Server != state.Wildcard {
-				current[r.Backend+"/"+r.Server] = r.Answer
-			}
-		}
+	for k, r := range selected {
+		current[k] = r.Answer
 	}
 	pv, err := o.Replica.Pollers(ctx)
 	if err != nil {
@@ -210,16 +206,9 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	if err := Missing(pv.Replicas); err != nil {
 		return []string{err.Error()}, nil
 	}
-	latest := map[[2]string]api.Poll{} // (server, haproxy) -> latest poll on any replica
-	for _, p := range pv.Pollers {
-		k := [2]string{p.Backend + "/" + p.Server, p.HAProxy}
-		if _, sel := current[k[0]]; !sel || time.Since(p.LastAsked) > api.PollerTTL {
-			continue
-		}
-		if old, ok := latest[k]; !ok || p.LastAsked.After(old.LastAsked) {
-			latest[k] = p
-		}
-	}
+	// The latest poll of each (server, HAProxy) on any replica; a manual
+	// probe (a source that asked once, a while ago) is not waited for.
+	latest := latestPolls(pv, current)
 	var lag []string
 	for k, p := range latest {
 		if told := toldAnswer(p); told != current[k[0]] {
