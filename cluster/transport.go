@@ -42,6 +42,33 @@ const (
 // statusQuery is the name of the node's own status query.
 const statusQuery = "status"
 
+// noPipelining is the raft transport's MaxRPCsInFlight: below raft's
+// minimum for pipelining (2), so AppendEntriesPipeline says it is not
+// supported and raft replicates with one AppendEntries at a time.
+//
+// raft v1.7.3's pipeline deadlocks: its netPipeline channels are sized
+// MaxRPCsInFlight-2, unbuffered at the default 2. When a follower answers
+// Success=false or with a newer term, pipelineDecode returns and nothing
+// reads the pipeline's done channel any more; if pipelineReplicate's loop
+// then picks a send (a trigger, or its CommitTimeout, every 3 ms here)
+// over the decoder's finish, the send parks on the in-progress channel
+// while the decoder parks on the done channel, and the pipeline's Close,
+// deferred in pipelineReplicate, never runs. Replication to that follower
+// stops for good while heartbeats keep it from starting an election, and
+// raft.Shutdown waits for the stuck goroutine forever. That was the hang
+// of `go test ./cluster` (a soak caught it in the Shutdown of the old
+// leader in TestRampContinuesAcrossLeaderChange; the dump ends in
+// goroutines created by raft's NetworkTransport.listen). CommitTimeout at
+// 3 ms makes the bad pick likely. hashicorp/raft#612 is the stall;
+// grafana/pyroscope#5518 found the cause and turned pipelining off the
+// same way.
+// A larger value only makes the window rarer: both channels stay bounded.
+//
+// The cost is small at hastate's rate of entries: one round trip per
+// append still carries every entry waiting (up to MaxAppendEntries), and
+// a single entry commits in one round trip either way.
+const noPipelining = 1
+
 // streamLayer is raft's network layer over plain TCP (or mutual TLS). It
 // listens on a bind address but advertises a host name, and dials peers by
 // name at connect time: a StatefulSet pod that comes back with a new IP

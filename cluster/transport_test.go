@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/ratelog"
 	"github.com/hastate/hastate/internal/testenv"
@@ -125,5 +126,14 @@ func TestAStatusPeerQueryIsRefused(t *testing.T) {
 		PeerQueries: map[string]func() any{statusQuery: func() any { return nil }}})
 	if err == nil || !strings.Contains(err.Error(), "status query") {
 		t.Fatalf("New with a peer query named status: %v, want it refused", err)
+	}
+}
+
+// The node's raft transport refuses pipelined replication (see
+// noPipelining: raft's pipeline can deadlock replication and Shutdown).
+func TestRaftTransportDoesNotPipeline(t *testing.T) {
+	n := startLeader(t, Options{})
+	if _, err := n.transport.AppendEntriesPipeline("n2", raft.ServerAddress(n.opts.BindAddr)); !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
+		t.Fatalf("AppendEntriesPipeline: %v, want raft.ErrPipelineReplicationNotSupported", err)
 	}
 }
