@@ -64,7 +64,7 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 	for _, st := range []string{"drain", "maint", "ready"} {
 		root.AddCommand(withTimeout(setCmd(st, stdout)))
 	}
-	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), probeCmd(stdout)} {
+	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
 		root.AddCommand(withTimeout(c))
 	}
 	return root
