@@ -32,6 +32,9 @@ const (
 	// logCacheEntries is how many recent raft entries are kept decoded
 	// (see logcache.go): replication reads the last few.
 	logCacheEntries = 64
+	// DefaultLeaderlessGrace is Options.LeaderlessGrace's default: a
+	// leader heartbeats many times a second and a failover takes about 2s.
+	DefaultLeaderlessGrace = 3 * time.Second
 )
 
 // Errors returned by Node.
@@ -91,6 +94,11 @@ type Options struct {
 	ApplyTimeout      time.Duration // 0: 5s
 	SnapshotInterval  time.Duration // 0: 2m
 	SnapshotThreshold uint64        // 0: 1024 entries
+	// LeaderlessGrace (0: 3s) is how old this node's last contact with a
+	// raft leader may grow before it withholds every answer and fails
+	// readiness (see withhold.go); it answers again once it has a leader
+	// and has caught up. Keep it above a failover (about 2s).
+	LeaderlessGrace time.Duration
 	// HeartbeatTimeout and ElectionTimeout (0: 1s each) bound failover time.
 	HeartbeatTimeout time.Duration
 	ElectionTimeout  time.Duration
@@ -138,6 +146,12 @@ func (o *Options) validate() error {
 	if o.SnapshotThreshold == 0 {
 		o.SnapshotThreshold = 1024
 	}
+	if o.LeaderlessGrace == 0 {
+		o.LeaderlessGrace = DefaultLeaderlessGrace
+	}
+	if o.LeaderlessGrace < 0 {
+		return fmt.Errorf("cluster: leaderless grace %s is negative: set --leaderless-grace to a positive duration, e.g. %s", o.LeaderlessGrace, DefaultLeaderlessGrace)
+	}
 	if o.HeartbeatTimeout == 0 {
 		o.HeartbeatTimeout = time.Second
 	}
@@ -159,7 +173,15 @@ type Node struct {
 	metrics   *metrics
 	observer  *raft.Observer
 
-	caughtUp      atomic.Bool
+	// withheld is the set of reasons not to answer (withhold.go);
+	// withheldSince is when each reason last came into force.
+	withheld      withholdSet
+	withheldSince [maxWithholdReasons]atomic.Int64
+	// leaderContact is when this node last had contact with a leader
+	// (unix nanoseconds, kept by contactLoop); barrierTerm is the term in
+	// which this node, as leader, last completed its barrier.
+	leaderContact atomic.Int64
+	barrierTerm   atomic.Uint64
 	lastBadPolicy atomic.Pointer[string]
 	kvState
 
@@ -183,6 +205,10 @@ func New(o Options) (*Node, error) {
 	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{}), release: make(chan struct{}, 1)}
 	n.started = time.Now()
 	n.leaderSeen.Store(n.started.UnixNano())
+	n.leaderContact.Store(n.started.UnixNano())
+	// Nothing is answered until the node has caught up with a leader.
+	n.withheld.set(withholdCatchingUp, true)
+	n.withheldSince[bitIndex(withholdCatchingUp)].Store(n.started.UnixNano())
 	// The metrics exist before raft starts: the FSM reports into them as
 	// soon as raft applies an entry.
 	n.metrics = newMetrics(n)
@@ -285,7 +311,7 @@ func New(o Options) (*Node, error) {
 	n.wg.Add(5)
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)
-	go n.catchUpLoop()
+	go n.contactLoop()
 	go n.leaderReportLoop()
 	go n.releaseLoop()
 	return n, nil

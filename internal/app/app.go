@@ -52,6 +52,9 @@ type Options struct {
 	// KVFailoverAfter: a leader that cannot reach Consul this long hands
 	// leadership to a follower that can (0: 30s; negative: never).
 	KVFailoverAfter time.Duration
+	// LeaderlessGrace: a replica whose last contact with a raft leader is
+	// older than this withholds every answer and fails readiness (0: 3s).
+	LeaderlessGrace time.Duration
 	// SnapshotInterval and SnapshotThreshold tune raft snapshots (0: 2m, 1024 entries).
 	SnapshotInterval  time.Duration
 	SnapshotThreshold uint64
@@ -146,6 +149,9 @@ func (o *Options) validate() error {
 	if o.HTTPMaxHeaderBytes == 0 {
 		o.HTTPMaxHeaderBytes = 64 << 10
 	}
+	if o.LeaderlessGrace < 0 {
+		return fmt.Errorf("--leaderless-grace %s is negative: set a positive duration, or leave it unset for %s", o.LeaderlessGrace, cluster.DefaultLeaderlessGrace)
+	}
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
 	}
@@ -235,14 +241,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}},
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
-		Ramp: a.o.Ramp,
+		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace,
 	})
 	if err != nil {
 		return err
 	}
 	if err := a.o.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_ready",
-		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state and has caught up with a raft leader since it started, and is not shutting down), else 0. A later loss of the leader or of Consul does not make it 0.",
+		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state, has caught up with a raft leader since it started and since it was last cut off, its last contact with a leader is within --leaderless-grace, and it is not shutting down), else 0. A loss of Consul does not make it 0.",
 	}, func() float64 {
 		if ok, _ := (replica{a}).Ready(); ok {
 			return 1
@@ -252,7 +258,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("register hastate_ready: %w", err)
 	}
 	a.agent, err = server.NewAgentServer(server.AgentOptions{
-		Source: a.node, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
+		// Serving is nil while the node withholds (no leader for longer
+		// than the grace, catching up): no answer, HAProxy keeps its state.
+		Source: server.SnapshotFunc(a.node.Serving), Logger: a.log.Named("agent"), Registerer: a.o.Registry,
 		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod, Pollers: a.pollers,
 	})
 	if err != nil {
