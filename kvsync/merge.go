@@ -1,0 +1,253 @@
+package kvsync
+
+// This file merges a listing with the read the Sink holds: both are in key
+// order, so a read is one pass that yields the edits (keys set, added,
+// deleted) that make the held read the new one, allocating only what
+// differs.
+
+import (
+	"bytes"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// held is the read the Sink accepted last: its map, which the Watcher hands
+// the Sink and keeps, and the same content as keys in order with their
+// values, which the next read is merged with.
+type held struct {
+	kv   map[string]string
+	keys []string // sorted
+	vals []string // vals[i] is the value of keys[i]
+}
+
+// edit is one difference of a read from the held one.
+type edit struct {
+	at       int // index in the held keys: of the key, or where it goes
+	key, val string
+	op       editOp
+}
+
+type editOp uint8
+
+const (
+	editSet editOp = iota // a held key has a new value
+	editAdd               // a key the held read does not have
+	editDel               // a held key is gone
+)
+
+// setMap applies edits to h's map.
+func (h *held) setMap(edits []edit) {
+	for _, e := range edits {
+		if e.op == editDel {
+			delete(h.kv, e.key)
+		} else {
+			h.kv[e.key] = e.val
+		}
+	}
+}
+
+// setKeys applies edits, in key order as mergeListing returns them, to h's
+// keys and values: in place for new values and a few keys added or
+// deleted, in one new pass for many.
+func (h *held) setKeys(edits []edit) {
+	moves := 0
+	for _, e := range edits {
+		if e.op != editSet {
+			moves++
+		}
+	}
+	if moves > 16 {
+		keys := make([]string, 0, len(h.keys)+moves)
+		vals := make([]string, 0, len(h.keys)+moves)
+		i := 0
+		for _, e := range edits {
+			keys, vals = append(keys, h.keys[i:e.at]...), append(vals, h.vals[i:e.at]...)
+			i = e.at
+			switch e.op {
+			case editSet:
+				keys, vals = append(keys, e.key), append(vals, e.val)
+				i++
+			case editAdd:
+				keys, vals = append(keys, e.key), append(vals, e.val)
+			case editDel:
+				i++
+			}
+		}
+		h.keys, h.vals = append(keys, h.keys[i:]...), append(vals, h.vals[i:]...)
+		return
+	}
+	// Last first, so that the positions of the earlier edits hold.
+	for k := len(edits) - 1; k >= 0; k-- {
+		switch e := edits[k]; e.op {
+		case editSet:
+			h.vals[e.at] = e.val
+		case editAdd:
+			h.keys, h.vals = slices.Insert(h.keys, e.at, e.key), slices.Insert(h.vals, e.at, e.val)
+		case editDel:
+			h.keys, h.vals = slices.Delete(h.keys, e.at, e.at+1), slices.Delete(h.vals, e.at, e.at+1)
+		}
+	}
+}
+
+// listing is one read of the prefix.
+type listing struct {
+	count int // keys under the prefix: not the prefix itself, not a folder
+	// unchanged: the read holds exactly what the Sink last accepted. Only
+	// a read compared with a held one can be.
+	unchanged bool
+	// A changed read is either merged with the held one (edits, in key
+	// order) or read in full (full, whose map is new).
+	edits []edit
+	full  held
+	// changed lists the keys set, added or deleted against the held read
+	// it was compared with (nil when there was none).
+	changed []string
+	// direct: read from the body by listingTransport, not from
+	// consul/api's pairs.
+	direct bool
+}
+
+// errUnordered is a listing whose keys are not in order, which
+// mergeListing relies on. Consul lists keys sorted; the Watcher reads the
+// next listings in full if one ever is not.
+var errUnordered = errors.New("Consul listed the keys out of order")
+
+// mergeListing reads a listing against last, both in key order, into the
+// edits that make last the read. It costs one pass over the body, no
+// lookups, and allocates only what differs.
+func mergeListing(lr *listingReader, prefix string, value *[]byte, last held) (listing, error) {
+	var (
+		n, j  int // keys read; last's keys passed
+		prev  []byte
+		edits []edit
+	)
+	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
+		if n > 0 && bytes.Compare(prev, rel) >= 0 {
+			return errUnordered
+		}
+		n++
+		prev = append(prev[:0], rel...)
+		for ; j < len(last.keys) && last.keys[j] < string(rel); j++ {
+			edits = append(edits, edit{at: j, key: last.keys[j], op: editDel})
+		}
+		if j < len(last.keys) && last.keys[j] == string(rel) {
+			if last.vals[j] != string(v) {
+				edits = append(edits, edit{at: j, key: last.keys[j], val: string(v), op: editSet})
+			}
+			j++
+			return nil
+		}
+		edits = append(edits, edit{at: j, key: string(rel), val: string(v), op: editAdd})
+		return nil
+	})
+	if err != nil {
+		return listing{}, err
+	}
+	for ; j < len(last.keys); j++ {
+		edits = append(edits, edit{at: j, key: last.keys[j], op: editDel})
+	}
+	if len(edits) == 0 {
+		return listing{count: n, unchanged: true}, nil
+	}
+	changed := make([]string, len(edits))
+	for i, e := range edits {
+		changed[i] = e.key
+	}
+	return listing{count: n, edits: edits, changed: changed}, nil
+}
+
+// readListing reads a listing in full into a new held read, and compares
+// it with last when there is one (the first read of a Watcher has none).
+func readListing(lr *listingReader, prefix string, value *[]byte, last map[string]string) (listing, error) {
+	b := newBuilder(len(last))
+	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
+		b.add(string(rel), string(v))
+		return nil
+	})
+	if err != nil {
+		return listing{}, err
+	}
+	return compared(b.held(), last), nil
+}
+
+// builder builds a held read from its keys in any order.
+type builder struct {
+	h        held
+	disorder bool
+}
+
+// newBuilder returns a builder sized for n keys (the held read's count is
+// the best guess of the next one's).
+func newBuilder(n int) *builder {
+	return &builder{h: held{kv: make(map[string]string, n), keys: make([]string, 0, n), vals: make([]string, 0, n)}}
+}
+
+func (b *builder) add(k, v string) {
+	if n := len(b.h.keys); n > 0 && b.h.keys[n-1] >= k {
+		b.disorder = true
+	}
+	b.h.kv[k] = v
+	b.h.keys, b.h.vals = append(b.h.keys, k), append(b.h.vals, v)
+}
+
+// held returns the read, its keys sorted (a key listed twice counts once,
+// with its last value).
+func (b *builder) held() held {
+	if b.disorder {
+		b.h.keys = slices.Sorted(maps.Keys(b.h.kv))
+		b.h.vals = b.h.vals[:len(b.h.keys)]
+		for i, k := range b.h.keys {
+			b.h.vals[i] = b.h.kv[k]
+		}
+	}
+	return b.h
+}
+
+// compared is the listing of h, a read built in full, compared with last
+// (nil: nothing to compare with).
+func compared(h held, last map[string]string) listing {
+	l := listing{count: len(h.kv), full: h}
+	if last == nil {
+		return l
+	}
+	for k, v := range h.kv {
+		if old, ok := last[k]; !ok || old != v {
+			l.changed = append(l.changed, k)
+		}
+	}
+	for k := range last {
+		if _, ok := h.kv[k]; !ok {
+			l.changed = append(l.changed, k)
+		}
+	}
+	if len(l.changed) == 0 {
+		return listing{count: len(h.kv), unchanged: true}
+	}
+	return l
+}
+
+// pairsListing reads a listing from consul/api's pairs, as readListing
+// reads a body: for a List that did not pass through listingTransport.
+func pairsListing(pairs api.KVPairs, prefix string, last map[string]string) listing {
+	b := newBuilder(len(pairs))
+	for _, p := range pairs {
+		if rel, ok := pairKey(p, prefix); ok {
+			b.add(rel, string(p.Value))
+		}
+	}
+	return compared(b.held(), last)
+}
+
+// pairKey returns a pair's key relative to prefix, and false for the
+// prefix itself and folder keys.
+func pairKey(p *api.KVPair, prefix string) (string, bool) {
+	rel, ok := strings.CutPrefix(p.Key, prefix)
+	if !ok || rel == "" || (strings.HasSuffix(rel, "/") && len(p.Value) == 0) {
+		return "", false
+	}
+	return rel, true
+}

@@ -1,0 +1,118 @@
+package kvsync
+
+// This file is the transport hook. consul/api never hands back a
+// listing's body, so the decoding happens in its HTTP transport
+// (listingTransport, installed by NewClient): the Watcher marks its List
+// call's context with a *capture, the transport decodes the 200 answer's
+// body into it (decode.go, merged with the held read by merge.go) and
+// hands consul/api an empty array in its place. Everything else (address,
+// TLS, token, namespace, 404 as an empty prefix, X-Consul-Index, the
+// ACL-filtered header, status errors) stays consul/api's. A List that did
+// not pass through the transport (a client built elsewhere, the tests'
+// fakes) is read from consul/api's pairs as before.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// NewClient returns the Consul client for addr (see ClientConfig) with the
+// transport that lets a Watcher decode its listings itself.
+func NewClient(addr string) (*api.Client, error) {
+	cfg := ClientConfig(addr)
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// api.NewClient fills cfg.HttpClient (for every address form, unix
+	// sockets included) and the client shares that *http.Client.
+	cfg.HttpClient.Transport = listingTransport{next: cfg.HttpClient.Transport}
+	return c, nil
+}
+
+// listingTransport decodes the body of a request whose context carries a
+// *capture (see withCapture) into it.
+type listingTransport struct{ next http.RoundTripper }
+
+func (t listingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	next := t.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	c, _ := req.Context().Value(captureKey{}).(*capture)
+	if c != nil && req.Header.Get("Accept-Encoding") == "" {
+		// Consul gzips an answer when asked to, and Go's transport asks
+		// by default: 11 MB of JSON at 50,000 keys cost Consul's CPU
+		// more than the listing itself and ours again to inflate, while
+		// the bytes cross a data centre's network in milliseconds.
+		req = req.Clone(req.Context())
+		req.Header.Set("Accept-Encoding", "identity")
+	}
+	resp, err := next.RoundTrip(req)
+	if err != nil || c == nil || resp.StatusCode != http.StatusOK {
+		return resp, err
+	}
+	if err := c.consume(resp); err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(strings.NewReader("[]"))
+	resp.ContentLength = 2
+	resp.Header.Del("Content-Length")
+	return resp, nil
+}
+
+type captureKey struct{}
+
+// withCapture marks ctx so that listingTransport decodes the listing
+// answered to the request made with it into c.
+func withCapture(ctx context.Context, c *capture) context.Context {
+	return context.WithValue(ctx, captureKey{}, c)
+}
+
+// capture is one listing request's decoding. The Watcher fills the inputs;
+// the transport sets done and the result.
+type capture struct {
+	prefix string
+	index  uint64 // the WaitIndex asked
+	last   held   // what the Sink holds; its kv is nil when nothing yet
+	// unordered: read in full, not merged with last (see errUnordered).
+	unordered bool
+	body      *[]byte // reused buffer for the body
+	value     *[]byte // reused buffer for one base64-decoded value
+
+	done bool // the transport read the answer
+	res  listing
+}
+
+// consume reads and closes resp's body and decodes it into c. An answer at
+// the index asked changed nothing (the wait ended, or a write outside the
+// prefix woke the query): its body is read but not decoded.
+func (c *capture) consume(resp *http.Response) error {
+	defer resp.Body.Close()
+	if c.index != 0 && resp.Header.Get("X-Consul-Index") == strconv.FormatUint(c.index, 10) {
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return fmt.Errorf("read KV listing: %w", err)
+		}
+		c.done, c.res = true, listing{count: len(c.last.kv), unchanged: true, direct: true}
+		return nil
+	}
+	lr := listingReader{listingDecoder: listingDecoder{b: (*c.body)[:0]}, r: resp.Body}
+	var err error
+	if c.last.kv == nil || c.unordered {
+		c.res, err = readListing(&lr, c.prefix, c.value, c.last.kv)
+	} else {
+		c.res, err = mergeListing(&lr, c.prefix, c.value, c.last)
+	}
+	*c.body = lr.b[:0]
+	if err != nil {
+		return err
+	}
+	c.done, c.res.direct = true, true
+	return nil
+}
