@@ -103,7 +103,9 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 			return true
 		}
 		return false
-	}, func() string { return fmt.Sprintf("the load balancer keeps %s in: %s", cutOff.NodeID, lb.Server(t, lbRow)) })
+	}, func() string {
+		return fmt.Sprintf("the load balancer keeps %s in: %s", cutOff.NodeID, lb.Server(t, lbRow))
+	})
 	toLBOut := lbOutAt.Sub(cutAt)
 
 	// HAProxy: every server reaches DRAIN (agent); none ever goes back to UP.
@@ -130,7 +132,9 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 			return true
 		}
 		return false
-	}, func() string { return fmt.Sprintf("the load balancer did not take %s back: %s", cutOff.NodeID, lb.Server(t, lbRow)) })
+	}, func() string {
+		return fmt.Sprintf("the load balancer did not take %s back: %s", cutOff.NodeID, lb.Server(t, lbRow))
+	})
 	if got := cutOff.Ask(t, backend+"/s01"); got != "drain" {
 		t.Errorf("healed %s answers %q, want drain", cutOff.NodeID, got)
 	}
@@ -242,7 +246,9 @@ func (p *lbProbers) waitProbes(t testing.TB, n int) {
 	t.Helper()
 	want := p.total() + n
 	eventually(t, 20*time.Second, func() bool { return p.total() >= want },
-		func() string { return fmt.Sprintf("checks through the load balancer did not reach %d (at %d)", want, p.total()) })
+		func() string {
+			return fmt.Sprintf("checks through the load balancer did not reach %d (at %d)", want, p.total())
+		})
 }
 
 func (p *lbProbers) stop() lbResult {
@@ -364,4 +370,3 @@ func (s *statSampler) String() string {
 	fmt.Fprintf(&b, "(%d samples, %d errors)", s.samples, s.errs)
 	return b.String()
 }
-
