@@ -11,6 +11,7 @@ import (
 	"github.com/hastate/hastate/api"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -52,7 +53,7 @@ func TestKVViewIsTheSameOnEveryReplica(t *testing.T) {
 		o.ConsulHealth = hs[i].get
 		o.KVFailoverAfter = -1 // this test is about the view, not failover
 	})
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	for _, n := range nodes {
 		if v := n.KVView(); v.Synced || !strings.Contains(v.Warning, "not synced") {
 			t.Errorf("%s before any sync: %+v, want a warning", n.opts.ID, v)
@@ -75,9 +76,11 @@ func TestKVViewIsTheSameOnEveryReplica(t *testing.T) {
 	if err := l.ApplyKV(context.Background(), 1, map[string]string{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, everywhere(func(v api.KVView) bool {
-		return v.Known && v.Reachable && v.Synced && v.Warning == "" && v.SyncAge < 3*time.Second && v.LeaderID == l.opts.ID
-	}), "the replicas never agreed that Consul is in sync")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(everywhere(func(v api.KVView) bool {
+			return v.Known && v.Reachable && v.Synced && v.Warning == "" && v.SyncAge < 3*time.Second && v.LeaderID == l.opts.ID
+		})(), "the replicas never agreed that Consul is in sync")
+	})
 
 	for i, n := range nodes {
 		if n == l {
@@ -85,9 +88,11 @@ func TestKVViewIsTheSameOnEveryReplica(t *testing.T) {
 		}
 	}
 	lost := time.Now()
-	eventually(t, 5*time.Second, everywhere(func(v api.KVView) bool {
-		return !v.Reachable && strings.Contains(v.Warning, "Consul not synced for")
-	}), "the replicas never said Consul is lost")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(everywhere(func(v api.KVView) bool {
+			return !v.Reachable && strings.Contains(v.Warning, "Consul not synced for")
+		})(), "the replicas never said Consul is lost")
+	})
 	t.Logf("Consul loss seen on every replica after %s", time.Since(lost).Round(time.Millisecond))
 	for _, n := range nodes {
 		if got := testutil.ToFloat64(reachableGauge{n.Node}); got != 0 {
@@ -125,17 +130,17 @@ func TestFailingLeaderDutyHandsOver(t *testing.T) {
 			return nil
 		}
 	})
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	if l := leaderOf(nodes); l == nodes[2] {
 		// Elected first by chance: make a failing node lead.
 		if err := l.raft.LeadershipTransferToServer("n0", raft.ServerAddress(nodes[0].opts.Advertise)).Error(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		l := leaderOf(nodes)
-		return l != nil && l.opts.ID == "n2"
-	}, "leadership never reached the node whose duty works")
+		return testenv.Expect(l != nil && l.opts.ID == "n2", "leadership never reached the node whose duty works")
+	})
 	failures := 0.0
 	for _, n := range nodes[:2] {
 		failures += testutil.ToFloat64(n.metrics.dutyFailures)

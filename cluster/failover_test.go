@@ -71,7 +71,7 @@ func TestLeaderWithoutConsulHandsOverToAFollowerWithConsul(t *testing.T) {
 		o.ConsulHealth = hs[i].get
 		o.KVFailoverAfter = 500 * time.Millisecond
 	})
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	old := leaderOf(nodes)
 	for i, n := range nodes {
 		if n == old {
@@ -79,7 +79,10 @@ func TestLeaderWithoutConsulHandsOverToAFollowerWithConsul(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	eventually(t, 10*time.Second, func() bool { l := leaderOf(nodes); return l != nil && l != old }, "leadership stayed on the leader that lost Consul")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		l := leaderOf(nodes)
+		return testenv.Expect(l != nil && l != old, "leadership stayed on the leader that lost Consul")
+	})
 	t.Logf("leadership moved off the leader without Consul %s after failover-after elapsed", time.Since(start)-500*time.Millisecond)
 
 	// The members report each other's Consul reachability.
@@ -107,7 +110,7 @@ func TestNoHandOverWhenNoFollowerReachesConsul(t *testing.T) {
 		o.ConsulHealth = hs[i].get
 		o.KVFailoverAfter = 200 * time.Millisecond
 	})
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	l := leaderOf(nodes)
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
@@ -157,12 +160,14 @@ func TestMutualTLSOnTheRaftPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodes := startCluster(t, func(_ int, o *Options) { o.TLS = conf })
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader over TLS")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader over TLS") })
 	if err := leaderOf(nodes).ApplyKV(context.Background(), 1, map[string]string{"state/a/b": "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		eventually(t, 5*time.Second, func() bool { return answer(n.Node, "a/b") == "drain\n" }, "%s did not replicate over TLS", n.opts.ID)
+		testenv.Eventually(t, 5*time.Second, func() error {
+			return testenv.Expect(answer(n.Node, "a/b") == "drain\n", "%s did not replicate over TLS", n.opts.ID)
+		})
 	}
 
 	// A client without a certificate from the CA is refused.
@@ -194,7 +199,7 @@ func TestMutualTLSOnTheRaftPort(t *testing.T) {
 // shutdown needs.
 func TestHandOverKeepsTheNodeFollowing(t *testing.T) {
 	nodes := startCluster(t, nil)
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	old := leaderOf(nodes)
 	ctx := context.Background()
 	if err := old.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
@@ -204,11 +209,16 @@ func TestHandOverKeepsTheNodeFollowing(t *testing.T) {
 	if old.IsLeader() {
 		t.Fatal("still the leader after HandOver")
 	}
-	eventually(t, 2*time.Second, func() bool { l := leaderOf(nodes); return l != nil && l != old }, "no other node leads after HandOver")
+	testenv.Eventually(t, 2*time.Second, func() error {
+		l := leaderOf(nodes)
+		return testenv.Expect(l != nil && l != old, "no other node leads after HandOver")
+	})
 	if err := leaderOf(nodes).ApplyKV(ctx, 2, map[string]string{"state/web/a": "maint"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() bool { return answer(old.Node, "web/a") == "maint\n" }, "the node that handed over stopped following")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(answer(old.Node, "web/a") == "maint\n", "the node that handed over stopped following")
+	})
 	// A follower has nothing to hand over.
 	old.HandOver(ctx)
 }

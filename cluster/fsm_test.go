@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -126,7 +127,7 @@ func TestReplicaRestartsOverRejectedEntries(t *testing.T) {
 	}
 
 	n2 := startNode(t, o)
-	eventually(t, 10*time.Second, func() bool { ok, _ := n2.Ready(); return ok }, "restarted node not ready")
+	testenv.Eventually(t, 10*time.Second, func() error { ok, _ := n2.Ready(); return testenv.Expect(ok, "restarted node not ready") })
 	// Ready is not enough: the log must have been replayed through the
 	// rejected entries (raft applies them once the leader commits again).
 	if err := n2.ApplyKV(ctx, 9, map[string]string{"state/web/b": "maint", "state/web/a": "drain"}); err != nil {

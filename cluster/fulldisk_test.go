@@ -30,7 +30,7 @@ func TestFullDiskKeepsServingAndRecovers(t *testing.T) {
 	data := filepath.Join(dir, "data")
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	n := startNode(t, Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: data})
-	eventually(t, 5*time.Second, n.IsLeader, "no leader")
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(n.IsLeader(), "no leader") })
 	ctx := context.Background()
 	kv := map[string]string{"state/web/a": "drain"}
 	if err := n.ApplyKV(ctx, 1, kv); err != nil {
@@ -54,9 +54,9 @@ func TestFullDiskKeepsServingAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	kv = map[string]string{"state/web/a": "maint"}
-	eventually(t, 10*time.Second, func() bool {
-		return n.IsLeader() && n.ApplyKV(ctx, 1000, kv) == nil
-	}, "no recovery after space was freed")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(n.IsLeader() && n.ApplyKV(ctx, 1000, kv) == nil, "no recovery after space was freed")
+	})
 	if got := answer(n.Node, "web/a"); got != "maint\n" {
 		t.Fatalf("answer after recovery: %q", got)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/hastate/hastate/internal/lifecycle"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -185,17 +186,19 @@ type Node struct {
 	lastBadPolicy atomic.Pointer[string]
 	kvState
 
-	stop     chan struct{}
-	release  chan struct{} // a large change was applied (see releaseLoop)
-	wg       sync.WaitGroup
-	stopOnce sync.Once
-	stopErr  error
+	stop    chan struct{}
+	release chan struct{} // a large change was applied (see releaseLoop)
+	wg      sync.WaitGroup
+	// stops holds the stop of every step New took; Shutdown runs them
+	// last-first, and so does a New that fails half-way.
+	stops lifecycle.Stops
 }
 
 // New opens (or creates) the node's raft state in DataDir and starts raft.
 // A node with no raft state bootstraps with Options.Peers; every node may do
-// so with the same list.
-func New(o Options) (*Node, error) {
+// so with the same list. Each step registers its stop (n.stops), so a New
+// that fails stops what it started, and Shutdown is the same list.
+func New(o Options) (_ *Node, err error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
@@ -203,6 +206,11 @@ func New(o Options) (*Node, error) {
 		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
 	}
 	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{}), release: make(chan struct{}, 1)}
+	defer func() {
+		if err != nil {
+			_ = n.stops.Stop(context.Background())
+		}
+	}()
 	n.started = time.Now()
 	n.leaderSeen.Store(n.started.UnixNano())
 	n.leaderContact.Store(n.started.UnixNano())
@@ -226,10 +234,10 @@ func New(o Options) (*Node, error) {
 		return nil, fmt.Errorf("cluster: open raft log %s: %w (is another hastate using this --data-dir?)", filepath.Join(o.DataDir, "raft.db"), err)
 	}
 	n.store = store
+	n.stops.Add("raft log store", func(context.Context) error { return store.Close() })
 	hlog := newHCLog(o.Logger, "raft")
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(o.DataDir, 3, hlog)
 	if err != nil {
-		store.Close()
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
 	sl, err := newStreamLayer(streamConfig{
@@ -238,13 +246,16 @@ func New(o Options) (*Node, error) {
 		MaxConnsPerIP: o.MaxConnsPerIP, MaxConns: o.MaxConns, IdentifyTimeout: o.IdentifyTimeout,
 	})
 	if err != nil {
-		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	n.stream = sl
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
 		ServerAddressProvider: newDialOverride(o),
+	})
+	n.stops.Add("raft transport", func(context.Context) error {
+		n.transport.CloseStreams()
+		return n.transport.Close() // closes the stream layer's listener
 	})
 
 	notify := make(chan bool, 16)
@@ -262,16 +273,15 @@ func New(o Options) (*Node, error) {
 
 	hasState, err := raft.HasExistingState(store, store, snaps)
 	if err != nil {
-		n.closeStores()
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
 	logs := newLogCache(logCacheEntries, store) // see logcache.go
 	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, n.transport)
 	if err != nil {
-		n.closeStores()
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	n.stops.Add("raft", func(context.Context) error { return r.Shutdown().Error() })
 	// A snapshot older than version 3 does not carry the FSM's index; the
 	// snapshot's own raft index is as good.
 	if v, err := strconv.ParseUint(r.Stats()["last_snapshot_index"], 10, 64); err == nil && v > 0 {
@@ -295,10 +305,12 @@ func New(o Options) (*Node, error) {
 
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(n.metrics); err != nil {
-			_ = r.Shutdown().Error()
-			n.closeStores()
 			return nil, fmt.Errorf("cluster: register metrics: %w", err)
 		}
+		n.stops.Add("metrics", func(context.Context) error {
+			o.Registerer.Unregister(n.metrics)
+			return nil
+		})
 	}
 	obs := make(chan raft.Observation, 16)
 	n.observer = raft.NewObserver(obs, false, func(o *raft.Observation) bool {
@@ -306,6 +318,10 @@ func New(o Options) (*Node, error) {
 		return ok
 	})
 	r.RegisterObserver(n.observer)
+	n.stops.Add("raft observer", func(context.Context) error {
+		r.DeregisterObserver(n.observer)
+		return nil
+	})
 
 	sl.serveQueries()
 	n.wg.Add(5)
@@ -314,6 +330,17 @@ func New(o Options) (*Node, error) {
 	go n.contactLoop()
 	go n.leaderReportLoop()
 	go n.releaseLoop()
+	n.stops.Add("node loops", func(context.Context) error {
+		close(n.stop)
+		n.wg.Wait()
+		return nil
+	})
+	// Registered last, so it runs first: a leader hands over leadership
+	// while everything above still runs.
+	n.stops.Add("leadership hand-over", func(ctx context.Context) error {
+		n.HandOver(ctx)
+		return nil
+	})
 	return n, nil
 }
 
@@ -322,38 +349,6 @@ func New(o Options) (*Node, error) {
 func (n *Node) Snapshot() *state.Snapshot { return n.fsm.serving.Load() }
 
 // Shutdown hands leadership to another voter when this node leads (bounded
-// by ctx), stops the leader duty, then stops raft and closes the stores.
-// Safe to call more than once.
-func (n *Node) Shutdown(ctx context.Context) error {
-	n.stopOnce.Do(func() { n.stopErr = n.shutdown(ctx) })
-	return n.stopErr
-}
-
-func (n *Node) shutdown(ctx context.Context) error {
-	n.HandOver(ctx)
-	close(n.stop)
-	n.wg.Wait()
-	n.raft.DeregisterObserver(n.observer)
-	err := n.raft.Shutdown().Error()
-	if n.opts.Registerer != nil {
-		n.opts.Registerer.Unregister(n.metrics)
-	}
-	if cerr := n.closeStores(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func (n *Node) closeStores() error {
-	var err error
-	if n.transport != nil {
-		n.transport.CloseStreams()
-		err = n.transport.Close()
-	}
-	if n.store != nil {
-		if cerr := n.store.Close(); err == nil {
-			err = cerr
-		}
-	}
-	return err
-}
+// by ctx), stops the leader duty, then stops raft and closes the stores:
+// the stops of New's steps, last-first. Safe to call more than once.
+func (n *Node) Shutdown(ctx context.Context) error { return n.stops.Stop(ctx) }

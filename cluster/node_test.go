@@ -9,6 +9,7 @@ import (
 	"hash/crc64"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,17 +24,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func eventually(t *testing.T, d time.Duration, cond func() bool, msg string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: "+msg, append([]any{d}, args...)...)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 type testNode struct {
 	opts Options
@@ -69,7 +59,7 @@ func startLeader(t *testing.T, o Options) *testNode {
 		o.DataDir = t.TempDir()
 	}
 	n := startNode(t, o)
-	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(n.IsLeader(), "single node never became leader") })
 	return n
 }
 
@@ -90,7 +80,7 @@ func TestSingleNodeAppliesAndSurvivesRestart(t *testing.T) {
 	if ok, _ := n.Ready(); ok {
 		t.Fatal("a fresh node must not be ready")
 	}
-	eventually(t, 5*time.Second, n.IsLeader, "single node never became leader")
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(n.IsLeader(), "single node never became leader") })
 
 	ctx := context.Background()
 	// An empty prefix still gives the replica state.
@@ -100,7 +90,7 @@ func TestSingleNodeAppliesAndSurvivesRestart(t *testing.T) {
 	if got := answer(n.Node, "web/a"); got != "ready 100%\n" {
 		t.Fatalf("answer after empty sync = %q", got)
 	}
-	eventually(t, 2*time.Second, func() bool { ok, _ := n.Ready(); return ok }, "not ready after sync")
+	testenv.Eventually(t, 2*time.Second, func() error { ok, _ := n.Ready(); return testenv.Expect(ok, "not ready after sync") })
 
 	before := n.raft.LastIndex()
 	if err := n.ApplyKV(ctx, 6, map[string]string{}); err != nil {
@@ -140,7 +130,10 @@ func TestSingleNodeAppliesAndSurvivesRestart(t *testing.T) {
 	}
 
 	n2 := startNode(t, o)
-	eventually(t, 5*time.Second, func() bool { ok, _ := n2.Ready(); return ok }, "restarted node not ready without any KV sync")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		ok, _ := n2.Ready()
+		return testenv.Expect(ok, "restarted node not ready without any KV sync")
+	})
 	want["web/a"] = "ready 100%\n"
 	for req, w := range want {
 		if got := answer(n2.Node, req); got != w {
@@ -171,7 +164,7 @@ func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 10*time.Second, func() bool { return leader() != nil }, "no leader elected")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leader() != nil, "no leader elected") })
 	l := leader()
 	for _, n := range nodes {
 		if n != l {
@@ -184,8 +177,10 @@ func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		eventually(t, 5*time.Second, func() bool { return answer(n.Node, "web/a") == "drain\n" }, "%s never answered drain", n.opts.ID)
-		eventually(t, 5*time.Second, func() bool { ok, _ := n.Ready(); return ok }, "%s not ready", n.opts.ID)
+		testenv.Eventually(t, 5*time.Second, func() error {
+			return testenv.Expect(answer(n.Node, "web/a") == "drain\n", "%s never answered drain", n.opts.ID)
+		})
+		testenv.Eventually(t, 5*time.Second, func() error { ok, _ := n.Ready(); return testenv.Expect(ok, "%s not ready", n.opts.ID) })
 	}
 	info := l.Info()
 	if len(info.Members) != 3 || info.State != "leader" || info.LeaderID != l.opts.ID {
@@ -199,21 +194,23 @@ func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
 	// Leadership was handed over before the old leader stopped: a survivor
 	// leads right away, without waiting for an election timeout.
 	var nl *testNode
-	eventually(t, 2*time.Second, func() bool {
+	testenv.Eventually(t, 2*time.Second, func() error {
 		for _, n := range nodes {
 			if n != old && n.IsLeader() {
 				nl = n
-				return true
+				return nil
 			}
 		}
-		return false
-	}, "no survivor became leader")
+		return errors.New("no survivor became leader")
+	})
 	if err := nl.ApplyKV(context.Background(), 4, map[string]string{"state/web/a": "maint"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
 		if n != old {
-			eventually(t, 5*time.Second, func() bool { return answer(n.Node, "web/a") == "maint\n" }, "%s never answered maint", n.opts.ID)
+			testenv.Eventually(t, 5*time.Second, func() error {
+				return testenv.Expect(answer(n.Node, "web/a") == "maint\n", "%s never answered maint", n.opts.ID)
+			})
 		}
 	}
 }
@@ -313,7 +310,7 @@ func TestOptionsValidate(t *testing.T) {
 // serves", so a load balancer must not send it probes before.
 func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 	nodes := startCluster(t, nil)
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	l := leaderOf(nodes)
 	ctx := context.Background()
 	kv := map[string]string{}
@@ -322,7 +319,7 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 	}
 	var f *testNode
 	for _, n := range nodes {
-		eventually(t, 5*time.Second, func() bool { ok, _ := n.Ready(); return ok }, "%s not ready", n.opts.ID)
+		testenv.Eventually(t, 5*time.Second, func() error { ok, _ := n.Ready(); return testenv.Expect(ok, "%s not ready", n.opts.ID) })
 		if n != l {
 			f = n
 		}
@@ -464,5 +461,41 @@ func TestApplyReadComparesOnlyWhatChanged(t *testing.T) {
 	}
 	if got := answer(n.Node, "api/x"); got != "ready 50%\n" {
 		t.Errorf("api/x answers %q, want ready 50%%", got)
+	}
+}
+
+// A New that fails after raft started (here: its metrics are already
+// registered) stops what it started, last first: raft, the transport (the
+// port can be bound again) and the log store (the data dir opens again).
+// TestMain checks that no goroutine is left.
+func TestNewFailingLateStopsWhatItStarted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	options := func() Options {
+		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		return Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: t.TempDir(), Registerer: reg}
+	}
+	first, err := New(options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := options()
+	if _, err := New(o); err == nil || !strings.Contains(err.Error(), "register metrics") {
+		t.Fatalf("New with the metrics registered already = %v, want the registration error", err)
+	}
+	_ = first.Shutdown(context.Background())
+	ln, err := net.Listen("tcp", o.BindAddr)
+	if err != nil {
+		t.Fatalf("the failed New left its raft port bound: %v", err)
+	}
+	ln.Close()
+	n, err := New(o) // the same port and data dir
+	if err != nil {
+		t.Fatalf("the failed New left its port or data dir held: %v", err)
+	}
+	if err := n.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(context.Background()); err != nil {
+		t.Errorf("second Shutdown = %v", err)
 	}
 }

@@ -66,8 +66,9 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 	for i := range conns {
 		conns[i] = dialFrom(t, attacker, n0.opts.BindAddr)
 	}
-	eventually(t, 5*time.Second, func() bool { return rejected(n0, rejectPerIP) == flood-DefaultMaxConnsPerIP },
-		"per-address rejections %d, want %d", rejected(n0, rejectPerIP), flood-DefaultMaxConnsPerIP)
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(rejected(n0, rejectPerIP) == flood-DefaultMaxConnsPerIP, "per-address rejections %d, want %d", rejected(n0, rejectPerIP), flood-DefaultMaxConnsPerIP)
+	})
 	if got := n0.stream.guard.openFrom(attacker); got != DefaultMaxConnsPerIP {
 		t.Fatalf("%d connections held from %s, want the cap %d", got, attacker, DefaultMaxConnsPerIP)
 	}
@@ -91,12 +92,14 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 			}
 		}
 	}()
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader during the flood")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader during the flood") })
 	if err := leaderOf(nodes).ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		eventually(t, 5*time.Second, func() bool { return n.Snapshot() != nil && answer(n.Node, "web/a") == "drain\n" }, "%s did not apply during the flood", n.opts.ID)
+		testenv.Eventually(t, 5*time.Second, func() error {
+			return testenv.Expect(n.Snapshot() != nil && answer(n.Node, "web/a") == "drain\n", "%s did not apply during the flood", n.opts.ID)
+		})
 		if got := n.PeerStatuses(time.Second); len(got) != 3 {
 			t.Errorf("%s got statuses from %d members during the flood, want 3", n.opts.ID, len(got))
 		}
@@ -122,8 +125,9 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 	if took := time.Since(start); took < DefaultIdentifyTimeout {
 		t.Errorf("idle connections closed after %s, before the identify deadline %s", took, DefaultIdentifyTimeout)
 	}
-	eventually(t, 2*time.Second, func() bool { return rejected(n0, rejectIdentify) == DefaultMaxConnsPerIP },
-		"identify rejections %d, want %d", rejected(n0, rejectIdentify), DefaultMaxConnsPerIP)
+	testenv.Eventually(t, 2*time.Second, func() error {
+		return testenv.Expect(rejected(n0, rejectIdentify) == DefaultMaxConnsPerIP, "identify rejections %d, want %d", rejected(n0, rejectIdentify), DefaultMaxConnsPerIP)
+	})
 	if got := n0.stream.guard.openFrom(attacker); got != 0 {
 		t.Errorf("%d connections from %s still counted after they were closed", got, attacker)
 	}
@@ -169,21 +173,25 @@ func TestRaftPortCaps(t *testing.T) {
 		t.Fatal("a connection over the per-address cap was not closed at once")
 	}
 	dialFrom(t, "127.0.0.3", addr)
-	eventually(t, 2*time.Second, func() bool { return testutil.ToFloat64(n.metrics.port.open) == 3 }, "open gauge %v, want 3", testutil.ToFloat64(n.metrics.port.open))
+	testenv.Eventually(t, 2*time.Second, func() error {
+		return testenv.Expect(testutil.ToFloat64(n.metrics.port.open) == 3, "open gauge %v, want 3", testutil.ToFloat64(n.metrics.port.open))
+	})
 	if c := dialFrom(t, "127.0.0.4", addr); !closedWithin(c, time.Now().Add(2*time.Second)) {
 		t.Fatal("a connection over the total cap was not closed at once")
 	}
 
 	// A closed connection frees its place; a stranger's first byte is refused.
 	a1.Close()
-	eventually(t, 2*time.Second, func() bool { return n.stream.guard.openFrom("127.0.0.2") == 1 }, "a closed connection kept its place")
+	testenv.Eventually(t, 2*time.Second, func() error {
+		return testenv.Expect(n.stream.guard.openFrom("127.0.0.2") == 1, "a closed connection kept its place")
+	})
 	if _, err := a2.Write([]byte{'X'}); err != nil {
 		t.Fatal(err)
 	}
 	if !closedWithin(a2, time.Now().Add(2*time.Second)) {
 		t.Fatal("a connection of unknown kind was not closed")
 	}
-	eventually(t, 2*time.Second, func() bool { return rejected(n, rejectKind) == 1 }, "unknown kind not counted")
+	testenv.Eventually(t, 2*time.Second, func() error { return testenv.Expect(rejected(n, rejectKind) == 1, "unknown kind not counted") })
 	if c := dialFrom(t, "127.0.0.2", addr); closedWithin(c, time.Now().Add(200*time.Millisecond)) {
 		t.Fatal("a connection within the caps was closed")
 	}
@@ -229,7 +237,7 @@ func TestRaftPortRefusesStrangersWithTLS(t *testing.T) {
 		o.IdentifyTimeout = time.Second
 		o.PeerQueries = map[string]func() any{"pollers": func() any { return secret }}
 	})
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader over TLS")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader over TLS") })
 	n0, addr := nodes[0], nodes[0].opts.BindAddr
 	if raw, err := nodes[1].stream.query(addr, "pollers", 2*time.Second); err != nil || !bytes.Contains(raw, []byte(secret)) {
 		t.Fatalf("a member's query: %s, %v", raw, err)
@@ -296,8 +304,9 @@ func TestRaftPortRefusesStrangersWithTLS(t *testing.T) {
 		}
 	}
 	want := 3 * len(strangers)
-	eventually(t, 5*time.Second, func() bool { return rejected(n0, rejectTLS) == want },
-		"rejected{reason=tls} = %d, want %d (one per attempt)", rejected(n0, rejectTLS), want)
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(rejected(n0, rejectTLS) == want, "rejected{reason=tls} = %d, want %d (one per attempt)", rejected(n0, rejectTLS), want)
+	})
 	for _, n := range nodes {
 		if got := testutil.ToFloat64(n.metrics.port.tlsEnabled); got != 1 {
 			t.Errorf("%s: hastate_raft_tls_enabled = %v with TLS", n.opts.ID, got)

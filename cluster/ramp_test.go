@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 )
 
@@ -24,7 +25,7 @@ func weightOf(n *Node, req string) int {
 func TestRampContinuesAcrossLeaderChange(t *testing.T) {
 	policy := state.RampPolicy{Start: 10, Duration: 3 * time.Second, Interval: 300 * time.Millisecond, Aggression: 1}
 	nodes := startCluster(t, func(_ int, o *Options) { o.Ramp = policy })
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	l := leaderOf(nodes)
 	ctx := context.Background()
 	if err := l.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
@@ -91,7 +92,7 @@ func TestRampContinuesAcrossLeaderChange(t *testing.T) {
 func TestRampPolicyFromKV(t *testing.T) {
 	base := state.RampPolicy{Start: 10, Duration: time.Hour, Interval: time.Minute, Aggression: 1}
 	nodes := startCluster(t, func(_ int, o *Options) { o.Ramp = base })
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	l := leaderOf(nodes)
 	ctx := context.Background()
 	kv := map[string]string{"state/web/a": "drain", RampConfigKey: `{"start":"50%","duration":"1h"}`}

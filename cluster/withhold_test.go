@@ -200,7 +200,9 @@ func metricOf(t *testing.T, n *testNode, name, label string) float64 {
 func TestCutOffFollowerWithholdsUntilCaughtUp(t *testing.T) {
 	const grace = time.Second
 	nodes, proxies := meshCluster(t, grace)
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(leaderOf(nodes) != nil, "no leader")
+	})
 	l := leaderOf(nodes)
 	ctx := context.Background()
 	if err := l.ApplyKV(ctx, 1, map[string]string{"state/web/a": "ready"}); err != nil {
@@ -208,7 +210,10 @@ func TestCutOffFollowerWithholdsUntilCaughtUp(t *testing.T) {
 	}
 	var f *testNode
 	for _, n := range nodes {
-		eventually(t, 5*time.Second, func() bool { ok, _ := n.Ready(); return ok && answer(n.Node, "web/a") == "ready 100%\n" }, "%s not ready", n.opts.ID)
+		testenv.Eventually(t, 5*time.Second, func() error {
+			ok, _ := n.Ready()
+			return testenv.Expect(ok && answer(n.Node, "web/a") == "ready 100%\n", "%s not ready", n.opts.ID)
+		})
 		if n != l && f == nil {
 			f = n
 		}
@@ -222,7 +227,9 @@ func TestCutOffFollowerWithholdsUntilCaughtUp(t *testing.T) {
 
 	isolate(proxies, indexOf(nodes, f), true)
 	cut := time.Now()
-	eventually(t, grace+5*time.Second, func() bool { return f.Serving() == nil }, "cut-off %s still answers: %+v", f.opts.ID, f.Info())
+	testenv.Eventually(t, grace+5*time.Second, func() error {
+		return testenv.Expect(f.Serving() == nil, "cut-off %s still answers: %+v", f.opts.ID, f.Info())
+	})
 	withheldAfter := time.Since(cut)
 	if withheldAfter < grace {
 		t.Fatalf("cut-off %s withheld after %s, before the grace %s", f.opts.ID, withheldAfter, grace)
@@ -252,12 +259,16 @@ func TestCutOffFollowerWithholdsUntilCaughtUp(t *testing.T) {
 			majority = append(majority, n)
 		}
 	}
-	eventually(t, 10*time.Second, func() bool { return leaderOf(majority) != nil }, "majority has no leader")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(leaderOf(majority) != nil, "majority has no leader")
+	})
 	if err := leaderOf(majority).ApplyKV(ctx, 2, map[string]string{"state/web/a": "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range majority {
-		eventually(t, 5*time.Second, func() bool { return string(n.Serving().Lookup([]byte("web/a"), 3)) == "drain\n" }, "%s never answered drain", n.opts.ID)
+		testenv.Eventually(t, 5*time.Second, func() error {
+			return testenv.Expect(string(n.Serving().Lookup([]byte("web/a"), 3)) == "drain\n", "%s never answered drain", n.opts.ID)
+		})
 		if ok, d := n.Ready(); !ok {
 			t.Fatalf("majority %s not ready during the cut: %s", n.opts.ID, d)
 		}
@@ -301,17 +312,26 @@ func TestCutOffFollowerWithholdsUntilCaughtUp(t *testing.T) {
 func TestIsolatedLeaderStepsDownAndWithholds(t *testing.T) {
 	const grace = time.Second
 	nodes, proxies := meshCluster(t, grace)
-	eventually(t, 10*time.Second, func() bool { return leaderOf(nodes) != nil }, "no leader")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(leaderOf(nodes) != nil, "no leader")
+	})
 	l := leaderOf(nodes)
 	if err := l.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "maint"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() bool { ok, _ := l.Ready(); return ok && l.Serving() != nil }, "leader not ready")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		ok, _ := l.Ready()
+		return testenv.Expect(ok && l.Serving() != nil, "leader not ready")
+	})
 	isolate(proxies, indexOf(nodes, l), true)
 	cut := time.Now()
-	eventually(t, 5*time.Second, func() bool { return !l.IsLeader() }, "isolated leader never stepped down")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(!l.IsLeader(), "isolated leader never stepped down")
+	})
 	stepDown := time.Since(cut)
-	eventually(t, grace+5*time.Second, func() bool { return l.Serving() == nil }, "isolated former leader still answers")
+	testenv.Eventually(t, grace+5*time.Second, func() error {
+		return testenv.Expect(l.Serving() == nil, "isolated former leader still answers")
+	})
 	withheld := time.Since(cut)
 	if withheld < grace {
 		t.Fatalf("isolated leader withheld %s after the cut, before the grace", withheld)
@@ -320,11 +340,12 @@ func TestIsolatedLeaderStepsDownAndWithholds(t *testing.T) {
 		t.Fatal("isolated former leader still ready")
 	}
 	isolate(proxies, indexOf(nodes, l), false)
-	eventually(t, 15*time.Second, func() bool {
-		ok, _ := l.Ready()
-		return ok && string(l.Serving().Lookup([]byte("web/a"), 3)) == "maint\n"
-	},
-		"healed former leader not ready: %+v", l.Info())
+	testenv.Eventually(t, 15*time.Second, func() error {
+		if ok, _ := l.Ready(); ok && string(l.Serving().Lookup([]byte("web/a"), 3)) == "maint\n" {
+			return nil
+		}
+		return fmt.Errorf("healed former leader not ready: %+v", l.Info())
+	})
 	t.Logf("isolated leader stepped down %s after the cut and withheld %s after it (grace %s)",
 		stepDown.Round(time.Millisecond), withheld.Round(time.Millisecond), grace)
 }

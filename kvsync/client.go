@@ -6,14 +6,6 @@ import (
 	"github.com/hashicorp/consul/api"
 )
 
-// KV is the one Consul call a Watcher makes. *api.KV satisfies it; tests
-// pass fakes.
-type KV interface {
-	List(prefix string, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error)
-}
-
-var _ KV = (*api.KV)(nil)
-
 // ClientConfig returns the Consul client configuration every Consul tool
 // uses: api.DefaultConfig reads CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN(_FILE),
 // CONSUL_HTTP_SSL, CONSUL_CACERT, CONSUL_CLIENT_CERT/KEY and the rest. A

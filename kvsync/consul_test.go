@@ -47,9 +47,9 @@ func consulOptions(client *api.Client, prefix string, sink Sink) Options {
 // waitFor waits until the Sink's last delivered map equals want.
 func waitFor(t *testing.T, sink *recSink, want map[string]string) {
 	t.Helper()
-	eventually(t, deliveryTimeout, "sink to receive "+fmtMap(want), func() bool {
+	testenv.Eventually(t, deliveryTimeout, func() error {
 		got := sink.lastDelivered()
-		return got != nil && maps.Equal(got, want)
+		return testenv.Expect(got != nil && maps.Equal(got, want), "sink to receive %s", fmtMap(want))
 	})
 }
 
@@ -104,8 +104,8 @@ func TestConsulEmptyPrefixIsDeliveredAndUnrelatedWritesAreNot(t *testing.T) {
 	idx := c.Put(t, "other/key", "1")
 	c.Put(t, "hastatex/key", "2")
 	idx = max(idx, c.Put(t, "other/key", "3"))
-	eventually(t, deliveryTimeout, "the watcher to see index "+strconv.FormatUint(idx, 10), func() bool {
-		return w.Status().Index >= idx
+	testenv.Eventually(t, deliveryTimeout, func() error {
+		return testenv.Expect(w.Status().Index >= idx, "the watcher to see index %s", strconv.FormatUint(idx, 10))
 	})
 	if w.Status().Index == first {
 		t.Fatalf("index did not move (%d); the test proves nothing", first)
@@ -151,8 +151,8 @@ func TestConsulEachChangeDeliveredOnce(t *testing.T) {
 			calls++
 			waitFor(t, sink, s.want)
 		} else if idx > 0 {
-			eventually(t, deliveryTimeout, s.name+": watcher at index "+strconv.FormatUint(idx, 10), func() bool {
-				return w.Status().Index >= idx
+			testenv.Eventually(t, deliveryTimeout, func() error {
+				return testenv.Expect(w.Status().Index >= idx, "%s", s.name+": watcher at index "+strconv.FormatUint(idx, 10))
 			})
 		}
 		if n := len(sink.all()); n != calls {
@@ -194,7 +194,7 @@ func TestConsulCustomPrefix(t *testing.T) {
 func TestConsulDownAtStartThenUp(t *testing.T) {
 	t.Parallel()
 	port := testenv.FreePort(t)
-	client, err := api.NewClient(ClientConfig("http://127.0.0.1:" + strconv.Itoa(port)))
+	client, err := NewClient("http://127.0.0.1:" + strconv.Itoa(port))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestConsulDownAtStartThenUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	runWatcher(t, w)
-	eventually(t, deliveryTimeout, "3 failed attempts", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	testenv.Eventually(t, deliveryTimeout, func() error { return testenv.Expect(w.Status().ConsecutiveErrors >= 3, "3 failed attempts") })
 	if st := w.Status(); st.Reachable || len(sink.all()) != 0 {
 		t.Fatalf("with Consul down: status %+v, sink calls %v", st, sink.all())
 	}
@@ -252,9 +252,9 @@ func TestConsulKilledAndRestarted(t *testing.T) {
 	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
 
 	c.Kill()
-	eventually(t, deliveryTimeout, "the watcher to notice", func() bool {
+	testenv.Eventually(t, deliveryTimeout, func() error {
 		st := w.Status()
-		return !st.Reachable && st.ConsecutiveErrors >= 2
+		return testenv.Expect(!st.Reachable && st.ConsecutiveErrors >= 2, "the watcher to notice")
 	})
 	c.Restart(t)
 	restarted := time.Now()
@@ -318,27 +318,28 @@ func TestConsulCancelReturnsPromptly(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 
 	tr := &http.Transport{}
-	client, err := api.NewClient(&api.Config{Address: c.Addr(), Scheme: "http", Transport: tr})
+	var blocking atomic.Bool
+	cfg := ClientConfig("http://" + c.Addr())
+	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Query().Has("index") {
+			blocking.Store(true)
+		}
+		return tr.RoundTrip(r)
+	})}
+	client, err := newClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var blocking atomic.Bool
-	kv := &fakeKV{list: func(prefix string, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
-		if q.WaitIndex > 0 {
-			blocking.Store(true)
-		}
-		return client.KV().List(prefix, q)
-	}}
 	sink := &recSink{}
-	o := consulOptions(nil, "hastate/", sink)
-	o.Client, o.KV, o.WaitTime = nil, kv, time.Minute
+	o := consulOptions(client, "hastate/", sink)
+	o.WaitTime = time.Minute
 	w, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runWatcher(t, w)
 	waitFor(t, sink, map[string]string{"state/web/a": "drain"})
-	eventually(t, deliveryTimeout, "a blocking query in flight", blocking.Load)
+	testenv.Eventually(t, deliveryTimeout, func() error { return testenv.Expect(blocking.Load(), "a blocking query in flight") })
 
 	began := time.Now()
 	stop() // fails the test if Run does not return within 5s
@@ -349,11 +350,16 @@ func TestConsulCancelReturnsPromptly(t *testing.T) {
 	goleak.VerifyNone(t, ignore)
 }
 
+// roundTripFunc is an http.RoundTripper that is a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
 // TestConsulListingReadDirect: with NewClient's client the Watcher reads
 // Consul's listing itself (listingTransport), gets what consul/api reads,
 // builds nothing for a read that changed nothing, and skips decoding an
-// answer at the index it asked; a client built without NewClient is read
-// through consul/api's pairs, with the same result.
+// answer at the index it asked; a client built without NewClient is
+// refused with what to do, since the listing is read in one way only.
 func TestConsulListingReadDirect(t *testing.T) {
 	t.Parallel()
 	c := testenv.StartConsul(t, testenv.ConsulOptions{})
@@ -367,7 +373,7 @@ func TestConsulListingReadDirect(t *testing.T) {
 		"state/web/*": `{"state":"maint","reason":"zonal é \"quoted\""}`,
 		"config/ramp": `{"duration":"5m"}`,
 	}
-	readPrefix := func(t *testing.T, client *api.Client, prefix string, index uint64, last map[string]string) (uint64, listing) {
+	readPrefixErr := func(t *testing.T, client *api.Client, prefix string, index uint64, last map[string]string) (uint64, listing, error) {
 		t.Helper()
 		w, err := New(Options{Client: client, Prefix: prefix, Sink: &recSink{}, WaitTime: 200 * time.Millisecond})
 		if err != nil {
@@ -377,7 +383,11 @@ func TestConsulListingReadDirect(t *testing.T) {
 		if last != nil {
 			h = heldOf(last)
 		}
-		got, l, err := w.read(t.Context(), index, h)
+		return w.read(t.Context(), index, h)
+	}
+	readPrefix := func(t *testing.T, client *api.Client, prefix string, index uint64, last map[string]string) (uint64, listing) {
+		t.Helper()
+		got, l, err := readPrefixErr(t, client, prefix, index, last)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,28 +400,31 @@ func TestConsulListingReadDirect(t *testing.T) {
 	}
 	direct := consulClient(t, c)
 	got, l := read(direct, 0, nil)
-	if !l.direct || l.unchanged || !maps.Equal(l.full.kv, want) || l.count != 3 || got < idx {
-		t.Fatalf("first read: direct=%v unchanged=%v keys=%d index %d, %v; want direct, changed, 3 keys, index >= %d, %v",
-			l.direct, l.unchanged, l.count, got, l.full.kv, idx, want)
+	if l.unchanged || !maps.Equal(l.full.kv, want) || l.count != 3 || got < idx {
+		t.Fatalf("first read: unchanged=%v keys=%d index %d, %v; want changed, 3 keys, index >= %d, %v",
+			l.unchanged, l.count, got, l.full.kv, idx, want)
 	}
-	if _, l := read(direct, 0, maps.Clone(want)); !l.direct || !l.unchanged || l.edits != nil || l.count != 3 {
-		t.Errorf("read against what the Sink holds: direct=%v unchanged=%v keys=%d edits %v; want direct, unchanged, no edit",
-			l.direct, l.unchanged, l.count, l.edits)
+	// consul/api decoded nothing: the pairs were read by the transport.
+	if _, l := read(direct, 0, maps.Clone(want)); !l.unchanged || l.edits != nil || l.count != 3 {
+		t.Errorf("read against what the Sink holds: unchanged=%v keys=%d edits %v; want unchanged, no edit",
+			l.unchanged, l.count, l.edits)
 	}
 	// A blocking read at the current index times out with that index: not
 	// decoded, read as unchanged.
-	if again, l := read(direct, got, want); again != got || !l.direct || !l.unchanged {
-		t.Errorf("read at index %d: index %d, direct=%v unchanged=%v; want the same index, unchanged", got, again, l.direct, l.unchanged)
+	if again, l := read(direct, got, want); again != got || !l.unchanged {
+		t.Errorf("read at index %d: index %d, unchanged=%v; want the same index, unchanged", got, again, l.unchanged)
 	}
 
-	_, l = read(c.Client(t), 0, nil)
-	if l.direct || !maps.Equal(l.full.kv, want) {
-		t.Errorf("consul/api client: direct=%v, %v; want not direct, %v", l.direct, l.full.kv, want)
+	if _, _, err := readPrefixErr(t, c.Client(t), "hastate/", 0, nil); !errors.Is(err, errNotNewClient) {
+		t.Errorf("consul/api client: read = %v, want errNotNewClient", err)
 	}
-	// A prefix with no key is a 404, which consul/api answers with no
-	// pairs and the transport leaves alone.
-	if _, l := readPrefix(t, direct, "nothing/", 0, map[string]string{}); l.direct || !l.unchanged || l.count != 0 {
-		t.Errorf("empty prefix: direct=%v unchanged=%v keys=%d; want consul/api's empty read", l.direct, l.unchanged, l.count)
+	// A prefix with no key is a 404, which the transport reads as the
+	// empty prefix.
+	if _, l := readPrefix(t, direct, "nothing/", 0, map[string]string{}); !l.unchanged || l.count != 0 {
+		t.Errorf("empty prefix: unchanged=%v keys=%d; want the empty read, unchanged", l.unchanged, l.count)
+	}
+	if _, l := readPrefix(t, direct, "nothing/", 0, nil); l.unchanged || l.count != 0 || l.full.kv == nil || len(l.full.kv) != 0 {
+		t.Errorf("empty prefix, first read: unchanged=%v keys=%d kv %v; want an empty map to hand over", l.unchanged, l.count, l.full.kv)
 	}
 }
 
@@ -446,7 +459,7 @@ func TestListingMalformedIsAReadError(t *testing.T) {
 		t.Errorf("Accept-Encoding = %v, want identity", got)
 	}
 	stop := runWatcher(t, w)
-	eventually(t, deliveryTimeout, "three failed reads", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	testenv.Eventually(t, deliveryTimeout, func() error { return testenv.Expect(w.Status().ConsecutiveErrors >= 3, "three failed reads") })
 	stop()
 	if st := w.Status(); st.Reachable || !strings.Contains(st.LastError, "malformed Consul KV listing") {
 		t.Errorf("status = %+v, want unreachable with the malformed listing error", st)

@@ -25,8 +25,8 @@ var errListing = errors.New("malformed Consul KV listing")
 // walkListing calls f with the relative key and the value of every key
 // under prefix in a listing's body, in order, until f returns an error.
 // Both slices are valid during the call only. The prefix itself and
-// folder keys (ending in "/" with no value) are left out, as consul/api's
-// reading in pairKey leaves them. Only Key and Value are read; the other
+// folder keys (ending in "/" with no value) are left out: neither is a
+// key the Sink hears of. Only Key and Value are read; the other
 // fields are checked to be JSON and skipped. The body is read one pair at
 // a time: what is held is the largest pair, not the listing.
 func walkListing(lr *listingReader, prefix string, value *[]byte, f func(rel, v []byte) error) error {
@@ -72,6 +72,11 @@ func walkListing(lr *listingReader, prefix string, value *[]byte, f func(rel, v 
 			return lr.fail("want ',' or ']' after a KV pair")
 		}
 	}
+}
+
+// walk is walkListing over lr, as mergeListing and readListing take it.
+func (lr *listingReader) walk(prefix string, value *[]byte) walkFunc {
+	return func(f func(rel, v []byte) error) error { return walkListing(lr, prefix, value, f) }
 }
 
 // listingReader reads a listing's body through a window: its decoder's b

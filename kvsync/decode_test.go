@@ -1,6 +1,6 @@
 package kvsync
 
-// Tests of listing.go: the listing decoder against consul/api's reading of
+// Tests of decode.go and merge.go: the listing decoder against consul/api's reading of
 // the same bodies, the compare-first read, and what each costs.
 
 import (
@@ -60,7 +60,15 @@ func viaConsulAPI(body []byte, prefix string) (map[string]string, error) {
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&pairs); err != nil {
 		return nil, err
 	}
-	return pairsListing(pairs, prefix, nil).full.kv, nil
+	kv := map[string]string{}
+	for _, p := range pairs {
+		// The prefix itself and folder keys (a "/" at the end, no value)
+		// are not keys.
+		if rel, ok := strings.CutPrefix(p.Key, prefix); ok && rel != "" && (!strings.HasSuffix(rel, "/") || len(p.Value) > 0) {
+			kv[rel] = string(p.Value)
+		}
+	}
+	return kv, nil
 }
 
 // reader is a listingReader over r with a fresh buffer.
@@ -69,7 +77,7 @@ func reader(r io.Reader) *listingReader { return &listingReader{r: r} }
 // decode is readListing with nothing to compare with: the map it builds.
 func decode(body []byte, prefix string) (map[string]string, error) {
 	var value []byte
-	l, err := readListing(reader(bytes.NewReader(body)), prefix, &value, nil)
+	l, err := readListing(reader(bytes.NewReader(body)).walk(prefix, &value), nil)
 	return l.full.kv, err
 }
 
@@ -126,7 +134,7 @@ func TestDecodeListingMatchesConsulAPI(t *testing.T) {
 			"a byte a read": iotest.OneByteReader(bytes.NewReader([]byte(body))),
 		} {
 			var value []byte
-			l, err := readListing(reader(r), "hastate/", &value, nil)
+			l, err := readListing(reader(r).walk("hastate/", &value), nil)
 			if err != nil {
 				t.Fatalf("%s: readListing(%.80q): %v", name, body, err)
 			}
@@ -151,7 +159,7 @@ func TestDecodeListingRejectsMalformed(t *testing.T) {
 		}
 		// Merged with a held read, it fails the same.
 		var value []byte
-		if l, err := mergeListing(reader(strings.NewReader(body)), "hastate/", &value, heldOf(map[string]string{"a": "x"})); err == nil {
+		if l, err := mergeListing(reader(strings.NewReader(body)).walk("hastate/", &value), heldOf(map[string]string{"a": "x"})); err == nil {
 			t.Errorf("mergeListing(%q) = %+v, want an error", body, l)
 		}
 	}
@@ -163,7 +171,7 @@ func TestListingReadErrorIsNotMalformed(t *testing.T) {
 	body := listingBody(t, "hastate/", 3000)
 	cut := io.MultiReader(bytes.NewReader(body[:len(body)/2]), iotest.ErrReader(io.ErrUnexpectedEOF))
 	var value []byte
-	_, err := readListing(reader(cut), "hastate/", &value, nil)
+	_, err := readListing(reader(cut).walk("hastate/", &value), nil)
 	if !errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errListing) || !strings.Contains(err.Error(), "read KV listing") {
 		t.Errorf("cut body: %v, want the read error", err)
 	}
@@ -183,7 +191,7 @@ func TestListingWindowHoldsOnePair(t *testing.T) {
 	}
 	lr := reader(bytes.NewReader(body))
 	var value []byte
-	l, err := readListing(lr, "hastate/", &value, nil)
+	l, err := readListing(lr.walk("hastate/", &value), nil)
 	if err != nil || len(l.full.kv) != 50_001 || l.full.kv["config/big"] != big {
 		t.Fatalf("readListing: %d keys, %v", len(l.full.kv), err)
 	}
@@ -202,7 +210,7 @@ func TestMergeListing(t *testing.T) {
 	var value []byte
 	merge := func(last map[string]string) listing {
 		t.Helper()
-		l, err := mergeListing(reader(iotest.HalfReader(bytes.NewReader(body))), prefix, &value, heldOf(last))
+		l, err := mergeListing(reader(iotest.HalfReader(bytes.NewReader(body))).walk(prefix, &value), heldOf(last))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,69 +278,82 @@ func TestMergeListing(t *testing.T) {
 	}
 	// Keys out of order cannot be merged.
 	unordered := `[{"Key":"hastate/b","Value":"eA=="},{"Key":"hastate/a","Value":"eA=="}]`
-	if _, err := mergeListing(reader(strings.NewReader(unordered)), prefix, &value, heldOf(map[string]string{"a": "x"})); !errors.Is(err, errUnordered) {
+	if _, err := mergeListing(reader(strings.NewReader(unordered)).walk(prefix, &value), heldOf(map[string]string{"a": "x"})); !errors.Is(err, errUnordered) {
 		t.Errorf("unordered listing: %v, want errUnordered", err)
 	}
 }
 
-// BenchmarkDecodeListing compares ways to read a 50,000-key Consul KV
-// listing (the HTTP body; no network): consul/api's decoding into
-// []*api.KVPair plus the map (the Watcher before listingTransport), and
-// readListing/mergeListing: with nothing to compare (a new leader's first
-// read), against a read one key differs from (an operator's write), and
-// against the read the Sink holds (a read that changed nothing: most
-// reads).
+// BenchmarkDecodeListing measures a read of the prefix at 1,000 and 50,000
+// keys: consul/api's decoding into []*api.KVPair plus the map (the Watcher
+// before listingTransport), and readListing/mergeListing over decode.go's
+// walk: with nothing to compare (a new leader's first read), against a
+// read one key differs from (an operator's write), and against the read
+// the Sink holds (a read that changed nothing: most reads).
 func BenchmarkDecodeListing(b *testing.B) {
-	const prefix = "hastate/"
-	body := listingBody(b, prefix, 50_000)
-	last, err := decode(body, prefix)
-	if err != nil {
-		b.Fatal(err)
-	}
-	oneSet := maps.Clone(last)
-	oneSet["config/ramp"] = `{"duration":"1m"}`
-	held, heldOneSet := heldOf(last), heldOf(oneSet)
-	var value []byte
 	window := make([]byte, minListingWindow) // kept from read to read, as the Watcher keeps it
-	lr := func() *listingReader {
-		return &listingReader{listingDecoder: listingDecoder{b: window[:0]}, r: bytes.NewReader(body)}
-	}
-	for _, c := range []struct {
-		name string
-		read func() (int, error)
-	}{
-		{"consul-api", func() (int, error) {
-			kv, err := viaConsulAPI(body, prefix)
-			return len(kv), err
-		}},
-		{"readListing-nothing-to-compare", func() (int, error) {
-			l, err := readListing(lr(), prefix, &value, nil)
-			return len(l.full.kv), err
-		}},
-		{"mergeListing-one-key-set", func() (int, error) {
-			l, err := mergeListing(lr(), prefix, &value, heldOneSet)
-			if len(l.edits) != 1 {
-				return 0, fmt.Errorf("%d edits, want 1", len(l.edits))
-			}
-			return l.count, err
-		}},
-		{"mergeListing-unchanged", func() (int, error) {
-			l, err := mergeListing(lr(), prefix, &value, held)
-			if !l.unchanged {
-				return 0, errors.New("read as changed")
-			}
-			return l.count, err
-		}},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				n, err := c.read()
-				if err != nil || n != 50_001 {
-					b.Fatalf("%d keys, %v", n, err)
+	benchListings(b, true, func(body []byte, prefix string, value *[]byte) walkFunc {
+		lr := &listingReader{listingDecoder: listingDecoder{b: window[:0]}, r: bytes.NewReader(body)}
+		return lr.walk(prefix, value)
+	})
+}
+
+// benchListings runs the reads of BenchmarkDecodeListing with the walks
+// walker returns (and consul/api's, when consulAPI).
+func benchListings(b *testing.B, consulAPI bool, walker func(body []byte, prefix string, value *[]byte) walkFunc) {
+	const prefix = "hastate/"
+	for _, keys := range []int{1_000, 50_000} {
+		body := listingBody(b, prefix, keys)
+		last, err := decode(body, prefix)
+		if err != nil {
+			b.Fatal(err)
+		}
+		oneSet := maps.Clone(last)
+		oneSet["config/ramp"] = `{"duration":"1m"}`
+		held, heldOneSet := heldOf(last), heldOf(oneSet)
+		var value []byte
+		cases := []struct {
+			name string
+			read func() (int, error)
+		}{
+			{"readListing-nothing-to-compare", func() (int, error) {
+				l, err := readListing(walker(body, prefix, &value), nil)
+				return len(l.full.kv), err
+			}},
+			{"mergeListing-one-key-set", func() (int, error) {
+				l, err := mergeListing(walker(body, prefix, &value), heldOneSet)
+				if len(l.edits) != 1 {
+					return 0, fmt.Errorf("%d edits, want 1", len(l.edits))
 				}
-			}
-		})
+				return l.count, err
+			}},
+			{"mergeListing-unchanged", func() (int, error) {
+				l, err := mergeListing(walker(body, prefix, &value), held)
+				if !l.unchanged {
+					return 0, errors.New("read as changed")
+				}
+				return l.count, err
+			}},
+		}
+		if consulAPI {
+			cases = append(cases[:0:0], append([]struct {
+				name string
+				read func() (int, error)
+			}{{"consul-api", func() (int, error) {
+				kv, err := viaConsulAPI(body, prefix)
+				return len(kv), err
+			}}}, cases...)...)
+		}
+		for _, c := range cases {
+			b.Run(fmt.Sprintf("keys=%d/%s", keys, c.name), func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					n, err := c.read()
+					if err != nil || n != keys+1 {
+						b.Fatalf("%d keys, %v", n, err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -2,9 +2,15 @@ package kvsync
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -13,31 +19,25 @@ import (
 	"github.com/hastate/hastate/state"
 )
 
-// fakeKV is a KV whose List is a function field.
-type fakeKV struct {
-	list func(prefix string, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error)
-}
-
-var _ KV = (*fakeKV)(nil)
-
-func (f *fakeKV) List(prefix string, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
-	return f.list(prefix, q)
-}
-
 // reply is one scripted answer of a fake Consul.
 type reply struct {
-	pairs    api.KVPairs
+	pairs    api.KVPairs // none: a 404, as Consul answers for an empty prefix
 	index    uint64
-	err      error
-	filtered bool // ResultsFilteredByACLs
+	filtered bool   // X-Consul-Results-Filtered-By-ACLs
+	status   int    // an error status with body, e.g. 403 "Permission denied"
+	body     string // with status
+	drop     bool   // the connection breaks: no HTTP answer
 }
 
-// script is a fake Consul that answers replies in order, records each
-// call's WaitIndex, then blocks until the call's context is done.
+// script is a fake Consul: an HTTP server that answers the Watcher's
+// listings with replies in order, records each call's index, then blocks
+// until the call is cancelled. The Watcher reads it as it reads Consul,
+// through NewClient's transport.
 type script struct {
 	t       *testing.T
 	replies []reply
 	wait    time.Duration // expected WaitTime of every call
+	srv     *httptest.Server
 
 	mu    sync.Mutex
 	waits []uint64
@@ -45,38 +45,86 @@ type script struct {
 }
 
 func newScript(t *testing.T, wait time.Duration, replies ...reply) *script {
-	return &script{t: t, replies: replies, wait: wait, done: make(chan struct{})}
+	s := &script{t: t, replies: replies, wait: wait, done: make(chan struct{})}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.srv.Close)
+	return s
 }
 
-func (s *script) kv() *fakeKV {
-	return &fakeKV{list: func(prefix string, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
-		if q.WaitTime != s.wait {
-			s.t.Errorf("WaitTime = %s, want %s", q.WaitTime, s.wait)
+// client is a Watcher's client of the fake.
+func (s *script) client() *api.Client {
+	s.t.Helper()
+	c, err := NewClient(s.srv.URL)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+func (s *script) serve(rw http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if want := fmt.Sprintf("%dms", s.wait.Milliseconds()); q.Get("wait") != want || !q.Has("recurse") {
+		s.t.Errorf("listing asked with %s, want recurse and wait=%s", r.URL, want)
+	}
+	var index uint64
+	if q.Has("index") {
+		index, _ = strconv.ParseUint(q.Get("index"), 10, 64)
+	}
+	s.mu.Lock()
+	n := len(s.waits)
+	if n == len(s.replies) {
+		select {
+		case <-s.done:
+		default:
+			close(s.done)
 		}
-		ctx := q.Context()
-		if ctx.Done() == nil {
-			s.t.Error("List called without a cancellable context")
-		}
-		s.mu.Lock()
-		n := len(s.waits)
-		if n == len(s.replies) {
-			select {
-			case <-s.done:
-			default:
-				close(s.done)
-			}
-			s.mu.Unlock()
-			<-ctx.Done()
-			return nil, nil, ctx.Err()
-		}
-		s.waits = append(s.waits, q.WaitIndex)
-		r := s.replies[n]
 		s.mu.Unlock()
-		if r.err != nil {
-			return nil, nil, r.err
+		<-r.Context().Done()
+		return
+	}
+	s.waits = append(s.waits, index)
+	rep := s.replies[n]
+	s.mu.Unlock()
+	serveReply(s.t, rw, rep)
+}
+
+// serveReply writes rep as Consul would.
+func serveReply(t *testing.T, rw http.ResponseWriter, rep reply) {
+	switch {
+	case rep.drop:
+		conn, _, err := http.NewResponseController(rw).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
 		}
-		return r.pairs, &api.QueryMeta{LastIndex: r.index, ResultsFilteredByACLs: r.filtered}, nil
-	}}
+		// Not an HTTP answer (a closed connection alone would make Go's
+		// transport retry the request on a fresh one).
+		_, _ = io.WriteString(conn, "not HTTP\r\n\r\n")
+		conn.Close()
+		return
+	case rep.status != 0:
+		rw.WriteHeader(rep.status)
+		_, _ = io.WriteString(rw, rep.body)
+		return
+	}
+	// The headers Consul sets on every answer (consul/api reads the ones
+	// after X-Consul-LastContact only when it is there).
+	rw.Header().Set("X-Consul-Index", strconv.FormatUint(rep.index, 10))
+	rw.Header().Set("X-Consul-LastContact", "0")
+	rw.Header().Set("X-Consul-KnownLeader", "true")
+	if rep.filtered {
+		rw.Header().Set("X-Consul-Results-Filtered-By-ACLs", "true")
+	}
+	if len(rep.pairs) == 0 {
+		rw.WriteHeader(http.StatusNotFound)
+		return
+	}
+	body, err := json.Marshal(rep.pairs)
+	if err != nil {
+		t.Error(err)
+	}
+	rw.Header().Set("Content-Type", "application/json")
+	_, _ = rw.Write(body)
 }
 
 func (s *script) waitIndexes() []uint64 {
@@ -171,18 +219,6 @@ func runWatcher(t *testing.T, w *Watcher) (stop func()) {
 	})
 	t.Cleanup(stop)
 	return stop
-}
-
-// eventually polls cond every 10ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func kvp(key, value string) *api.KVPair { return &api.KVPair{Key: key, Value: []byte(value)} }

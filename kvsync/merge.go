@@ -10,9 +10,6 @@ import (
 	"errors"
 	"maps"
 	"slices"
-	"strings"
-
-	"github.com/hashicorp/consul/api"
 )
 
 // held is the read the Sink accepted last: its map, which the Watcher hands
@@ -106,10 +103,13 @@ type listing struct {
 	// changed lists the keys set, added or deleted against the held read
 	// it was compared with (nil when there was none).
 	changed []string
-	// direct: read from the body by listingTransport, not from
-	// consul/api's pairs.
-	direct bool
 }
+
+// walkFunc walks a listing: it calls f with the relative key and the value
+// of every key under the prefix, in listed order, until f returns an
+// error. Both slices are valid during the call only. (decode.go's
+// listingReader.walk is the one in use.)
+type walkFunc func(f func(rel, v []byte) error) error
 
 // errUnordered is a listing whose keys are not in order, which
 // mergeListing relies on. Consul lists keys sorted; the Watcher reads the
@@ -119,13 +119,13 @@ var errUnordered = errors.New("Consul listed the keys out of order")
 // mergeListing reads a listing against last, both in key order, into the
 // edits that make last the read. It costs one pass over the body, no
 // lookups, and allocates only what differs.
-func mergeListing(lr *listingReader, prefix string, value *[]byte, last held) (listing, error) {
+func mergeListing(walk walkFunc, last held) (listing, error) {
 	var (
 		n, j  int // keys read; last's keys passed
 		prev  []byte
 		edits []edit
 	)
-	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
+	err := walk(func(rel, v []byte) error {
 		if n > 0 && bytes.Compare(prev, rel) >= 0 {
 			return errUnordered
 		}
@@ -162,9 +162,9 @@ func mergeListing(lr *listingReader, prefix string, value *[]byte, last held) (l
 
 // readListing reads a listing in full into a new held read, and compares
 // it with last when there is one (the first read of a Watcher has none).
-func readListing(lr *listingReader, prefix string, value *[]byte, last map[string]string) (listing, error) {
+func readListing(walk walkFunc, last map[string]string) (listing, error) {
 	b := newBuilder(len(last))
-	err := walkListing(lr, prefix, value, func(rel, v []byte) error {
+	err := walk(func(rel, v []byte) error {
 		b.add(string(rel), string(v))
 		return nil
 	})
@@ -228,26 +228,4 @@ func compared(h held, last map[string]string) listing {
 		return listing{count: len(h.kv), unchanged: true}
 	}
 	return l
-}
-
-// pairsListing reads a listing from consul/api's pairs, as readListing
-// reads a body: for a List that did not pass through listingTransport.
-func pairsListing(pairs api.KVPairs, prefix string, last map[string]string) listing {
-	b := newBuilder(len(pairs))
-	for _, p := range pairs {
-		if rel, ok := pairKey(p, prefix); ok {
-			b.add(rel, string(p.Value))
-		}
-	}
-	return compared(b.held(), last)
-}
-
-// pairKey returns a pair's key relative to prefix, and false for the
-// prefix itself and folder keys.
-func pairKey(p *api.KVPair, prefix string) (string, bool) {
-	rel, ok := strings.CutPrefix(p.Key, prefix)
-	if !ok || rel == "" || (strings.HasSuffix(rel, "/") && len(p.Value) == 0) {
-		return "", false
-	}
-	return rel, true
 }

@@ -40,11 +40,9 @@ var (
 
 // Options configure a Watcher. Zero values are documented per field.
 type Options struct {
-	// Client is the Consul client (see ClientConfig). Required unless KV is
-	// set; setting both is an error.
+	// Client is the Consul client; required. Build it with NewClient: the
+	// Watcher reads the listings through its transport.
 	Client *api.Client
-	// KV replaces Client.KV(); for tests.
-	KV KV
 	// Prefix is the KV prefix to mirror, ending in "/" and not starting
 	// with one, e.g. "hastate/" or "gitlab-haproxy-agent/". Required.
 	Prefix string
@@ -73,11 +71,8 @@ type Options struct {
 
 func (o *Options) validate() error {
 	var probs []string
-	switch {
-	case o.Client == nil && o.KV == nil:
-		probs = append(probs, "Client is required")
-	case o.Client != nil && o.KV != nil:
-		probs = append(probs, "set Client or KV, not both")
+	if o.Client == nil {
+		probs = append(probs, "Client is required (build it with kvsync.NewClient)")
 	}
 	switch {
 	case o.Prefix == "":
@@ -113,9 +108,6 @@ func (o *Options) setDefaults() {
 	}
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
-	}
-	if o.KV == nil {
-		o.KV = o.Client.KV()
 	}
 	if o.WaitTime == 0 {
 		o.WaitTime = DefaultWaitTime

@@ -5,11 +5,12 @@ package kvsync
 // (listingTransport, installed by NewClient): the Watcher marks its List
 // call's context with a *capture, the transport decodes the 200 answer's
 // body into it (decode.go, merged with the held read by merge.go) and
-// hands consul/api an empty array in its place. Everything else (address,
-// TLS, token, namespace, 404 as an empty prefix, X-Consul-Index, the
-// ACL-filtered header, status errors) stays consul/api's. A List that did
-// not pass through the transport (a client built elsewhere, the tests'
-// fakes) is read from consul/api's pairs as before.
+// hands consul/api an empty array in its place; a 404 is the empty
+// prefix. Everything else (address, TLS, token, namespace, X-Consul-Index,
+// the ACL-filtered header, status errors) stays consul/api's. This is the
+// one way a listing is read: a List that did not pass through the
+// transport (a client not built by NewClient) is an error, and the tests
+// read fakes of Consul over HTTP through it too.
 
 import (
 	"context"
@@ -24,8 +25,10 @@ import (
 
 // NewClient returns the Consul client for addr (see ClientConfig) with the
 // transport that lets a Watcher decode its listings itself.
-func NewClient(addr string) (*api.Client, error) {
-	cfg := ClientConfig(addr)
+func NewClient(addr string) (*api.Client, error) { return newClient(ClientConfig(addr)) }
+
+// newClient is NewClient for cfg (tests set its HTTP client).
+func newClient(cfg *api.Config) (*api.Client, error) {
 	c, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, err
@@ -55,8 +58,18 @@ func (t listingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Set("Accept-Encoding", "identity")
 	}
 	resp, err := next.RoundTrip(req)
-	if err != nil || c == nil || resp.StatusCode != http.StatusOK {
+	if err != nil || c == nil {
 		return resp, err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		// No key under the prefix: consul/api answers no pairs.
+		c.done = true
+		c.res, err = readListing(func(func(rel, v []byte) error) error { return nil }, c.last.kv)
+		return resp, err
+	default:
+		return resp, nil // consul/api's status error
 	}
 	if err := c.consume(resp); err != nil {
 		return nil, err
@@ -86,7 +99,7 @@ type capture struct {
 	body      *[]byte // reused buffer for the body
 	value     *[]byte // reused buffer for one base64-decoded value
 
-	done bool // the transport read the answer
+	done bool // the transport read the answer (200 or 404)
 	res  listing
 }
 
@@ -99,20 +112,20 @@ func (c *capture) consume(resp *http.Response) error {
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 			return fmt.Errorf("read KV listing: %w", err)
 		}
-		c.done, c.res = true, listing{count: len(c.last.kv), unchanged: true, direct: true}
+		c.done, c.res = true, listing{count: len(c.last.kv), unchanged: true}
 		return nil
 	}
 	lr := listingReader{listingDecoder: listingDecoder{b: (*c.body)[:0]}, r: resp.Body}
 	var err error
 	if c.last.kv == nil || c.unordered {
-		c.res, err = readListing(&lr, c.prefix, c.value, c.last.kv)
+		c.res, err = readListing(lr.walk(c.prefix, c.value), c.last.kv)
 	} else {
-		c.res, err = mergeListing(&lr, c.prefix, c.value, c.last)
+		c.res, err = mergeListing(lr.walk(c.prefix, c.value), c.last)
 	}
 	*c.body = lr.b[:0]
 	if err != nil {
 		return err
 	}
-	c.done, c.res.direct = true, true
+	c.done = true
 	return nil
 }

@@ -28,6 +28,7 @@ type Status = api.WatchStatus
 // with Run. Status is safe for concurrent use.
 type Watcher struct {
 	o     Options
+	kv    *consul.KV
 	log   *zap.Logger
 	m     *Metrics
 	slack time.Duration // requestSlack; tests shorten it
@@ -55,6 +56,7 @@ func New(o Options) (*Watcher, error) {
 	o.setDefaults()
 	return &Watcher{
 		o:     o,
+		kv:    o.Client.KV(),
 		log:   o.Logger.With(zap.String("kv_prefix", o.Prefix)),
 		m:     o.Metrics,
 		slack: requestSlack,
@@ -182,7 +184,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 	limit := w.o.WaitTime + w.o.WaitTime/16 + w.slack
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	list := func() (*capture, consul.KVPairs, *consul.QueryMeta, error) {
+	list := func() (*capture, *consul.QueryMeta, error) {
 		c := &capture{prefix: w.o.Prefix, index: index, last: last, unordered: w.unordered, body: &w.body, value: &w.value}
 		// Consistent: Consul's leader confirms it still leads and has
 		// applied its log before answering. In the default mode a Consul
@@ -190,15 +192,15 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 		// it has applied so far (an empty prefix at index 1 was seen),
 		// and the leader would apply that older data over what it holds.
 		q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime, RequireConsistent: !w.defaultMode}).WithContext(withCapture(ctx, c))
-		pairs, meta, err := w.o.KV.List(w.o.Prefix, q)
-		return c, pairs, meta, err
+		_, meta, err := w.kv.List(w.o.Prefix, q) // the pairs are read by listingTransport into c
+		return c, meta, err
 	}
-	c, pairs, meta, err := list()
+	c, meta, err := list()
 	if errors.Is(err, errUnordered) {
 		w.log.Warn("Consul listed the keys under the prefix out of order; reading every listing in full from now on (this costs more at scale; report it with the Consul version)",
 			zap.Error(err))
 		w.unordered = true
-		c, pairs, meta, err = list()
+		c, meta, err = list()
 	}
 	switch {
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -212,12 +214,10 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 		// cannot see.
 		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errFilteredByACLs)
 	}
-	l := c.res
 	if !c.done {
-		// Not through listingTransport: a 404 (no key under the prefix),
-		// or a client NewClient did not build.
-		l = pairsListing(pairs, w.o.Prefix, last.kv)
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errNotNewClient)
 	}
+	l := c.res
 	// Consul's rule: an index must be above 0; waiting on 0 would not
 	// block, so treat 0 as 1.
 	got := max(meta.LastIndex, 1)
@@ -230,6 +230,9 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 	w.mu.Unlock()
 	return got, l, nil
 }
+
+// errNotNewClient: the listing did not pass through listingTransport.
+var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewClient, which reads the listing (build it with NewClient)")
 
 var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix, refusing a partial read")
 

@@ -4,14 +4,16 @@ import (
 	"errors"
 	"maps"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -20,9 +22,9 @@ import (
 )
 
 // fastOptions returns Options with tiny pacing, for fakes.
-func fastOptions(kv KV, sink Sink) Options {
+func fastOptions(client *api.Client, sink Sink) Options {
 	return Options{
-		KV:          kv,
+		Client:      client,
 		Prefix:      "hastate/",
 		Sink:        sink,
 		WaitTime:    time.Second,
@@ -38,7 +40,6 @@ func TestWatcherIndexRules(t *testing.T) {
 	aMap := map[string]string{"state/web/a": "drain"}
 	b := api.KVPairs{kvp("hastate/state/web/a", "drain"), kvp("hastate/state/web/b", "maint")}
 	bMap := map[string]string{"state/web/a": "drain", "state/web/b": "maint"}
-	errRefused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	errSink := errors.New("not the leader")
 
 	tests := []struct {
@@ -106,7 +107,7 @@ func TestWatcherIndexRules(t *testing.T) {
 		},
 		{
 			name:      "consul errors are retried without blocking, compared with the held read",
-			replies:   []reply{{pairs: a, index: 10}, {err: errRefused}, {err: errRefused}, {pairs: b, index: 11}},
+			replies:   []reply{{pairs: a, index: 10}, {drop: true}, {drop: true}, {pairs: b, index: 11}},
 			wantWaits: []uint64{0, 10, 0, 0},
 			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {11, bMap, 10, []string{"state/web/b"}, nil}},
 			wantIndex: 11,
@@ -124,7 +125,10 @@ func TestWatcherIndexRules(t *testing.T) {
 			replies:   []reply{{pairs: a, index: 10}, {pairs: b, index: 11}, {pairs: b, index: 11}},
 			sinkFails: []int{1},
 			wantWaits: []uint64{0, 10, 0},
-			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {11, bMap, 10, []string{"state/web/b"}, errSink}, {11, bMap, 10, []string{"state/web/b"}, nil}},
+			// The refused read was merged into the held map, so the
+			// Watcher drops what it held: the retry is a full read
+			// with no base (the Sink compares it in full).
+			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {11, bMap, 10, []string{"state/web/b"}, errSink}, {11, bMap, 0, nil, nil}},
 			wantIndex: 11,
 		},
 		{
@@ -145,7 +149,7 @@ func TestWatcherIndexRules(t *testing.T) {
 				}
 				return nil
 			}}
-			w, err := New(fastOptions(fake.kv(), sink))
+			w, err := New(fastOptions(fake.client(), sink))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,10 +176,9 @@ func TestWatcherIndexRules(t *testing.T) {
 
 func TestWatcherErrorsBackOffLogAndRecover(t *testing.T) {
 	t.Parallel()
-	errRefused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	replies := []reply{
-		{err: errRefused}, {err: errRefused}, {err: errRefused}, {err: errRefused}, {err: errRefused},
-		{err: api.StatusError{Code: 403, Body: "Permission denied"}},
+		{drop: true}, {drop: true}, {drop: true}, {drop: true}, {drop: true},
+		{status: 403, body: "Permission denied"},
 		{index: 9, pairs: api.KVPairs{kvp("hastate/k", "v")}},
 	}
 	fake := newScript(t, time.Second, replies...)
@@ -183,7 +186,7 @@ func TestWatcherErrorsBackOffLogAndRecover(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	now := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	sink := &recSink{}
-	o := fastOptions(fake.kv(), sink)
+	o := fastOptions(fake.client(), sink)
 	o.Logger = zap.New(core)
 	o.Metrics = NewMetrics(reg)
 	o.Now = func() time.Time { return now }
@@ -237,20 +240,24 @@ func TestWatcherErrorsBackOffLogAndRecover(t *testing.T) {
 
 func TestWatcherStatusWhileFailing(t *testing.T) {
 	t.Parallel()
-	calls := make(chan struct{}, 100)
-	fake := &fakeKV{list: func(string, *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
-		calls <- struct{}{}
-		return nil, nil, errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
-	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close() // nothing listens there: connection refused
+	client, err := NewClient(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
-	o := fastOptions(fake, &recSink{})
+	o := fastOptions(client, &recSink{})
 	o.Metrics = NewMetrics(reg)
 	w, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	runWatcher(t, w)
-	eventually(t, 5*time.Second, "3 failed attempts", func() bool { return w.Status().ConsecutiveErrors >= 3 })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(w.Status().ConsecutiveErrors >= 3, "3 failed attempts") })
 	st := w.Status()
 	if st.Reachable || !st.LastSuccess.IsZero() || !strings.Contains(st.LastError, "connection refused") {
 		t.Errorf("status = %+v, want unreachable, never succeeded, the error", st)
@@ -263,15 +270,20 @@ func TestWatcherStatusWhileFailing(t *testing.T) {
 func TestWatcherAbandonsHungCall(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
-	fake := &fakeKV{list: func(_ string, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 { // a half-open connection: never answers
-			<-q.Context().Done()
-			return nil, nil, q.Context().Err()
+			<-r.Context().Done()
+			return
 		}
-		return nil, &api.QueryMeta{LastIndex: 3}, nil
-	}}
+		serveReply(t, rw, reply{index: 3})
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	sink := &recSink{}
-	o := fastOptions(fake, sink)
+	o := fastOptions(client, sink)
 	o.WaitTime = 10 * time.Millisecond
 	w, err := New(o)
 	if err != nil {
@@ -279,7 +291,7 @@ func TestWatcherAbandonsHungCall(t *testing.T) {
 	}
 	w.slack = 10 * time.Millisecond
 	runWatcher(t, w)
-	eventually(t, 5*time.Second, "delivery after the hung call", func() bool { return len(sink.delivered()) == 1 })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(len(sink.delivered()) == 1, "delivery after the hung call") })
 	if st := w.Status(); !strings.Contains(st.LastError, "no answer within") {
 		t.Errorf("LastError = %q, want it to say the call was abandoned", st.LastError)
 	}
@@ -288,7 +300,7 @@ func TestWatcherAbandonsHungCall(t *testing.T) {
 func TestRunTwiceConcurrently(t *testing.T) {
 	t.Parallel()
 	fake := newScript(t, time.Second)
-	w, err := New(fastOptions(fake.kv(), &recSink{}))
+	w, err := New(fastOptions(fake.client(), &recSink{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +313,7 @@ func TestRunTwiceConcurrently(t *testing.T) {
 	// After it returned, the Watcher may run again: a new term.
 	fake2 := newScript(t, time.Second, reply{index: 5})
 	sink := &recSink{}
-	w2, _ := New(fastOptions(fake2.kv(), sink))
+	w2, _ := New(fastOptions(fake2.client(), sink))
 	stop2 := runWatcher(t, w2)
 	fake2.exhausted(t)
 	stop2()
@@ -354,9 +366,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}{
 		{"valid", func(*Options) {}, ""},
 		{"custom prefix", func(o *Options) { o.Prefix = "gitlab-haproxy-agent/" }, ""},
-		{"fake KV", func(o *Options) { o.Client, o.KV = nil, &fakeKV{} }, ""},
 		{"no client", func(o *Options) { o.Client = nil }, "Client is required"},
-		{"client and KV", func(o *Options) { o.KV = &fakeKV{} }, "not both"},
 		{"no prefix", func(o *Options) { o.Prefix = "" }, "Prefix is required"},
 		{"prefix without slash", func(o *Options) { o.Prefix = "hastate" }, `try "hastate/"`},
 		{"prefix with leading slash", func(o *Options) { o.Prefix = "/hastate/" }, `try "hastate/"`},
@@ -383,7 +393,11 @@ func TestNewRejectsBadOptions(t *testing.T) {
 
 func TestNewDefaults(t *testing.T) {
 	t.Parallel()
-	w, err := New(Options{KV: &fakeKV{}, Prefix: "hastate/", Sink: &recSink{}, BackoffBase: time.Minute})
+	client, err := NewClient("127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: &recSink{}, BackoffBase: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -314,7 +314,7 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 	buf := s.bufs.Get().(*readBuf)
 	defer s.bufs.Put(buf)
 
-	n, err := s.readRequest(c, buf, start.Add(s.readTimeout))
+	n, read, err := s.readRequest(c, buf, start.Add(s.readTimeout))
 	switch {
 	case err == nil:
 	case errors.Is(err, net.ErrClosed):
@@ -345,10 +345,15 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 		return
 	}
 	req = req[:len(backend)+1+len(server)]
+	// A manual probe is never an HAProxy: it is answered, not recorded.
+	pollers := s.pollers
+	if bytes.HasPrefix(buf[n:read], probeMarker) {
+		pollers = nil
+	}
 	line := s.src.Snapshot().Lookup(req, len(backend))
 	if line == nil {
 		s.m.withheld.Inc()
-		s.pollers.Record(c.RemoteAddr(), req, nil, start)
+		pollers.Record(c.RemoteAddr(), req, nil, start)
 		return
 	}
 	if err := c.SetWriteDeadline(time.Now().Add(s.writeTimeout)); err != nil {
@@ -361,8 +366,12 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 	}
 	s.m.answered.Inc()
 	s.m.duration.Observe(time.Since(start).Seconds())
-	s.pollers.Record(c.RemoteAddr(), req, line, start)
+	pollers.Record(c.RemoteAddr(), req, line, start)
 }
+
+// probeMarker is state.ProbeMarker as bytes, so that checking for it does
+// not allocate.
+var probeMarker = []byte(state.ProbeMarker)
 
 func (s *AgentServer) writeFailed(c net.Conn, err error) {
 	if errors.Is(err, net.ErrClosed) {
@@ -376,37 +385,37 @@ func (s *AgentServer) writeFailed(c net.Conn, err error) {
 var errTooLong = fmt.Errorf("%w: longer than %d bytes", state.ErrMalformedRequest, state.MaxRequest)
 
 // readRequest reads one request into buf and returns its length, LF
-// included when there is one. The request is complete at the first LF; at
+// included when there is one, and how many bytes it read into buf in all
+// (what came with the request after its LF: a manual probe's marker). The request is complete at the first LF; at
 // end of input (the peer half-closed) if data arrived; or, without LF, once
 // the peer has sent nothing for the quiet period. It fails with an error
 // wrapping os.ErrDeadlineExceeded when no complete request arrived before
 // deadline, errTooLong when the buffer fills without LF, io.EOF when the
 // peer closed without sending anything, or the read error.
-func (s *AgentServer) readRequest(c net.Conn, buf *readBuf, deadline time.Time) (int, error) {
+func (s *AgentServer) readRequest(c net.Conn, buf *readBuf, deadline time.Time) (n, read int, err error) {
 	if err := c.SetReadDeadline(deadline); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n := 0
 	quiet := false // the current read deadline is a quiet-period one
 	for {
 		m, err := c.Read(buf[n:])
 		if m > 0 {
 			if i := bytes.IndexByte(buf[n:n+m], '\n'); i >= 0 {
-				return n + i + 1, nil
+				return n + i + 1, n + m, nil
 			}
 			n += m
 			if n == len(buf) {
-				return n, errTooLong
+				return n, n, errTooLong
 			}
 		}
 		switch {
 		case err == nil:
 		case err == io.EOF && n > 0:
-			return n, nil
+			return n, n, nil
 		case quiet && n > 0 && errors.Is(err, os.ErrDeadlineExceeded):
-			return n, nil
+			return n, n, nil
 		default:
-			return n, err
+			return n, n, err
 		}
 		if m > 0 {
 			// No LF yet: wait for more, but only for the quiet period.
@@ -415,7 +424,7 @@ func (s *AgentServer) readRequest(c net.Conn, buf *readBuf, deadline time.Time) 
 				d, q = deadline, false
 			}
 			if err := c.SetReadDeadline(d); err != nil {
-				return n, err
+				return n, n, err
 			}
 			quiet = q
 		}

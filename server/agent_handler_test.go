@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -84,6 +85,7 @@ func handlerCases() []struct {
 		{"absent", []fakeRead{{data: "other/x\n"}}, "ready 100%\n", "answered"},
 		{"no LF, quiet period", []fakeRead{{data: "web/a"}, {err: deadlineErr}}, "drain\n", "answered"},
 		{"no LF, half-close", []fakeRead{{data: "web/a", err: io.EOF}}, "drain\n", "answered"},
+		{"manual probe", []fakeRead{{data: "web/a\n" + state.ProbeMarker}}, "drain\n", "answered"},
 		{"withheld", []fakeRead{{data: "web/bad\n"}}, "", "withheld"},
 		{"no slash", []fakeRead{{data: "web\n"}}, "", "malformed"},
 		{"empty", []fakeRead{{data: "\n"}}, "", "malformed"},
@@ -119,5 +121,25 @@ func BenchmarkAgentServeConn(b *testing.B) {
 	for b.Loop() {
 		c.reset()
 		s.serveConn(c, time.Now())
+	}
+}
+
+// Issue 15.2: a manual probe (`hastate probe` sends state.ProbeMarker
+// after its request) is answered but never recorded as an HAProxy, answered
+// or withheld; the same request without the marker is.
+func TestAgentManualProbeIsNotAPoller(t *testing.T) {
+	pollers := newPollers(t, PollersOptions{})
+	s := newTestServer(t, AgentOptions{Source: staticSource(t, testKV), Pollers: pollers})
+	for _, req := range []string{"web/a\n" + state.ProbeMarker, "web/bad\n" + state.ProbeMarker, "web/a\r\n" + state.ProbeMarker} {
+		c := newFakeConn(fakeRead{data: req})
+		s.serveConn(c, time.Now())
+		if n := pollers.Len(); n != 0 {
+			t.Fatalf("after a manual probe %q (answered %q): %d pollers recorded, want none: %+v", req, c.written, n, pollers.List(time.Time{}))
+		}
+	}
+	c := newFakeConn(fakeRead{data: "web/a\n"})
+	s.serveConn(c, time.Now())
+	if got := pollers.List(time.Time{}); len(got) != 1 || got[0].Backend != "web" || got[0].Server != "a" || got[0].Answer != "drain" {
+		t.Fatalf("an HAProxy's check: pollers %+v, want web/a told drain", got)
 	}
 }

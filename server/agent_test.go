@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 )
 
@@ -170,31 +171,6 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, result string) float
 	return 0
 }
 
-// eventually polls cond every few milliseconds until it returns nil, and
-// fails the test with cond's last error when timeout passes first.
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", timeout, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// expect returns nil when ok, else an error from format and args.
-func expect(ok bool, format string, args ...any) error {
-	if ok {
-		return nil
-	}
-	return fmt.Errorf(format, args...)
-}
-
 func dial(t *testing.T, addr string) *net.TCPConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -260,8 +236,8 @@ func TestAgentAnswers(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, 5*time.Second, func() error {
-		return expect(f.checks(t, "answered") == 9 && f.checks(t, "withheld") == 1,
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(f.checks(t, "answered") == 9 && f.checks(t, "withheld") == 1,
 			"answered %v withheld %v, want 9 and 1", f.checks(t, "answered"), f.checks(t, "withheld"))
 	})
 }
@@ -271,7 +247,7 @@ func TestAgentNilSnapshotWithholds(t *testing.T) {
 	if got := probe(t, f.addr, "web/a\n"); got != "" {
 		t.Fatalf("answer %q from a replica without state, want none", got)
 	}
-	eventually(t, 5*time.Second, func() error { return expect(f.checks(t, "withheld") == 1, "withheld not counted") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.checks(t, "withheld") == 1, "withheld not counted") })
 }
 
 func TestAgentNoLFQuietPeriod(t *testing.T) {
@@ -326,8 +302,8 @@ func TestAgentMalformed(t *testing.T) {
 			if got := probe(t, f.addr, tc.req); got != "" {
 				t.Errorf("answer %q to %q, want none", got, tc.req)
 			}
-			eventually(t, 5*time.Second, func() error {
-				return expect(f.checks(t, "malformed") == float64(i+1), "malformed = %v, want %d", f.checks(t, "malformed"), i+1)
+			testenv.Eventually(t, 5*time.Second, func() error {
+				return testenv.Expect(f.checks(t, "malformed") == float64(i+1), "malformed = %v, want %d", f.checks(t, "malformed"), i+1)
 			})
 		})
 	}
@@ -340,8 +316,8 @@ func TestAgentConnectAndClose(t *testing.T) {
 	f := startAgent(t, AgentOptions{})
 	c := dial(t, f.addr)
 	c.Close()
-	eventually(t, 5*time.Second, func() error {
-		return expect(f.checks(t, "malformed") == 1, "empty connection not counted as malformed")
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(f.checks(t, "malformed") == 1, "empty connection not counted as malformed")
 	})
 }
 
@@ -385,7 +361,7 @@ func TestAgentReadTimeout(t *testing.T) {
 			if took < timeout-50*time.Millisecond || took > 3*time.Second {
 				t.Errorf("closed after %v, want about the read timeout %v", took, timeout)
 			}
-			eventually(t, 5*time.Second, func() error { return expect(f.checks(t, "timeout") == 1, "timeout not counted") })
+			testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.checks(t, "timeout") == 1, "timeout not counted") })
 			if got := f.checks(t, "malformed"); got != 0 {
 				t.Errorf("malformed = %v, want 0", got)
 			}
@@ -398,14 +374,14 @@ func TestAgentMetrics(t *testing.T) {
 	// The client sees the close a moment before the server frees the slot.
 	for _, req := range []string{"web/a\n", "web/a\n", "web/a\n", "web/bad\n", "nonsense\n"} {
 		probe(t, f.addr, req)
-		eventually(t, 5*time.Second, func() error {
-			return expect(f.s.ActiveConns() == 0, "connection for %q still active", req)
+		testenv.Eventually(t, 5*time.Second, func() error {
+			return testenv.Expect(f.s.ActiveConns() == 0, "connection for %q still active", req)
 		})
 	}
 
 	// Hold the only slot, then get rejected.
 	idle := dial(t, f.addr)
-	eventually(t, 5*time.Second, func() error { return expect(f.s.ActiveConns() == 1, "idle connection not active") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.s.ActiveConns() == 1, "idle connection not active") })
 	if got := gathered(t, f.reg, "hastate_agent_connections_active", ""); got != 1 {
 		t.Errorf("hastate_agent_connections_active = %v, want 1", got)
 	}
@@ -417,13 +393,13 @@ func TestAgentMetrics(t *testing.T) {
 	idle.Close()
 
 	want := map[string]float64{"answered": 3, "withheld": 1, "malformed": 2, "timeout": 0, "rejected": 1}
-	eventually(t, 5*time.Second, func() error {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		for result, n := range want {
 			if got := f.checks(t, result); got != n {
 				return fmt.Errorf("checks{result=%q} = %v, want %v", result, got, n)
 			}
 		}
-		return expect(f.s.ActiveConns() == 0, "ActiveConns = %d, want 0", f.s.ActiveConns())
+		return testenv.Expect(f.s.ActiveConns() == 0, "ActiveConns = %d, want 0", f.s.ActiveConns())
 	})
 	for result, n := range want {
 		if got := testutil.ToFloat64(f.s.m.counter(result)); got != n {
@@ -461,7 +437,9 @@ func TestAgentMaxConns(t *testing.T) {
 	f := startAgent(t, AgentOptions{MaxConns: 2, ReadTimeout: 10 * time.Second})
 	idle1 := dial(t, f.addr)
 	dial(t, f.addr) // idle too, closed at the end of the test
-	eventually(t, 5*time.Second, func() error { return expect(f.s.ActiveConns() == 2, "ActiveConns = %d, want 2", f.s.ActiveConns()) })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(f.s.ActiveConns() == 2, "ActiveConns = %d, want 2", f.s.ActiveConns())
+	})
 
 	c := dial(t, f.addr)
 	start := time.Now()
@@ -472,10 +450,10 @@ func TestAgentMaxConns(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("rejection took %v, want at once", took)
 	}
-	eventually(t, 5*time.Second, func() error { return expect(f.checks(t, "rejected") == 1, "rejection not counted") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.checks(t, "rejected") == 1, "rejection not counted") })
 
 	idle1.Close()
-	eventually(t, 5*time.Second, func() error { return expect(f.s.ActiveConns() == 1, "slot not released") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.s.ActiveConns() == 1, "slot not released") })
 	if got := probe(t, f.addr, "web/a\n"); got != "drain\n" {
 		t.Fatalf("after a slot freed: %q, want drain", got)
 	}
@@ -484,7 +462,7 @@ func TestAgentMaxConns(t *testing.T) {
 func TestAgentShutdownWaitsForInFlight(t *testing.T) {
 	f := startAgent(t, AgentOptions{ReadTimeout: 10 * time.Second})
 	inflight := dial(t, f.addr)
-	eventually(t, 5*time.Second, func() error { return expect(f.s.ActiveConns() == 1, "connection not active") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.s.ActiveConns() == 1, "connection not active") })
 
 	shutdownDone := make(chan error, 1)
 	go func() { shutdownDone <- f.s.Shutdown(context.Background()) }()
@@ -532,7 +510,7 @@ func TestAgentShutdownWaitsForInFlight(t *testing.T) {
 func TestAgentShutdownForceCloses(t *testing.T) {
 	f := startAgent(t, AgentOptions{ReadTimeout: 30 * time.Second})
 	idle := dial(t, f.addr)
-	eventually(t, 5*time.Second, func() error { return expect(f.s.ActiveConns() == 1, "connection not active") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.s.ActiveConns() == 1, "connection not active") })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -559,7 +537,7 @@ func TestAgentShutdownForceCloses(t *testing.T) {
 func TestAgentCloseIdempotent(t *testing.T) {
 	f := startAgent(t, AgentOptions{})
 	idle := dial(t, f.addr)
-	eventually(t, 5*time.Second, func() error { return expect(f.s.ActiveConns() == 1, "connection not active") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.s.ActiveConns() == 1, "connection not active") })
 	if err := f.s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -625,7 +603,9 @@ func TestAgentServeAcceptErrors(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { done <- s.Serve(ln) }()
-		eventually(t, 5*time.Second, func() error { return expect(calls.Load() >= 4, "Serve stopped accepting after temporary errors") })
+		testenv.Eventually(t, 5*time.Second, func() error {
+			return testenv.Expect(calls.Load() >= 4, "Serve stopped accepting after temporary errors")
+		})
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -642,7 +622,7 @@ func TestAgentServeAcceptErrors(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { done <- s.Serve(ln) }()
-		eventually(t, 5*time.Second, func() error { return expect(calls.Load() >= 1, "Serve did not accept") })
+		testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(calls.Load() >= 1, "Serve did not accept") })
 		s.Close()
 		select {
 		case err := <-done:
@@ -739,7 +719,7 @@ func TestAgentLogsRateLimited(t *testing.T) {
 	for range bad {
 		probe(t, f.addr, "garbage\n")
 	}
-	eventually(t, 5*time.Second, func() error { return expect(f.checks(t, "malformed") == bad, "malformed not counted") })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.checks(t, "malformed") == bad, "malformed not counted") })
 	if err := f.s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -774,12 +754,12 @@ func TestAgentIdleAndGarbageDoNotSlowChecks(t *testing.T) {
 	for range idle {
 		dial(t, f.addr)
 	}
-	eventually(t, 10*time.Second, func() error {
-		return expect(f.s.ActiveConns() >= idle, "ActiveConns = %d, want %d", f.s.ActiveConns(), idle)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(f.s.ActiveConns() >= idle, "ActiveConns = %d, want %d", f.s.ActiveConns(), idle)
 	})
 
 	startGarbageWriters(t, f.addr)
-	eventually(t, 10*time.Second, func() error { return expect(f.checks(t, "malformed") > 100, "garbage writers not running") })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(f.checks(t, "malformed") > 100, "garbage writers not running") })
 
 	var worst time.Duration
 	for range 200 {

@@ -180,14 +180,17 @@ func (h *httpAPI) view(limit int, cluster bool) api.StateView {
 	// server an HAProxy asked about. For a wildcard, Resolve(backend, "*")
 	// finds the wildcard key itself.
 	targets := snap.Targets()
-	told := toldCounts(polls, time.Now().Add(-api.PollerTTL))
+	now := time.Now()
+	merged := api.MergePolls(polls)
+	told := toldCounts(merged, now)
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
 			seen[t] = true
 		}
-		for _, p := range polls {
-			if t := (state.Target{Backend: p.Backend, Server: p.Server}); !seen[t] {
+		// A manual probe does not make a server known.
+		for _, p := range merged {
+			if t := (state.Target{Backend: p.Backend, Server: p.Server}); !seen[t] && p.FromHAProxy(now) {
 				seen[t] = true
 				targets = append(targets, t)
 			}
@@ -212,28 +215,25 @@ func (h *httpAPI) view(limit int, cluster bool) api.StateView {
 	return v
 }
 
-// toldCounts returns, for each server, the last answer each HAProxy that
-// asked for it since since was told, over all the polls given (an HAProxy
-// asks every replica behind the load balancer; the latest answer counts).
-func toldCounts(polls []api.Poll, since time.Time) map[state.Target]map[string]string {
-	latest := map[state.Target]map[string]time.Time{}
+// toldCounts returns, for each server, the last answer each HAProxy polling
+// it at now was told, over the polls of every replica (an HAProxy asks
+// every replica behind the load balancer; the latest answer counts). A
+// manual probe is no HAProxy (api.Poll.FromHAProxy).
+func toldCounts(merged map[api.PollKey]api.Poll, now time.Time) map[state.Target]map[string]string {
 	out := map[state.Target]map[string]string{}
-	for _, p := range polls {
-		if p.LastAsked.Before(since) {
+	for _, p := range merged {
+		if !p.Polling(now) {
 			continue
 		}
 		t := state.Target{Backend: p.Backend, Server: p.Server}
 		if out[t] == nil {
-			out[t], latest[t] = map[string]string{}, map[string]time.Time{}
+			out[t] = map[string]string{}
 		}
-		if last, ok := latest[t][p.HAProxy]; !ok || p.LastAsked.After(last) {
-			latest[t][p.HAProxy] = p.LastAsked
-			answer := p.Answer
-			if p.Withheld {
-				answer = ""
-			}
-			out[t][p.HAProxy] = answer
+		answer := p.Answer
+		if p.Withheld {
+			answer = ""
 		}
+		out[t][p.HAProxy] = answer
 	}
 	return out
 }

@@ -245,3 +245,45 @@ func TestHTTPStateShowsSince(t *testing.T) {
 		}
 	}
 }
+
+// Issue 15.2: a source that asked once, longer than api.ProbeGrace ago (an
+// nc from an operator's host) makes no server known and counts in no
+// "told"; an HAProxy whose checks are spread over two replicas does.
+func TestHTTPStateManualProbeIsNoHAProxy(t *testing.T) {
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: map[string]string{"state/web/a": "drain"}})
+	snap := m.Snapshot()
+	now := time.Now()
+	local := newPollers(t, PollersOptions{})
+	ha := &net.TCPAddr{IP: net.ParseIP("127.0.0.7"), Port: 4000}
+	local.Record(ha, []byte("web/z"), []byte("ready 100%\n"), now.Add(-3*time.Second))
+	h := NewHTTPHandler(HTTPOptions{Pollers: local, NodeID: "n1", Replica: &fakeReplica{
+		snap:  func() *state.Snapshot { return snap },
+		ready: func() (bool, string) { return true, "" },
+		peers: func() []api.Poll {
+			return []api.Poll{
+				{HAProxy: "127.0.0.9", Backend: "web", Server: "typo-srv", Answer: "ready 100%", Replica: "peer", LastAsked: now.Add(-20 * time.Second), Count: 1},
+				{HAProxy: "127.0.0.9", Backend: "web", Server: "a", Answer: "ready 100%", Replica: "peer", LastAsked: now.Add(-20 * time.Second), Count: 1},
+				{HAProxy: "127.0.0.7", Backend: "web", Server: "z", Answer: "ready 100%", Replica: "peer", LastAsked: now.Add(-time.Second), Count: 1},
+			}
+		},
+	}})
+	_, body := get(t, h, "/v1/state?scope=cluster")
+	var v api.StateView
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]api.ServerState{}
+	for _, r := range v.Servers {
+		rows[r.Backend+"/"+r.Server] = r
+	}
+	if r, ok := rows["web/typo-srv"]; ok {
+		t.Errorf("a server probed once by hand is known: %+v", r)
+	}
+	if r := rows["web/a"]; r.Polled != 0 || r.Told != 0 {
+		t.Errorf("web/a probed once by hand: polled %d, told %d; want 0 and 0", r.Polled, r.Told)
+	}
+	if r := rows["web/z"]; r.Polled != 1 || r.Told != 1 {
+		t.Errorf("web/z, an HAProxy over two replicas: polled %d, told %d; want 1 and 1 (%+v)", r.Polled, r.Told, r)
+	}
+}

@@ -47,7 +47,8 @@ type Entry struct {
 	LastRaw string
 	HasLast bool
 	// Expired is true once the leader expired the key (its value's
-	// "until" passed): it then counts as absent, until its value changes.
+	// "until" passed): it then counts as absent, until a valid value is
+	// written (an invalid one changes nothing, see set).
 	Expired bool
 	// Since is when the key's last valid value took the state it holds
 	// (Last().String(): drain, maint, ready, N%): the leader's time in the
@@ -356,8 +357,11 @@ func CheckKV(key, raw string) error {
 	return err
 }
 
+// set records a new raw value. An invalid one changes nothing that is
+// served: the last valid value stays, and so does an expiry (an expired
+// key stays absent until a valid value brings it back).
 func (e *Entry) set(raw string) {
-	e.Raw, e.Expired = raw, false
+	e.Raw = raw
 	if e.Backend == "" {
 		e.Err = keyError(e.Key).Error()
 		return
@@ -367,7 +371,7 @@ func (e *Entry) set(raw string) {
 		e.Err = err.Error()
 		return
 	}
-	e.Err, e.last, e.LastRaw, e.HasLast = "", unique.Make(v), raw, true
+	e.Err, e.last, e.LastRaw, e.HasLast, e.Expired = "", unique.Make(v), raw, true, false
 }
 
 // Persisted is the mirror's durable form, used by raft snapshots.

@@ -263,6 +263,13 @@ func ParseRequest(req []byte) (backend, server []byte, err error) {
 // MaxRequest is the longest request accepted, terminator included.
 const MaxRequest = 256
 
+// ProbeMarker is the line a manual probe (`hastate probe`) sends right
+// after its request, in the same write: a replica that reads it with the
+// request answers as usual but does not record the prober as an HAProxy
+// (HAProxy's agent-send never carries it, and a replica that does not know
+// it ignores what follows the request's LF).
+const ProbeMarker = "hastate-probe\n"
+
 var (
 	errTooLong = fmt.Errorf("%w: longer than %d bytes", ErrMalformedRequest, MaxRequest)
 	errEmpty   = fmt.Errorf("%w: empty", ErrMalformedRequest)

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -211,26 +212,25 @@ func BenchmarkBackendRamp(b *testing.B) {
 		start := time.Now()
 		// Polled every 100ms, not in a tight loop: the latency measured
 		// meanwhile is the point.
-		eventually(b, rampBenchDuration+30*time.Second, func() bool {
-			time.Sleep(50 * time.Millisecond)
+		testenv.Eventually(b, rampBenchDuration+30*time.Second, func() error {
 			for _, h := range hs {
 				if _, ans, _ := probeAgent(h.AgentAddr, rampBenchServer(0)); ans != "ready 100%" {
-					return false
+					return errors.New("the backend-wide ramp did not reach ready 100% on every replica")
 				}
 			}
-			return true
-		}, func() string { return "the backend-wide ramp did not reach ready 100% on every replica" })
+			return nil
+		})
 		end := time.Now()
 		fleet.Stop()
 		lat.Stop()
-		eventually(b, 10*time.Second, func() bool {
+		testenv.Eventually(b, 10*time.Second, func() error {
 			for _, h := range hs {
 				if h.Metric(b, "hastate_ramps_active") != 0 {
-					return false
+					return errors.New("hastate_ramps_active is not 0 on every replica after the ramp")
 				}
 			}
-			return true
-		}, func() string { return "hastate_ramps_active is not 0 on every replica after the ramp" })
+			return nil
+		})
 		after := follower.samples(b, appliedIx, "hastate_ramp_steps_total")
 		entries = after[appliedIx] - idx[appliedIx]
 		steps = after["hastate_ramp_steps_total"] - idx["hastate_ramp_steps_total"]

@@ -156,7 +156,7 @@ func waitMirror(tb testing.TB, timeout time.Duration, kv map[string]string, hs .
 	tb.Helper()
 	want := kvDigest(kv)
 	var got []string
-	eventually(tb, timeout, func() bool {
+	testenv.Eventually(tb, timeout, func() error {
 		got = got[:0]
 		same := true
 		for _, h := range hs {
@@ -167,8 +167,8 @@ func waitMirror(tb testing.TB, timeout time.Duration, kv map[string]string, hs .
 		if !same {
 			time.Sleep(200 * time.Millisecond)
 		}
-		return same
-	}, func() string { return fmt.Sprintf("replicas do not mirror the %d keys written: %v", len(kv), got) })
+		return testenv.Expect(same, "replicas do not mirror the %d keys written: %v", len(kv), got)
+	})
 }
 
 // memory reads VmRSS (resident now) and VmHWM (the peak resident set) of

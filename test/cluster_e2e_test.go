@@ -194,10 +194,10 @@ func TestE2EPartition(t *testing.T) {
 	// The old leader stops acting as leader: without contact with a quorum
 	// for the leader lease it steps down.
 	var oldInfo ClusterInfo
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		oldInfo = old.Cluster(t)
-		return oldInfo.State != "leader"
-	}, func() string { return fmt.Sprintf("isolated %s still says it leads: %+v", old.NodeID, oldInfo) })
+		return testenv.Expect(oldInfo.State != "leader", "isolated %s still says it leads: %+v", old.NodeID, oldInfo)
+	})
 	stepDown := time.Since(cutAt)
 	next, seen := firstLeader(t, 15*time.Second, majority...)
 	WaitLeader(t, 10*time.Second, majority...)
@@ -217,11 +217,11 @@ func TestE2EPartition(t *testing.T) {
 	// replica answers nothing (HAProxy keeps each server's state) and
 	// fails readiness, so the load balancer takes it out. Before that it
 	// only ever answered its last state: it never leads again.
-	eventually(t, 10*time.Second, func() bool {
-		kind, _, _ := probeAgent(old.AgentAddr, "be_part/web1")
-		return kind == probeUnanswered
-	}, func() string {
-		return fmt.Sprintf("isolated %s still answers %q", old.NodeID, old.Ask(t, "be_part/web1"))
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if kind, ans, err := probeAgent(old.AgentAddr, "be_part/web1"); kind != probeUnanswered {
+			return fmt.Errorf("isolated %s still answers: %v %q %v", old.NodeID, kind, ans, err)
+		}
+		return nil
 	})
 	withheld := time.Since(cutAt)
 	if withheld < 3*time.Second-contactSlack {
@@ -626,8 +626,10 @@ func TestE2EShutdownDelay(t *testing.T) {
 	survivors := others(hs, leader)
 
 	sent := leader.Signal(t, syscall.SIGTERM)
-	eventually(t, time.Second, func() bool { code, _ := leader.Readiness(t); return code == 503 },
-		func() string { return fmt.Sprintf("%s still ready after SIGTERM", leader.NodeID) })
+	testenv.Eventually(t, time.Second, func() error {
+		code, _ := leader.Readiness(t)
+		return testenv.Expect(code == 503, "%s still ready after SIGTERM", leader.NodeID)
+	})
 	unready := time.Since(sent)
 	next := WaitLeader(t, 2*time.Second, survivors...)
 	led := time.Since(sent)
@@ -656,12 +658,21 @@ func TestE2EShutdownDelay(t *testing.T) {
 	// A second signal cuts the delay short.
 	f := others(survivors, next)[0]
 	sent = f.Signal(t, syscall.SIGTERM)
-	eventually(t, time.Second, func() bool { code, _ := f.Readiness(t); return code == 503 },
-		func() string { return fmt.Sprintf("%s still ready after SIGTERM", f.NodeID) })
+	testenv.Eventually(t, time.Second, func() error {
+		code, _ := f.Readiness(t)
+		return testenv.Expect(code == 503, "%s still ready after SIGTERM", f.NodeID)
+	})
 	f.Signal(t, syscall.SIGTERM)
 	if code, took := f.Wait(t, sent); code != 0 || took >= delay {
 		t.Errorf("%s after two SIGTERMs: exit code %d after %s; want 0, before the %s delay", f.NodeID, code, took, delay)
 	} else {
 		t.Logf("%s after two SIGTERMs: exit code 0 after %s", f.NodeID, took.Round(time.Millisecond))
+	}
+	// A clean shutdown closes raft's inbound connections under it: raft's
+	// failed read on them is no error.
+	for _, h := range []*Hastate{leader, f} {
+		if l := h.LogLine(t, "use of closed network connection"); strings.Contains(l, `"level":"error"`) {
+			t.Errorf("%s logged an error at a clean shutdown: %s", h.NodeID, l)
+		}
 	}
 }

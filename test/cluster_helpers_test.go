@@ -323,8 +323,9 @@ func (p *probers) Stop() map[string]probeCounts {
 func (p *probers) waitProbes(t testing.TB, n int) {
 	t.Helper()
 	want := p.Total() + n
-	eventually(t, 10*time.Second, func() bool { return p.Total() >= want },
-		func() string { return fmt.Sprintf("probes did not reach %d (at %d)", want, p.Total()) })
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(p.Total() >= want, "probes did not reach %d (at %d)", want, p.Total())
+	})
 }
 
 // consulKV lists the prefix from Consul (a consistent read) with keys
@@ -365,7 +366,7 @@ func waitMirrorsConsul(t testing.TB, timeout time.Duration, consul *testenv.Cons
 	t.Helper()
 	var want string
 	var got []string
-	eventually(t, timeout, func() bool {
+	testenv.Eventually(t, timeout, func() error {
 		want = kvDigest(consulKV(t, consul))
 		got = got[:0]
 		same := true
@@ -374,8 +375,8 @@ func waitMirrorsConsul(t testing.TB, timeout time.Duration, consul *testenv.Cons
 			got = append(got, fmt.Sprintf("%s:%.12s(keys %d, applied %d)%s", h.NodeID, c.KVDigest, c.KVKeys, c.AppliedIndex, errOrEmpty(err)))
 			same = same && err == nil && c.KVDigest == want
 		}
-		return same
-	}, func() string { return fmt.Sprintf("replicas do not mirror Consul (digest %.12s): %v", want, got) })
+		return testenv.Expect(same, "replicas do not mirror Consul (digest %.12s): %v", want, got)
+	})
 	return want
 }
 

@@ -81,20 +81,21 @@ func TestE2EConsulRestartsNeverUndrain(t *testing.T) {
 		consul.Kill()
 		killed := time.Now()
 		// Down for a moment: the leader's watch fails and backs off.
-		eventually(t, 10*time.Second, func() bool { return hs[0].Metric(t, "hastate_kv_reachable") == 0 },
-			func() string { return "no replica noticed Consul down" })
+		testenv.Eventually(t, 10*time.Second, func() error {
+			return testenv.Expect(hs[0].Metric(t, "hastate_kv_reachable") == 0, "%s did not notice Consul down", hs[0].NodeID)
+		})
 		noticed := time.Now()
 		consul.Restart(t)
 		up := time.Now()
 		// Back: the leader's watch reads again; the state is unchanged.
-		eventually(t, 30*time.Second, func() bool {
+		testenv.Eventually(t, 30*time.Second, func() error {
 			for _, h := range hs {
 				if h.Metric(t, "hastate_kv_reachable") != 1 {
-					return false
+					return fmt.Errorf("%s does not see Consul back", h.NodeID)
 				}
 			}
-			return true
-		}, func() string { return "replicas do not see Consul back" })
+			return nil
+		})
 		t.Logf("restart %d: noticed down %s after the kill; Consul answering %s later; replicas see it back %s later",
 			i+1, noticed.Sub(killed).Round(time.Millisecond), up.Sub(noticed).Round(time.Millisecond), time.Since(up).Round(time.Millisecond))
 	}

@@ -235,18 +235,20 @@ func (h *HAProxy) run(t *testing.T, cfg string, notReady func(map[string]Row) st
 		}
 	})
 	var last string
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		if h.proc.Exited() {
 			t.Fatalf("haproxy exited at start")
 		}
 		st, err := h.stat()
 		if err != nil {
 			last = err.Error()
-			return false
+			return fmt.Errorf("haproxy never showed every server UP; last: %s", last)
 		}
-		last = notReady(st)
-		return last == ""
-	}, func() string { return "haproxy never showed every server UP; last: " + last })
+		if last = notReady(st); last != "" {
+			return fmt.Errorf("haproxy never showed every server UP; last: %s", last)
+		}
+		return nil
+	})
 }
 
 // tcpSink opens a TCP listener on 127.0.0.1 that accepts and closes every
@@ -375,11 +377,9 @@ func (h *HAProxy) WaitServer(t *testing.T, server, status string, weight int) Ro
 	t.Helper()
 	var last Row
 	start := time.Now()
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		last = h.Server(t, server)
-		return last.Status == status && (weight < 0 || last.Weight == weight)
-	}, func() string {
-		return fmt.Sprintf("haproxy %s: %s; want status=%q weight=%d", server, last, status, weight)
+		return testenv.Expect(last.Status == status && (weight < 0 || last.Weight == weight), "haproxy %s: %s; want status=%q weight=%d", server, last, status, weight)
 	})
 	t.Logf("haproxy %s: %s (after %s)", server, last, time.Since(start).Round(time.Millisecond))
 	return last

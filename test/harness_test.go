@@ -236,18 +236,18 @@ func (h *Hastate) Restart(t testing.TB) {
 func (h *Hastate) WaitReady(t testing.TB) {
 	t.Helper()
 	var last string
-	eventually(t, readyTimeout, func() bool {
+	testenv.Eventually(t, readyTimeout, func() error {
 		if h.proc.Exited() {
 			t.Fatalf("hastate exited before it was ready")
 		}
 		code, body, err := h.get("/-/readiness")
 		if err != nil {
 			last = err.Error()
-			return false
+			return fmt.Errorf("hastate /-/readiness never answered 200; last: %s", last)
 		}
 		last = fmt.Sprintf("HTTP %d %s", code, body)
-		return code == http.StatusOK
-	}, func() string { return "hastate /-/readiness never answered 200; last: " + last })
+		return testenv.Expect(code == http.StatusOK, "hastate /-/readiness never answered 200; last: %s", last)
+	})
 }
 
 // Readiness returns the /-/readiness status code and decoded body.
@@ -408,10 +408,10 @@ func (h *Hastate) Answers(t testing.TB, servers ...string) map[string]string {
 func (h *Hastate) WaitAnswer(t testing.TB, server, want string) {
 	t.Helper()
 	var got string
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		got = h.Ask(t, server)
-		return got == want
-	}, func() string { return fmt.Sprintf("agent answer for %s: got %q, want %q", server, got, want) })
+		return testenv.Expect(got == want, "agent answer for %s: got %q, want %q", server, got, want)
+	})
 }
 
 // LogContains reports whether the replica's log has a line containing s.
@@ -512,22 +512,6 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	}
 }
 
-// eventually polls cond every 50ms until it is true; after timeout it fails
-// the test with msg().
-func eventually(t testing.TB, timeout time.Duration, cond func() bool, msg func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", timeout, msg())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // consistently checks cond every 50ms for d and fails the test with msg()
 // the first time it is false. Use it only after something proves the
 // system was exercised during d (e.g. probe counters moved).
@@ -559,7 +543,7 @@ func WaitLeader(t testing.TB, timeout time.Duration, hs ...*Hastate) *Hastate {
 	t.Helper()
 	var leader *Hastate
 	var seen []string
-	eventually(t, timeout, func() bool {
+	testenv.Eventually(t, timeout, func() error {
 		leader, seen = nil, nil
 		infos := make([]ClusterInfo, len(hs))
 		for i, h := range hs {
@@ -567,20 +551,20 @@ func WaitLeader(t testing.TB, timeout time.Duration, hs ...*Hastate) *Hastate {
 			seen = append(seen, fmt.Sprintf("%s:%s(leader %q)", infos[i].NodeID, infos[i].State, infos[i].LeaderID))
 			if infos[i].State == "leader" {
 				if leader != nil {
-					return false
+					return fmt.Errorf("no agreed raft leader: %v", seen)
 				}
 				leader = h
 			}
 		}
 		if leader == nil {
-			return false
+			return fmt.Errorf("no agreed raft leader: %v", seen)
 		}
 		for _, in := range infos {
 			if in.LeaderID != leader.NodeID {
-				return false
+				return fmt.Errorf("no agreed raft leader: %v", seen)
 			}
 		}
-		return true
-	}, func() string { return fmt.Sprintf("no agreed raft leader: %v", seen) })
+		return nil
+	})
 	return leader
 }

@@ -62,7 +62,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 		}
 	}
 	// Both HAProxy nodes poll every server, seen through any replica.
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		var v stateView
 		hs[2].GetJSON(t, "/v1/state?scope=cluster", &v)
 		n := 0
@@ -71,8 +71,8 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 				n++
 			}
 		}
-		return n == 9
-	}, func() string { return "the nine servers are not each polled by both HAProxy nodes" })
+		return testenv.Expect(n == 9, "the nine servers are not each polled by both HAProxy nodes")
+	})
 
 	// A typo is a usage of its own: no server matches, exit 3, nothing
 	// written; a precheck of it does not pass.

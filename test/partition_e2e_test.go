@@ -59,14 +59,13 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 	// Time to withhold: the cut-off replica's own agent port stops
 	// answering (a connection closed without a reply).
 	var withheldAt time.Time
-	eventually(t, grace+10*time.Second, func() bool {
-		kind, _, _ := probeAgent(cutOff.AgentAddr, backend+"/s01")
-		if kind == probeUnanswered {
+	testenv.Eventually(t, grace+10*time.Second, func() error {
+		if kind, _, _ := probeAgent(cutOff.AgentAddr, backend+"/s01"); kind == probeUnanswered {
 			withheldAt = time.Now()
-			return true
+			return nil
 		}
-		return false
-	}, func() string { return fmt.Sprintf("cut-off %s still answers: %+v", cutOff.NodeID, cutOff.Cluster(t)) })
+		return fmt.Errorf("cut-off %s still answers: %+v", cutOff.NodeID, cutOff.Cluster(t))
+	})
 	toWithhold := withheldAt.Sub(cutAt)
 	if toWithhold < grace-contactSlack {
 		t.Errorf("cut-off %s withheld %s after the cut, before --leaderless-grace %s", cutOff.NodeID, toWithhold, grace)
@@ -97,22 +96,20 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 
 	// Time until the load balancer took it out.
 	var lbOutAt time.Time
-	eventually(t, 10*time.Second, func() bool {
-		if strings.HasPrefix(lb.Server(t, lbRow).Status, "DOWN") {
-			lbOutAt = time.Now()
-			return true
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if r := lb.Server(t, lbRow); !strings.HasPrefix(r.Status, "DOWN") {
+			return fmt.Errorf("the load balancer keeps %s in: %s", cutOff.NodeID, r)
 		}
-		return false
-	}, func() string {
-		return fmt.Sprintf("the load balancer keeps %s in: %s", cutOff.NodeID, lb.Server(t, lbRow))
+		lbOutAt = time.Now()
+		return nil
 	})
 	toLBOut := lbOutAt.Sub(cutAt)
 
 	// HAProxy: every server reaches DRAIN (agent); none ever goes back to UP.
 	samp := startStatSampler(fleet, backend, be.Servers)
 	defer samp.stop()
-	eventually(t, 15*time.Second, func() bool { return samp.allDrained() }, func() string {
-		return "not every server shows DRAIN (agent): " + samp.String()
+	testenv.Eventually(t, 15*time.Second, func() error {
+		return testenv.Expect(samp.allDrained(), "not every server shows DRAIN (agent): %s", samp)
 	})
 	allDrainedAt := time.Now()
 	samp.waitSamples(t, 60) // 6s more of the cut, at 100ms a sample
@@ -126,14 +123,12 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 	cutOff.WaitReady(t)
 	readyAt := time.Now()
 	var lbInAt time.Time
-	eventually(t, 15*time.Second, func() bool {
-		if lb.Server(t, lbRow).Status == "UP" {
-			lbInAt = time.Now()
-			return true
+	testenv.Eventually(t, 15*time.Second, func() error {
+		if r := lb.Server(t, lbRow); r.Status != "UP" {
+			return fmt.Errorf("the load balancer did not take %s back: %s", cutOff.NodeID, r)
 		}
-		return false
-	}, func() string {
-		return fmt.Sprintf("the load balancer did not take %s back: %s", cutOff.NodeID, lb.Server(t, lbRow))
+		lbInAt = time.Now()
+		return nil
 	})
 	if got := cutOff.Ask(t, backend+"/s01"); got != "drain" {
 		t.Errorf("healed %s answers %q, want drain", cutOff.NodeID, got)
@@ -245,10 +240,10 @@ func (p *lbProbers) total() int {
 func (p *lbProbers) waitProbes(t testing.TB, n int) {
 	t.Helper()
 	want := p.total() + n
-	eventually(t, 20*time.Second, func() bool { return p.total() >= want },
-		func() string {
-			return fmt.Sprintf("checks through the load balancer did not reach %d (at %d)", want, p.total())
-		})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		got := p.total()
+		return testenv.Expect(got >= want, "checks through the load balancer did not reach %d (at %d)", want, got)
+	})
 }
 
 func (p *lbProbers) stop() lbResult {
@@ -340,11 +335,11 @@ func (s *statSampler) waitSamples(t testing.TB, n int) {
 	s.mu.Lock()
 	want := s.samples + n
 	s.mu.Unlock()
-	eventually(t, time.Duration(n)*time.Second, func() bool {
+	testenv.Eventually(t, time.Duration(n)*time.Second, func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.samples >= want
-	}, func() string { return fmt.Sprintf("show stat samples did not reach %d", want) })
+		return testenv.Expect(s.samples >= want, "show stat samples did not reach %d (at %d)", want, s.samples)
+	})
 }
 
 func (s *statSampler) stop() {

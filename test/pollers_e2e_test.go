@@ -25,7 +25,7 @@ func TestE2EPollersWaitPrecheck(t *testing.T) {
 			HAProxy, Backend, Server, Answer, Replica string
 		} `json:"pollers"`
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		var p pollers
 		hs[0].GetJSON(t, "/v1/pollers?scope=cluster", &p)
 		replicas := map[string]bool{}
@@ -34,8 +34,8 @@ func TestE2EPollersWaitPrecheck(t *testing.T) {
 				replicas[x.Replica] = true
 			}
 		}
-		return p.Scope == "cluster" && len(replicas) == 3
-	}, func() string { return "be_web/web1 not polled on all three replicas" })
+		return testenv.Expect(p.Scope == "cluster" && len(replicas) == 3, "be_web/web1 not polled on all three replicas")
+	})
 
 	if out, code := op.RunCode(t, "precheck", "be_web/*"); code != 0 || !strings.Contains(out, "ok: 2 selected servers") {
 		t.Fatalf("precheck before the drain: exit %d\n%s", code, out)

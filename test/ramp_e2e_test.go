@@ -1,7 +1,6 @@
 package test
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,10 +188,10 @@ func TestE2ERamp(t *testing.T) {
 		op.Run(t, "drain", "be_web/web2")
 		hap.WaitServer(t, "be_web/web2", statDrainAgent, -1)
 		op.Run(t, "clear", "be_web/web2")
-		eventually(t, 10*time.Second, func() bool {
+		testenv.Eventually(t, 10*time.Second, func() error {
 			r := hap.Server(t, "be_web/web2")
-			return r.Status == statUp && r.Weight >= 28 && r.Weight < 100
-		}, func() string { return fmt.Sprintf("ramp never reached 28%%: %s", hap.Server(t, "be_web/web2")) })
+			return testenv.Expect(r.Status == statUp && r.Weight >= 28 && r.Weight < 100, "ramp never reached 28%%: %s", hap.Server(t, "be_web/web2"))
+		})
 		out := op.Run(t, "status", "--addr", "http://"+hs[1].HTTPAddr, "be_web/web2")
 		if !strings.Contains(out, "eta") {
 			t.Errorf("hastate status does not show the ramp:\n%s", out)

@@ -158,7 +158,7 @@ func TestContainerCluster(t *testing.T) {
 			"--shutdown-delay", "1s")
 	}
 	for _, r := range rs {
-		eventually(t, 60*time.Second, r.name+" ready", func() bool { return get(r.http, "/-/readiness") != "" })
+		testenv.Eventually(t, 60*time.Second, func() error { return testenv.Expect(get(r.http, "/-/readiness") != "", "%s", r.name+" ready") })
 	}
 	t.Logf("three containers ready %s after the load", time.Since(start).Round(time.Millisecond))
 
@@ -179,7 +179,7 @@ func TestContainerCluster(t *testing.T) {
 
 	consul.Put(t, "hastate/state/web/a", "drain")
 	for _, r := range rs {
-		eventually(t, 15*time.Second, r.name+" answers drain", func() bool { return probe(r.agent, "web/a") == "drain" })
+		testenv.Eventually(t, 15*time.Second, func() error { return testenv.Expect(probe(r.agent, "web/a") == "drain", "%s", r.name+" answers drain") })
 	}
 
 	// SIGTERM to the leader: it hands over, then exits 0.
@@ -208,9 +208,9 @@ func TestContainerCluster(t *testing.T) {
 		if r.stopped {
 			continue
 		}
-		eventually(t, 10*time.Second, r.name+" follows a new leader", func() bool {
+		testenv.Eventually(t, 10*time.Second, func() error {
 			v := clusterView(t, r.http)
-			return v.LeaderID != "" && v.LeaderID != old.name
+			return testenv.Expect(v.LeaderID != "" && v.LeaderID != old.name, "%s", r.name+" follows a new leader")
 		})
 		if got := probe(r.agent, "web/a"); got != "drain" {
 			t.Errorf("%s answers %q after the hand-over, want drain", r.name, got)
@@ -222,7 +222,9 @@ func TestContainerCluster(t *testing.T) {
 	consul.Delete(t, "hastate/state/web/a")
 	for _, r := range rs {
 		if !r.stopped {
-			eventually(t, 15*time.Second, r.name+" answers ready", func() bool { return probe(r.agent, "web/a") == "ready 100%" })
+			testenv.Eventually(t, 15*time.Second, func() error {
+				return testenv.Expect(probe(r.agent, "web/a") == "ready 100%", "%s", r.name+" answers ready")
+			})
 		}
 	}
 }
@@ -269,15 +271,4 @@ func procField(status, name string) string {
 		}
 	}
 	return ""
-}
-
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -19,6 +19,7 @@ import (
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/internal/lifecycle"
 	"github.com/hastate/hastate/internal/version"
 	"github.com/hastate/hastate/kvsync"
 	"github.com/hastate/hastate/server"
@@ -172,11 +173,11 @@ type App struct {
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
 	pollers         *server.Pollers
-	stopBackground  context.CancelFunc
-	serveWG         sync.WaitGroup
-	stopOnce        sync.Once
-	stopErr         error
-	stopping        atomic.Bool // PrepareStop began: readiness fails
+	// stops holds the stop of every step Start took; Stop runs them
+	// last-first (see Start for the order).
+	stops    lifecycle.Stops
+	serveWG  sync.WaitGroup // the goroutines Start began
+	stopping atomic.Bool    // PrepareStop began: readiness fails
 	// failed receives the error of a listener that stopped for another
 	// reason than Stop (see Failed).
 	failed chan error
@@ -213,25 +214,63 @@ func New(o Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The first stop registered runs last, after everything Start began.
+	a.stops.Add("goroutines", func(context.Context) error {
+		a.serveWG.Wait()
+		a.log.Info("hastate stopped")
+		return nil
+	})
 	return a, nil
 }
 
-// Start binds the listeners, starts raft and begins serving. On error what
-// was started is stopped again.
+// Start binds the listeners, starts raft and begins serving. Each step
+// registers its stop; Stop runs them last-first, and so does a Start that
+// fails half-way. The order of the steps is therefore the order of the
+// stops reversed: the agent-check listener is bound first so that it
+// closes last (HAProxy's probes are answered while HTTP and raft shut
+// down); the HTTP server is served last so that it stops first.
 func (a *App) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
 			_ = a.Stop(context.Background())
 		}
 	}()
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	a.stops.Add("probe and pollers sweep", func(context.Context) error {
+		stopBackground()
+		return nil
+	})
+	a.serveWG.Add(2)
+	go func() {
+		defer a.serveWG.Done()
+		_ = a.probe.Run(bgCtx)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		a.sweepPollers(bgCtx)
+	}()
+
+	a.agent, err = server.NewAgentServer(server.AgentOptions{
+		Source: agentSource{a}, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
+		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod, Pollers: a.pollers,
+	})
+	if err != nil {
+		return err
+	}
 	a.agentLn, err = net.Listen("tcp", a.o.AgentAddr)
 	if err != nil {
 		return fmt.Errorf("agent listener %s: %w (is another process on --agent-addr?)", a.o.AgentAddr, err)
 	}
+	a.stops.Add("agent-check listener", func(ctx context.Context) error {
+		// Shutdown closes the listener Serve was given; closing it here
+		// too covers a Start that failed before Serve.
+		return errors.Join(a.agent.Shutdown(ctx), closeListener(a.agentLn))
+	})
 	a.httpLn, err = net.Listen("tcp", a.o.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("http listener %s: %w (is another process on --http-addr?)", a.o.HTTPAddr, err)
 	}
+	a.stops.Add("HTTP listener", func(context.Context) error { return closeListener(a.httpLn) })
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
@@ -246,6 +285,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	a.stops.Add("raft node", a.node.Shutdown)
 	if err := a.o.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_ready",
 		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state, has caught up with a raft leader since it started and since it was last cut off, its last contact with a leader is within --leaderless-grace, and it is not shutting down), else 0. A loss of Consul does not make it 0.",
@@ -257,15 +297,6 @@ func (a *App) Start(ctx context.Context) (err error) {
 	})); err != nil {
 		return fmt.Errorf("register hastate_ready: %w", err)
 	}
-	a.agent, err = server.NewAgentServer(server.AgentOptions{
-		// Serving is nil while the node withholds (no leader for longer
-		// than the grace, catching up): no answer, HAProxy keeps its state.
-		Source: server.SnapshotFunc(a.node.Serving), Logger: a.log.Named("agent"), Registerer: a.o.Registry,
-		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod, Pollers: a.pollers,
-	})
-	if err != nil {
-		return err
-	}
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
 			Pollers: a.pollers, NodeID: a.o.NodeID}),
@@ -276,17 +307,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		MaxHeaderBytes:    a.o.HTTPMaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(a.log.Named("http")),
 	}
-	bgCtx, stopBackground := context.WithCancel(context.Background())
-	a.stopBackground = stopBackground
-	a.serveWG.Add(4)
-	go func() {
-		defer a.serveWG.Done()
-		_ = a.probe.Run(bgCtx)
-	}()
-	go func() {
-		defer a.serveWG.Done()
-		a.sweepPollers(bgCtx)
-	}()
+	a.serveWG.Add(2)
 	go func() {
 		defer a.serveWG.Done()
 		a.fail("agent-check listener", a.agent.Serve(a.agentLn), server.ErrServerClosed)
@@ -295,6 +316,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		defer a.serveWG.Done()
 		a.fail("HTTP listener", a.http.Serve(a.httpLn), http.ErrServerClosed)
 	}()
+	a.stops.Add("HTTP server", a.http.Shutdown)
 	a.log.Info("hastate started",
 		zap.String("agent_addr", a.agentLn.Addr().String()), zap.String("http_addr", a.httpLn.Addr().String()),
 		zap.String("raft_addr", a.o.RaftAddr), zap.String("raft_advertise", a.o.RaftAdvertise),
@@ -424,46 +446,39 @@ func (a *App) PrepareStop(ctx context.Context) {
 	}
 }
 
-// Stop shuts the replica down in order: HTTP, then raft (a leader hands over
-// leadership first), and the agent listener last, so probes keep being
-// answered while raft shuts down. Safe to call more than once.
+// Stop shuts the replica down in the reverse order of Start's steps: HTTP,
+// then raft (a leader hands over leadership first), and the agent listener
+// last, so probes keep being answered while raft shuts down; then the
+// probe. Safe to call more than once.
 func (a *App) Stop(ctx context.Context) error {
-	a.stopOnce.Do(func() { a.stopErr = a.stop(ctx) })
-	return a.stopErr
-}
-
-func (a *App) stop(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, a.o.ShutdownTimeout)
 		defer cancel()
 	}
-	var errs []error
-	if a.http != nil {
-		errs = append(errs, a.http.Shutdown(ctx))
-	} else if a.httpLn != nil {
-		errs = append(errs, a.httpLn.Close())
+	return a.stops.Stop(ctx)
+}
+
+// closeListener closes ln; one closed already (by its server's Shutdown)
+// is no error.
+func closeListener(ln net.Listener) error {
+	if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
 	}
-	if a.node != nil {
-		errs = append(errs, a.node.Shutdown(ctx))
-	}
-	if a.agent != nil {
-		errs = append(errs, a.agent.Shutdown(ctx))
-	} else if a.agentLn != nil {
-		errs = append(errs, a.agentLn.Close())
-	}
-	if a.stopBackground != nil {
-		a.stopBackground()
-	}
-	a.serveWG.Wait()
-	a.log.Info("hastate stopped")
-	return errors.Join(errs...)
+	return nil
 }
 
 // replica adapts the App to server.Replica.
 type replica struct{ a *App }
 
 func (r replica) Snapshot() *state.Snapshot { return r.a.node.Snapshot() }
+
+// agentSource is what the agent answers from: the node's Serving snapshot,
+// nil (no answer: HAProxy keeps its state) while the node withholds (no
+// contact with a leader for longer than the grace, catching up).
+type agentSource struct{ a *App }
+
+func (s agentSource) Snapshot() *state.Snapshot { return s.a.node.Serving() }
 func (r replica) Ready() (bool, string) {
 	if r.a.stopping.Load() {
 		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"

@@ -71,17 +71,6 @@ func ask(t *testing.T, a *App, req string) string {
 	return string(b)
 }
 
-func eventually(t *testing.T, d time.Duration, cond func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func httpGet(t *testing.T, a *App, path string) (int, string) {
 	t.Helper()
 	resp, err := http.Get("http://" + a.HTTPAddr().String() + path)
@@ -101,7 +90,7 @@ func TestTwoReplicasInOneProcess(t *testing.T) {
 	a := startApp(t, consul.Addr(), "a")
 	b := startApp(t, consul.Addr(), "b")
 	for _, r := range []*App{a, b} {
-		eventually(t, 10*time.Second, func() bool { return ask(t, r, "web/a") == "drain\n" }, "replica never answered drain")
+		testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(ask(t, r, "web/a") == "drain\n", "replica never answered drain") })
 		code, body := httpGet(t, r, "/-/readiness")
 		if code != 200 {
 			t.Fatalf("readiness %d: %s", code, body)
@@ -132,7 +121,9 @@ func TestTwoReplicasInOneProcess(t *testing.T) {
 	}
 	// b is unaffected by a's stop.
 	consul.Put(t, "hastate/state/web/a", "maint")
-	eventually(t, 10*time.Second, func() bool { return ask(t, b, "web/a") == "maint\n" }, "b stopped following KV after a stopped")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(ask(t, b, "web/a") == "maint\n", "b stopped following KV after a stopped")
+	})
 }
 
 func TestOptionsValidate(t *testing.T) {
@@ -168,7 +159,7 @@ func TestDrainAnswersWhileReadinessFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Stop(context.Background()) })
-	eventually(t, 10*time.Second, func() bool { return ask(t, a, "web/a") == "drain\n" }, "never answered drain")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(ask(t, a, "web/a") == "drain\n", "never answered drain") })
 
 	start := time.Now()
 	drained := make(chan struct{})
@@ -176,7 +167,10 @@ func TestDrainAnswersWhileReadinessFails(t *testing.T) {
 		defer close(drained)
 		a.PrepareStop(context.Background())
 	}()
-	eventually(t, delay/2, func() bool { code, _ := httpGet(t, a, "/-/readiness"); return code == 503 }, "readiness did not fail while draining")
+	testenv.Eventually(t, delay/2, func() error {
+		code, _ := httpGet(t, a, "/-/readiness")
+		return testenv.Expect(code == 503, "readiness did not fail while draining")
+	})
 	if code, body := httpGet(t, a, "/-/readiness"); !strings.Contains(body, "shutting down") {
 		t.Errorf("readiness while draining: %d %s; want a body that says it is shutting down", code, body)
 	}

@@ -24,13 +24,13 @@ const cataloguePath = "../../docs/metrics.md"
 func TestMetricsCatalogue(t *testing.T) {
 	a := startShowcase(t)
 	var fams []*dto.MetricFamily
-	eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		var err error
 		if fams, err = a.o.Registry.Gather(); err != nil {
 			t.Fatal(err)
 		}
-		return missingFamilies(fams) == nil
-	}, "families never showed")
+		return testenv.Expect(missingFamilies(fams) == nil, "families never showed")
+	})
 	got := renderCatalogue(fams)
 	if *update {
 		if err := os.WriteFile(cataloguePath, []byte(got), 0o644); err != nil {
@@ -74,9 +74,9 @@ func startShowcase(t *testing.T) *App {
 	a := startApp(t, consul.Addr(), "n1", func(o *Options) {
 		o.Ramp = state.RampPolicy{Start: 10, Duration: time.Hour, Interval: 10 * time.Second, Aggression: 1}
 	})
-	eventually(t, 10*time.Second, func() bool { return ask(t, a, "web/r") == "drain\n" }, "replica never answered drain")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(ask(t, a, "web/r") == "drain\n", "replica never answered drain") })
 	consul.Delete(t, "hastate/state/web/r")
-	eventually(t, 10*time.Second, func() bool { return ask(t, a, "web/r") == "ready 10%\n" }, "web/r never ramped")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(ask(t, a, "web/r") == "ready 10%\n", "web/r never ramped") })
 	return a
 }
 

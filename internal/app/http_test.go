@@ -25,7 +25,7 @@ func TestHTTPPortHoldsNoOneForever(t *testing.T) {
 	a := startApp(t, consul.Addr(), "h", func(o *Options) {
 		o.HTTPIdleTimeout, o.HTTPReadTimeout, o.PollersMax = idle, read, 2
 	})
-	eventually(t, 10*time.Second, func() bool { return ask(t, a, "web/a") == "drain\n" }, "replica never answered drain")
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(ask(t, a, "web/a") == "drain\n", "replica never answered drain") })
 
 	t.Run("idle connections", func(t *testing.T) {
 		opened := time.Now()

@@ -382,3 +382,58 @@ func TestWaitNamesWhatLags(t *testing.T) {
 		t.Errorf("wait with a lagging HAProxy: %v", err)
 	}
 }
+
+// pollsReplica is a replica at Consul index 5 that serves fleet() and polls.
+func pollsReplica(t *testing.T, polls []api.Poll) *Replica {
+	t.Helper()
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
+		case "/v1/pollers":
+			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}}})
+		default:
+			_ = json.NewEncoder(w).Encode(fleet())
+		}
+	}))
+	t.Cleanup(replica.Close)
+	return replicaAt(t, replica.URL)
+}
+
+// Issue 15.2: a source that asked once, longer than api.ProbeGrace ago (a
+// person's nc), is not waited for; an HAProxy that spread two checks over
+// two replicas is, and so is a source whose one ask is fresh (an HAProxy
+// that just started).
+func TestWaitIgnoresAManualProbe(t *testing.T) {
+	now := time.Now()
+	poll := func(haproxy, answer, replica string, ago time.Duration, count uint64) api.Poll {
+		return api.Poll{HAProxy: haproxy, Backend: "canary_web", Server: "web-1", Answer: answer, Replica: replica,
+			LastAsked: now.Add(-ago), Count: count}
+	}
+	probe := poll("127.0.0.9", "drain", "n1", 20*time.Second, 1)
+	current := poll("127.0.0.10", "ready 100%", "n1", time.Second, 40)
+	for _, tt := range []struct {
+		name  string
+		polls []api.Poll
+		lag   string // "" : done
+	}{
+		{"a probe once, 20s ago", []api.Poll{probe, current}, ""},
+		{"an HAProxy over two replicas", []api.Poll{probe, current, poll("127.0.0.11", "drain", "n1", 20*time.Second, 1),
+			poll("127.0.0.11", "drain", "n2", 10*time.Second, 1)}, `HAProxy 127.0.0.11 for canary_web/web-1: last told "drain" by n2`},
+		{"a new HAProxy's first check", []api.Poll{current, poll("127.0.0.12", "drain", "n2", time.Second, 1)}, "HAProxy 127.0.0.12"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := fakeGate(t, fleet(), []Selector{{"canary_web", "web-1"}})
+			g.Replica, g.Interval = pollsReplica(t, tt.polls), 50*time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			err := Wait(ctx, g)
+			switch {
+			case tt.lag == "" && err != nil:
+				t.Fatalf("wait: %v, want done", err)
+			case tt.lag != "" && (!errors.Is(err, ErrNotDone) || !strings.Contains(err.Error(), tt.lag)):
+				t.Fatalf("wait: %v, want it to wait for %q", err, tt.lag)
+			}
+		})
+	}
+}

@@ -210,13 +210,13 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	if err := Missing(pv.Replicas); err != nil {
 		return []string{err.Error()}, nil
 	}
-	latest := map[[2]string]api.Poll{} // (server, haproxy) -> latest poll on any replica
-	for _, p := range pv.Pollers {
+	// The latest poll of each (server, HAProxy) on any replica; a manual
+	// probe (a source that asked once, a while ago) is not waited for.
+	latest := map[[2]string]api.Poll{}
+	now := time.Now()
+	for _, p := range api.MergePolls(pv.Pollers) {
 		k := [2]string{p.Backend + "/" + p.Server, p.HAProxy}
-		if _, sel := current[k[0]]; !sel || time.Since(p.LastAsked) > api.PollerTTL {
-			continue
-		}
-		if old, ok := latest[k]; !ok || p.LastAsked.After(old.LastAsked) {
+		if _, sel := current[k[0]]; sel && p.Polling(now) {
 			latest[k] = p
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"strings"
+
+	"github.com/hastate/hastate/state"
 )
 
 // DefaultAgentAddr is where Probe connects without --addr.
@@ -17,7 +19,8 @@ const DefaultAgentAddr = "127.0.0.1:9777"
 const maxAnswer = 256
 
 // Probe performs one agent check as HAProxy does: connect to the agent port
-// at addr, send "backend/server\n", read one LF-terminated line. It returns
+// at addr, send "backend/server\n" (then state.ProbeMarker: a manual probe is
+// never counted as an HAProxy), read one LF-terminated line. It returns
 // the line without its LF. No answer (the replica withholds it, or the
 // request was refused), a closed or refused connection and an expired ctx
 // are errors that say so.
@@ -31,7 +34,9 @@ func Probe(ctx context.Context, addr string, t Selector) (string, error) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
-	if _, err := io.WriteString(conn, t.String()+"\n"); err != nil {
+	// The marker follows in the same write, so that the replica reads it
+	// with the request and does not count this probe as an HAProxy.
+	if _, err := io.WriteString(conn, t.String()+"\n"+state.ProbeMarker); err != nil {
 		return "", callError(ctx, "agent", addr, err, advice)
 	}
 	line, err := bufio.NewReaderSize(io.LimitReader(conn, maxAnswer), maxAnswer).ReadString('\n')

@@ -100,21 +100,10 @@ func StartShowcase(t testing.TB, bin, id string, kv map[string]string, extra ...
 	}
 	consul.Put(t, "hastate/state/web/r", "drain")
 	h := StartHastate(t, bin, id, consul.Addr(), extra...)
-	Eventually(t, 30*time.Second, func() bool { return AgentCheck(h.Agent, "web/r") == "drain\n" }, "hastate never answered drain")
+	Eventually(t, 30*time.Second, func() error { return Expect(AgentCheck(h.Agent, "web/r") == "drain\n", "hastate never answered drain") })
 	consul.Delete(t, "hastate/state/web/r") // undrain: a ramp
-	Eventually(t, 10*time.Second, func() bool { return strings.HasPrefix(AgentCheck(h.Agent, "web/r"), "ready 1") }, "web/r never ramped")
+	Eventually(t, 10*time.Second, func() error {
+		return Expect(strings.HasPrefix(AgentCheck(h.Agent, "web/r"), "ready 1"), "web/r never ramped")
+	})
 	return consul, h
-}
-
-// Eventually polls cond every 50ms and fails the test with msg when it is
-// not true within d.
-func Eventually(t testing.TB, d time.Duration, cond func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", d, msg)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

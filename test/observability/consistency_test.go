@@ -1,6 +1,7 @@
 package observability
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -53,15 +54,15 @@ func scrapeShowcase(t *testing.T) map[string]bool {
 	var fams map[string]*dto.MetricFamily
 	showcase := []string{"hastate_server_state", "hastate_server_state_since_timestamp_seconds",
 		"hastate_server_weight_percent", "hastate_ramp_step_due_timestamp_seconds", "hastate_ramp_interval_seconds"}
-	testenv.Eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		fams = scrape(t, "http://"+web+"/-/metrics")
 		for _, n := range showcase {
 			if f := fams[n]; f == nil || len(f.GetMetric()) == 0 {
-				return false
+				return errors.New("the per-server families never showed")
 			}
 		}
-		return true
-	}, "the per-server families never showed")
+		return nil
+	})
 	names := map[string]bool{}
 	for name, f := range fams {
 		names[name] = true

@@ -390,3 +390,35 @@ func TestIndexesMatchFullScan(t *testing.T) {
 		t.Fatalf("keys were due after %d steps and ramps in progress after %d: the walk exercises too little", dues, ramps)
 	}
 }
+
+// Issue 15.1: an invalid value written to an expired key changes nothing
+// that is served: the key stays expired (absent), no drain comes back and
+// no new ramp starts; a valid value afterwards brings the key back.
+func TestInvalidValueOnAnExpiredKeyChangesNothing(t *testing.T) {
+	m := NewMirror()
+	p := rampPolicy()
+	until := t0.Add(2 * time.Second).Format(time.RFC3339)
+	m.ApplyAt(set("state/ex/a", `{"state":"drain","until":"`+until+`"}`), t0, p)
+	at := t0.Add(2 * time.Second)
+	m.Expire(m.Due(at), at, p)
+	m.ApplySteps(RampSteps{Done: []string{"ex/a"}})
+	if got := lookup(m, "ex/a"); got != "ready 100%\n" || len(m.Ramps()) != 0 {
+		t.Fatalf("after expiry and ramp: %q, ramps %v; want ready 100%% and no ramp", got, m.Ramps())
+	}
+	ev := m.ApplyAt(set("state/ex/a", "drian"), at.Add(time.Minute), p)
+	if got := lookup(m, "ex/a"); got != "ready 100%\n" || len(ev) != 0 || len(m.Ramps()) != 0 {
+		t.Fatalf("an invalid value on an expired key: answer %q, events %v, ramps %v; want ready 100%%, nothing started",
+			got, ev, m.Ramps())
+	}
+	r := m.Snapshot().Resolve("ex", "a")
+	if r.Expired == nil || r.Source != SourceAbsent {
+		t.Fatalf("resolution %+v: want the key still expired and the answer from no key", r)
+	}
+	if restored := Restore(m.Export()); lookup(restored, "ex/a") != "ready 100%\n" {
+		t.Fatalf("after a snapshot: %q", lookup(restored, "ex/a"))
+	}
+	m.ApplyAt(set("state/ex/a", "maint"), at.Add(2*time.Minute), p)
+	if got := lookup(m, "ex/a"); got != "maint\n" {
+		t.Fatalf("a valid value after the invalid one: %q, want maint", got)
+	}
+}
