@@ -295,12 +295,7 @@ func New(o Options) (_ *Node, err error) {
 				servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Address), Suffrage: raft.Voter})
 			}
 		}
-		// Identical bootstraps on several nodes are fine; an error here
-		// only means another node's configuration arrived first.
-		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-			n.log.Warn("raft bootstrap", zap.Error(err))
-		}
-		n.log.Info("raft bootstrapped", zap.Int("servers", len(servers)))
+		n.bootstrap(r, servers) // see bootstrap.go: not when a peer already holds the cluster
 	}
 
 	if o.Registerer != nil {
