@@ -16,12 +16,29 @@ import (
 // read of the prefix, against a real Consul on loopback, at 1,000 and
 // 50,000 keys: a full read (nothing held, as a new leader's first read) and
 // a read equal to the held one (the common wake-up), each in Consul's
-// default mode and in consistent mode (the watch's):
+// default mode and in consistent mode (the watch's), on one Consul server
+// and on a three-server cluster read through a follower:
 //
 //	go test -run '^$' -bench ConsistentRead -benchtime 20x ./kvsync
 func BenchmarkConsistentRead(b *testing.B) {
-	c := testenv.StartConsul(b, testenv.ConsulOptions{})
-	cl, err := NewClient("http://" + c.Addr())
+	for _, servers := range []int{1, 3} {
+		b.Run(fmt.Sprintf("servers=%d", servers), func(b *testing.B) {
+			// One server: -dev's in-memory Consul; three: a cluster on
+			// loopback, read through a follower, as a client agent would.
+			addr := ""
+			if servers == 1 {
+				addr = testenv.StartConsul(b, testenv.ConsulOptions{}).Addr()
+			} else {
+				cc := testenv.StartConsulCluster(b, servers)
+				addr = cc.Servers[(cc.Leader(b, 30*time.Second)+1)%servers].Addr()
+			}
+			benchmarkReadModes(b, addr)
+		})
+	}
+}
+
+func benchmarkReadModes(b *testing.B, addr string) {
+	cl, err := NewClient("http://" + addr)
 	if err != nil {
 		b.Fatal(err)
 	}
