@@ -11,7 +11,10 @@ import (
 )
 
 // metrics is a collector that reads raft at scrape time, plus the few
-// counters and histograms the node updates itself.
+// counters and histograms the node updates itself. It is the one metric
+// of the repository not built with promauto.With(reg): its series are
+// computed from raft and the snapshot when scraped, so it is a Collector,
+// registered (and unregistered at Shutdown) as one.
 type metrics struct {
 	n                 *Node
 	leaderChanges     prometheus.Counter

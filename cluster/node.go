@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -135,29 +136,15 @@ func (o *Options) validate() error {
 	if err := o.Ramp.Validate(); err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	if o.KVFailoverAfter == 0 {
-		o.KVFailoverAfter = 30 * time.Second
-	}
-	if o.ApplyTimeout == 0 {
-		o.ApplyTimeout = 5 * time.Second
-	}
-	if o.SnapshotInterval == 0 {
-		o.SnapshotInterval = 2 * time.Minute
-	}
-	if o.SnapshotThreshold == 0 {
-		o.SnapshotThreshold = 1024
-	}
-	if o.LeaderlessGrace == 0 {
-		o.LeaderlessGrace = DefaultLeaderlessGrace
-	}
+	o.KVFailoverAfter = cmp.Or(o.KVFailoverAfter, 30*time.Second)
+	o.ApplyTimeout = cmp.Or(o.ApplyTimeout, 5*time.Second)
+	o.SnapshotInterval = cmp.Or(o.SnapshotInterval, 2*time.Minute)
+	o.SnapshotThreshold = cmp.Or(o.SnapshotThreshold, 1024)
+	o.HeartbeatTimeout = cmp.Or(o.HeartbeatTimeout, time.Second)
+	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
+	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
 	if o.LeaderlessGrace < 0 {
 		return fmt.Errorf("cluster: leaderless grace %s is negative: set --leaderless-grace to a positive duration, e.g. %s", o.LeaderlessGrace, DefaultLeaderlessGrace)
-	}
-	if o.HeartbeatTimeout == 0 {
-		o.HeartbeatTimeout = time.Second
-	}
-	if o.ElectionTimeout == 0 {
-		o.ElectionTimeout = time.Second
 	}
 	return nil
 }

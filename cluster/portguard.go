@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -72,15 +73,9 @@ func (o *Options) validatePort() error {
 	case o.TLS != nil && o.TLS.ClientAuth != tls.RequireAndVerifyClientCert:
 		return errors.New("cluster: raft TLS must require and verify client certificates, or any TLS client could read status and send raft RPCs: build it with MutualTLS")
 	}
-	if o.MaxConnsPerIP == 0 {
-		o.MaxConnsPerIP = DefaultMaxConnsPerIP
-	}
-	if o.MaxConns == 0 {
-		o.MaxConns = DefaultMaxConns
-	}
-	if o.IdentifyTimeout == 0 {
-		o.IdentifyTimeout = DefaultIdentifyTimeout
-	}
+	o.MaxConnsPerIP = cmp.Or(o.MaxConnsPerIP, DefaultMaxConnsPerIP)
+	o.MaxConns = cmp.Or(o.MaxConns, DefaultMaxConns)
+	o.IdentifyTimeout = cmp.Or(o.IdentifyTimeout, DefaultIdentifyTimeout)
 	return nil
 }
 

@@ -206,14 +206,6 @@ func (d *listingDecoder) literal(s string) bool {
 	return false
 }
 
-func (d *listingDecoder) end() error {
-	d.space()
-	if d.i != len(d.b) {
-		return d.fail("unexpected data after the listing")
-	}
-	return nil
-}
-
 // pair reads one KV pair object and returns its key and decoded value
 // (into *buf), valid until the next call. A pair without a Key returns a
 // nil key, which matches no prefix (consul/api's pair would have an empty

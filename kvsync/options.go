@@ -1,6 +1,7 @@
 package kvsync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -109,18 +110,10 @@ func (o *Options) setDefaults() {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
-	if o.WaitTime == 0 {
-		o.WaitTime = DefaultWaitTime
-	}
-	if o.MinGap == 0 {
-		o.MinGap = DefaultMinGap
-	}
-	if o.BackoffBase == 0 {
-		o.BackoffBase = DefaultBackoffBase
-	}
-	if o.BackoffMax == 0 {
-		o.BackoffMax = DefaultBackoffMax
-	}
+	o.WaitTime = cmp.Or(o.WaitTime, DefaultWaitTime)
+	o.MinGap = cmp.Or(o.MinGap, DefaultMinGap)
+	o.BackoffBase = cmp.Or(o.BackoffBase, DefaultBackoffBase)
+	o.BackoffMax = cmp.Or(o.BackoffMax, DefaultBackoffMax)
 	if o.BackoffMax < o.BackoffBase {
 		o.BackoffMax = o.BackoffBase
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 )
 
@@ -58,14 +59,10 @@ func NewProbe(o ProbeOptions) (*Probe, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	p := &Probe{o: o, reachable: prometheus.NewGauge(prometheus.GaugeOpts{
+	return &Probe{o: o, reachable: promauto.With(o.Registerer).NewGauge(prometheus.GaugeOpts{
 		Name: "hastate_kv_probe_reachable",
 		Help: "Per replica: 1 if this replica's last check of Consul KV (every replica checks, leader or not) succeeded.",
-	})}
-	if o.Registerer != nil {
-		p.reachable = register(o.Registerer, p.reachable)
-	}
-	return p, nil
+	})}, nil
 }
 
 // Run checks Consul every Interval until ctx is done.

@@ -322,15 +322,27 @@ func TestRunTwiceConcurrently(t *testing.T) {
 	}
 }
 
+// NewMetrics registers the six hastate_kv_* series once per registry (the
+// wiring's, shared by every Watcher); a second registration is a
+// programming error and panics, as MustRegister does. A nil registry
+// leaves them unregistered.
 func TestMetricsRegisterOnce(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m1 := NewMetrics(reg)
-	m2 := NewMetrics(reg) // a second call reuses, does not panic
-	m1.updates.Inc()
-	if got := testutil.ToFloat64(m2.updates); got != 1 {
-		t.Errorf("second NewMetrics does not share the registered counter: %v", got)
+	m := NewMetrics(reg)
+	m.updates.Inc()
+	if got := testutil.ToFloat64(m.updates); got != 1 {
+		t.Errorf("hastate_kv_updates_total = %v, want 1", got)
 	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("a second NewMetrics on the same registry did not panic")
+			}
+		}()
+		NewMetrics(reg)
+	}()
+	NewMetrics(nil).updates.Inc() // unregistered, and usable
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

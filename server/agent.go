@@ -8,6 +8,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/hastate/hastate/internal/ratelog"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 
 	"github.com/hastate/hastate/state"
@@ -92,18 +94,10 @@ func (o AgentOptions) withDefaults() AgentOptions {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	if o.ReadTimeout == 0 {
-		o.ReadTimeout = DefaultAgentReadTimeout
-	}
-	if o.QuietPeriod == 0 {
-		o.QuietPeriod = DefaultAgentQuietPeriod
-	}
-	if o.WriteTimeout == 0 {
-		o.WriteTimeout = DefaultAgentWriteTimeout
-	}
-	if o.MaxConns == 0 {
-		o.MaxConns = DefaultAgentMaxConns
-	}
+	o.ReadTimeout = cmp.Or(o.ReadTimeout, DefaultAgentReadTimeout)
+	o.QuietPeriod = cmp.Or(o.QuietPeriod, DefaultAgentQuietPeriod)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultAgentWriteTimeout)
+	o.MaxConns = cmp.Or(o.MaxConns, DefaultAgentMaxConns)
 	return o
 }
 
@@ -205,9 +199,7 @@ func NewAgentServer(o AgentOptions) (*AgentServer, error) {
 	for i := range s.limits {
 		s.limits[i] = ratelog.New(time.Second, nil)
 	}
-	if err := s.m.init(o.Registerer); err != nil {
-		return nil, err
-	}
+	s.m.init(o.Registerer) // one registry per server: a second registration panics
 	return s, nil
 }
 
@@ -584,8 +576,9 @@ type agentMetrics struct {
 	active                                           prometheus.Gauge
 }
 
-func (m *agentMetrics) init(reg prometheus.Registerer) error {
-	checks := prometheus.NewCounterVec(prometheus.CounterOpts{
+func (m *agentMetrics) init(reg prometheus.Registerer) {
+	f := promauto.With(reg)
+	checks := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "hastate_agent_checks_total",
 		Help: "Per replica (sum over replicas for the fleet): agent-check probes by result: answered, withheld (no answer: the replica holds no valid state for the server), malformed (bad request or read error), timeout (request not complete within the read timeout), rejected (over the connection limit).",
 	}, []string{"result"})
@@ -594,30 +587,17 @@ func (m *agentMetrics) init(reg prometheus.Registerer) error {
 	m.malformed = checks.WithLabelValues("malformed")
 	m.timeout = checks.WithLabelValues("timeout")
 	m.rejected = checks.WithLabelValues("rejected")
-	m.writeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+	m.writeErrors = f.NewCounter(prometheus.CounterOpts{
 		Name: "hastate_agent_write_errors_total",
 		Help: "Per replica: agent-check answers that could not be written (the probe is not counted as answered).",
 	})
-	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.duration = f.NewHistogram(prometheus.HistogramOpts{
 		Name:    "hastate_agent_check_duration_seconds",
 		Help:    "Per replica: time from accepting an agent-check connection to having written its answer (answered probes only).",
 		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1},
 	})
-	m.active = prometheus.NewGauge(prometheus.GaugeOpts{
+	m.active = f.NewGauge(prometheus.GaugeOpts{
 		Name: "hastate_agent_connections_active",
 		Help: "Per replica: agent-check connections being served now.",
 	})
-	if reg == nil {
-		return nil
-	}
-	cs := []prometheus.Collector{checks, m.writeErrors, m.duration, m.active}
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return fmt.Errorf("agent server: register metrics: %w (one registry per server)", err)
-		}
-	}
-	return nil
 }

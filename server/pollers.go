@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"fmt"
 	"github.com/hastate/hastate/api"
 	"net"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Pollers remembers, for every HAProxy address and server it asked about,
@@ -51,36 +53,26 @@ type PollersOptions struct {
 	Registerer prometheus.Registerer
 }
 
-// NewPollers returns an empty record. It fails only when Max is negative
-// or the metrics cannot be registered (one registry per replica).
+// NewPollers returns an empty record. It fails only when Max is negative;
+// registering the metrics twice with one registry panics (one registry per
+// replica).
 func NewPollers(o PollersOptions) (*Pollers, error) {
 	if o.Max < 0 {
 		return nil, fmt.Errorf("pollers: max %d is negative: set --pollers-max to a positive number of (HAProxy, server) pairs, or 0 for %d", o.Max, DefaultMaxPollers)
 	}
-	if o.Max == 0 {
-		o.Max = DefaultMaxPollers
-	}
-	p := &Pollers{max: o.Max, dropped: prometheus.NewCounter(prometheus.CounterOpts{
+	o.Max = cmp.Or(o.Max, DefaultMaxPollers)
+	f := promauto.With(o.Registerer) // one registry per replica: a second registration panics
+	p := &Pollers{max: o.Max, dropped: f.NewCounter(prometheus.CounterOpts{
 		Name: "hastate_pollers_dropped_total",
 		Help: "Probes of a new (HAProxy, server) pair that this replica did not remember because its poller table was full (--pollers-max). Per replica: each replica keeps its own table. Such pairs are missing from /v1/pollers and `hastate wait` does not wait for them; raise --pollers-max.",
 	})}
 	for i := range p.shards {
 		p.shards[i].m = map[string]*pollEntry{}
 	}
-	if o.Registerer == nil {
-		return p, nil
-	}
-	entries := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_pollers_entries",
 		Help: "(HAProxy, server) pairs this replica remembers in its poller table (per replica; at most --pollers-max).",
 	}, func() float64 { return float64(p.Len()) })
-	if err := o.Registerer.Register(p.dropped); err != nil {
-		return nil, fmt.Errorf("pollers: register metrics: %w (one registry per replica)", err)
-	}
-	if err := o.Registerer.Register(entries); err != nil {
-		o.Registerer.Unregister(p.dropped)
-		return nil, fmt.Errorf("pollers: register metrics: %w (one registry per replica)", err)
-	}
 	return p, nil
 }
 

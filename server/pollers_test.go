@@ -93,13 +93,17 @@ func TestNewPollersOptions(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	newPollers(t, PollersOptions{Registerer: reg})
-	if _, err := NewPollers(PollersOptions{Registerer: reg}); err == nil {
-		t.Error("a second table on one registry registered its metrics twice")
-	}
-	// The first metric of the failed second table was unregistered again.
 	if n, _ := testutil.GatherAndCount(reg); n != 2 {
-		t.Errorf("%d metric families after a failed second registration, want 2", n)
+		t.Errorf("%d metric families registered, want 2", n)
 	}
+	func() { // one registry per replica: a second table is a programming error
+		defer func() {
+			if recover() == nil {
+				t.Error("a second table on one registry registered its metrics twice")
+			}
+		}()
+		_, _ = NewPollers(PollersOptions{Registerer: reg})
+	}()
 }
 
 func TestPollersRecordKnownPairDoesNotAllocate(t *testing.T) {

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,12 +56,8 @@ var ErrInvalidRamp = errors.New("invalid ramp policy")
 // DefaultRampPolicy's, Aggression 1. Values parsed from KV never go through
 // it: an explicit "interval":"0" there is invalid.
 func (p RampPolicy) WithDefaults() RampPolicy {
-	if p.Interval == 0 {
-		p.Interval = DefaultRampPolicy().Interval
-	}
-	if p.Aggression == 0 {
-		p.Aggression = 1
-	}
+	p.Interval = cmp.Or(p.Interval, DefaultRampPolicy().Interval)
+	p.Aggression = cmp.Or(p.Aggression, 1)
 	return p
 }
 

@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -68,7 +69,7 @@ func haproxyBin(t *testing.T) string {
 // It returns once `show stat` lists every server UP.
 func StartHAProxy(t *testing.T, agentAddr string, backends ...Backend) *HAProxy {
 	t.Helper()
-	return startHAProxy(t, agentAddr, nil, "", backends)
+	return startHAProxy(t, agentAddr, nil, "", backends, hapExtras{})
 }
 
 // StartHAProxyLB is StartHAProxy with the production layout: the agent
@@ -76,7 +77,7 @@ func StartHAProxy(t *testing.T, agentAddr string, backends ...Backend) *HAProxy 
 // HAProxy) in front of every replica's agent port.
 func StartHAProxyLB(t *testing.T, replicas []*Hastate, backends ...Backend) *HAProxy {
 	t.Helper()
-	return startHAProxy(t, freeAddr(t), replicas, "", backends)
+	return startHAProxy(t, freeAddr(t), replicas, "", backends, hapExtras{})
 }
 
 // StartHAProxyLBFrom is StartHAProxyLB with its agent checks reaching the
@@ -84,10 +85,18 @@ func StartHAProxyLB(t *testing.T, replicas []*Hastate, backends ...Backend) *HAP
 // on this machine look like several HAProxy nodes to hastate.
 func StartHAProxyLBFrom(t *testing.T, replicas []*Hastate, source string, backends ...Backend) *HAProxy {
 	t.Helper()
-	return startHAProxy(t, freeAddr(t), replicas, source, backends)
+	return startHAProxy(t, freeAddr(t), replicas, source, backends, hapExtras{})
 }
 
-func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, lbSource string, backends []Backend) *HAProxy {
+// hapExtras change the test configuration (the Prometheus test adds the
+// exporter's frontend and servers that hold sessions open).
+type hapExtras struct {
+	sections string                              // appended to haproxy.cfg
+	server   func(backend, server string) string // a server's address; nil: a tcpSink of its own
+	timeout  time.Duration                       // client and server inactivity timeout; 0: 10s
+}
+
+func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, lbSource string, backends []Backend, x hapExtras) *HAProxy {
 	t.Helper()
 	agentHost, agentPort, err := net.SplitHostPort(agentAddr)
 	if err != nil {
@@ -95,7 +104,7 @@ func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, lbSourc
 	}
 	h := newHAProxy(t)
 	var cfg strings.Builder
-	cfg.WriteString(h.global())
+	cfg.WriteString(h.global(x.timeout))
 	fmt.Fprintf(&cfg, `
 frontend fe
     bind %s
@@ -111,10 +120,17 @@ frontend fe
 	for _, b := range backends {
 		fmt.Fprintf(&cfg, "\nbackend %s\n    balance roundrobin\n", b.Name)
 		for _, s := range b.Servers {
+			addr := ""
+			if x.server != nil {
+				addr = x.server(b.Name, s)
+			} else {
+				addr = tcpSink(t)
+			}
 			fmt.Fprintf(&cfg, "    server %s %s weight %d check inter 1s agent-check agent-addr %s agent-port %s agent-inter %s agent-send \"%s/%s\\n\"\n",
-				s, tcpSink(t), serverWeight, agentHost, agentPort, agentInter, b.Name, s)
+				s, addr, serverWeight, agentHost, agentPort, agentInter, b.Name, s)
 		}
 	}
+	cfg.WriteString(x.sections)
 	h.run(t, cfg.String(), func(st map[string]Row) string {
 		for _, b := range backends {
 			for _, s := range b.Servers {
@@ -165,7 +181,7 @@ func StartAgentLB(t *testing.T, replicas []*Hastate, o LBOptions) *HAProxy {
 	t.Helper()
 	h := newHAProxy(t)
 	var cfg strings.Builder
-	cfg.WriteString(h.global())
+	cfg.WriteString(h.global(0))
 	writeAgentLB(&cfg, h.Frontend, replicas, o)
 	h.run(t, cfg.String(), func(st map[string]Row) string {
 		for i := range replicas {
@@ -198,10 +214,11 @@ func newHAProxy(t *testing.T) *HAProxy {
 	}
 }
 
-// global is the global and defaults sections of every test HAProxy.
-func (h *HAProxy) global() string {
+// global is the global and defaults sections of every test HAProxy;
+// timeout is the client and server inactivity timeout (0: 10s).
+func (h *HAProxy) global(timeout time.Duration) string {
 	return fmt.Sprintf(`global
-    stats socket %s mode 600 level admin
+    stats socket %[1]s mode 600 level admin
     nbthread 1
     log stderr format short local0 info
 
@@ -209,10 +226,10 @@ defaults
     mode tcp
     log global
     timeout connect 2s
-    timeout client 10s
-    timeout server 10s
+    timeout client %[2]dms
+    timeout server %[2]dms
     timeout check 2s
-`, h.sock)
+`, h.sock, cmp.Or(timeout, 10*time.Second).Milliseconds())
 }
 
 // run checks and starts the configuration and waits until notReady (given
@@ -286,6 +303,7 @@ type Row struct {
 	AgentStatus string // result of the last agent check, e.g. L7OK, L4CON
 	LastAgent   string // last agent check contents (what the agent said)
 	CheckStatus string
+	Sessions    int // current sessions (scur)
 }
 
 func (r Row) String() string {
@@ -331,7 +349,7 @@ func (h *HAProxy) stat() (map[string]Row, error) {
 	for i, name := range recs[0] {
 		col[name] = i
 	}
-	for _, name := range []string{"pxname", "svname", "status", "weight", "agent_status", "last_agt", "check_status"} {
+	for _, name := range []string{"pxname", "svname", "status", "weight", "agent_status", "last_agt", "check_status", "scur"} {
 		if _, ok := col[name]; !ok {
 			return nil, fmt.Errorf("show stat: no column %q in %v", name, recs[0])
 		}
@@ -346,12 +364,14 @@ func (h *HAProxy) stat() (map[string]Row, error) {
 			continue
 		}
 		w, _ := strconv.Atoi(r[col["weight"]])
+		scur, _ := strconv.Atoi(r[col["scur"]])
 		rows[r[col["pxname"]]+"/"+sv] = Row{
 			Status:      r[col["status"]],
 			Weight:      w,
 			AgentStatus: r[col["agent_status"]],
 			LastAgent:   r[col["last_agt"]],
 			CheckStatus: r[col["check_status"]],
+			Sessions:    scur,
 		}
 	}
 	return rows, nil

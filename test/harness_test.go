@@ -488,6 +488,17 @@ func (o Operator) Run(t testing.TB, args ...string) string {
 	return out
 }
 
+// RunExit runs `hastate args...` and returns its combined output; an exit
+// code other than want fails the test.
+func (o Operator) RunExit(t testing.TB, want int, args ...string) string {
+	t.Helper()
+	out, code := o.RunCode(t, args...)
+	if code != want {
+		t.Fatalf("hastate %s: exit %d, want %d:\n%s", strings.Join(args, " "), code, want, out)
+	}
+	return out
+}
+
 // RunCode runs `hastate args...` and returns its combined output and exit code.
 func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	t.Helper()

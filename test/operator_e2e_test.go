@@ -46,14 +46,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	hapA := StartHAProxyLBFrom(t, hs, "127.0.0.2", backends...)
 	hapB := StartHAProxyLBFrom(t, hs, "127.0.0.3", backends...)
 	op := Operator{ConsulAddr: consul.Addr(), Env: []string{"HASTATE_ADDR=" + hs[1].HTTPAddr}, Checks: true}
-	run := func(want int, args ...string) string {
-		t.Helper()
-		out, code := op.RunCode(t, args...)
-		if code != want {
-			t.Fatalf("hastate %s: exit %d, want %d:\n%s", strings.Join(args, " "), code, want, out)
-		}
-		return out
-	}
+	run := func(want int, args ...string) string { t.Helper(); return op.RunExit(t, want, args...) }
 	keysAre := func(step string, want ...string) {
 		t.Helper()
 		slices.Sort(want)

@@ -64,7 +64,7 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 	for _, st := range []string{"drain", "maint", "ready"} {
 		root.AddCommand(withTimeout(setCmd(st, stdout)))
 	}
-	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), probeCmd(stdout)} {
+	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
 		root.AddCommand(withTimeout(c))
 	}
 	return root
@@ -165,12 +165,6 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			if o.Ramp.Start, err = state.ParsePercent(rampStart, 100); err != nil {
 				return fmt.Errorf("%w: --ramp-start: %v", ctl.ErrUsage, err)
 			}
-			if err := o.Ramp.Validate(); err != nil {
-				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
-			}
-			if o.PollersMax < 1 {
-				return fmt.Errorf("%w: --pollers-max %d: want a positive number of (HAProxy, server) pairs, e.g. %d", ctl.ErrUsage, o.PollersMax, server.DefaultMaxPollers)
-			}
 			dial, err := cluster.ParsePeers(raftDial)
 			if err != nil {
 				return fmt.Errorf("%w: --raft-dial: %v", ctl.ErrUsage, err)
@@ -209,7 +203,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
-	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and `hastate wait`; probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
+	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and `hastate wait` (0: the default); probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
 	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate")
@@ -229,7 +223,10 @@ func serve(ctx context.Context, o app.Options) error {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
 	}
-	a, err := app.New(o)
+	a, err := app.New(o) // checks the options (app.Options.validate)
+	if errors.Is(err, app.ErrInvalidOptions) {
+		return fmt.Errorf("%w: %w", ctl.ErrUsage, err)
+	}
 	if err != nil {
 		return err
 	}

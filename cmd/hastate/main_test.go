@@ -41,7 +41,8 @@ func TestInvalidInputIsRefusedWithTheValidForms(t *testing.T) {
 		{[]string{"drain", "web/a", "--ramp", "soon"}, "ramp"},
 		{[]string{"serve", "--peers", "x"}, "id=host:port"},
 		{[]string{"serve", "--log-format", "xml"}, "json or console"},
-		{[]string{"serve", "--pollers-max", "0"}, "--pollers-max 0: want a positive number"},
+		{[]string{"serve", "--pollers-max", "-1"}, "--pollers-max -1 is negative"},
+		{[]string{"serve", "--ramp-duration", "48h"}, "ramp flags: invalid ramp policy: duration 48h0m0s"},
 		{[]string{"status", "-o", "yaml"}, "table or json"},
 	} {
 		var out bytes.Buffer

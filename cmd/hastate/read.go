@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,15 +42,21 @@ func usageError(c *cobra.Command, err error) error {
 
 func statusCmd(stdout io.Writer) *cobra.Command {
 	var addr, output string
+	var withHAProxy bool
+	var pf promFlags
 	c := &cobra.Command{
 		Use:   "status [<selector>...]",
 		Short: "Show desired state and the answer each server gets, over the whole cluster",
 		Long: `status lists every server the cluster knows (KV keys and what HAProxy polled,
 over every replica) with its answer, since when, and how many of the HAProxy
 nodes polling it were told that answer. Warnings (Consul not in sync, a
-replica that did not answer) go to stderr.`,
+replica that did not answer) go to stderr.
+
+--haproxy adds what HAProxy itself reports, read from Prometheus, against
+what it was told (the column of hastate verify, which explains each).`,
 		Example: `  HASTATE_ADDR=hastate.internal:9778 hastate status 'canary_*/*'
-  hastate status -o json`,
+  hastate status -o json
+  hastate status canary_web --haproxy --prometheus http://prometheus:9090`,
 		RunE: func(c *cobra.Command, args []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
@@ -85,16 +92,28 @@ replica that did not answer) go to stderr.`,
 				fmt.Fprintln(c.ErrOrStderr(), "warning: this replica holds no state yet; its answers are withheld")
 			}
 			rows := ctl.Select(v.Servers, sels...)
+			var hapCol map[string]string
+			var hapRows map[string][]ctl.VerifyRow
+			if withHAProxy {
+				hapCol, hapRows = haproxyColumn(c.Context(), &pf, addr, &v, sels, c.ErrOrStderr())
+			}
 			if output == "json" {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
+				if withHAProxy {
+					return enc.Encode(withHAProxyRows(rows, hapRows))
+				}
 				if rows == nil {
 					rows = []api.ServerState{}
 				}
 				return enc.Encode(rows)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
+			fmt.Fprint(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
+			if withHAProxy {
+				fmt.Fprint(tw, "\tHAPROXY")
+			}
+			fmt.Fprintln(tw)
 			for _, r := range rows {
 				ans := r.Answer
 				if r.Withheld {
@@ -111,8 +130,12 @@ replica that did not answer) go to stderr.`,
 				if r.Since != nil {
 					since = ago(time.Since(*r.Since))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
 					until, r.Told, r.Polled, r.Reason, r.By, r.Error)
+				if withHAProxy {
+					fmt.Fprint(tw, "\t"+cmp.Or(hapCol[r.Backend+"/"+r.Server], "?"))
+				}
+				fmt.Fprintln(tw)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -127,12 +150,16 @@ replica that did not answer) go to stderr.`,
 	}
 	replicaFlag(c, &addr)
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
+	c.Flags().BoolVar(&withHAProxy, "haproxy", false, "add a column with what HAProxy reports through Prometheus, as hastate verify compares it")
+	pf.add(c)
 	return c
 }
 
 func waitCmd(stdout io.Writer) *cobra.Command {
 	var cf consulFlags
 	var addr string
+	var idle bool
+	var pf promFlags
 	c := &cobra.Command{
 		Use:   "wait <selector>...",
 		Short: "Wait until every HAProxy polling the selected servers was told their current answer",
@@ -141,19 +168,35 @@ applied at least that index (every write made before wait started is in),
 then until every HAProxy that polled a selected server in the last minute,
 on any replica, was last told that server's current answer.
 
+With --idle it then waits until every HAProxy reports no current session on
+each selected server, in a sample scraped after every HAProxy was told,
+naming the servers and HAProxy instances that still hold sessions.
+` + promHelp + `
+
 Exit 0 when done; 1 on timeout, naming what lags (an HAProxy, a replica that
-does not answer); 3 when the selector matches no server.`,
-		Example: `  hastate drain 'canary_*/*' --reason deploy && hastate wait 'canary_*/*' --timeout 1m`,
-		Args:    needArgs(1, 0, "at least one <backend>/<server> selector"),
+does not answer, sessions), or when it cannot confirm; 3 when the selector
+matches no server.`,
+		Example: `  hastate drain 'canary_*/*' --reason deploy && hastate wait 'canary_*/*' --timeout 1m
+  hastate wait canary_web/gke-cny-web --idle --timeout 10m --prometheus http://prometheus:9090`,
+		Args: needArgs(1, 0, "at least one <backend>/<server> selector"),
 		RunE: func(c *cobra.Command, args []string) error {
 			g, err := gate(cf, addr, args)
 			if err != nil {
 				return err
 			}
 			g.Out = c.ErrOrStderr()
+			var prom *ctl.Prometheus
+			if idle {
+				if prom, err = pf.prometheus(); err != nil {
+					return err
+				}
+			}
 			start := time.Now()
 			if err := ctl.Wait(c.Context(), g); err != nil {
 				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
+			}
+			if idle {
+				return waitIdle(c.Context(), prom, g, stdout, args, start)
 			}
 			fmt.Fprintf(stdout, "every HAProxy polling %s was told the current answer (%s)\n", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
 			return nil
@@ -161,6 +204,8 @@ does not answer); 3 when the selector matches no server.`,
 	}
 	cf.add(c)
 	replicaFlag(c, &addr)
+	c.Flags().BoolVar(&idle, "idle", false, "also wait until HAProxy reports no current session on each selected server (through Prometheus)")
+	pf.add(c)
 	return c
 }
 

@@ -150,6 +150,7 @@ Quote globs so that the shell leaves them alone.`
 
 func setCmd(st string, stdout io.Writer) *cobra.Command {
 	var w writeFlags
+	var df drainFirstFlags
 	c := &cobra.Command{
 		Use: st + " <selector>...",
 		Short: map[string]string{"drain": "Drain servers: no new sessions, existing ones finish",
@@ -160,6 +161,9 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
   hastate %[1]s '*/gke-cny-web' --dry-run                # that server in every backend`, st),
 		Args: needArgs(1, 0, "at least one <backend>/<server> selector, e.g. canary_web/gke-cny-web"),
 		RunE: func(c *cobra.Command, args []string) error {
+			if df.on {
+				return drainFirst(c, &w, &df.prom, df.idleTimeout, stdout, args)
+			}
 			val, err := ctl.Value(st, ctl.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
 			if err != nil {
 				return err
@@ -168,6 +172,9 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
 		},
 	}
 	w.add(c, true, true)
+	if st == "maint" {
+		df.add(c)
+	}
 	return c
 }
 

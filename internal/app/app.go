@@ -5,6 +5,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -26,6 +27,7 @@ import (
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 )
 
@@ -75,7 +77,7 @@ type Options struct {
 	HTTPMaxHeaderBytes int
 	// PollersMax bounds the (HAProxy, server) pairs this replica remembers
 	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
-	// and counted (0: server.DefaultMaxPollers).
+	// and counted (0: server.DefaultMaxPollers; negative is refused).
 	PollersMax int
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
@@ -89,6 +91,19 @@ type Options struct {
 	Registry *prometheus.Registry
 }
 
+// ErrInvalidOptions is what every error of New's validation Is: a flag
+// (an Options field) is wrong, and the message names it and what to set.
+// cmd/hastate exits 2 for it, as for any other usage error.
+var ErrInvalidOptions = errors.New("invalid options")
+
+// optionsError marks err as ErrInvalidOptions without changing its text.
+type optionsError struct{ error }
+
+func (e optionsError) Unwrap() error      { return e.error }
+func (optionsError) Is(target error) bool { return target == ErrInvalidOptions }
+
+// validate is the one place the replica's configuration is checked and its
+// defaults are set: cmd/hastate only translates flags into Options.
 func (o *Options) validate() error {
 	if o.NodeID == "" {
 		return errors.New("node id is empty: set --node-id")
@@ -96,15 +111,10 @@ func (o *Options) validate() error {
 	if o.DataDir == "" {
 		return errors.New("data dir is empty: set --data-dir to a persistent directory")
 	}
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	def(&o.AgentAddr, ":9777")
-	def(&o.HTTPAddr, ":9778")
-	def(&o.RaftAddr, ":9779")
-	def(&o.KVPrefix, "hastate/")
+	o.AgentAddr = cmp.Or(o.AgentAddr, ":9777")
+	o.HTTPAddr = cmp.Or(o.HTTPAddr, ":9778")
+	o.RaftAddr = cmp.Or(o.RaftAddr, ":9779")
+	o.KVPrefix = cmp.Or(o.KVPrefix, "hastate/")
 	if o.RaftAdvertise == "" {
 		_, port, err := net.SplitHostPort(o.RaftAddr)
 		if err != nil {
@@ -125,9 +135,7 @@ func (o *Options) validate() error {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
-	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = 20 * time.Second
-	}
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, 20*time.Second)
 	for _, d := range []struct {
 		v    *time.Duration
 		def  time.Duration
@@ -140,16 +148,12 @@ func (o *Options) validate() error {
 		if *d.v < 0 {
 			return fmt.Errorf("%s %s is negative: leave it 0 for %s", d.name, *d.v, d.def)
 		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+		*d.v = cmp.Or(*d.v, d.def)
 	}
 	if o.HTTPMaxHeaderBytes < 0 {
 		return fmt.Errorf("HTTPMaxHeaderBytes %d is negative: leave it 0 for 64 KiB", o.HTTPMaxHeaderBytes)
 	}
-	if o.HTTPMaxHeaderBytes == 0 {
-		o.HTTPMaxHeaderBytes = 64 << 10
-	}
+	o.HTTPMaxHeaderBytes = cmp.Or(o.HTTPMaxHeaderBytes, 64<<10)
 	if o.LeaderlessGrace < 0 {
 		return fmt.Errorf("--leaderless-grace %s is negative: set a positive duration, or leave it unset for %s", o.LeaderlessGrace, cluster.DefaultLeaderlessGrace)
 	}
@@ -188,7 +192,7 @@ type App struct {
 // New validates the options and builds the replica; Start runs it.
 func New(o Options) (*App, error) {
 	if err := o.validate(); err != nil {
-		return nil, err
+		return nil, optionsError{err}
 	}
 	consul, err := kvsync.NewClient(o.ConsulAddr)
 	if err != nil {
@@ -201,14 +205,13 @@ func New(o Options) (*App, error) {
 		return nil, err
 	}
 	build := version.Get()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "hastate_build_info", Help: "Per replica: build information (version, git revision, Go version); always 1.",
-			ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
-		}, func() float64 { return 1 }),
-	)
+	// The Go runtime's and the process's collectors are not metrics
+	// promauto builds: they are registered as they are.
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hastate_build_info", Help: "Per replica: build information (version, git revision, Go version); always 1.",
+		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
+	}, func() float64 { return 1 })
 	a.kvm = kvsync.NewMetrics(reg)
 	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg})
 	if err != nil {
@@ -286,7 +289,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.stops.Add("raft node", a.node.Shutdown)
-	if err := a.o.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	promauto.With(a.o.Registry).NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_ready",
 		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state, has caught up with a raft leader since it started and since it was last cut off, its last contact with a leader is within --leaderless-grace, and it is not shutting down), else 0. A loss of Consul does not make it 0.",
 	}, func() float64 {
@@ -294,9 +297,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return 1
 		}
 		return 0
-	})); err != nil {
-		return fmt.Errorf("register hastate_ready: %w", err)
-	}
+	})
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
 			Pollers: a.pollers, NodeID: a.o.NodeID}),

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/internal/version"
+	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
@@ -134,9 +136,12 @@ func TestOptionsValidate(t *testing.T) {
 		{Options{DataDir: "x"}, "--node-id"},
 		{Options{NodeID: "x"}, "--data-dir"},
 		{Options{NodeID: "x", DataDir: "d", KVPrefix: "nope"}, "end with '/'"},
+		{Options{NodeID: "x", DataDir: "d", PollersMax: -1}, "--pollers-max -1 is negative"},
+		{Options{NodeID: "x", DataDir: "d", Ramp: state.RampPolicy{Start: 10, Duration: 48 * time.Hour}}, "ramp flags: invalid ramp policy: duration"},
+		{Options{NodeID: "x", DataDir: "d", HTTPReadTimeout: -1}, "HTTPReadTimeout -1ns is negative"},
 	} {
-		if _, err := New(tt.o); err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("New(%+v) = %v, want error mentioning %q", tt.o, err, tt.want)
+		if _, err := New(tt.o); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidOptions mentioning %q", tt.o, err, tt.want)
 		}
 	}
 }

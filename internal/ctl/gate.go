@@ -191,17 +191,13 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	if err := Missing(fleet.Replicas); err != nil {
 		return []string{err.Error()}, nil
 	}
+	selected, err := selectedServers(fleet, o.Selectors)
+	if err != nil {
+		return nil, err
+	}
 	current := map[string]string{}
-	for _, sel := range o.Selectors {
-		rows := Select(fleet.Servers, sel)
-		if len(rows) == 0 {
-			return nil, noMatch(sel, fleet.Servers)
-		}
-		for _, r := range rows {
-			if r.Server != state.Wildcard {
-				current[r.Backend+"/"+r.Server] = r.Answer
-			}
-		}
+	for k, r := range selected {
+		current[k] = r.Answer
 	}
 	pv, err := o.Replica.Pollers(ctx)
 	if err != nil {
@@ -212,14 +208,7 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	}
 	// The latest poll of each (server, HAProxy) on any replica; a manual
 	// probe (a source that asked once, a while ago) is not waited for.
-	latest := map[[2]string]api.Poll{}
-	now := time.Now()
-	for _, p := range api.MergePolls(pv.Pollers) {
-		k := [2]string{p.Backend + "/" + p.Server, p.HAProxy}
-		if _, sel := current[k[0]]; sel && p.Polling(now) {
-			latest[k] = p
-		}
-	}
+	latest := latestPolls(pv, current)
 	var lag []string
 	for k, p := range latest {
 		if told := toldAnswer(p); told != current[k[0]] {

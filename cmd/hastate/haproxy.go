@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/internal/ctl"
+	"github.com/spf13/cobra"
+)
+
+// HAProxy's own view through Prometheus: wait --idle, maint --drain-first,
+// verify and status --haproxy.
+
+// promFlags are the flags of the commands that read HAProxy's exporter
+// series from Prometheus.
+type promFlags struct {
+	url                                    string
+	proxyLabel, serverLabel, instanceLabel string
+	maxAge                                 time.Duration
+}
+
+const promHelp = `HAProxy's view comes from Prometheus (--prometheus, HASTATE_PROMETHEUS_URL),
+which scrapes HAProxy's built-in exporter (http-request use-service
+prometheus-exporter) on every HAProxy: haproxy_server_current_sessions,
+haproxy_server_status and haproxy_server_weight, labelled by proxy (the
+backend), server and instance (the HAProxy). A sample older than
+--max-sample-age proves nothing: "cannot confirm", exit 1.`
+
+func (p *promFlags) add(c *cobra.Command) {
+	f := c.Flags()
+	f.StringVar(&p.url, "prometheus", os.Getenv("HASTATE_PROMETHEUS_URL"), "the Prometheus that scrapes HAProxy's exporter, http://host:port (HASTATE_PROMETHEUS_URL)")
+	_ = f.SetAnnotation("prometheus", noEnv, []string{"HASTATE_PROMETHEUS_URL is its variable"})
+	f.StringVar(&p.proxyLabel, "proxy-label", ctl.DefaultProxyLabel, "label of HAProxy's series that names the backend")
+	f.StringVar(&p.serverLabel, "server-label", ctl.DefaultServerLabel, "label of HAProxy's series that names the server")
+	f.StringVar(&p.instanceLabel, "instance-label", ctl.DefaultInstanceLabel, "label that names the HAProxy instance; its host must be the address HAProxy's agent checks come from")
+	f.DurationVar(&p.maxAge, "max-sample-age", ctl.DefaultMaxSampleAge, "a newer sample than this is needed from every HAProxy instance (a few scrape intervals)")
+}
+
+func (p *promFlags) prometheus() (*ctl.Prometheus, error) {
+	if p.maxAge <= 0 {
+		return nil, fmt.Errorf("%w: --max-sample-age %s: want a positive duration, a few scrape intervals (e.g. 30s)", ctl.ErrUsage, p.maxAge)
+	}
+	return ctl.NewPrometheus(ctl.PrometheusOptions{URL: p.url, ProxyLabel: p.proxyLabel, ServerLabel: p.serverLabel,
+		InstanceLabel: p.instanceLabel, MaxSampleAge: p.maxAge})
+}
+
+// waitIdle is the second half of `wait --idle`: after Wait, until HAProxy
+// holds no session on the selected servers.
+func waitIdle(ctx context.Context, prom *ctl.Prometheus, g ctl.GateOptions, stdout io.Writer, args []string, start time.Time) error {
+	fmt.Fprintf(g.Out, "every HAProxy was told (%s); waiting until HAProxy reports no session (Prometheus at %s)\n", time.Since(start).Round(time.Millisecond), prom.Addr())
+	res, err := ctl.WaitIdle(ctx, ctl.IdleOptions{Prometheus: prom, Replica: g.Replica, Selectors: g.Selectors, Out: g.Out})
+	if err != nil {
+		return fmt.Errorf("after %s: %w (%s)", time.Since(start).Round(time.Millisecond), err, res)
+	}
+	fmt.Fprintf(stdout, "idle: every HAProxy polling %s was told the current answer and reports no session (%s; %s)\n",
+		strings.Join(args, " "), time.Since(start).Round(time.Millisecond), res)
+	return nil
+}
+
+// drainFirst is `maint --drain-first`. Its steps take longer than one
+// --timeout, so it runs under its own deadlines (DrainFirst's): --timeout
+// bounds each write and the wait for maint to be told, --idle-timeout the
+// wait for idle. SIGINT or SIGTERM stops it, saying what it left.
+func drainFirst(c *cobra.Command, w *writeFlags, pf *promFlags, idleTimeout time.Duration, stdout io.Writer, args []string) error {
+	timeout, err := c.Flags().GetDuration("timeout")
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.WithoutCancel(c.Context()), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	g, err := gate(w.consulFlags, w.addr, args)
+	if err != nil {
+		return err
+	}
+	g.Out = stdout
+	o := ctl.DrainFirstOptions{
+		Targets: strings.Join(args, " "),
+		Write: func(ctx context.Context, st string) error {
+			val, err := ctl.Value(st, ctl.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
+			if err != nil {
+				return err
+			}
+			c.SetContext(ctx)
+			return w.run(c, stdout, st, val, args)
+		},
+		Told:        func(ctx context.Context) error { return ctl.Wait(ctx, g) },
+		Timeout:     timeout,
+		IdleTimeout: idleTimeout,
+		DryRun:      w.dryRun,
+		Out:         stdout,
+	}
+	if pf.url != "" {
+		prom, err := pf.prometheus()
+		if err != nil {
+			return err
+		}
+		o.Idle = func(ctx context.Context) (ctl.IdleResult, error) {
+			return ctl.WaitIdle(ctx, ctl.IdleOptions{Prometheus: prom, Replica: g.Replica, Selectors: g.Selectors, Out: stdout})
+		}
+	}
+	return ctl.DrainFirst(ctx, o)
+}
+
+func verifyCmd(stdout io.Writer) *cobra.Command {
+	var addr, output string
+	var pf promFlags
+	c := &cobra.Command{
+		Use:   "verify <selector>...",
+		Short: "Compare what HAProxy reports (through Prometheus) with what hastate told it",
+		Long: `verify compares, for each selected server on each HAProxy instance, the status
+and weight HAProxy reports with what hastate answers and last told that
+HAProxy, and names every disagreement: a state set over the admin socket
+(the agent cannot clear it), an HAProxy whose agent check is disabled or
+does not reach hastate, one not told yet, a scrape too old to tell.
+
+` + promHelp + `
+
+The exporter does not publish a server's configured weight, so "ready N%"
+is checked as UP with a weight above 0, "ready 0%" as weight 0.
+
+Exit 0 when every HAProxy agrees; 1 naming every disagreement or what it
+cannot confirm; 3 when the selector matches no server.`,
+		Example: `  HASTATE_PROMETHEUS_URL=http://prometheus:9090 hastate verify 'canary_*/*'
+  hastate verify main_web/gke-cny-web --prometheus prometheus:9090 -o json`,
+		Args: needArgs(1, 0, "at least one <backend>/<server> selector"),
+		RunE: func(c *cobra.Command, args []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
+			}
+			sels, err := ctl.ParseSelectors(args)
+			if err != nil {
+				return err
+			}
+			r, err := ctl.NewReplica(addr)
+			if err != nil {
+				return err
+			}
+			prom, err := pf.prometheus()
+			if err != nil {
+				return err
+			}
+			rep, err := ctl.Verify(c.Context(), ctl.VerifyOptions{Prometheus: prom, Replica: r, Selectors: sels})
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(rep); err != nil {
+					return err
+				}
+			} else if err := printVerify(stdout, rep); err != nil {
+				return err
+			}
+			summary := fmt.Sprintf("%d server(s) on %d HAProxy instance(s); newest sample %s old; %d samples read", rep.Servers, rep.Instances, age(rep.Newest), rep.Samples)
+			if len(rep.Problems) > 0 {
+				kind := ctl.ErrNotDone
+				if cannotConfirmOnly(rep.Problems) {
+					kind = ctl.ErrCannotConfirm
+				}
+				return fmt.Errorf("%w: HAProxy does not agree with hastate (%s):\n  %s", kind, summary, strings.Join(rep.Problems, "\n  "))
+			}
+			fmt.Fprintf(stdout, "ok: every HAProxy agrees with hastate (%s)\n", summary)
+			return nil
+		},
+	}
+	replicaFlag(c, &addr)
+	pf.add(c)
+	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
+	return c
+}
+
+func printVerify(w io.Writer, rep ctl.VerifyReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BACKEND\tSERVER\tHAPROXY\tREPORTS\tSESSIONS\tHASTATE\tTOLD\tSAMPLE\tPROBLEM")
+	for _, r := range rep.Rows {
+		told := "-"
+		if r.ToldAt != nil {
+			told = fmt.Sprintf("%s (%s ago)", r.Told, time.Since(*r.ToldAt).Round(time.Second))
+		}
+		ans := r.Answer
+		if r.Withheld {
+			ans = "(withheld)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Backend, r.Server, r.Instance, r.Reports(), r.Sessions, ans, told,
+			sampleAge(r.Sample), strings.TrimSpace(r.Problem+" "+r.Note))
+	}
+	return tw.Flush()
+}
+
+// cannotConfirmOnly reports whether every problem is one of what verify
+// could not see (then the error is "cannot confirm").
+func cannotConfirmOnly(problems []string) bool {
+	for _, p := range problems {
+		if !strings.Contains(p, "cannot confirm") {
+			return false
+		}
+	}
+	return true
+}
+
+func sampleAge(t time.Time) string {
+	if t.IsZero() {
+		return "none"
+	}
+	return ago(time.Since(t))
+}
+
+func age(d time.Duration) string {
+	if d < 0 {
+		return "(none)"
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+// haproxyColumn is status --haproxy: per selected server, whether every
+// HAProxy agrees, else the first disagreement. It also returns the rows
+// for -o json. A Prometheus that does not answer leaves the column "?"
+// and is a warning.
+func haproxyColumn(ctx context.Context, pf *promFlags, addr string, v *api.StateView, sels []ctl.Selector, stderr io.Writer) (map[string]string, map[string][]ctl.VerifyRow) {
+	col, rows := map[string]string{}, map[string][]ctl.VerifyRow{}
+	r, err := ctl.NewReplica(addr)
+	var prom *ctl.Prometheus
+	if err == nil {
+		prom, err = pf.prometheus()
+	}
+	var rep ctl.VerifyReport
+	if err == nil {
+		rep, err = ctl.Verify(ctx, ctl.VerifyOptions{Prometheus: prom, Replica: r, Selectors: sels, Fleet: v})
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "warning: --haproxy: %v\n", err)
+		return col, rows
+	}
+	for _, row := range rep.Rows {
+		rows[row.Name()] = append(rows[row.Name()], row)
+	}
+	for name, rs := range rows {
+		bad := 0
+		first := ""
+		for _, x := range rs {
+			if x.Problem != "" {
+				if bad++; first == "" {
+					first = fmt.Sprintf("%s: %s", x.Instance, x.Reports())
+				}
+			}
+		}
+		switch {
+		case bad == 0:
+			col[name] = fmt.Sprintf("agrees (%d)", len(rs))
+		case bad == 1:
+			col[name] = first
+		default:
+			col[name] = fmt.Sprintf("%s (+%d more)", first, bad-1)
+		}
+	}
+	fmt.Fprintf(stderr, "haproxy: newest sample %s old, %d samples read; `hastate verify` explains each disagreement\n", age(rep.Newest), rep.Samples)
+	return col, rows
+}
+
+// drainFirstFlags are maint's --drain-first, --idle-timeout and the
+// Prometheus flags they use.
+type drainFirstFlags struct {
+	on          bool
+	idleTimeout time.Duration
+	prom        promFlags
+}
+
+func (d *drainFirstFlags) add(c *cobra.Command) {
+	c.Flags().BoolVar(&d.on, "drain-first", false, "drain first, wait until every HAProxy was told and holds no session (or --idle-timeout passes), then maint: ChatOps --disable")
+	c.Flags().DurationVar(&d.idleTimeout, "idle-timeout", ctl.DefaultIdleTimeout, "with --drain-first: set maint after this long even if sessions remain")
+	d.prom.add(c)
+	c.Long += "\n\n--drain-first is ChatOps `canary --disable` in one command: drain; wait until\n" +
+		"every HAProxy was told and reports no session on the servers (through\n" +
+		"Prometheus), or until --idle-timeout passes; then maint. Each step is\n" +
+		"printed; --timeout bounds each write and wait for maint, --idle-timeout the\n" +
+		"wait for idle. Without --prometheus the idle timeout is waited out in full.\n" +
+		"Interrupted (Ctrl-C), it says which state it left.\n\n" + promHelp
+	c.Example += "\n  hastate maint canary_web/gke-cny-web --drain-first --idle-timeout 2m --reason \"kernel upgrade\"   # ChatOps --disable"
+}
+
+// statusRow is a row of status -o json --haproxy: the server's state and
+// what each HAProxy instance reports for it.
+type statusRow struct {
+	api.ServerState
+	HAProxy []ctl.VerifyRow `json:"haproxy"`
+}
+
+func withHAProxyRows(rows []api.ServerState, hap map[string][]ctl.VerifyRow) []statusRow {
+	out := []statusRow{}
+	for _, r := range rows {
+		out = append(out, statusRow{ServerState: r, HAProxy: hap[r.Backend+"/"+r.Server]})
+	}
+	return out
+}

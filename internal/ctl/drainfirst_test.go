@@ -1,0 +1,132 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// drainFirstRun records the steps DrainFirst takes.
+type drainFirstRun struct {
+	mu    sync.Mutex
+	steps []string
+	out   strings.Builder
+}
+
+func (r *drainFirstRun) log(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.steps = append(r.steps, s)
+}
+
+func (r *drainFirstRun) options(idle func(context.Context) (IdleResult, error)) DrainFirstOptions {
+	o := DrainFirstOptions{
+		Targets: "web/a",
+		Write: func(ctx context.Context, st string) error {
+			r.log("write " + st)
+			return nil
+		},
+		Told: func(ctx context.Context) error {
+			r.log("told")
+			return nil
+		},
+		Timeout:     time.Second,
+		IdleTimeout: 200 * time.Millisecond,
+		Out:         &r.out,
+	}
+	if idle != nil {
+		o.Idle = func(ctx context.Context) (IdleResult, error) {
+			r.log("idle")
+			return idle(ctx)
+		}
+	}
+	return o
+}
+
+func TestDrainFirst(t *testing.T) {
+	untilDone := func(err error) func(context.Context) (IdleResult, error) {
+		return func(ctx context.Context) (IdleResult, error) {
+			<-ctx.Done()
+			return IdleResult{}, err
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		idle     func(context.Context) (IdleResult, error)
+		minWait  time.Duration // at least this long before maint
+		steps    string
+		says     string
+		idleNone bool
+	}{
+		{"idle at once", func(context.Context) (IdleResult, error) { return IdleResult{Servers: 1, Instances: 2}, nil }, 0,
+			"write drain,told,idle,write maint,told", "idle after", false},
+		{"sessions never end", untilDone(fmt.Errorf("%w: still waiting for: web/a on HAProxy h1: 2 sessions", ErrNotDone)), 200 * time.Millisecond,
+			"write drain,told,idle,write maint,told", "idle timeout 200ms passed, setting maint anyway; not done: still waiting for: web/a on HAProxy h1: 2 sessions", false},
+		{"cannot confirm: the timeout is waited out", func(context.Context) (IdleResult, error) {
+			return IdleResult{}, fmt.Errorf("%w: Prometheus refused", ErrCannotConfirm)
+		}, 200 * time.Millisecond, "write drain,told,idle,write maint,told", "cannot confirm idle", false},
+		{"no Prometheus", nil, 200 * time.Millisecond, "write drain,told,write maint,told", "no Prometheus", true},
+	} {
+		var r drainFirstRun
+		start := time.Now()
+		err := DrainFirst(context.Background(), r.options(tc.idle))
+		took := time.Since(start)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if got := strings.Join(r.steps, ","); got != tc.steps {
+			t.Errorf("%s: steps %s, want %s", tc.name, got, tc.steps)
+		}
+		out := r.out.String()
+		for _, want := range []string{"step 1/4: drain web/a", "step 2/4", "step 3/4: maint web/a", "step 4/4", "done: web/a in maint", tc.says} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: output lacks %q:\n%s", tc.name, want, out)
+			}
+		}
+		if took < tc.minWait {
+			t.Errorf("%s: maint after %s, before the idle timeout %s", tc.name, took, tc.minWait)
+		}
+	}
+}
+
+func TestDrainFirstInterruptedSaysWhatItLeft(t *testing.T) {
+	var r drainFirstRun
+	ctx, cancel := context.WithCancel(context.Background())
+	o := r.options(func(ctx context.Context) (IdleResult, error) {
+		cancel() // Ctrl-C while waiting for idle
+		<-ctx.Done()
+		return IdleResult{}, fmt.Errorf("%w: still waiting", ErrNotDone)
+	})
+	o.IdleTimeout = time.Minute
+	err := DrainFirst(ctx, o)
+	if err == nil || !strings.Contains(err.Error(), "interrupted during the wait for idle: web/a left drained") ||
+		!strings.Contains(err.Error(), "`hastate maint web/a` finishes, `hastate clear web/a` undoes") {
+		t.Fatalf("error %v", err)
+	}
+	if got := strings.Join(r.steps, ","); got != "write drain,told,idle" {
+		t.Fatalf("steps %s: nothing may be written after an interrupt", got)
+	}
+
+	// A failed drain leaves nothing; a failed maint leaves the drain.
+	var r2 drainFirstRun
+	o = r2.options(nil)
+	o.Write = func(ctx context.Context, st string) error { return fmt.Errorf("%w: min-ready", ErrUsage) }
+	if err := DrainFirst(context.Background(), o); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "nothing written") {
+		t.Fatalf("a refused drain: %v", err)
+	}
+	var r3 drainFirstRun
+	o = r3.options(func(context.Context) (IdleResult, error) { return IdleResult{}, nil })
+	o.Write = func(ctx context.Context, st string) error {
+		if st == "maint" {
+			return errors.New("consul: 500")
+		}
+		return nil
+	}
+	if err := DrainFirst(context.Background(), o); err == nil || !strings.Contains(err.Error(), "web/a left drained") {
+		t.Fatalf("a failed maint: %v", err)
+	}
+}
