@@ -216,6 +216,9 @@ type ClusterInfo struct {
 	KVDigest     string       `json:"kv_digest"` // equal on replicas that hold the same KV content
 	HoldsState   bool         `json:"holds_state"`
 	CaughtUp     bool         `json:"caught_up"`
+	// Withholding lists why this replica answers no agent check and fails
+	// readiness ("catching_up", "leaderless", ...); empty while it answers.
+	Withholding []string `json:"withholding,omitempty"`
 	// KV is the cluster's view of the Consul sync (the leader's report).
 	KV KVView `json:"kv"`
 	// LeaderlessSeconds is how long this replica has been without a known

@@ -218,6 +218,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.Float64Var(&o.Ramp.Aggression, "ramp-aggression", o.Ramp.Aggression, "undrain ramp curve: 1 linear, >1 faster early, <1 slower early (Envoy's aggression)")
 	f.BoolVar(&o.Ramp.FromMaint, "ramp-from-maint", false, "also ramp servers that leave maint")
 	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
+	f.DurationVar(&o.LeaderlessGrace, "leaderless-grace", cluster.DefaultLeaderlessGrace, "a replica whose last contact with a raft leader is older than this stops answering agent checks (HAProxy keeps its state) and fails readiness, until it has a leader again and has caught up")
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
