@@ -45,7 +45,9 @@ func stateKeys(t *testing.T, consul *testenv.Consul) []string {
 // answering, and a replica that is down.
 func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
-	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
+	// Ramps are off unless a key asks for one (--ramp), with steps every
+	// second.
+	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{"--ramp-interval", "1s"}})
 	backends := []Backend{opCanaryWeb, opCanaryAPI, opMainWeb, opMainAPI}
 	hapA := StartHAProxyLBFrom(t, hs, "127.0.0.2", backends...)
 	hapB := StartHAProxyLBFrom(t, hs, "127.0.0.3", backends...)
@@ -159,6 +161,21 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	}
 	run(0, "clear", "canary_web/web-1")
 	keysAre("after the clear", "canary_api/*", "canary_web/*")
+
+	// Issue 15.7: the canary backend comes back over a 4s ramp; wait
+	// returns once both HAProxy nodes were told the first step, wait
+	// --settled only once the ramp is over.
+	run(0, "ready", "canary_web", "--ramp", "4s")
+	out = run(0, "wait", "canary_web", "--timeout", "30s")
+	if st := run(0, "status", "canary_web"); !strings.Contains(st, "(eta ") {
+		t.Errorf("wait returned, and the ramp is over already (it should take 4s):\n%s\n%s", out, st)
+	}
+	start = time.Now()
+	run(0, "wait", "canary_web", "--settled", "--timeout", "30s")
+	t.Logf("wait --settled returned %s after the ramp's first step was told", time.Since(start).Round(time.Millisecond))
+	if st := run(0, "status", "canary_web"); strings.Contains(st, "(eta ") || !strings.Contains(st, "2 of 2 servers in rotation") {
+		t.Errorf("wait --settled returned during the ramp:\n%s", st)
+	}
 
 	// The SRE's server drain across every backend that has it.
 	run(0, "drain", "*/gke-cny-web", "--reason", "node upgrade")
