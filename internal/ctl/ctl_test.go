@@ -197,6 +197,8 @@ func TestPlanWrite(t *testing.T) {
 				v.Servers[3].Kind, v.Servers[3].Weight, v.Servers[3].Answer = api.KindWeight, 0, "ready 0%"
 			}},
 		{name: "ready deletes a key no backend-wide key covers", cmd: "ready", args: []string{"canary_web/web-2"}, want: "-canary_web/web-2"},
+		{name: "ready that deletes says the reason is not kept", cmd: "ready", value: `{"state":"ready","reason":"done"}`, args: []string{"canary_web/web-2"},
+			want: "-canary_web/web-2", note: "--reason and --for are not kept"},
 		{name: "ready with a ramp keeps the key", cmd: "ready", value: `{"state":"ready","ramp":"10m"}`, args: []string{"canary_web/web-2"},
 			want: "canary_web/web-2", note: "--ramp lives in its key"},
 		{name: "ready under a backend-wide key writes ready and says so", cmd: "ready", args: []string{"canary_api/api-1"}, want: "canary_api/api-1",

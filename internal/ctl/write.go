@@ -229,6 +229,9 @@ func (p *Plan) serverOp(rows []api.ServerState, known bool, backend, srv string,
 			"so that backend-wide drains reach it again", backend, srv, backend, srv))
 		return Op{Key: key, Value: o.Value}
 	}
+	if in.value.Reason != "" || !in.value.Until.IsZero() {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: its key is deleted (no key means ready), so --reason and --for are not kept", backend, srv))
+	}
 	return Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)"}
 }
 
