@@ -239,6 +239,9 @@ func New(o Options) (_ *Node, err error) {
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
 		ServerAddressProvider: newDialOverride(o),
+		// No pipelined replication: raft (v1.7.3) can deadlock it (see
+		// noPipelining in transport.go).
+		MaxRPCsInFlight: noPipelining,
 	})
 	n.stops.Add("raft transport", func(context.Context) error {
 		n.transport.CloseStreams()

@@ -289,6 +289,15 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.stops.Add("raft node", a.node.Shutdown)
+	a.serveWG.Add(1)
+	go func() {
+		defer a.serveWG.Done()
+		select {
+		case err := <-a.node.ListenerFailed(): // its accept loop ended (not by Shutdown)
+			a.fail("raft listener", err, nil)
+		case <-bgCtx.Done():
+		}
+	}()
 	promauto.With(a.o.Registry).NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_ready",
 		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state, has caught up with a raft leader since it started and since it was last cut off, its last contact with a leader is within --leaderless-grace, and it is not shutting down), else 0. A loss of Consul does not make it 0.",
@@ -435,7 +444,7 @@ func (a *App) PrepareStop(ctx context.Context) {
 		return
 	}
 	a.stopping.Store(true)
-	a.log.Info("draining before shutdown: readiness fails, agent probes are still answered",
+	a.log.Info("shutdown delay: readiness fails; agent probes are answered, and raft followed, until it ends",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
 	t := time.NewTimer(a.o.ShutdownDelay)
