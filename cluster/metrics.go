@@ -181,9 +181,9 @@ func (m *metrics) collectServers(ch chan<- prometheus.Metric, snap *state.Snapsh
 		if r.Entry != nil && r.Entry.HasLast && r.Ramp == nil {
 			by = cutLabel(r.Entry.Last().By, 64)
 		}
-		ch <- prometheus.MustNewConstMetric(m.serverState, prometheus.GaugeValue, 1, t.Backend, t.Server, kind, by)
+		ch <- prometheus.MustNewConstMetric(m.serverState, prometheus.GaugeValue, 1, t.Backend, t.Server, string(kind), by)
 		if since := r.Since(); !since.IsZero() {
-			ch <- prometheus.MustNewConstMetric(m.serverSince, prometheus.GaugeValue, unixSeconds(since), t.Backend, t.Server, kind)
+			ch <- prometheus.MustNewConstMetric(m.serverSince, prometheus.GaugeValue, unixSeconds(since), t.Backend, t.Server, string(kind))
 		}
 		if kind == state.KindWeight || kind == state.KindRamping {
 			ch <- prometheus.MustNewConstMetric(m.serverWeight, prometheus.GaugeValue, float64(r.Answer.Weight), t.Backend, t.Server)

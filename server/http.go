@@ -121,7 +121,10 @@ func cut[T any](rows []T, limit int) ([]T, bool) {
 
 func rowFor(r state.Resolution) api.ServerState {
 	row := api.ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
-		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true}
+		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true, Kind: api.Kind(r.Kind())}
+	if !r.Answer.Withheld && r.Answer.Admin == state.Ready {
+		row.Weight = r.Answer.Weight
+	}
 	if since := r.Since(); !since.IsZero() {
 		row.Since = &since
 	}
@@ -131,6 +134,9 @@ func rowFor(r state.Resolution) api.ServerState {
 	}
 	if e := r.Expired; e != nil {
 		row.Expired = e.Key
+		if until := e.Last().Until; !until.IsZero() {
+			row.ExpiredAt = &until
+		}
 	}
 	if e := r.Entry; e != nil {
 		last := e.Last()

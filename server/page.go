@@ -241,7 +241,7 @@ func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.Clu
 		var c pageCounts
 		for _, r := range b.Rows {
 			if !r.Wildcard {
-				c.add(r.Class)
+				c.add(r.Class, r.AtZero())
 			}
 		}
 		all.merge(c)
@@ -346,14 +346,22 @@ func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []p
 // no server in rotation.
 type pageCounts struct {
 	servers, ready, weight, ramping, drain, maint, withheld int
-	outBackends                                             int
+	// zero counts the servers at 0% (a weight or a ramp; counted there
+	// only): HAProxy shows them as DRAIN, so they are out of rotation.
+	zero        int
+	outBackends int
 }
 
-// inRotation counts the servers HAProxy sends traffic to.
+// inRotation counts the servers HAProxy sends traffic to: ready, at a
+// weight or ramping, above 0%.
 func (c pageCounts) inRotation() int { return c.ready + c.weight + c.ramping }
 
-func (c *pageCounts) add(class string) {
+func (c *pageCounts) add(class string, atZero bool) {
 	c.servers++
+	if atZero {
+		c.zero++
+		return
+	}
 	switch class {
 	case "ready":
 		c.ready++
@@ -378,6 +386,7 @@ func (c *pageCounts) merge(o pageCounts) {
 	c.drain += o.drain
 	c.maint += o.maint
 	c.withheld += o.withheld
+	c.zero += o.zero
 	c.outBackends += o.outBackends
 }
 
@@ -405,7 +414,7 @@ func (c pageCounts) summary() ([]pageCount, string) {
 		class, text string
 	}{
 		{c.drain, "drain", "draining"}, {c.maint, "maint", "in maint"}, {c.ramping, "ramping", "ramping"},
-		{c.weight, "weight", "at a set weight"}, {c.withheld, "withheld", "withheld (no answer)"},
+		{c.weight, "weight", "at a set weight"}, {c.zero, "drain", "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld", "withheld (no answer)"},
 	} {
 		if p.n > 0 {
 			out = append(out, pageCount{p.class, fmt.Sprintf("%d %s", p.n, p.text)})
@@ -419,7 +428,7 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 	for _, p := range []struct {
 		n    int
 		text string
-	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.withheld, "withheld"}} {
+	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.zero, "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld"}} {
 		if p.n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.text))
 		}
@@ -439,7 +448,7 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 		h.Text = fmt.Sprintf("all %s ready at full weight", plural(c.servers, "server", "servers"))
 	default:
 		h.Class = "warn"
-		h.Text = fmt.Sprintf("%d of %s ready: %s", c.ready+c.weight+c.ramping, plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
+		h.Text = fmt.Sprintf("%d of %s ready: %s", c.inRotation(), plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
 	}
 	if banner {
 		h.Class = "bad"
@@ -458,20 +467,20 @@ func plural(n int, one, many string) string {
 // behind is how many of its HAProxy nodes are a ramp step behind.
 func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 	r := pageRow{ServerState: s, Wildcard: s.Server == "*"}
-	switch {
-	case s.Withheld:
+	switch s.Kind {
+	case api.KindWithheld:
 		r.Class, r.Label = "withheld", "withheld"
-	case s.Answer == "drain":
+	case api.KindDrain:
 		r.Class, r.Label = "drain", "drain"
-	case s.Answer == "maint":
+	case api.KindMaint:
 		r.Class, r.Label = "maint", "maint"
 	default:
-		w, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(s.Answer, "ready "), "%"))
+		w := s.Weight
 		r.HasWeight, r.Weight, r.BarPct, r.Over = true, w, min(w, 100), w > 100
-		switch {
-		case s.Ramping != nil:
+		switch s.Kind {
+		case api.KindRamping:
 			r.Class, r.Label = "ramping", "ramping"
-		case w != 100:
+		case api.KindWeight:
 			r.Class, r.Label = "weight", "weight"
 		default:
 			r.Class, r.Label = "ready", "ready"

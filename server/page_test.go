@@ -303,3 +303,25 @@ func TestShortDurations(t *testing.T) {
 		t.Errorf("relative 90s after: %q", got)
 	}
 }
+
+// Issue 15.3: a server at 0% is out of rotation (HAProxy shows it as
+// DRAIN): the headline and the backend's line do not count it as ready.
+func TestPageCountsZeroPercentAsOut(t *testing.T) {
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: map[string]string{"state/w/a": "0%", "state/w/b": "0%", "state/w/c": "50%"}})
+	snap := m.Snapshot()
+	h := NewHTTPHandler(HTTPOptions{NodeID: "hs1", Replica: &fakeReplica{
+		snap:  func() *state.Snapshot { return snap },
+		ready: func() (bool, string) { return true, "" },
+		peers: func() []api.Poll { return nil },
+	}})
+	_, body := get(t, h, "/")
+	for _, want := range []string{
+		`id="headline">1 of 3 servers ready: 1 at a set weight, 2 at 0% (DRAIN in HAProxy)</p>`,
+		`<span class="cnt ready">1 of 3 ready</span>`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status page without %s:\n%s", want, regexp.MustCompile(`(?s)<p class="headline.*?</p>|<span class="cnt ready">.*?</th>`).FindAllString(body, -1))
+		}
+	}
+}
