@@ -128,9 +128,11 @@ func TestE2ELeaderSIGKILL(t *testing.T) {
 			probes[id] += c.OK
 			// A survivor withholds (no answer; HAProxy keeps its state)
 			// only when the election outlasts --leaderless-grace (3s)
-			// since the last heartbeat: allowed then, never a wrong answer.
-			if c.Unanswered > 0 && seen.Sub(killed) > 3*time.Second-contactSlack {
-				t.Logf("round %d: survivor %s withheld %d checks during an election of %s (longer than the grace)", round, id, c.Unanswered, seen.Sub(killed).Round(time.Millisecond))
+			// since its last heartbeat, and only until it has caught up
+			// with the new leader: allowed then, never a wrong answer.
+			if c.Unanswered > 0 && c.Unanswered == c.bad() && seen.Sub(killed) > 3*time.Second-2*contactSlack &&
+				!c.LastBad.After(seen.Add(time.Second)) {
+				t.Logf("round %d: survivor %s withheld %d checks during an election of %s (about the grace)", round, id, c.Unanswered, seen.Sub(killed).Round(time.Millisecond))
 				c.Unanswered = 0
 			}
 			if c.bad() > 0 || c.OK == 0 {

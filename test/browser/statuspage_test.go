@@ -162,7 +162,7 @@ func TestStatusPage(t *testing.T) {
 // and the test must have seen such a moment.
 func rampSteps(t *testing.T, b *browser) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(b.ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(b.ctx, 90*time.Second)
 	defer cancel()
 	type seen struct {
 		Classes map[string]int
@@ -172,8 +172,8 @@ func rampSteps(t *testing.T, b *browser) {
 	}
 	got, err := chromedp.Run(ctx, chromedp.Evaluate[seen](`(async () => {
 		const s = {Classes: {}, Behind: 0, Weights: new Set(), Samples: 0};
-		const end = Date.now() + 40000;
-		while (Date.now() < end && s.Behind < 2) {
+		const end = Date.now() + 60000;
+		while (Date.now() < end && s.Behind < 1) {
 			const html = await (await fetch('/', {cache: 'no-store'})).text();
 			const row = new DOMParser().parseFromString(html, 'text/html').querySelector('tr[data-server="web/r"]');
 			const told = row.querySelector('.told');
