@@ -136,9 +136,10 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			return p, fmt.Errorf("%w; add --force to write with what the other replicas know", err)
 		}
 	}
+	ix := indexFleet(rows)
 	var individual []Selector // servers the write takes out one by one
 	server := func(backend, srv string) {
-		add(p.serverOp(rows, fleet != nil, backend, srv, o, in))
+		add(p.serverOp(ix, fleet != nil, backend, srv, o, in))
 		individual = append(individual, Selector{backend, srv})
 	}
 	for _, sel := range sels {
@@ -148,26 +149,26 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 		}
 		switch {
 		case literal && sel.Server == state.Wildcard:
-			if fleet != nil && !o.Force && !in.clear && !slices.Contains(backends(rows), sel.Backend) {
+			if fleet != nil && !o.Force && !in.clear && !ix.known(sel.Backend) {
 				return p, fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
 			}
-			if err := p.backendWide(rows, sel.Backend, o, in, add); err != nil {
+			if err := p.backendWide(ix, sel.Backend, o, in, add); err != nil {
 				return p, err
 			}
 		case literal:
-			if err := polled(rows, fleet != nil && !in.clear, sel, o.Force); err != nil {
+			if err := polled(ix, fleet != nil && !in.clear, sel, o.Force); err != nil {
 				return p, err
 			}
 			server(sel.Backend, sel.Server)
 		case sel.Server == state.Wildcard:
 			n := 0
-			for _, b := range backends(rows) {
+			for _, b := range ix.backends {
 				if sel.Match(b, state.Wildcard) {
 					n++
-					if in.clear && !hasOwnKey(rows, b, state.Wildcard) {
+					if in.clear && !ix.own[[2]string{b, state.Wildcard}] {
 						continue
 					}
-					if err := p.backendWide(rows, b, o, in, add); err != nil {
+					if err := p.backendWide(ix, b, o, in, add); err != nil {
 						return p, err
 					}
 				}
@@ -182,7 +183,7 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 					continue
 				}
 				n++
-				if !in.clear || hasOwnKey(rows, r.Backend, r.Server) {
+				if !in.clear || ix.own[[2]string{r.Backend, r.Server}] {
 					server(r.Backend, r.Server)
 				}
 			}
@@ -207,7 +208,7 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 // key unless a backend-wide key covers the server (or the value carries a
 // ramp, which lives in the key), so that the server follows backend-wide
 // keys again.
-func (p *Plan) serverOp(rows []api.ServerState, known bool, backend, srv string, o WriteOptions, in intent) Op {
+func (p *Plan) serverOp(ix *fleetIndex, known bool, backend, srv string, o WriteOptions, in intent) Op {
 	key := Key(o.Prefix, backend, srv)
 	switch {
 	case in.clear:
@@ -219,7 +220,7 @@ func (p *Plan) serverOp(rows []api.ServerState, known bool, backend, srv string,
 			"it then stays out of backend-wide drains until `hastate clear %s/%s`", backend, srv, backend, srv))
 		return Op{Key: key, Value: o.Value}
 	}
-	if w, ok := wildcardRow(rows, backend); ok {
+	if w, ok := ix.wild[backend]; ok && w.Kind != api.KindReady {
 		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: written as ready under %s/* (%s), so it now stays out of backend-wide drains and maints; "+
 			"`hastate clear %s/%s` makes it follow %s/* again", backend, srv, backend, orInvalid(w), backend, srv, backend))
 		return Op{Key: key, Value: o.Value}
@@ -235,15 +236,43 @@ func (p *Plan) serverOp(rows []api.ServerState, known bool, backend, srv string,
 	return Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)"}
 }
 
-// wildcardRow returns the row of backend's own backend-wide key when it
-// covers the backend's servers with something else than ready 100%.
-func wildcardRow(rows []api.ServerState, backend string) (api.ServerState, bool) {
+// fleetIndex answers PlanWrite's questions about the fleet without a scan
+// per matched server (a glob can match 50,000): which targets have a key
+// of their own, each backend's own backend-wide key and servers, the
+// known backends.
+type fleetIndex struct {
+	rows      []api.ServerState
+	own       map[[2]string]bool           // (backend, server or "*") with its own key
+	wild      map[string]api.ServerState   // backend -> the row of its own backend-wide key
+	byBackend map[string][]api.ServerState // backend -> its servers (not "*")
+	backends  []string                     // sorted
+}
+
+func indexFleet(rows []api.ServerState) *fleetIndex {
+	ix := &fleetIndex{rows: rows, own: map[[2]string]bool{}, wild: map[string]api.ServerState{}, byBackend: map[string][]api.ServerState{}}
 	for _, r := range rows {
-		if r.Backend == backend && r.Server == state.Wildcard && ownKey(r) && r.Kind != api.KindReady {
-			return r, true
+		if _, ok := ix.byBackend[r.Backend]; !ok {
+			ix.byBackend[r.Backend] = nil
+			ix.backends = append(ix.backends, r.Backend)
+		}
+		if ownKey(r) {
+			ix.own[[2]string{r.Backend, r.Server}] = true
+			if r.Server == state.Wildcard {
+				ix.wild[r.Backend] = r
+			}
+		}
+		if r.Server != state.Wildcard {
+			ix.byBackend[r.Backend] = append(ix.byBackend[r.Backend], r)
 		}
 	}
-	return api.ServerState{}, false
+	slices.Sort(ix.backends)
+	return ix
+}
+
+// known reports whether the cluster knows backend.
+func (ix *fleetIndex) known(backend string) bool {
+	_, ok := ix.byBackend[backend]
+	return ok
 }
 
 // backendWide adds the backend-wide key of backend, and deals with the
@@ -251,7 +280,7 @@ func wildcardRow(rows []api.ServerState, backend string) (api.ServerState, bool)
 // the same transaction; a drain, maint or 0% that some would escape (they
 // keep serving, or stay out of a maint) is refused without Override or
 // KeepOwn; the others are named in a note.
-func (p *Plan) backendWide(rows []api.ServerState, backend string, o WriteOptions, in intent, add func(Op)) error {
+func (p *Plan) backendWide(ix *fleetIndex, backend string, o WriteOptions, in intent, add func(Op)) error {
 	key := Key(o.Prefix, backend, state.Wildcard)
 	switch {
 	case in.clear:
@@ -264,8 +293,8 @@ func (p *Plan) backendWide(rows []api.ServerState, backend string, o WriteOption
 		add(Op{Key: key, Value: o.Value})
 	}
 	var kept, escape []string
-	for _, r := range rows {
-		if r.Backend != backend || r.Server == state.Wildcard || !ownKey(r) {
+	for _, r := range ix.byBackend[backend] {
+		if !ownKey(r) {
 			continue
 		}
 		if o.Override {
@@ -316,37 +345,21 @@ func ownKey(r api.ServerState) bool {
 	return r.Key != "" && strings.HasSuffix(r.Key, state.StatePrefix+r.Backend+"/"+r.Server)
 }
 
-func hasOwnKey(rows []api.ServerState, backend, server string) bool {
-	for _, r := range rows {
-		if r.Backend == backend && r.Server == server && ownKey(r) {
-			return true
-		}
-	}
-	return false
-}
-
-func backends(rows []api.ServerState) []string {
-	set := map[string]bool{}
-	for _, r := range rows {
-		set[r.Backend] = true
-	}
-	return slices.Sorted(maps.Keys(set))
-}
-
 // polled refuses a write for a server no HAProxy has polled within
 // api.PollerTTL (a typo, or a server not in haproxy.cfg), naming the
 // servers the cluster knows in that backend: a server the cluster does not
 // know at all matched nothing (ErrNoMatch, and an unknown backend names the
 // known backends).
-func polled(rows []api.ServerState, known bool, sel Selector, force bool) error {
+func polled(ix *fleetIndex, known bool, sel Selector, force bool) error {
 	if force || !known {
 		return nil
 	}
-	if !slices.Contains(backends(rows), sel.Backend) {
+	rows := ix.rows
+	if !ix.known(sel.Backend) {
 		return fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
 	}
-	for _, r := range rows {
-		if r.Backend == sel.Backend && r.Server == sel.Server {
+	for _, r := range ix.byBackend[sel.Backend] {
+		if r.Server == sel.Server {
 			if r.Polled > 0 {
 				return nil
 			}
