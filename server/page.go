@@ -175,23 +175,20 @@ func newNonce() string {
 // next check, an agent-inter later. That is the ramp working, not an
 // HAProxy left behind.
 func stepsBehind(row api.ServerState, told map[string]string) int {
-	if row.Ramping == nil || row.Withheld {
-		return 0
-	}
-	cur, ok := readyWeight(row.Answer)
-	if !ok {
+	if row.Kind != api.KindRamping {
 		return 0
 	}
 	n := 0
 	for _, answer := range told {
-		if w, ok := readyWeight(answer); ok && w > 0 && w < cur {
+		if w, ok := readyWeight(answer); ok && w > 0 && w < row.Weight {
 			n++
 		}
 	}
 	return n
 }
 
-// readyWeight is N of the answer "ready N%".
+// readyWeight is N of the wire answer "ready N%" an HAProxy was told (the
+// polls keep the agent protocol's text).
 func readyWeight(answer string) (int, bool) {
 	w, ok := strings.CutPrefix(answer, "ready ")
 	if !ok {
@@ -502,11 +499,11 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 	switch {
 	case s.Polled == 0:
 		r.Told, r.ToldClass = "not polled", "none"
-	case s.Withheld:
+	case s.Kind == api.KindWithheld:
 		// Told counts those told nothing: that is no "told".
 		r.Told, r.ToldClass = fmt.Sprintf("told nothing: %d of %d", s.Told, s.Polled), "bad"
 		r.ToldTitle = "HAProxy nodes that asked within the last minute, and how many got no answer (each keeps the state it had)"
-	case s.Ramping != nil && s.Told+behind == s.Polled:
+	case s.Kind == api.KindRamping && s.Told+behind == s.Polled:
 		// Stable over the ramp's steps: one HAProxy or another is always
 		// a step behind for an agent-inter after each.
 		r.Told, r.ToldClass = fmt.Sprintf("on the ramp: %d of %d", s.Polled, s.Polled), "ok"
