@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -58,5 +59,30 @@ func TestClientFailsClosed(t *testing.T) {
 	var se *StatusError
 	if _, err := c.Cluster(ctx); !errors.As(err, &se) || se.Code != 400 || !strings.Contains(se.Body, "scope must be") {
 		t.Errorf("Cluster on a 400: %v, want a StatusError with the body", err)
+	}
+}
+
+// A row from a replica that predates Kind and Weight gets the kind its
+// answer says, so that callers can decide on Kind alone.
+func TestServerStateKindFromAnOlderReplica(t *testing.T) {
+	for body, want := range map[string]ServerState{
+		`{"answer":"drain"}`:                                {Kind: KindDrain},
+		`{"answer":"maint"}`:                                {Kind: KindMaint},
+		`{"answer":"ready 100%"}`:                           {Kind: KindReady, Weight: 100},
+		`{"answer":"ready 0%"}`:                             {Kind: KindWeight, Weight: 0},
+		`{"answer":"ready 40%","ramping":{"target":"w/a"}}`: {Kind: KindRamping, Weight: 40},
+		`{"answer":"","withheld":true}`:                     {Kind: KindWithheld},
+		`{"answer":"ready 0%","kind":"ramping","weight":0}`: {Kind: KindRamping, Weight: 0},
+	} {
+		var got ServerState
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Kind != want.Kind || got.Weight != want.Weight {
+			t.Errorf("%s: kind %q weight %d, want %q %d", body, got.Kind, got.Weight, want.Kind, want.Weight)
+		}
+		if in := got.InRotation(); in != (got.Weight > 0) {
+			t.Errorf("%s: InRotation %v", body, in)
+		}
 	}
 }

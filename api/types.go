@@ -45,6 +45,11 @@ type ServerState struct {
 	Ramp     string `json:"ramp,omitempty"`
 	Answer   string `json:"answer"`
 	Withheld bool   `json:"withheld"`
+	// Kind is the effective state the answer comes from, and Weight the
+	// weight in percent it tells HAProxy (kinds ready, weight and
+	// ramping; 0 for the others). Decide on these, not on Answer's text.
+	Kind   Kind `json:"kind"`
+	Weight int  `json:"weight"`
 	// Ramping is the undrain ramp setting this server's weight, if any.
 	Ramping *RampProgress `json:"ramping,omitempty"`
 	// Since is when the answer's state took effect, on the raft leader's
@@ -56,6 +61,8 @@ type ServerState struct {
 	// (the answer comes from the next key, or is ready) until it changes.
 	Until   *time.Time `json:"until,omitempty"`
 	Expired string     `json:"expired,omitempty"`
+	// ExpiredAt is when the Expired key's state expired (its until).
+	ExpiredAt *time.Time `json:"expired_at,omitempty"`
 	// Polled counts the HAProxy nodes that asked for this server within
 	// the poller window, and Told those of them last told Answer (over
 	// the replicas the view covers: see StateView.Scope).
@@ -78,7 +85,7 @@ func (r *RampProgress) String() string {
 	if r == nil {
 		return ""
 	}
-	return fmt.Sprintf("%d%% (eta %s)", r.WeightPercent, r.ETA.Local().Format("15:04:05"))
+	return fmt.Sprintf("%d%% (eta %s)", r.WeightPercent, r.ETA.Local().Format("15:04:05 MST"))
 }
 
 // StateView is the /v1/state body.
@@ -213,6 +220,9 @@ type ClusterInfo struct {
 	KVDigest     string       `json:"kv_digest"` // equal on replicas that hold the same KV content
 	HoldsState   bool         `json:"holds_state"`
 	CaughtUp     bool         `json:"caught_up"`
+	// Withholding lists why this replica answers no agent check and fails
+	// readiness ("catching_up", "leaderless", ...); empty while it answers.
+	Withholding []string `json:"withholding,omitempty"`
 	// KV is the cluster's view of the Consul sync (the leader's report).
 	KV KVView `json:"kv"`
 	// LeaderlessSeconds is how long this replica has been without a known

@@ -113,11 +113,13 @@ type fsm struct {
 	// (state.MaxLevel; lower only in tests that play an older release).
 	maxLevel int
 	// stuck, once set, is why this replica met an entry it cannot
-	// understand (a type or level of a newer release): it withholds every
-	// answer and fails readiness from then on, until it runs a release
-	// that understands the entry. Skipping the entry would serve something
-	// the other replicas do not. Read under mu.
+	// understand (a type or level of a newer release): the node withholds
+	// every answer and fails readiness from then on (withholdNotUnderstood),
+	// until it runs a release that understands the entry. Skipping the
+	// entry would serve something the other replicas do not. Read under mu.
 	stuck error
+	// notUnderstoodFn is called once, with stuck, when it is set; may be nil.
+	notUnderstoodFn func(error)
 }
 
 func newFSM() *fsm {
@@ -143,11 +145,14 @@ func (f *fsm) level() int {
 func (f *fsm) stop(index uint64, err error) error {
 	err = f.reject(index, err)
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.stuck == nil {
+	first := f.stuck == nil
+	if first {
 		f.stuck = err
 	}
-	f.publishLocked()
+	f.mu.Unlock()
+	if first && f.notUnderstoodFn != nil {
+		f.notUnderstoodFn(err)
+	}
 	return err
 }
 
@@ -266,7 +271,7 @@ func (f *fsm) advance(i uint64) {
 // publishLocked swaps in the serving snapshot of the mirror. The mirror
 // rebuilds only the backends the last entry touched (see state.Mirror.Snapshot).
 func (f *fsm) publishLocked() {
-	if f.mirror.Synced() && f.stuck == nil {
+	if f.mirror.Synced() {
 		f.serving.Store(f.mirror.Snapshot())
 	} else {
 		f.serving.Store(nil)
@@ -275,7 +280,7 @@ func (f *fsm) publishLocked() {
 
 // publishFullLocked is publishLocked with every backend rebuilt.
 func (f *fsm) publishFullLocked() {
-	if f.mirror.Synced() && f.stuck == nil {
+	if f.mirror.Synced() {
 		f.serving.Store(f.mirror.RebuildSnapshot())
 	} else {
 		f.serving.Store(nil)

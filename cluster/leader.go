@@ -84,7 +84,7 @@ func (n *Node) leaderDuty(ctx context.Context) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	n.caughtUp.Store(true)
+	n.barrierTerm.Store(n.raft.CurrentTerm()) // contactLoop: caught up
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() {

@@ -25,18 +25,28 @@ type metrics struct {
 	rampPolicyInvalid prometheus.Gauge
 	applyErrors       prometheus.Counter
 	dutyFailures      prometheus.Counter
+	withholds         *prometheus.CounterVec
 	port              *portMetrics // the raft port's connections and TLS
 
 	rampsActive, serverWeight, serverState, serverSince, rampStepDue, rampInterval *prometheus.Desc
 
 	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
 
-	kvSyncAge, kvReachable, leaderless *prometheus.Desc
+	kvSyncAge, kvReachable, leaderless, withheld, contactAge *prometheus.Desc
 
 	level, levelWaiting, notUnderstood *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
+	m := newMetricsUnset(n)
+	for _, r := range withholdReasons() {
+		label, _ := r.info()
+		m.withholds.WithLabelValues(label) // every reason's series exists from the start, at 0
+	}
+	return m
+}
+
+func newMetricsUnset(n *Node) *metrics {
 	return &metrics{
 		n:    n,
 		port: newPortMetrics(),
@@ -55,6 +65,8 @@ func newMetrics(n *Node) *metrics {
 			Name: "hastate_fsm_apply_errors_total", Help: "Per replica: committed raft entries this replica could not apply as written (undecodable, unknown type, invalid ramp policy, a panic while applying): each is logged and skipped, or applied without ramps, identically on every replica. Any increase is a bug to report."}),
 		dutyFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_leader_duty_failures_total", Help: "Per replica: times this replica, as leader, could not run its duty (building the Consul watch) and handed leadership over or retried."}),
+		withholds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hastate_withhold_starts_total", Help: "Per replica: times this replica began to withhold every agent answer (and fail readiness) for a reason: leaderless (no contact with a raft leader for longer than --leaderless-grace), catching_up (behind a leader after start or a cut-off; counted from a cut-off, not at start)."}, []string{"reason"}),
 		rampsActive: prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress (from raft: the same on every replica in sync).", nil, nil),
 		serverState: prometheus.NewDesc("hastate_server_state",
 			"Always 1: the effective state of each server (or backend wildcard, server \"*\") with a non-default state: drain, maint, weight (an explicit N%), ramping (an undrain ramp sets its weight) or withheld (invalid key without a last valid value: no answer). Servers answered ready 100% have no series. by is the writer named in the key's JSON value (cut to 64 bytes). From raft: the same on every replica in sync.",
@@ -93,13 +105,17 @@ func newMetrics(n *Node) *metrics {
 		notUnderstood: prometheus.NewDesc("hastate_fsm_entry_not_understood",
 			"Per replica: 1 once this replica met a raft entry it does not understand (written by a newer release): it withholds every answer and fails readiness until it is upgraded.", nil, nil),
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
-			"Per replica: seconds this replica has been without a known raft leader (0 with one); it keeps serving its last state meanwhile.", nil, nil),
+			"Per replica: seconds this replica has been without a known raft leader (0 with one). Past --leaderless-grace since its last contact with a leader it withholds answers (see hastate_withheld).", nil, nil),
+		withheld: prometheus.NewDesc("hastate_withheld",
+			"Per replica: 1 for each reason this replica is withholding every agent answer and failing readiness (leaderless: no contact with a raft leader for longer than --leaderless-grace; catching_up: behind a leader since start or a cut-off), 0 otherwise. HAProxy keeps each server's last state for checks it sends here.", []string{"reason"}, nil),
+		contactAge: prometheus.NewDesc("hastate_raft_leader_contact_age_seconds",
+			"Per replica: seconds since this replica's last contact with a raft leader (a heartbeat or entry; about 0 on the leader). Past --leaderless-grace it withholds answers.", nil, nil),
 	}
 }
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures},
+	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures, m.withholds},
 		m.port.collectors()...)
 }
 
@@ -110,7 +126,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.level, m.levelWaiting, m.notUnderstood} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood} {
 		ch <- d
 	}
 }
@@ -157,6 +173,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.maxLevel()), "build")
 	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.IsLeader() && m.n.levelWaiting.Load() != nil))
 	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.notUnderstood() != nil))
+	ch <- prometheus.MustNewConstMetric(m.contactAge, prometheus.GaugeValue, m.n.leaderContactAge().Seconds())
+	for _, r := range withholdReasons() {
+		label, _ := r.info()
+		ch <- prometheus.MustNewConstMetric(m.withheld, prometheus.GaugeValue, boolGauge(m.n.withheld.has(r)), label)
+	}
 }
 
 // collectServers exports the servers with a non-default state and the
@@ -173,9 +194,9 @@ func (m *metrics) collectServers(ch chan<- prometheus.Metric, snap *state.Snapsh
 		if r.Entry != nil && r.Entry.HasLast && r.Ramp == nil {
 			by = cutLabel(r.Entry.Last().By, 64)
 		}
-		ch <- prometheus.MustNewConstMetric(m.serverState, prometheus.GaugeValue, 1, t.Backend, t.Server, kind, by)
+		ch <- prometheus.MustNewConstMetric(m.serverState, prometheus.GaugeValue, 1, t.Backend, t.Server, string(kind), by)
 		if since := r.Since(); !since.IsZero() {
-			ch <- prometheus.MustNewConstMetric(m.serverSince, prometheus.GaugeValue, unixSeconds(since), t.Backend, t.Server, kind)
+			ch <- prometheus.MustNewConstMetric(m.serverSince, prometheus.GaugeValue, unixSeconds(since), t.Backend, t.Server, string(kind))
 		}
 		if kind == state.KindWeight || kind == state.KindRamping {
 			ch <- prometheus.MustNewConstMetric(m.serverWeight, prometheus.GaugeValue, float64(r.Answer.Weight), t.Backend, t.Server)

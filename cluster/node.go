@@ -34,6 +34,9 @@ const (
 	// logCacheEntries is how many recent raft entries are kept decoded
 	// (see logcache.go): replication reads the last few.
 	logCacheEntries = 64
+	// DefaultLeaderlessGrace is Options.LeaderlessGrace's default: a
+	// leader heartbeats many times a second and a failover takes about 2s.
+	DefaultLeaderlessGrace = 3 * time.Second
 )
 
 // Errors returned by Node.
@@ -102,6 +105,11 @@ type Options struct {
 	ApplyTimeout      time.Duration // 0: 5s
 	SnapshotInterval  time.Duration // 0: 2m
 	SnapshotThreshold uint64        // 0: 1024 entries
+	// LeaderlessGrace (0: 3s) is how old this node's last contact with a
+	// raft leader may grow before it withholds every answer and fails
+	// readiness (see withhold.go); it answers again once it has a leader
+	// and has caught up. Keep it above a failover (about 2s).
+	LeaderlessGrace time.Duration
 	// HeartbeatTimeout and ElectionTimeout (0: 1s each) bound failover time.
 	HeartbeatTimeout time.Duration
 	ElectionTimeout  time.Duration
@@ -143,6 +151,10 @@ func (o *Options) validate() error {
 	o.SnapshotThreshold = cmp.Or(o.SnapshotThreshold, 1024)
 	o.HeartbeatTimeout = cmp.Or(o.HeartbeatTimeout, time.Second)
 	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
+	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
+	if o.LeaderlessGrace < 0 {
+		return fmt.Errorf("cluster: leaderless grace %s is negative: set --leaderless-grace to a positive duration, e.g. %s", o.LeaderlessGrace, DefaultLeaderlessGrace)
+	}
 	return nil
 }
 
@@ -158,7 +170,15 @@ type Node struct {
 	metrics   *metrics
 	observer  *raft.Observer
 
-	caughtUp      atomic.Bool
+	// withheld is the set of reasons not to answer (withhold.go);
+	// withheldSince is when each reason last came into force.
+	withheld      withholdSet
+	withheldSince [maxWithholdReasons]atomic.Int64
+	// leaderContact is when this node last had contact with a leader
+	// (unix nanoseconds, kept by contactLoop); barrierTerm is the term in
+	// which this node, as leader, last completed its barrier.
+	leaderContact atomic.Int64
+	barrierTerm   atomic.Uint64
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
@@ -191,6 +211,10 @@ func New(o Options) (_ *Node, err error) {
 	}()
 	n.started = time.Now()
 	n.leaderSeen.Store(n.started.UnixNano())
+	n.leaderContact.Store(n.started.UnixNano())
+	// Nothing is answered until the node has caught up with a leader.
+	n.withheld.set(withholdCatchingUp, true)
+	n.withheldSince[bitIndex(withholdCatchingUp)].Store(n.started.UnixNano())
 	// The metrics exist before raft starts: the FSM reports into them as
 	// soon as raft applies an entry.
 	n.metrics = newMetrics(n)
@@ -201,6 +225,7 @@ func New(o Options) (_ *Node, err error) {
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
 	n.fsm.large = n.noteLarge
+	n.fsm.notUnderstoodFn = func(err error) { n.withhold(withholdNotUnderstood, true, zap.Error(err)) }
 	n.fsm.rejected = func(err error) {
 		n.metrics.applyErrors.Inc()
 		n.log.Error("raft entry not applied as written; every replica skips it the same way (report this with the entry's index)", zap.Error(err))
@@ -229,6 +254,9 @@ func New(o Options) (_ *Node, err error) {
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
 		ServerAddressProvider: newDialOverride(o),
+		// No pipelined replication: raft (v1.7.3) can deadlock it (see
+		// noPipelining in transport.go).
+		MaxRPCsInFlight: noPipelining,
 	})
 	n.stops.Add("raft transport", func(context.Context) error {
 		n.transport.CloseStreams()
@@ -272,12 +300,7 @@ func New(o Options) (_ *Node, err error) {
 				servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Address), Suffrage: raft.Voter})
 			}
 		}
-		// Identical bootstraps on several nodes are fine; an error here
-		// only means another node's configuration arrived first.
-		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-			n.log.Warn("raft bootstrap", zap.Error(err))
-		}
-		n.log.Info("raft bootstrapped", zap.Int("servers", len(servers)))
+		n.bootstrap(r, servers) // see bootstrap.go: not when a peer already holds the cluster
 	}
 
 	if o.Registerer != nil {
@@ -304,7 +327,7 @@ func New(o Options) (_ *Node, err error) {
 	n.wg.Add(5)
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)
-	go n.catchUpLoop()
+	go n.contactLoop()
 	go n.leaderReportLoop()
 	go n.releaseLoop()
 	n.stops.Add("node loops", func(context.Context) error {

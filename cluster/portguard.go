@@ -155,13 +155,6 @@ func (g *connGuard) release(gc *guardedConn) {
 	g.openGauge.Dec()
 }
 
-// openFrom is the number of connections open from ip.
-func (g *connGuard) openFrom(ip string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.byIP[ip]
-}
-
 // closeAll closes every admitted connection and refuses new ones.
 func (g *connGuard) closeAll() {
 	g.mu.Lock()

@@ -22,6 +22,13 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
+// openFrom is the number of connections the guard holds open from ip.
+func (g *connGuard) openFrom(ip string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byIP[ip]
+}
+
 func rejected(n *testNode, reason string) int {
 	return int(testutil.ToFloat64(n.metrics.port.rejected.WithLabelValues(reason)))
 }

@@ -7,26 +7,67 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/internal/accept"
+	"github.com/hastate/hastate/internal/ratelog"
 
 	"github.com/hashicorp/raft"
 	"go.uber.org/zap"
 )
 
 // The raft port carries two kinds of connection, told apart by their first
-// byte: raft's own RPCs and hastate's peer status query (each node's Consul
-// reachability, which the leader needs to pick a successor when its own
-// Consul watch fails). One port keeps the firewall and the TLS story simple.
+// byte: raft's own RPCs and hastate's named queries between members. One
+// port keeps the firewall and the TLS story simple. The node's own status
+// (api.PeerStatus: its raft state, state index and Consul reachability,
+// which a follower needs for readiness and the leader to pick a successor
+// when its own Consul watch fails) is the named query "status"; the
+// wiring adds others (Options.PeerQueries).
 const (
-	connRaft   byte = 'R'
+	connRaft  byte = 'R'
+	connQuery byte = 'Q' // followed by a query name and LF; answered with JSON
+	// connStatus is how replicas of versions before "status" was a named
+	// query ask for it: the kind byte alone. It is answered as the query
+	// "status", and asked only of a replica that answers that query with
+	// null (one of those versions, which knows no such name), so that a
+	// rolling upgrade works in both directions.
 	connStatus byte = 'S'
-	connQuery  byte = 'Q' // followed by a query name and LF; answered with JSON
 )
+
+// statusQuery is the name of the node's own status query.
+const statusQuery = "status"
+
+// noPipelining is the raft transport's MaxRPCsInFlight: below raft's
+// minimum for pipelining (2), so AppendEntriesPipeline says it is not
+// supported and raft replicates with one AppendEntries at a time.
+//
+// raft v1.7.3's pipeline deadlocks: its netPipeline channels are sized
+// MaxRPCsInFlight-2, unbuffered at the default 2. When a follower answers
+// Success=false or with a newer term, pipelineDecode returns and nothing
+// reads the pipeline's done channel any more; if pipelineReplicate's loop
+// then picks a send (a trigger, or its CommitTimeout, every 3 ms here)
+// over the decoder's finish, the send parks on the in-progress channel
+// while the decoder parks on the done channel, and the pipeline's Close,
+// deferred in pipelineReplicate, never runs. Replication to that follower
+// stops for good while heartbeats keep it from starting an election, and
+// raft.Shutdown waits for the stuck goroutine forever. That was the hang
+// of `go test ./cluster` (a soak caught it in the Shutdown of the old
+// leader in TestRampContinuesAcrossLeaderChange; the dump ends in
+// goroutines created by raft's NetworkTransport.listen). CommitTimeout at
+// 3 ms makes the bad pick likely. hashicorp/raft#612 is the stall;
+// grafana/pyroscope#5518 found the cause and turned pipelining off the
+// same way.
+// A larger value only makes the window rarer: both channels stay bounded.
+//
+// The cost is small at hastate's rate of entries: one round trip per
+// append still carries every entry waiting (up to MaxAppendEntries), and
+// a single entry commits in one round trip either way.
+const noPipelining = 1
 
 // streamLayer is raft's network layer over plain TCP (or mutual TLS). It
 // listens on a bind address but advertises a host name, and dials peers by
@@ -41,17 +82,20 @@ const (
 type streamLayer struct {
 	ln        net.Listener // plain TCP; TLS is layered per connection
 	advertise advertiseAddr
-	tls       *tls.Config // nil: plain TCP
-	status    func() api.PeerStatus
-	queries   map[string]func() any
+	tls       *tls.Config           // nil: plain TCP
+	queries   map[string]func() any // the wiring's and "status"
 	log       *zap.Logger
 	identify  time.Duration
 	guard     *connGuard
 	metrics   *portMetrics
 	rejects   *rejectLog
+	retries   *ratelog.Limiter // accept retries logged
+	// failed receives the Accept error that ended the accept loop (one at
+	// most); Node.ListenerFailed hands it to the wiring.
+	failed chan error
 
 	raftConns chan net.Conn
-	// queriesReady is closed once the node can answer status and named
+	// queriesReady is closed once the node can answer named
 	// queries (its raft is up); until then those connections wait.
 	queriesReady chan struct{}
 	readyOnce    sync.Once
@@ -90,13 +134,23 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	if _, _, err := net.SplitHostPort(c.Advertise); err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", c.Advertise, err)
 	}
+	if _, ok := c.Queries[statusQuery]; ok {
+		return nil, fmt.Errorf("peer query %q: the name is the node's own status query; name the query otherwise", statusQuery)
+	}
+	queries := maps.Clone(c.Queries)
+	if c.Status != nil {
+		if queries == nil {
+			queries = map[string]func() any{}
+		}
+		queries[statusQuery] = func() any { return c.Status() }
+	}
 	ln, err := net.Listen("tcp", c.Bind)
 	if err != nil {
 		return nil, fmt.Errorf("raft listen on %s: %w (is another hastate using this --raft-addr?)", c.Bind, err)
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, status: c.Status, queries: c.Queries, log: c.Log,
+	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, queries: queries, log: c.Log,
 		identify: c.IdentifyTimeout, guard: newConnGuard(c.MaxConnsPerIP, c.MaxConns, c.Metrics.open), metrics: c.Metrics,
-		rejects:   newRejectLog(c.Log, time.Second),
+		rejects: newRejectLog(c.Log, time.Second), retries: ratelog.New(time.Second, nil), failed: make(chan error, 1),
 		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
 	if c.TLS != nil {
 		c.Metrics.tlsEnabled.Set(1)
@@ -110,36 +164,41 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	return s, nil
 }
 
+// acceptLoop runs the raft port's accept loop (internal/accept: the same
+// rules as the agent-check port's). An Accept error that is not temporary
+// ends it: the port takes no more connections, which ListenerFailed
+// reports so that the replica is restarted.
 func (s *streamLayer) acceptLoop() {
 	defer s.wg.Done()
-	var delay time.Duration
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			select {
-			case <-s.closed:
-				return
-			default:
-			}
-			delay = max(5*time.Millisecond, min(2*delay, time.Second))
-			s.log.Warn("raft accept failed; retrying", zap.Error(err), zap.Duration("retry_in", delay))
-			select {
-			case <-time.After(delay):
-			case <-s.closed:
-				return
-			}
-			continue
+	err := accept.Loop(s.ln, s.closed, s.admit, func(err error, pause time.Duration) {
+		if ok, hidden := s.retries.Allow(); ok {
+			s.log.Warn("raft accept failed; retrying (check the file descriptor limit)", zap.Error(err), zap.Duration("retry_in", pause), zap.Int64("suppressed", hidden))
 		}
-		delay = 0
-		gc, reason := s.guard.admit(c)
-		if reason != "" {
-			s.reject(c, reason, nil)
-			continue
-		}
-		s.wg.Add(1)
-		go s.route(gc)
+	})
+	if err != nil {
+		err = fmt.Errorf("raft accept on %s: %w", s.ln.Addr(), err)
+		s.log.Error("the raft port stopped accepting connections", zap.Error(err))
+		s.failed <- err
 	}
 }
+
+// admit passes an accepted connection through the guard and starts its
+// routing goroutine.
+func (s *streamLayer) admit(c net.Conn) {
+	gc, reason := s.guard.admit(c)
+	if reason != "" {
+		s.reject(c, reason, nil)
+		return
+	}
+	s.wg.Add(1)
+	go s.route(gc)
+}
+
+// ListenerFailed receives an error when the raft port stopped accepting
+// connections for another reason than Shutdown (an Accept error that is
+// not temporary). The replica then cannot follow raft while it may look
+// ready; its owner should stop it and exit so that it is restarted.
+func (n *Node) ListenerFailed() <-chan error { return n.stream.failed }
 
 // reject closes a connection unserved, counts it and logs it (rate-limited).
 // Connections cut by Close are neither counted nor logged.
@@ -156,7 +215,7 @@ func (s *streamLayer) reject(c net.Conn, reason string, err error) {
 
 // route makes the connection identify itself (the TLS handshake, then its
 // kind byte) within the identify timeout, then hands it to raft or answers
-// it. A connection that fails TLS never reaches raft, status or queries.
+// it. A connection that fails TLS never reaches raft or a query.
 func (s *streamLayer) route(c net.Conn) {
 	defer s.wg.Done()
 	raw := c
@@ -195,33 +254,27 @@ func (s *streamLayer) route(c net.Conn) {
 	}
 }
 
-// serveQueries lets status and named queries be answered.
+// serveQueries lets named queries (the status among them) be answered.
 func (s *streamLayer) serveQueries() { s.readyOnce.Do(func() { close(s.queriesReady) }) }
 
-// answer serves one status or named query and closes the connection.
+// answer serves one named query (connStatus: the query "status") and
+// closes the connection. An unknown name is answered with null.
 func (s *streamLayer) answer(c net.Conn, kind byte) {
-	switch kind {
-	case connStatus:
-		defer c.Close()
-		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		var st api.PeerStatus
-		if s.status != nil {
-			st = s.status()
-		}
-		_ = json.NewEncoder(c).Encode(st)
-	case connQuery:
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		name, err := bufio.NewReaderSize(io.LimitReader(c, 64), 64).ReadString('\n')
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	name := statusQuery
+	if kind == connQuery {
+		line, err := bufio.NewReaderSize(io.LimitReader(c, 64), 64).ReadString('\n')
 		if err != nil {
 			return
 		}
-		var v any
-		if q, ok := s.queries[strings.TrimSuffix(name, "\n")]; ok {
-			v = q()
-		}
-		_ = json.NewEncoder(c).Encode(v)
+		name = strings.TrimSuffix(line, "\n")
 	}
+	var v any
+	if q, ok := s.queries[name]; ok {
+		v = q()
+	}
+	_ = json.NewEncoder(c).Encode(v)
 }
 
 // Accept returns the next raft connection.
@@ -277,7 +330,8 @@ func (s *streamLayer) dial(address string, kind byte, timeout time.Duration) (ne
 	return c, nil
 }
 
-// query asks the node at address for the answer to a named query.
+// query asks the node at address for the answer to a named query: JSON,
+// null if it knows no such query.
 func (s *streamLayer) query(address, name string, timeout time.Duration) (json.RawMessage, error) {
 	c, err := s.dial(address, connQuery, timeout)
 	if err != nil {
@@ -293,15 +347,32 @@ func (s *streamLayer) query(address, name string, timeout time.Duration) (json.R
 	return raw, err
 }
 
-// queryStatus asks the node at address for its api.PeerStatus.
+// queryStatus asks the node at address for its api.PeerStatus, the named
+// query "status"; a replica of an older version answers that with null,
+// and is asked the way it knows (connStatus).
 func (s *streamLayer) queryStatus(address string, timeout time.Duration) (api.PeerStatus, error) {
 	var st api.PeerStatus
-	c, err := s.dial(address, connStatus, timeout)
+	raw, err := s.query(address, statusQuery, timeout)
+	if err == nil && string(raw) == "null" {
+		raw, err = s.legacyStatus(address, timeout)
+	}
 	if err != nil {
 		return st, err
 	}
+	err = json.Unmarshal(raw, &st)
+	return st, err
+}
+
+// legacyStatus asks for the status with connStatus, as versions before
+// the named query did.
+func (s *streamLayer) legacyStatus(address string, timeout time.Duration) (json.RawMessage, error) {
+	c, err := s.dial(address, connStatus, timeout)
+	if err != nil {
+		return nil, err
+	}
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(timeout))
-	err = json.NewDecoder(io.LimitReader(c, 64<<10)).Decode(&st)
-	return st, err
+	var raw json.RawMessage
+	err = json.NewDecoder(io.LimitReader(c, 64<<10)).Decode(&raw)
+	return raw, err
 }

@@ -40,6 +40,9 @@ type Watcher struct {
 	// unordered: Consul once listed keys out of order, so listings are
 	// read in full rather than merged (see errUnordered).
 	unordered bool
+	// defaultMode reads in Consul's default mode instead of consistent
+	// (see read); only the tests that measure the difference set it.
+	defaultMode bool
 
 	mu sync.Mutex
 	st Status
@@ -96,7 +99,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return err
 		}
 		start := time.Now()
-		got, l, err := w.read(ctx, index, last)
+		// After a failure the read does not block: Consul is back, and the
+		// retry must say so now, not when the prefix next changes (up to
+		// WaitTime later, a failing watch all along). It is compared with
+		// what the Sink holds, so an unchanged prefix costs no apply.
+		ask := index
+		if failures > 0 {
+			ask = 0
+		}
+		got, l, err := w.read(ctx, ask, last)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -175,7 +186,12 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 	defer cancel()
 	list := func() (*capture, *consul.QueryMeta, error) {
 		c := &capture{prefix: w.o.Prefix, index: index, last: last, unordered: w.unordered, body: &w.body, value: &w.value}
-		q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime}).WithContext(withCapture(ctx, c))
+		// Consistent: Consul's leader confirms it still leads and has
+		// applied its log before answering. In the default mode a Consul
+		// server just restarted, or just elected, answers from whatever
+		// it has applied so far (an empty prefix at index 1 was seen),
+		// and the leader would apply that older data over what it holds.
+		q := (&consul.QueryOptions{WaitIndex: index, WaitTime: w.o.WaitTime, RequireConsistent: !w.defaultMode}).WithContext(withCapture(ctx, c))
 		_, meta, err := w.kv.List(w.o.Prefix, q) // the pairs are read by listingTransport into c
 		return c, meta, err
 	}

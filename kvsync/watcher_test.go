@@ -106,9 +106,9 @@ func TestWatcherIndexRules(t *testing.T) {
 			wantIndex: 1,
 		},
 		{
-			name:      "consul errors are retried from the same index",
+			name:      "consul errors are retried without blocking, compared with the held read",
 			replies:   []reply{{pairs: a, index: 10}, {drop: true}, {drop: true}, {pairs: b, index: 11}},
-			wantWaits: []uint64{0, 10, 10, 10},
+			wantWaits: []uint64{0, 10, 0, 0},
 			wantSink:  []sinkCall{{10, aMap, 0, nil, nil}, {11, bMap, 10, []string{"state/web/b"}, nil}},
 			wantIndex: 11,
 		},
@@ -124,7 +124,7 @@ func TestWatcherIndexRules(t *testing.T) {
 			name:      "a failed sink call keeps the last delivered index",
 			replies:   []reply{{pairs: a, index: 10}, {pairs: b, index: 11}, {pairs: b, index: 11}},
 			sinkFails: []int{1},
-			wantWaits: []uint64{0, 10, 10},
+			wantWaits: []uint64{0, 10, 0},
 			// The refused read was merged into the held map, so the
 			// Watcher drops what it held: the retry is a full read
 			// with no base (the Sink compares it in full).

@@ -2,24 +2,98 @@
 # make demo: a Consul dev agent, three hastate replicas (one raft cluster) and,
 # when HAProxy is installed, an HAProxy that load-balances the agent port and
 # polls two example backends. Ctrl-C stops everything.
+#
+#   scripts/demo.sh                      # run the demo (make demo)
+#   scripts/demo.sh restart hastate-0    # from another shell: restart a replica
+#                                        # of the running demo (stop it if it
+#                                        # runs, start it again); Ctrl-C of the
+#                                        # demo stops it too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 demo=$root/.demo
 bin=$root/bin/hastate
+peers="hastate-0=127.0.0.2:9779,hastate-1=127.0.0.3:9779,hastate-2=127.0.0.4:9779"
+
+# Every process runs in a session of its own (setsid): Ctrl-C reaches only
+# this script, whose cleanup stops them in order. Sharing the terminal's
+# process group, Consul got the SIGINT too and exited first, and the demo
+# said "consul exited unexpectedly" before "stopping".
+
+# start_replica i: start replica hastate-i in the background; its pid goes
+# to $demo/hastate-i.pid (the demo's cleanup reads it, so a restarted
+# replica is stopped with the rest).
+start_replica() {
+  local i=$1 ip=127.0.0.$(($1+2))
+  HASTATE_PEERS=$peers setsid "$bin" serve --node-id hastate-$i --data-dir "$demo/hastate-$i" \
+    --agent-addr $ip:9777 --http-addr $ip:9778 --raft-addr $ip:9779 --raft-advertise $ip:9779 \
+    --ramp-duration 60s --ramp-interval 5s \
+    --log-format json >>"$demo/hastate-$i.log" 2>&1 &
+  echo $! >"$demo/hastate-$i.pid"
+}
+
+# stop_pid pid [seconds]: SIGTERM, wait (default 30s), then SIGKILL.
+stop_pid() {
+  local pid=$1 n=$((${2:-30}*10))
+  kill -TERM "$pid" 2>/dev/null || return 0
+  while kill -0 "$pid" 2>/dev/null && [ $((n--)) -gt 0 ]; do sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+if [ "${1:-}" = restart ]; then
+  r=${2:-}
+  if ! [[ $r =~ ^hastate-([012])$ ]]; then
+    echo "usage: scripts/demo.sh restart hastate-0|hastate-1|hastate-2" >&2
+    exit 2
+  fi
+  i=${BASH_REMATCH[1]}
+  if ! kill -0 "$(cat "$demo/demo.pid" 2>/dev/null || echo 0)" 2>/dev/null; then
+    echo "demo: no demo is running (start one with make demo)" >&2
+    exit 1
+  fi
+  touch "$demo/hastate-$i.restarting"
+  if old=$(cat "$demo/hastate-$i.pid" 2>/dev/null) && kill -0 "$old" 2>/dev/null; then
+    echo "demo: stopping $r (pid $old)"
+    stop_pid "$old"
+  fi
+  start_replica "$i"
+  rm -f "$demo/hastate-$i.restarting"
+  pid=$(cat "$demo/hastate-$i.pid")
+  for _ in $(seq 150); do
+    curl -fs -o /dev/null "http://127.0.0.$((i+2)):9778/-/readiness" && break
+    kill -0 "$pid" 2>/dev/null || { echo "demo: $r (pid $pid) exited at start; see $demo/$r.log" >&2; exit 1; }
+    sleep 0.2
+  done
+  echo "demo: $r restarted (pid $pid; log: $demo/$r.log); Ctrl-C of the demo stops it too"
+  exit 0
+elif [ -n "${1:-}" ]; then
+  echo "usage: scripts/demo.sh [restart hastate-0|hastate-1|hastate-2]" >&2
+  exit 2
+fi
+
 consul=${CONSUL_BIN:-$(scripts/ensure-consul.sh)}
 haproxy=${HAPROXY_BIN:-$(command -v haproxy || echo /usr/sbin/haproxy)}
 
-pids=()
+consul_pid= haproxy_pid=
+pids=() # children: Consul, the replicas, HAProxy
 cleanup() {
   trap - INT TERM EXIT
   echo; echo "demo: stopping..."
-  for ((i=${#pids[@]}-1; i>=0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+  # HAProxy and the replicas (also those restarted from another shell,
+  # which are no children of this script) first, Consul last.
+  local stop=() p
+  [ -n "$haproxy_pid" ] && stop+=("$haproxy_pid")
+  for i in 2 1 0; do
+    p=$(cat "$demo/hastate-$i.pid" 2>/dev/null) && stop+=("$p")
+  done
+  for p in "${stop[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${stop[@]}"; do stop_pid "$p"; done
+  [ -n "$consul_pid" ] && stop_pid "$consul_pid"
   wait 2>/dev/null || true
+  rm -f "$demo/demo.pid"
   echo "demo: stopped (logs and data kept in $demo)"
   exit 0
 }
-trap cleanup INT TERM EXIT
 
 for port in 8500 9777 9778; do
   if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
@@ -29,8 +103,11 @@ for port in 8500 9777 9778; do
 done
 
 rm -rf "$demo"; mkdir -p "$demo"
+trap cleanup INT TERM EXIT
+echo $$ >"$demo/demo.pid"
 echo "demo: starting Consul dev agent on 127.0.0.1:8500 (log: $demo/consul.log)"
-"$consul" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -dns-port -1 -grpc-port -1 >"$demo/consul.log" 2>&1 &
+setsid "$consul" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -dns-port -1 -grpc-port -1 >"$demo/consul.log" 2>&1 &
+consul_pid=$!
 pids+=($!)
 export CONSUL_HTTP_ADDR=127.0.0.1:8500
 for _ in $(seq 100); do
@@ -44,16 +121,14 @@ done
 "$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" --by demo --force >/dev/null 2>&1
 "$bin" weight 50% canary_api/api-1 --by demo --force >/dev/null 2>&1
 
-peers="hastate-0=127.0.0.2:9779,hastate-1=127.0.0.3:9779,hastate-2=127.0.0.4:9779"
+declare -A replica # pid -> name, for the replicas this script started
 for i in 0 1 2; do
-  ip=127.0.0.$((i+2))
-  HASTATE_PEERS=$peers "$bin" serve --node-id hastate-$i --data-dir "$demo/hastate-$i" \
-    --agent-addr $ip:9777 --http-addr $ip:9778 --raft-addr $ip:9779 --raft-advertise $ip:9779 \
-    --ramp-duration 60s --ramp-interval 5s \
-    --log-format json >"$demo/hastate-$i.log" 2>&1 &
+  start_replica $i
   pids+=($!)
+  replica[$!]=hastate-$i
 done
-echo "demo: three replicas on 127.0.0.2-4 (:9777 agent, :9778 HTTP, :9779 raft; logs: $demo/hastate-*.log)"
+echo "demo: three replicas on 127.0.0.2-4 (:9777 agent, :9778 HTTP, :9779 raft; logs: $demo/hastate-*.log):" \
+  "hastate-0 pid $(cat "$demo/hastate-0.pid"), hastate-1 pid $(cat "$demo/hastate-1.pid"), hastate-2 pid $(cat "$demo/hastate-2.pid")"
 for _ in $(seq 150); do
   curl -fs -o /dev/null http://127.0.0.2:9778/-/readiness && break
   sleep 0.2
@@ -94,7 +169,8 @@ backend canary_api
     server api-1 127.0.0.4:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-1\n"
     server api-2 127.0.0.2:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-2\n"
 CFG
-  "$haproxy" -db -f "$demo/haproxy.cfg" >"$demo/haproxy.log" 2>&1 &
+  setsid "$haproxy" -db -f "$demo/haproxy.cfg" >"$demo/haproxy.log" 2>&1 &
+  haproxy_pid=$!
   pids+=($!)
   echo "demo: HAProxy $("$haproxy" -v | head -1 | awk '{print $3}') polls through 127.0.0.1:9777 (config: $demo/haproxy.cfg)"
   cat >"$demo/show-stat" <<SH
@@ -132,25 +208,32 @@ hastate demo is running. In another shell:
   hastate weight 25% canary_api/api-2
   hastate probe canary_web/web-1 --addr $agent       # ask like HAProxy does
   curl -s $addr/v1/cluster                         # raft view; $addr/ is the status page, $addr/-/metrics the metrics
-  kill -9 \$(pgrep -f 'node-id hastate-0')          # kill a replica: the others keep answering, the gates name it
+  $(printf '%-49s' "kill -9 $(cat "$demo/hastate-0.pid")")# kill replica hastate-0: the others keep answering, the gates name it
   sleep 2; hastate precheck canary_api/api-2       # exit 1: cannot confirm, replica hastate-0 unreachable
+  $(printf "%-49s" "$root/scripts/demo.sh restart hastate-0")# start it again (Ctrl-C of the demo stops it too)
   hastate clear 'canary_*/*' canary_web/web-1 canary_api/api-1 canary_api/api-2 --force
 
 Ctrl-C stops the demo.
 TXT
 # A replica that dies is part of the demo (failover); Consul or HAProxy
 # dying ends it.
-declare -A name=([${pids[0]}]=consul)
-[ -x "$haproxy" ] && name[${pids[-1]}]=haproxy
+declare -A name=([$consul_pid]=consul)
+[ -n "$haproxy_pid" ] && name[$haproxy_pid]=haproxy
 while true; do
-  pid=
-  wait -n -p pid "${pids[@]}" || true
+  pid= status=0
+  # (stderr: bash's own "Killed ..." notice; the line below says it)
+  wait -n -p pid "${pids[@]}" 2>/dev/null || status=$?
   [ -n "$pid" ] || break
   if [ -n "${name[$pid]:-}" ]; then
     echo "demo: ${name[$pid]} exited unexpectedly; see $demo/${name[$pid]}.log"
     break
   fi
-  echo "demo: replica (pid $pid) exited; the other two keep answering. Restart it: see the serve line in scripts/demo.sh"
+  r=${replica[$pid]}
+  if [ -e "$demo/$r.restarting" ] || [ "$(cat "$demo/$r.pid" 2>/dev/null)" != "$pid" ]; then
+    echo "demo: $r (pid $pid) stopped for a restart"
+  else
+    echo "demo: $r (pid $pid) exited (status $status); the other two keep answering. Start it again: scripts/demo.sh restart $r"
+  fi
   alive=()
   for p in "${pids[@]}"; do [ "$p" = "$pid" ] || alive+=("$p"); done
   pids=("${alive[@]}")

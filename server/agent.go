@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hastate/hastate/internal/accept"
 	"github.com/hastate/hastate/internal/ratelog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -219,44 +220,16 @@ func (s *AgentServer) Serve(ln net.Listener) error {
 	}
 	defer s.trackListener(l, false)
 
-	var delay time.Duration
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if s.isClosed() {
-				return ErrServerClosed
-			}
-			var te interface{ Temporary() bool }
-			if !errors.As(err, &te) || !te.Temporary() {
-				return fmt.Errorf("agent server: accept on %s: %w", ln.Addr(), err)
-			}
-			delay = acceptBackoff(delay)
-			if ok, hidden := s.limits[logAcceptError].Allow(); ok {
-				s.log.Error("agent server: accept failed; retrying (check the file descriptor limit)",
-					zap.Error(err), zap.Duration("retry_in", delay), zap.Int64("suppressed", hidden))
-			}
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-s.done:
-				t.Stop()
-				return ErrServerClosed
-			}
-			continue
+	err := accept.Loop(l, s.done, func(c net.Conn) { s.startConn(c, time.Now()) }, func(err error, pause time.Duration) {
+		if ok, hidden := s.limits[logAcceptError].Allow(); ok {
+			s.log.Error("agent server: accept failed; retrying (check the file descriptor limit)",
+				zap.Error(err), zap.Duration("retry_in", pause), zap.Int64("suppressed", hidden))
 		}
-		delay = 0
-		s.startConn(c, time.Now())
+	})
+	if err == nil || s.isClosed() {
+		return ErrServerClosed
 	}
-}
-
-// acceptBackoff returns the pause after a temporary Accept error, given the
-// previous one: 5ms, doubling, at most 1s (as net/http).
-func acceptBackoff(prev time.Duration) time.Duration {
-	const first, max = 5 * time.Millisecond, time.Second
-	if prev == 0 {
-		return first
-	}
-	return min(2*prev, max)
+	return fmt.Errorf("agent server: accept on %s: %w", ln.Addr(), err)
 }
 
 // startConn admits c (or rejects it when MaxConns are busy) and starts its

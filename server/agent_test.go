@@ -646,21 +646,6 @@ func TestAgentServeAcceptErrors(t *testing.T) {
 	})
 }
 
-func TestAcceptBackoff(t *testing.T) {
-	var d time.Duration
-	var got []time.Duration
-	for range 10 {
-		d = acceptBackoff(d)
-		got = append(got, d)
-	}
-	want := []time.Duration{5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000}
-	for i := range want {
-		if got[i] != want[i]*time.Millisecond {
-			t.Fatalf("backoff sequence %v, want %v ms", got, want)
-		}
-	}
-}
-
 func TestNewAgentServerValidates(t *testing.T) {
 	src := staticSource(t, testKV)
 	tests := []struct {

@@ -121,7 +121,10 @@ func cut[T any](rows []T, limit int) ([]T, bool) {
 
 func rowFor(r state.Resolution) api.ServerState {
 	row := api.ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
-		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true}
+		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true, Kind: api.Kind(r.Kind())}
+	if !r.Answer.Withheld && r.Answer.Admin == state.Ready {
+		row.Weight = r.Answer.Weight
+	}
 	if since := r.Since(); !since.IsZero() {
 		row.Since = &since
 	}
@@ -131,6 +134,9 @@ func rowFor(r state.Resolution) api.ServerState {
 	}
 	if e := r.Expired; e != nil {
 		row.Expired = e.Key
+		if until := e.Last().Until; !until.IsZero() {
+			row.ExpiredAt = &until
+		}
 	}
 	if e := r.Entry; e != nil {
 		last := e.Last()
@@ -150,8 +156,11 @@ func rowFor(r state.Resolution) api.ServerState {
 
 // view is /v1/state with at most limit servers and limit invalid keys.
 // Rows are resolved only for the servers answered. A cluster view also
-// counts the servers and polls the other replicas saw.
-func (h *httpAPI) view(limit int, cluster bool) api.StateView {
+// counts the servers and polls the other replicas saw. rowTold, when not
+// nil, is handed each server row with the last answer each HAProxy polling
+// it was told, by HAProxy (the status page tells a ramp step on its way
+// from an HAProxy that was told something else).
+func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState, told map[string]string)) api.StateView {
 	snap := h.o.Replica.Snapshot()
 	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus()}
 	polls := h.localPolls()
@@ -208,6 +217,9 @@ func (h *httpAPI) view(limit int, cluster bool) api.StateView {
 			if answer == row.Answer {
 				row.Told++
 			}
+		}
+		if rowTold != nil {
+			rowTold(row, told[t])
 		}
 		v.Servers = append(v.Servers, row)
 	}
@@ -297,7 +309,7 @@ func (h *httpAPI) stateAll(w http.ResponseWriter, r *http.Request) {
 	}
 	cluster, ok := scopeOf(w, r)
 	if ok {
-		writeJSON(w, http.StatusOK, h.view(limit, cluster))
+		writeJSON(w, http.StatusOK, h.view(limit, cluster, nil))
 	}
 }
 

@@ -120,7 +120,8 @@ type pageRow struct {
 	Until, UntilAt     string
 	UntilPast          bool
 	Told               string
-	ToldClass          string // ok, warn or none
+	ToldClass          string // ok, warn, bad (withheld) or none
+	ToldTitle          string // what Told counts
 	ShortValue         string // the raw value when short and not JSON (the cells show the rest)
 	Wildcard           bool
 	Problem            bool   // not ready at 100%, or invalid
@@ -143,7 +144,14 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 	if h.o.now != nil {
 		now = h.o.now
 	}
-	d := buildPage(now(), h.view(limit, true), h.o.Replica.ClusterInfo(), ok, detail)
+	// HAProxy nodes a ramp step behind, by backend/server.
+	behind := map[string]int{}
+	v := h.view(limit, true, func(row api.ServerState, told map[string]string) {
+		if n := stepsBehind(row, told); n > 0 {
+			behind[row.Backend+"/"+row.Server] = n
+		}
+	})
+	d := buildPage(now(), v, behind, h.o.Replica.ClusterInfo(), ok, detail)
 	d.Nonce = newNonce()
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
@@ -161,8 +169,38 @@ func newNonce() string {
 	return hex.EncodeToString(b)
 }
 
+// stepsBehind counts the HAProxy nodes polling a ramping server that were
+// last told an earlier step of its ramp (a lower weight, in rotation): at
+// every step the answer changes, and each HAProxy hears the new one at its
+// next check, an agent-inter later. That is the ramp working, not an
+// HAProxy left behind.
+func stepsBehind(row api.ServerState, told map[string]string) int {
+	if row.Kind != api.KindRamping {
+		return 0
+	}
+	n := 0
+	for _, answer := range told {
+		if w, ok := readyWeight(answer); ok && w > 0 && w < row.Weight {
+			n++
+		}
+	}
+	return n
+}
+
+// readyWeight is N of the wire answer "ready N%" an HAProxy was told (the
+// polls keep the agent protocol's text).
+func readyWeight(answer string) (int, bool) {
+	w, ok := strings.CutPrefix(answer, "ready ")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(strings.TrimSuffix(w, "%"))
+	return n, err == nil
+}
+
 // buildPage turns the cluster-wide view into what the page shows, at now.
-func buildPage(now time.Time, v api.StateView, ci api.ClusterInfo, ready bool, readyDetail string) pageData {
+// behind counts, by backend/server, the HAProxy nodes a ramp step behind.
+func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.ClusterInfo, ready bool, readyDetail string) pageData {
 	d := pageData{
 		Generated: now, RefreshMS: pageRefresh.Milliseconds(),
 		Served: ci.NodeID, ServedState: ci.State, Ready: ready, ReadyDetail: readyDetail,
@@ -192,7 +230,7 @@ func buildPage(now time.Time, v api.StateView, ci api.ClusterInfo, ready bool, r
 			byName[s.Backend] = i
 			d.Backends = append(d.Backends, pageBackend{Name: s.Backend})
 		}
-		row := pageRowOf(now, s)
+		row := pageRowOf(now, s, behind[s.Backend+"/"+s.Server])
 		d.Backends[i].Rows = append(d.Backends[i].Rows, row)
 	}
 	for i := range d.Backends {
@@ -200,11 +238,14 @@ func buildPage(now time.Time, v api.StateView, ci api.ClusterInfo, ready bool, r
 		var c pageCounts
 		for _, r := range b.Rows {
 			if !r.Wildcard {
-				c.add(r.Class)
+				c.add(r.Class, r.AtZero())
 			}
 		}
 		all.merge(c)
 		b.Summary, b.Class = c.summary()
+		if c.servers > 0 && c.inRotation() == 0 {
+			all.outBackends++
+		}
 	}
 	for _, k := range v.InvalidKeys {
 		d.Invalid = append(d.Invalid, invalidOf(k))
@@ -298,13 +339,26 @@ func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []p
 	return out
 }
 
-// pageCounts counts rows by class.
+// pageCounts counts rows by class, and (over the fleet) the backends with
+// no server in rotation.
 type pageCounts struct {
 	servers, ready, weight, ramping, drain, maint, withheld int
+	// zero counts the servers at 0% (a weight or a ramp; counted there
+	// only): HAProxy shows them as DRAIN, so they are out of rotation.
+	zero        int
+	outBackends int
 }
 
-func (c *pageCounts) add(class string) {
+// inRotation counts the servers HAProxy sends traffic to: ready, at a
+// weight or ramping, above 0%.
+func (c pageCounts) inRotation() int { return c.ready + c.weight + c.ramping }
+
+func (c *pageCounts) add(class string, atZero bool) {
 	c.servers++
+	if atZero {
+		c.zero++
+		return
+	}
 	switch class {
 	case "ready":
 		c.ready++
@@ -329,13 +383,17 @@ func (c *pageCounts) merge(o pageCounts) {
 	c.drain += o.drain
 	c.maint += o.maint
 	c.withheld += o.withheld
+	c.zero += o.zero
+	c.outBackends += o.outBackends
 }
 
 // summary is a backend's line: "3 of 5 ready", then each other state.
 // Servers at a set weight or ramping count as ready (HAProxy sends them
-// traffic), and are also named.
+// traffic), and are also named. A backend with servers but none in
+// rotation (a backend-wide drain, say) is classed bad and says that it
+// takes no traffic.
 func (c pageCounts) summary() ([]pageCount, string) {
-	inRotation := c.ready + c.weight + c.ramping
+	inRotation := c.inRotation()
 	class := "ok"
 	if inRotation < c.servers || c.weight+c.ramping > 0 {
 		class = "warn"
@@ -344,12 +402,16 @@ func (c pageCounts) summary() ([]pageCount, string) {
 		return []pageCount{{"none", "no server known (only a backend-wide key)"}}, class
 	}
 	out := []pageCount{{"ready", fmt.Sprintf("%d of %d ready", inRotation, c.servers)}}
+	if inRotation == 0 {
+		class = "bad"
+		out = append(out, pageCount{"none", "no server in rotation: HAProxy sends this backend no traffic"})
+	}
 	for _, p := range []struct {
 		n           int
 		class, text string
 	}{
 		{c.drain, "drain", "draining"}, {c.maint, "maint", "in maint"}, {c.ramping, "ramping", "ramping"},
-		{c.weight, "weight", "at a set weight"}, {c.withheld, "withheld", "withheld (no answer)"},
+		{c.weight, "weight", "at a set weight"}, {c.zero, "drain", "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld", "withheld (no answer)"},
 	} {
 		if p.n > 0 {
 			out = append(out, pageCount{p.class, fmt.Sprintf("%d %s", p.n, p.text)})
@@ -363,13 +425,17 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 	for _, p := range []struct {
 		n    int
 		text string
-	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.withheld, "withheld"}} {
+	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.zero, "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld"}} {
 		if p.n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.text))
 		}
 	}
 	if invalid > 0 {
 		parts = append(parts, plural(invalid, "invalid key", "invalid keys"))
+	}
+	if c.outBackends > 0 {
+		// First: it is what takes a service down.
+		parts = append([]string{plural(c.outBackends, "backend", "backends") + " with no server in rotation"}, parts...)
 	}
 	h := pageHeadline{Class: "ok"}
 	switch {
@@ -379,7 +445,7 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 		h.Text = fmt.Sprintf("all %s ready at full weight", plural(c.servers, "server", "servers"))
 	default:
 		h.Class = "warn"
-		h.Text = fmt.Sprintf("%d of %s ready: %s", c.ready+c.weight+c.ramping, plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
+		h.Text = fmt.Sprintf("%d of %s ready: %s", c.inRotation(), plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
 	}
 	if banner {
 		h.Class = "bad"
@@ -395,22 +461,23 @@ func plural(n int, one, many string) string {
 }
 
 // pageRowOf classifies one server row and renders its times at now.
-func pageRowOf(now time.Time, s api.ServerState) pageRow {
+// behind is how many of its HAProxy nodes are a ramp step behind.
+func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 	r := pageRow{ServerState: s, Wildcard: s.Server == "*"}
-	switch {
-	case s.Withheld:
+	switch s.Kind {
+	case api.KindWithheld:
 		r.Class, r.Label = "withheld", "withheld"
-	case s.Answer == "drain":
+	case api.KindDrain:
 		r.Class, r.Label = "drain", "drain"
-	case s.Answer == "maint":
+	case api.KindMaint:
 		r.Class, r.Label = "maint", "maint"
 	default:
-		w, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(s.Answer, "ready "), "%"))
+		w := s.Weight
 		r.HasWeight, r.Weight, r.BarPct, r.Over = true, w, min(w, 100), w > 100
-		switch {
-		case s.Ramping != nil:
+		switch s.Kind {
+		case api.KindRamping:
 			r.Class, r.Label = "ramping", "ramping"
-		case w != 100:
+		case api.KindWeight:
 			r.Class, r.Label = "weight", "weight"
 		default:
 			r.Class, r.Label = "ready", "ready"
@@ -428,9 +495,22 @@ func pageRowOf(now time.Time, s api.ServerState) pageRow {
 	if s.Until != nil {
 		r.Until, r.UntilAt, r.UntilPast = relative(now, *s.Until), absolute(*s.Until), !s.Until.After(now)
 	}
+	r.ToldTitle = "HAProxy nodes that asked within the last minute, and how many were last told the current answer"
 	switch {
 	case s.Polled == 0:
 		r.Told, r.ToldClass = "not polled", "none"
+	case s.Kind == api.KindWithheld:
+		// Told counts those told nothing: that is no "told".
+		r.Told, r.ToldClass = fmt.Sprintf("told nothing: %d of %d", s.Told, s.Polled), "bad"
+		r.ToldTitle = "HAProxy nodes that asked within the last minute, and how many got no answer (each keeps the state it had)"
+	case s.Kind == api.KindRamping && s.Told+behind == s.Polled:
+		// Stable over the ramp's steps: one HAProxy or another is always
+		// a step behind for an agent-inter after each.
+		r.Told, r.ToldClass = fmt.Sprintf("on the ramp: %d of %d", s.Polled, s.Polled), "ok"
+		r.ToldTitle = "HAProxy nodes that asked within the last minute, all told the current step of the ramp"
+		if behind > 0 {
+			r.ToldTitle = fmt.Sprintf("HAProxy nodes that asked within the last minute: told the current step of the ramp, or (%d of them) an earlier one; each hears the next step at its next check", behind)
+		}
 	case s.Told == s.Polled:
 		r.Told, r.ToldClass = fmt.Sprintf("told %d of %d", s.Told, s.Polled), "ok"
 	default:

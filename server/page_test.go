@@ -48,6 +48,7 @@ func pageShowcase(t *testing.T, now time.Time, cluster api.ClusterInfo, kv api.K
 	for req, answer := range map[string]string{"web/a": "drain", "web/c": "ready 100%", "web/d": "ready 100%", "api/y": "drain"} {
 		pollers.Record(ha, []byte(req), []byte(answer+"\n"), now)
 	}
+	pollers.Record(ha, []byte("api/x"), nil, now) // withheld: told nothing
 	return NewHTTPHandler(HTTPOptions{Pollers: pollers, NodeID: "hs1", now: func() time.Time { return now }, Replica: &fakeReplica{
 		snap:  func() *state.Snapshot { return snap },
 		ready: func() (bool, string) { return true, "holds state and caught up with a leader" },
@@ -116,7 +117,7 @@ func TestPageRowsByState(t *testing.T) {
 		"web/r": {"ramping", []string{`<span class="badge">ramping</span>`, `style="width:10%"`, `<span class="bar ramp"`, `style="width:20%"`, "→ 100% in 8m"}},
 		"api/*": {"drain", []string{"backend-wide key", "canary", "bob"}},
 		"api/y": {"drain", []string{"told 1 of 1"}},
-		"api/x": {"withheld", []string{`<span class="badge">withheld</span>`, "answers nothing", `<span class="tag">invalid</span>`, "256"}},
+		"api/x": {"withheld", []string{`<span class="badge">withheld</span>`, "answers nothing", `<span class="tag">invalid</span>`, "256", `<span class="told bad"`, "told nothing: 1 of 1"}},
 	} {
 		row, ok := rows[server]
 		if !ok {
@@ -147,8 +148,11 @@ func TestPageSummaries(t *testing.T) {
 	_, body := get(t, pageShowcase(t, time.Now(), healthyCluster(), healthyKV()), "/")
 	for _, want := range []string{
 		`<span class="bname">web</span><span class="cnt ready">4 of 7 ready</span><span class="cnt drain">2 draining</span><span class="cnt maint">1 in maint</span><span class="cnt ramping">1 ramping</span><span class="cnt weight">1 at a set weight</span></th>`,
-		`<span class="bname">api</span><span class="cnt ready">0 of 2 ready</span><span class="cnt drain">1 draining</span><span class="cnt withheld">1 withheld (no answer)</span></th>`,
-		`<p class="headline warn" id="headline">4 of 9 servers ready: 3 draining, 1 in maint, 1 ramping, 1 at a set weight, 1 withheld, 2 invalid keys</p>`,
+		// api has no server in rotation (its backend-wide drain, and a withheld one): it says so.
+		`<tbody class="backend bad" data-backend="api">`,
+		`<span class="bname">api</span><span class="cnt ready">0 of 2 ready</span><span class="cnt none">no server in rotation: HAProxy sends this backend no traffic</span><span class="cnt drain">1 draining</span><span class="cnt withheld">1 withheld (no answer)</span></th>`,
+		`<tbody class="backend warn" data-backend="web">`,
+		`<p class="headline warn" id="headline">4 of 9 servers ready: 1 backend with no server in rotation, 3 draining, 1 in maint, 1 ramping, 1 at a set weight, 1 withheld, 2 invalid keys</p>`,
 		`<title>hastate: 4 of 9 servers ready: `,
 	} {
 		if !strings.Contains(body, want) {
@@ -236,6 +240,52 @@ func TestPageSelfContained(t *testing.T) {
 	}
 }
 
+// During a ramp, every step changes the answer and each HAProxy hears the
+// new one at its next check: an HAProxy told the step before is following
+// the ramp, and the row says so in the same words and colour at every
+// step. One told anything else is behind.
+func TestPageToldDuringARamp(t *testing.T) {
+	now := time.Now()
+	m := state.NewMirror()
+	p := state.RampPolicy{Start: 10, Duration: 10 * time.Minute, Interval: 10 * time.Second, Aggression: 1}
+	m.ApplyAt(state.Change{Set: map[string]string{"state/web/r": "drain", "state/web/a": "drain"}}, now.Add(-time.Hour), p)
+	m.ApplyAt(state.Change{Delete: []string{"state/web/r"}}, now.Add(-2*time.Minute), p)
+	m.ApplySteps(state.NextSteps(m.Ramps(), now))
+	snap := m.Snapshot()
+	cur := strings.TrimSuffix(string(snap.Lookup([]byte("web/r"), 3)), "\n")
+	if w, ok := readyWeight(cur); !ok || w <= 10 {
+		t.Fatalf("web/r answers %q two minutes into its ramp, want above the start: the test proves nothing", cur)
+	}
+	page := func(told ...string) string {
+		pollers := newPollers(t, PollersOptions{})
+		for i, answer := range told {
+			pollers.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i))}, []byte("web/r"), []byte(answer+"\n"), now)
+		}
+		pollers.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, []byte("web/a"), []byte("drain\n"), now)
+		h := NewHTTPHandler(HTTPOptions{Pollers: pollers, NodeID: "hs1", now: func() time.Time { return now }, Replica: &fakeReplica{
+			snap:  func() *state.Snapshot { return snap },
+			ready: func() (bool, string) { return true, "" },
+			peers: func() []api.Poll { return nil },
+		}})
+		_, body := get(t, h, "/")
+		return pageRowsOf(body)["web/r"][1]
+	}
+	for _, c := range []struct {
+		told []string
+		want string
+	}{
+		{[]string{cur, cur}, `<span class="told ok" title="HAProxy nodes that asked within the last minute, all told the current step of the ramp">on the ramp: 2 of 2</span>`},
+		{[]string{cur, "ready 10%"}, `<span class="told ok" title="HAProxy nodes that asked within the last minute: told the current step of the ramp, or (1 of them) an earlier one; each hears the next step at its next check">on the ramp: 2 of 2</span>`},
+		{[]string{"ready 10%"}, `<span class="told ok"`},
+		{[]string{cur, "ready 10%", "drain"}, `<span class="told warn" title="HAProxy nodes that asked within the last minute, and how many were last told the current answer">told 1 of 3</span>`},
+		{[]string{"maint"}, `told 0 of 1`},
+	} {
+		if row := page(c.told...); !strings.Contains(row, c.want) {
+			t.Errorf("web/r at %q, HAProxy nodes told %q: row without %s:\n%s", cur, c.told, c.want, row)
+		}
+	}
+}
+
 func TestShortDurations(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		0: "0s", 1400 * time.Millisecond: "1s", 59 * time.Second: "59s", time.Minute: "1m", 3*time.Minute + 20*time.Second: "3m 20s",
@@ -251,5 +301,27 @@ func TestShortDurations(t *testing.T) {
 	}
 	if got := relative(now, now.Add(90*time.Second)); got != "in 1m 30s" {
 		t.Errorf("relative 90s after: %q", got)
+	}
+}
+
+// Issue 15.3: a server at 0% is out of rotation (HAProxy shows it as
+// DRAIN): the headline and the backend's line do not count it as ready.
+func TestPageCountsZeroPercentAsOut(t *testing.T) {
+	m := state.NewMirror()
+	m.Apply(state.Change{Set: map[string]string{"state/w/a": "0%", "state/w/b": "0%", "state/w/c": "50%"}})
+	snap := m.Snapshot()
+	h := NewHTTPHandler(HTTPOptions{NodeID: "hs1", Replica: &fakeReplica{
+		snap:  func() *state.Snapshot { return snap },
+		ready: func() (bool, string) { return true, "" },
+		peers: func() []api.Poll { return nil },
+	}})
+	_, body := get(t, h, "/")
+	for _, want := range []string{
+		`id="headline">1 of 3 servers ready: 1 at a set weight, 2 at 0% (DRAIN in HAProxy)</p>`,
+		`<span class="cnt ready">1 of 3 ready</span>`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status page without %s:\n%s", want, regexp.MustCompile(`(?s)<p class="headline.*?</p>|<span class="cnt ready">.*?</th>`).FindAllString(body, -1))
+		}
 	}
 }

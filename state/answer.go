@@ -10,7 +10,7 @@ type Answer struct {
 	Weight   int // percent; meaningful when Admin is Ready
 }
 
-// ReadyFull is the answer for a server with no key: ready at full weight.
+// readyFull is the answer for a server with no key: ready at full weight.
 var readyFull = Answer{Admin: Ready, Weight: 100}
 
 // String renders the answer as sent, without the line feed; "" when withheld.
@@ -27,11 +27,8 @@ func (a Answer) String() string {
 	}
 }
 
-// line returns the shared, LF-terminated wire form; nil when withheld.
-func (a Answer) line() []byte { return *a.lineRef() }
-
-// lineRef returns a pointer to the shared wire form (to a nil slice when
-// withheld). A shard's map holds one per server, and a pointer takes a
+// lineRef returns a pointer to the shared, LF-terminated wire form (to a
+// nil slice when withheld). A shard's map holds one per server, and a pointer takes a
 // third of the room of the slice itself.
 func (a Answer) lineRef() *[]byte {
 	switch {

@@ -13,18 +13,18 @@ func TestAnswerLine(t *testing.T) {
 		answers = append(answers, Answer{Admin: Ready, Weight: w})
 	}
 	for _, a := range answers {
-		line := a.line()
+		line := *a.lineRef()
 		if a.Withheld {
 			if line != nil {
-				t.Errorf("%+v.line() = %q, want nil", a, line)
+				t.Errorf("%+v.lineRef() = %q, want nil", a, line)
 			}
 			continue
 		}
 		if want := a.String() + "\n"; string(line) != want {
-			t.Errorf("%+v.line() = %q, want %q", a, line, want)
+			t.Errorf("%+v.lineRef() = %q, want %q", a, line, want)
 		}
 		if bytes.IndexByte(line, '\n') != len(line)-1 {
-			t.Errorf("%+v.line() = %q: not one LF-terminated line", a, line)
+			t.Errorf("%+v.lineRef() = %q: not one LF-terminated line", a, line)
 		}
 	}
 }

@@ -62,8 +62,9 @@ func TestResolutionKindAndSince(t *testing.T) {
 	m.ApplyAt(del("state/web/u"), t0.Add(time.Minute), rampPolicy())
 	s := m.Snapshot()
 	for _, c := range []struct {
-		server, kind string
-		since        time.Time
+		server string
+		kind   Kind
+		since  time.Time
 	}{
 		{"d", KindDrain, t0}, {"m", KindMaint, t0}, {"w", KindWeight, t0},
 		{"full", KindReady, t0}, {"r", KindReady, t0}, {"x", KindWithheld, time.Time{}},

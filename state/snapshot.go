@@ -128,21 +128,11 @@ func (s *Snapshot) Resolve(backend, server string) Resolution {
 
 // resolve is Resolve within the shard that holds backend's keys and ramps.
 func (sh *shard) resolve(backend, server string) Resolution {
-	r := Resolution{Backend: backend, Server: server}
-	exact := StatePrefix + backend + "/" + server
-	r.Answer, r.Source = readyFull, SourceAbsent
-	for _, key := range []string{exact, StatePrefix + backend + "/" + Wildcard} {
-		e := sh.entry(key)
-		if e != nil && e.Expired {
-			if r.Expired == nil {
-				r.Expired = e
-			}
-			continue
-		}
-		if e != nil {
-			r.Answer, r.Source, r.Entry = entryAnswer(e), Source(key), e
-			break
-		}
+	r := Resolution{Backend: backend, Server: server, Answer: readyFull, Source: SourceAbsent}
+	e, expired := pick(sh.entry, backend, server)
+	r.Expired = expired
+	if e != nil {
+		r.Answer, r.Source, r.Entry = entryAnswer(e), Source(e.Key), e
 	}
 	// A ramp sets the weight of a plain ready answer: the server's own
 	// ramp, else (when the answer does not come from its own key) the
@@ -151,13 +141,38 @@ func (sh *shard) resolve(backend, server string) Resolution {
 		return r
 	}
 	rp, ok := sh.ramps[backend+"/"+server]
-	if !ok && r.Source != Source(exact) {
+	if !ok && (e == nil || e.Server != server) {
 		rp, ok = sh.ramps[backend+"/"+Wildcard]
 	}
 	if ok {
 		r.Answer.Weight, r.Ramp = rp.Weight, &rp
 	}
 	return r
+}
+
+// pick is the precedence rule, the one place it is written (the
+// snapshot's answers and the leader's ramp decisions both use it): the
+// target's own key, else, for a server, its backend's wildcard, else none
+// (absent: ready 100%). An expired key counts as absent; expired is the
+// first one passed over.
+func pick(entry func(key string) *Entry, backend, server string) (e, expired *Entry) {
+	keys := [2]string{StatePrefix + backend + "/" + server, StatePrefix + backend + "/" + Wildcard}
+	n := len(keys)
+	if server == Wildcard {
+		n = 1
+	}
+	for _, k := range keys[:n] {
+		switch e := entry(k); {
+		case e == nil:
+		case e.Expired:
+			if expired == nil {
+				expired = e
+			}
+		default:
+			return e, expired
+		}
+	}
+	return nil, expired
 }
 
 func (sh *shard) entry(key string) *Entry {
@@ -285,20 +300,23 @@ func (s *Snapshot) Targets() []Target {
 	return out
 }
 
-// Kinds of effective state, as Resolution.Kind names them.
+// Kind is a kind of effective state, as Resolution.Kind names it.
+type Kind string
+
+// The kinds of effective state.
 const (
-	KindReady    = "ready"    // ready 100% without a ramp: the default
-	KindDrain    = "drain"    // drain
-	KindMaint    = "maint"    // maint
-	KindWeight   = "weight"   // an explicit N%
-	KindRamping  = "ramping"  // ready, its weight set by an undrain ramp
-	KindWithheld = "withheld" // no answer: invalid key without a last valid value
+	KindReady    Kind = "ready"    // ready 100% without a ramp: the default
+	KindDrain    Kind = "drain"    // drain
+	KindMaint    Kind = "maint"    // maint
+	KindWeight   Kind = "weight"   // an explicit N%
+	KindRamping  Kind = "ramping"  // ready, its weight set by an undrain ramp
+	KindWithheld Kind = "withheld" // no answer: invalid key without a last valid value
 )
 
 // Kind names the server's effective state: KindDrain, KindMaint,
 // KindWeight, KindRamping, KindWithheld, or KindReady for the default
 // (ready 100%, no ramp; an explicit "ready" or "100%" key included).
-func (r Resolution) Kind() string {
+func (r Resolution) Kind() Kind {
 	a := r.Answer
 	switch {
 	case a.Withheld:

@@ -79,17 +79,14 @@ func keyTarget(key string) string {
 	return key[len(StatePrefix):]
 }
 
-// effective is what a target is told before ramps: the last valid value of
-// its own key, else (for a server) its backend wildcard's, else ready.
-// ok is false when the answer is withheld.
+// effective is what a target is told before ramps, by the precedence
+// rule (pick): the last valid value of its own key, else (for a server)
+// its backend wildcard's, else ready. ok is false when the answer is
+// withheld.
 func (m *Mirror) effective(target string) (v Value, ok bool) {
-	if e := m.entry(StatePrefix + target); e != nil && !e.Expired {
+	b, s, _ := strings.Cut(target, "/")
+	if e, _ := pick(m.entry, b, s); e != nil {
 		return e.Last(), e.HasLast
-	}
-	if b, s, _ := strings.Cut(target, "/"); s != Wildcard {
-		if e := m.entry(StatePrefix + b + "/" + Wildcard); e != nil && !e.Expired {
-			return e.Last(), e.HasLast
-		}
 	}
 	return Value{Admin: Ready, Weight: 100}, true
 }

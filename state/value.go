@@ -50,6 +50,9 @@ var (
 	ErrInvalidKey = errors.New("invalid key")
 	// ErrMalformedRequest: an agent-check request that is not <backend>/<server>.
 	ErrMalformedRequest = errors.New("malformed request")
+	// ErrAboveMax: ParsePercent read a whole percentage above its maximum
+	// (the rest of its errors are not percentages at all).
+	ErrAboveMax = errors.New("percentage above the maximum")
 )
 
 // Value is one parsed desired state.
@@ -202,7 +205,7 @@ func parseShort(s string) (Value, error) {
 	}
 	n, err := ParsePercent(s, MaxWeight)
 	switch {
-	case err != nil && strings.Contains(err.Error(), "above"):
+	case errors.Is(err, ErrAboveMax):
 		return Value{}, fmt.Errorf("weight %v", err)
 	case err != nil:
 		return Value{}, errors.New("not a known state")
@@ -240,10 +243,20 @@ func ParsePercent(s string, max int) (int, error) {
 	case t == "":
 		return 0, fmt.Errorf("%q: want a whole percentage from 0%% to %d%%, such as 25%%", cut(s, 20), max)
 	case n > max:
-		return 0, fmt.Errorf("%d%% is above %d%%: want 0%% to %d%%", n, max, max)
+		return 0, aboveMaxError{n, max}
 	}
 	return n, nil
 }
+
+// aboveMaxError is ParsePercent's error for a whole percentage above the
+// maximum; it matches ErrAboveMax.
+type aboveMaxError struct{ n, max int }
+
+func (e aboveMaxError) Error() string {
+	return fmt.Sprintf("%d%% is above %d%%: want 0%% to %d%%", e.n, e.max, e.max)
+}
+
+func (e aboveMaxError) Unwrap() error { return ErrAboveMax }
 
 func invalid(raw, why string) error {
 	return fmt.Errorf("%w %q: %s; valid forms: %s", ErrInvalidValue, cut(raw, 80), why, ValidForms)

@@ -299,3 +299,16 @@ func TestAdminString(t *testing.T) {
 		}
 	}
 }
+
+// Callers branch on ErrAboveMax, not on the message's text.
+func TestParsePercentAboveMaxIsTyped(t *testing.T) {
+	if _, err := state.ParsePercent("300%", state.MaxWeight); !errors.Is(err, state.ErrAboveMax) || err.Error() != "300% is above 256%: want 0% to 256%" {
+		t.Errorf("state.ParsePercent(300%%) = %v, want ErrAboveMax with the same message", err)
+	}
+	if _, err := state.ParsePercent("lots", state.MaxWeight); err == nil || errors.Is(err, state.ErrAboveMax) {
+		t.Errorf("state.ParsePercent(lots) = %v, want an error that is not ErrAboveMax", err)
+	}
+	if _, err := state.ParseValue("300%"); !errors.Is(err, state.ErrInvalidValue) || !strings.Contains(err.Error(), "weight 300% is above 256%") {
+		t.Errorf("state.ParseValue(300%%) = %v", err)
+	}
+}

@@ -98,57 +98,24 @@ type hapExtras struct {
 
 func startHAProxy(t *testing.T, agentAddr string, lbReplicas []*Hastate, lbSource string, backends []Backend, x hapExtras) *HAProxy {
 	t.Helper()
-	bin := haproxyBin(t)
 	agentHost, agentPort, err := net.SplitHostPort(agentAddr)
 	if err != nil {
 		t.Fatalf("agent address %q: %v", agentAddr, err)
 	}
-	// A unix socket path must fit in 108 bytes; t.TempDir() paths can be
-	// long, so keep the socket in a short directory of its own.
-	dir, err := os.MkdirTemp("", "hap-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	h := &HAProxy{
-		Frontend: freeAddr(t),
-		dir:      dir,
-		sock:     filepath.Join(dir, "admin.sock"),
-		proc:     testenv.Process{Bin: bin, LogPath: filepath.Join(dir, "haproxy.log")},
-	}
-
+	h := newHAProxy(t)
 	var cfg strings.Builder
-	fmt.Fprintf(&cfg, `global
-    stats socket %[1]s mode 600 level admin
-    nbthread 1
-    log stderr format short local0 info
-
-defaults
-    mode tcp
-    log global
-    timeout connect 2s
-    timeout client %[4]dms
-    timeout server %[4]dms
-    timeout check 2s
-
+	cfg.WriteString(h.global(x.timeout))
+	fmt.Fprintf(&cfg, `
 frontend fe
-    bind %[2]s
-    default_backend %[3]s
-`, h.sock, h.Frontend, backends[0].Name, cmp.Or(x.timeout, 10*time.Second).Milliseconds())
+    bind %s
+    default_backend %s
+`, h.Frontend, backends[0].Name)
 	if len(lbReplicas) > 0 {
 		// The "internal load balancer" of the replicas' agent ports. Its
 		// health check asks each replica's /-/readiness, as a cloud load
 		// balancer would; a dead replica leaves the rotation after one
 		// failed check.
-		fmt.Fprintf(&cfg, "\nlisten agent_lb\n    bind %s\n    balance roundrobin\n    option httpchk GET /-/readiness\n", agentAddr)
-		for i, r := range lbReplicas {
-			_, httpPort, _ := net.SplitHostPort(r.HTTPAddr)
-			src := ""
-			if lbSource != "" {
-				src = " source " + lbSource
-			}
-			fmt.Fprintf(&cfg, "    server replica%d %s check port %s inter 200ms fall 1 rise 2%s\n", i+1, r.AgentAddr, httpPort, src)
-		}
+		writeAgentLB(&cfg, agentAddr, lbReplicas, LBOptions{Inter: 200 * time.Millisecond, Fall: 1, Rise: 2, Source: lbSource})
 	}
 	for _, b := range backends {
 		fmt.Fprintf(&cfg, "\nbackend %s\n    balance roundrobin\n", b.Name)
@@ -164,23 +131,126 @@ frontend fe
 		}
 	}
 	cfg.WriteString(x.sections)
-	cfgPath := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
+	h.run(t, cfg.String(), func(st map[string]Row) string {
+		for _, b := range backends {
+			for _, s := range b.Servers {
+				if r, ok := st[b.Name+"/"+s]; !ok || r.Status != "UP" {
+					return fmt.Sprintf("%s/%s: %+v", b.Name, s, r)
+				}
+			}
+		}
+		return ""
+	})
+	return h
+}
+
+// LBOptions shape the agent load balancer's health check of the replicas'
+// /-/readiness.
+type LBOptions struct {
+	Inter      time.Duration // check interval
+	Fall, Rise int
+	Source     string // source address of the checks and the forwarded connections ("": any)
+}
+
+// writeAgentLB writes the `listen` section of the load balancer in front of
+// the replicas' agent ports (TCP mode, roundrobin), health-checking each
+// replica's /-/readiness on its HTTP port, as the internal load balancer of
+// production does.
+func writeAgentLB(cfg *strings.Builder, addr string, replicas []*Hastate, o LBOptions) {
+	fmt.Fprintf(cfg, "\nlisten %s\n    bind %s\n    mode tcp\n    balance roundrobin\n    option httpchk GET /-/readiness\n", agentLBName, addr)
+	for i, r := range replicas {
+		_, httpPort, _ := net.SplitHostPort(r.HTTPAddr)
+		src := ""
+		if o.Source != "" {
+			src = " source " + o.Source
+		}
+		fmt.Fprintf(cfg, "    server %s %s check port %s inter %dms fall %d rise %d%s\n", lbServerName(i), r.AgentAddr, httpPort, o.Inter.Milliseconds(), o.Fall, o.Rise, src)
+	}
+}
+
+// agentLBName is the proxy name of the agent load balancer; lbServerName
+// the name of replica i (0-based) in it.
+const agentLBName = "agent_lb"
+
+func lbServerName(i int) string { return fmt.Sprintf("replica%d", i+1) }
+
+// StartAgentLB starts an HAProxy that is only the agent load balancer of
+// the replicas, on its own address (Frontend), and returns once every
+// replica is UP in it. Its `show stat` rows are "agent_lb/replicaN".
+func StartAgentLB(t *testing.T, replicas []*Hastate, o LBOptions) *HAProxy {
+	t.Helper()
+	h := newHAProxy(t)
+	var cfg strings.Builder
+	cfg.WriteString(h.global(0))
+	writeAgentLB(&cfg, h.Frontend, replicas, o)
+	h.run(t, cfg.String(), func(st map[string]Row) string {
+		for i := range replicas {
+			if r := st[agentLBName+"/"+lbServerName(i)]; r.Status != "UP" {
+				return fmt.Sprintf("%s: %+v", lbServerName(i), r)
+			}
+		}
+		return ""
+	})
+	return h
+}
+
+// newHAProxy prepares an HAProxy's directory, admin socket and frontend
+// address.
+func newHAProxy(t *testing.T) *HAProxy {
+	t.Helper()
+	bin := haproxyBin(t)
+	// A unix socket path must fit in 108 bytes; t.TempDir() paths can be
+	// long, so keep the socket in a short directory of its own.
+	dir, err := os.MkdirTemp("", "hap-")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(bin, "-c", "-f", cfgPath).CombinedOutput(); err != nil {
-		t.Fatalf("haproxy -c rejected the test configuration: %v\n%s\n%s", err, out, cfg.String())
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &HAProxy{
+		Frontend: freeAddr(t),
+		dir:      dir,
+		sock:     filepath.Join(dir, "admin.sock"),
+		proc:     testenv.Process{Bin: bin, LogPath: filepath.Join(dir, "haproxy.log")},
 	}
+}
 
+// global is the global and defaults sections of every test HAProxy;
+// timeout is the client and server inactivity timeout (0: 10s).
+func (h *HAProxy) global(timeout time.Duration) string {
+	return fmt.Sprintf(`global
+    stats socket %[1]s mode 600 level admin
+    nbthread 1
+    log stderr format short local0 info
+
+defaults
+    mode tcp
+    log global
+    timeout connect 2s
+    timeout client %[2]dms
+    timeout server %[2]dms
+    timeout check 2s
+`, h.sock, cmp.Or(timeout, 10*time.Second).Milliseconds())
+}
+
+// run checks and starts the configuration and waits until notReady (given
+// `show stat`) returns "".
+func (h *HAProxy) run(t *testing.T, cfg string, notReady func(map[string]Row) string) {
+	t.Helper()
+	cfgPath := filepath.Join(h.dir, "haproxy.cfg")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(h.proc.Bin, "-c", "-f", cfgPath).CombinedOutput(); err != nil {
+		t.Fatalf("haproxy -c rejected the test configuration: %v\n%s\n%s", err, out, cfg)
+	}
 	h.proc.Start(t, "-db", "-f", cfgPath)
 	t.Cleanup(func() {
 		h.proc.Kill()
 		if t.Failed() {
 			b, _ := os.ReadFile(h.proc.LogPath)
-			t.Logf("haproxy.cfg:\n%s\nhaproxy log (%s):\n%s", cfg.String(), h.proc.LogPath, b)
+			t.Logf("haproxy.cfg:\n%s\nhaproxy log (%s):\n%s", cfg, h.proc.LogPath, b)
 		}
 	})
-
 	var last string
 	testenv.Eventually(t, 15*time.Second, func() error {
 		if h.proc.Exited() {
@@ -191,17 +261,11 @@ frontend fe
 			last = err.Error()
 			return fmt.Errorf("haproxy never showed every server UP; last: %s", last)
 		}
-		for _, b := range backends {
-			for _, s := range b.Servers {
-				if r, ok := st[b.Name+"/"+s]; !ok || r.Status != "UP" {
-					last = fmt.Sprintf("%s/%s: %+v", b.Name, s, r)
-					return fmt.Errorf("haproxy never showed every server UP; last: %s", last)
-				}
-			}
+		if last = notReady(st); last != "" {
+			return fmt.Errorf("haproxy never showed every server UP; last: %s", last)
 		}
 		return nil
 	})
-	return h
 }
 
 // tcpSink opens a TCP listener on 127.0.0.1 that accepts and closes every

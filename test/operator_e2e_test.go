@@ -1,13 +1,17 @@
 package test
 
 import (
+	"bufio"
 	"fmt"
+	"net"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/internal/testenv"
 )
 
@@ -41,7 +45,9 @@ func stateKeys(t *testing.T, consul *testenv.Consul) []string {
 // answering, and a replica that is down.
 func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
-	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
+	// Ramps are off unless a key asks for one (--ramp), with steps every
+	// second.
+	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{"--ramp-interval", "1s"}})
 	backends := []Backend{opCanaryWeb, opCanaryAPI, opMainWeb, opMainAPI}
 	hapA := StartHAProxyLBFrom(t, hs, "127.0.0.2", backends...)
 	hapB := StartHAProxyLBFrom(t, hs, "127.0.0.3", backends...)
@@ -74,9 +80,30 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 		t.Errorf("precheck of a typo: %s", out)
 	}
 	run(3, "drain", "canary_wbe*/*")
-	out = run(1, "drain", "canary_web/web1")
+	out = run(3, "drain", "canary_web/web1")
 	if !strings.Contains(out, "no HAProxy has polled canary_web/web1") || !strings.Contains(out, "web-1, web-2") {
 		t.Errorf("drain of a server nobody polls: %s", out)
+	}
+	// Issue 15.2: a manual probe does not make a typo a known server.
+	if out := run(0, "probe", "canary_web/typo-srv", "--addr", hs[0].AgentAddr); strings.TrimSpace(out) != "ready 100%" {
+		t.Errorf("probe of an unknown server: %q", out)
+	}
+	run(3, "drain", "canary_web/typo-srv")
+	// Issue 15.5: every command reads a selector alike; a typo exits 3
+	// with the known backends, status included; an unknown command is a
+	// usage error.
+	for _, args := range [][]string{{"status", "canery_web"}, {"status", "canery_web/*"}, {"drain", "canery_web/web-1"}, {"wait", "canery_web"}, {"precheck", "canery_web"}} {
+		if out := run(3, args...); !strings.Contains(out, "known backends: canary_api, canary_web, main_api, main_web") {
+			t.Errorf("hastate %s: %s", strings.Join(args, " "), out)
+		}
+	}
+	if out := run(0, "status", "canary_web"); !strings.Contains(out, "web-2") || !strings.Contains(out, "2 of 2 servers in rotation") {
+		t.Errorf("status of a backend: %s", out)
+	}
+	run(2, "stauts")
+	// Issue 15.3: weight 0% takes servers out like a drain.
+	if out := run(1, "weight", "0%", "canary_web/web-1", "canary_web/web-2"); !strings.Contains(out, "canary_web would have 0 ready") {
+		t.Errorf("weight 0%% of a whole backend, server by server: %s", out)
 	}
 	keysAre("after the refusals")
 	run(0, "precheck", "canary_*/*")
@@ -118,6 +145,38 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 		}
 	}
 
+	// Issue 15.4: ready under a backend-wide drain writes ready and says
+	// the server now stays out of backend-wide drains; the next canary
+	// drain, which it would escape, is refused unless --keep-own (or
+	// --override); clear hands it back.
+	if out := run(0, "ready", "canary_web/web-1"); !strings.Contains(out, "stays out of backend-wide drains") {
+		t.Errorf("ready under a backend-wide drain: %s", out)
+	}
+	keysAre("after ready under a drain", "canary_api/*", "canary_web/*", "canary_web/web-1")
+	if out := run(1, "drain", "canary_*/*", "--reason", "release 16.5"); !strings.Contains(out, "web-1 keeps ready") || !strings.Contains(out, "--keep-own") {
+		t.Errorf("a canary drain a canary would escape: %s", out)
+	}
+	if out := run(0, "drain", "canary_*/*", "--keep-own", "--dry-run"); !strings.Contains(out, "web-1 keeps ready") {
+		t.Errorf("a canary drain with --keep-own: %s", out)
+	}
+	run(0, "clear", "canary_web/web-1")
+	keysAre("after the clear", "canary_api/*", "canary_web/*")
+
+	// Issue 15.7: the canary backend comes back over a 4s ramp; wait
+	// returns once both HAProxy nodes were told the first step, wait
+	// --settled only once the ramp is over.
+	run(0, "ready", "canary_web", "--ramp", "4s")
+	out = run(0, "wait", "canary_web", "--timeout", "30s")
+	if st := run(0, "status", "canary_web"); !strings.Contains(st, "(eta ") {
+		t.Errorf("wait returned, and the ramp is over already (it should take 4s):\n%s\n%s", out, st)
+	}
+	start = time.Now()
+	run(0, "wait", "canary_web", "--settled", "--timeout", "30s")
+	t.Logf("wait --settled returned %s after the ramp's first step was told", time.Since(start).Round(time.Millisecond))
+	if st := run(0, "status", "canary_web"); strings.Contains(st, "(eta ") || !strings.Contains(st, "2 of 2 servers in rotation") {
+		t.Errorf("wait --settled returned during the ramp:\n%s", st)
+	}
+
 	// The SRE's server drain across every backend that has it.
 	run(0, "drain", "*/gke-cny-web", "--reason", "node upgrade")
 	keysAre("after the server drain", "canary_api/*", "canary_web/*", "main_api/gke-cny-web", "main_web/gke-cny-web")
@@ -156,24 +215,77 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	}
 	t.Logf("--for 3s: every replica answered ready 100%% again %s after the write", back.Sub(wrote).Round(time.Millisecond))
 	keysAre("after the expiry", "canary_api/*", "canary_web/*", "main_api/api-us-east1-b", "main_api/api-us-east1-c", "main_api/gke-cny-web", "main_web/gke-cny-web", "main_web/web-1")
-	if out := run(0, "status", "main_api/api-us-east1-c"); !strings.Contains(out, "expired: state/main_api/api-us-east1-c") {
+	// Issue 15.12: the expired row shows when, with seconds and zone.
+	if out := run(0, "status", "main_api/api-us-east1-c"); !regexp.MustCompile(`expired \w{3} +\d+ \d\d:\d\d:\d\d \S+`).MatchString(out) ||
+		!strings.Contains(out, "expired key state/main_api/api-us-east1-c") {
 		t.Errorf("status of an expired key:\n%s", out)
 	}
+	// Issue 15.3: 0% of main_api's last ready server is refused; forced,
+	// precheck blocks on it and status counts it as out.
+	if out := run(1, "weight", "0%", "main_api/api-us-east1-c"); !strings.Contains(out, "main_api would have 0 ready") {
+		t.Errorf("weight 0%% of the last ready server: %s", out)
+	}
+	run(0, "weight", "0%", "main_api/api-us-east1-c", "--force")
+	if out := run(1, "precheck", "main_api/api-us-east1-c"); !strings.Contains(out, "is at 0% (HAProxy shows it as DRAIN)") || !strings.Contains(out, "1 of 1 selected server block") {
+		t.Errorf("precheck of a server at 0%%: %s", out)
+	}
+	if out := run(0, "status", "main_api"); !strings.Contains(out, "0 of 3 servers in rotation; out: 2 drain, 1 at 0%") {
+		t.Errorf("status with a server at 0%%:\n%s", out)
+	}
+	run(0, "clear", "main_api/api-us-east1-c")
 
 	// clear of what does not exist says so and writes nothing.
 	if out := run(0, "clear", "canary_web/web-2"); !strings.Contains(out, "nothing to clear") {
 		t.Errorf("clear of an absent key: %s", out)
 	}
+	// Issue 15.11: a key with a space is served and can be cleared; a
+	// nested one cannot be named, and the error says how to remove it.
+	kv := consul.Client(t).KV()
+	for _, k := range []string{"canary_api/api 3", "canary_api/a/b"} {
+		if _, err := kv.Put(&consulapi.KVPair{Key: kvPrefix + "state/" + k, Value: []byte("drain")}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if out, _ := op.RunCode(t, "status", "canary_api/api 3"); !strings.Contains(out, "api 3") {
+			return fmt.Errorf("the key with a space is not in status: %s", out)
+		}
+		return nil
+	})
+	if out := run(0, "clear", "canary_api/api 3"); !strings.Contains(out, "delete "+kvPrefix+"state/canary_api/api 3") {
+		t.Errorf("clear of a key with a space: %s", out)
+	}
+	if out := run(2, "clear", "canary_api/a/b"); !strings.Contains(out, "consul kv delete '<kv-prefix>state/canary_api/a/b'") {
+		t.Errorf("clear of a nested key: %s", out)
+	}
+	if _, err := kv.Delete(kvPrefix+"state/canary_api/a/b", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// Issue 15.2: a person probes main_web/web-1 once by hand (as nc
+	// would, from an address no HAProxy uses); ready then deletes its key
+	// (no backend-wide key covers it), and wait does not wait for the
+	// probe: it returns within api.ProbeGrace.
+	if ans := rawProbe(t, "127.0.0.9", hs[1].AgentAddr, "main_web/web-1"); ans != "maint\n" {
+		t.Fatalf("a manual probe of main_web/web-1: %q", ans)
+	}
+	if out := run(0, "ready", "main_web/web-1"); !strings.Contains(out, "delete "+kvPrefix+"state/main_web/web-1") {
+		t.Errorf("ready of a server no backend-wide key covers: %s", out)
+	}
+	start = time.Now()
+	run(0, "wait", "main_web/web-1", "--timeout", "20s")
+	t.Logf("wait after a manual probe returned in %s", time.Since(start).Round(time.Millisecond))
 
 	// One HAProxy stops answering (SIGSTOP): wait names it.
 	hapB.Signal(t, syscall.SIGSTOP)
-	run(0, "clear", "main_web/web-1")
+	run(0, "maint", "main_web/web-1", "--force")
 	out = run(1, "wait", "main_web/web-1", "--timeout", "4s")
 	if _, last, _ := strings.Cut(out, "still waiting for:"); !strings.Contains(last, "HAProxy 127.0.0.3 for main_web/web-1") || strings.Contains(last, "HAProxy 127.0.0.2") {
 		t.Errorf("wait with one HAProxy frozen: %s", out)
 	}
 	hapB.Signal(t, syscall.SIGCONT)
 	run(0, "wait", "main_web/web-1", "--timeout", "30s")
+	run(0, "clear", "main_web/web-1")
 
 	// A replica is down: the gates cannot confirm and name it.
 	hs[2].Kill()
@@ -185,4 +297,23 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	if !strings.Contains(out, fmt.Sprintf("replica %s unreachable", hs[2].NodeID)) {
 		t.Errorf("wait with a replica down: %s", out)
 	}
+}
+
+// rawProbe is one agent check from the local address from (a loopback
+// address no HAProxy of the test uses), as `nc` sends it: the request and
+// LF, no marker. It returns the answer line.
+func rawProbe(t *testing.T, from, addr, req string) string {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(c, "%s\n", req); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return line
 }

@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -108,7 +109,9 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	run(0, "drain", "be_hold/hold1", "--reason", "kernel upgrade")
 	w := startOperator(t, op, "wait", "be_hold/hold1", "--idle", "--timeout", "90s")
 	held := perServer("hold1")
-	sessions := func(n int) string { return map[bool]string{true: "1 session", false: fmt.Sprintf("%d sessions", n)}[n == 1] }
+	sessions := func(n int) string {
+		return map[bool]string{true: "1 session", false: fmt.Sprintf("%d sessions", n)}[n == 1]
+	}
 	testenv.Eventually(t, 20*time.Second, func() error {
 		out := w.Output()
 		return testenv.Expect(strings.Contains(out, "be_hold/hold1 on HAProxy "+instances[0]+": "+sessions(held[0])) &&
@@ -214,6 +217,19 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 		t.Fatalf("status --haproxy:\n%s", sout)
 	}
 	t.Logf("status --haproxy:\n%s", sout)
+	var rows []struct {
+		Backend, Server string
+		HAProxy         []struct{ Instance, State, Problem string } `json:"haproxy"`
+	}
+	jout, _ := op.RunCode(t, "status", "be_hold/hold3", "--haproxy", "-o", "json")
+	if err := json.Unmarshal([]byte(jout[strings.Index(jout, "["):]), &rows); err != nil || len(rows) != 1 || len(rows[0].HAProxy) != 2 {
+		t.Fatalf("status -o json --haproxy: %v\n%s", err, jout)
+	}
+	for _, h := range rows[0].HAProxy {
+		if (h.Instance == instances[1]) != (h.Problem != "") || (h.Instance == instances[1]) != (h.State == "UP") {
+			t.Fatalf("status -o json --haproxy: %+v; want only %s UP with a problem\n%s", rows[0].HAProxy, instances[1], jout)
+		}
+	}
 	hapCommand(t, haps[1], "enable agent be_hold/hold3")
 
 	// maint --drain-first interrupted while it waits for idle says what

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -37,8 +36,8 @@ backend), server and instance (the HAProxy). A sample older than
 
 func (p *promFlags) add(c *cobra.Command) {
 	f := c.Flags()
-	f.StringVar(&p.url, "prometheus", os.Getenv("HASTATE_PROMETHEUS_URL"), "the Prometheus that scrapes HAProxy's exporter, http://host:port (HASTATE_PROMETHEUS_URL)")
-	_ = f.SetAnnotation("prometheus", noEnv, []string{"HASTATE_PROMETHEUS_URL is its variable"})
+	f.StringVar(&p.url, "prometheus", "", "the Prometheus that scrapes HAProxy's exporter, http://host:port (HASTATE_PROMETHEUS_URL)")
+	_ = f.SetAnnotation("prometheus", envName, []string{"HASTATE_PROMETHEUS_URL"})
 	f.StringVar(&p.proxyLabel, "proxy-label", ctl.DefaultProxyLabel, "label of HAProxy's series that names the backend")
 	f.StringVar(&p.serverLabel, "server-label", ctl.DefaultServerLabel, "label of HAProxy's series that names the server")
 	f.StringVar(&p.instanceLabel, "instance-label", ctl.DefaultInstanceLabel, "label that names the HAProxy instance; its host must be the address HAProxy's agent checks come from")
@@ -116,7 +115,9 @@ func verifyCmd(stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "verify <selector>...",
 		Short: "Compare what HAProxy reports (through Prometheus) with what hastate told it",
-		Long: `verify compares, for each selected server on each HAProxy instance, the status
+		Long: `Compare what HAProxy reports (through Prometheus) with what hastate told it.
+
+verify compares, for each selected server on each HAProxy instance, the status
 and weight HAProxy reports with what hastate answers and last told that
 HAProxy, and names every disagreement: a state set over the admin socket
 (the agent cannot clear it), an HAProxy whose agent check is disabled or
@@ -131,7 +132,7 @@ Exit 0 when every HAProxy agrees; 1 naming every disagreement or what it
 cannot confirm; 3 when the selector matches no server.`,
 		Example: `  HASTATE_PROMETHEUS_URL=http://prometheus:9090 hastate verify 'canary_*/*'
   hastate verify main_web/gke-cny-web --prometheus prometheus:9090 -o json`,
-		Args: needArgs(1, 0, "at least one <backend>/<server> selector"),
+		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)

@@ -55,6 +55,20 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// An unknown command is a usage error (exit 2), as cobra's own
+		// check would make it exit 1.
+		Args:                       cobra.ArbitraryArgs,
+		SuggestionsMinimumDistance: 2,
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return c.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q", args[0])
+			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return usageError(c, errors.New(msg))
+		},
 	}
 	root.SetVersionTemplate("{{.Version}}")
 	root.SetOut(stdout)
@@ -105,19 +119,24 @@ func withTimeout(c *cobra.Command) *cobra.Command {
 	return c
 }
 
-// noEnv marks a flag bindEnv leaves alone (its HASTATE_<FLAG> means
-// something else).
-const noEnv = "hastate-no-env"
+// envName is the annotation of a flag whose variable is not
+// HASTATE_<FLAG> (probe's --addr: HASTATE_ADDR is a replica's HTTP address).
+const envName = "hastate-env"
 
-// bindEnv sets every flag not given on the command line from
-// HASTATE_<FLAG> (upper case, dashes as underscores).
+// bindEnv sets every flag not given on the command line from its
+// variable: HASTATE_<FLAG> (upper case, dashes as underscores), or the one
+// its envName annotation names. This is the one place HASTATE_ADDR and the
+// others are read.
 func bindEnv(fs *pflag.FlagSet) error {
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if _, skip := f.Annotations[noEnv]; f.Changed || skip || err != nil {
+		if f.Changed || err != nil {
 			return
 		}
 		name := "HASTATE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if a := f.Annotations[envName]; len(a) == 1 {
+			name = a[0]
+		}
 		if v, ok := os.LookupEnv(name); ok {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("%s=%q: %w", name, v, e)
@@ -199,11 +218,12 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.Float64Var(&o.Ramp.Aggression, "ramp-aggression", o.Ramp.Aggression, "undrain ramp curve: 1 linear, >1 faster early, <1 slower early (Envoy's aggression)")
 	f.BoolVar(&o.Ramp.FromMaint, "ramp-from-maint", false, "also ramp servers that leave maint")
 	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
+	f.DurationVar(&o.LeaderlessGrace, "leaderless-grace", cluster.DefaultLeaderlessGrace, "a replica whose last contact with a raft leader is older than this stops answering agent checks (HAProxy keeps its state) and fails readiness, until it has a leader again and has caught up")
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
 	f.IntVar(&o.FeatureLevel, "feature-level", 0, fmt.Sprintf("highest feature level this replica advertises (0: this release's, %d); 1 on every replica while upgrading from 0.13.0 keeps rolling back with the data directories safe: level 2's features (a meta key's until and ramp) wait", state.MaxLevel))
-	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and `hastate wait` (0: the default); probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
+	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and for \"hastate wait\" (0: the default); probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
 	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate")

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hastate/hastate/internal/version"
+	"github.com/spf13/pflag"
 )
 
 func TestEveryCommandHasHelpWithExample(t *testing.T) {
@@ -37,7 +39,9 @@ func TestInvalidInputIsRefusedWithTheValidForms(t *testing.T) {
 		{[]string{"precheck"}, "at least one"},
 		{[]string{"probe", "a/b", "c/d"}, "one <backend>/<server>"},
 		{[]string{"drain"}, "at least one"},
-		{[]string{"drain", "web"}, "<backend>/<server>"},
+		{[]string{"drain", "web/a/b"}, "more than one '/'"},
+		{[]string{"stauts"}, `unknown command "stauts"; did you mean status?`},
+		{[]string{"precheck", "--bogus", "web/a"}, "unknown flag: --bogus"},
 		{[]string{"drain", "web/a", "--ramp", "soon"}, "ramp"},
 		{[]string{"serve", "--peers", "x"}, "id=host:port"},
 		{[]string{"serve", "--log-format", "xml"}, "json or console"},
@@ -104,5 +108,76 @@ func TestAgo(t *testing.T) {
 		if got := ago(d); got != want {
 			t.Errorf("ago(%s) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+// Issue 15.10: every subcommand's help starts with a one-line summary and
+// has examples of its own, with globs quoted; no flag's usage has
+// backticks (pflag turns them into the value's placeholder name), and a
+// flag is listed only where it applies.
+func TestHelpSaysWhatEachCommandDoes(t *testing.T) {
+	unquotedGlob := regexp.MustCompile(`(^|\s)[^\s'"]*[*?]`)
+	for _, c := range newRoot(nil, nil).Commands() {
+		if c.Name() == "help" || c.Name() == "completion" {
+			continue
+		}
+		var out bytes.Buffer
+		run([]string{c.Name(), "--help"}, &out, &out)
+		first, _, _ := strings.Cut(out.String(), "\n")
+		if first == "" || strings.HasPrefix(first, "Usage:") || !strings.HasPrefix(strings.TrimSuffix(first, "."), strings.TrimSuffix(c.Short, ".")) {
+			t.Errorf("hastate %s --help starts with %q, want its one-line summary %q", c.Name(), first, c.Short)
+		}
+		continued := false
+		for _, line := range strings.Split(c.Example, "\n") {
+			cmdline, _, _ := strings.Cut(line, "#")
+			cont := continued
+			continued = strings.HasSuffix(strings.TrimSpace(cmdline), "\\")
+			if strings.TrimSpace(cmdline) == "" || cont {
+				continue
+			}
+			if !strings.Contains(cmdline, "hastate "+c.Name()) && !strings.Contains(cmdline, "hastate --"+c.Name()) {
+				t.Errorf("hastate %s: example %q is not one of its own", c.Name(), line)
+			}
+			if unquotedGlob.MatchString(cmdline) {
+				t.Errorf("hastate %s: example %q leaves a glob to the shell", c.Name(), line)
+			}
+		}
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if strings.Contains(f.Usage, "`") {
+				t.Errorf("hastate %s --%s: usage %q has backticks", c.Name(), f.Name, f.Usage)
+			}
+		})
+	}
+	for cmd, absent := range map[string]string{"ready": "--min-ready", "clear": "--min-ready", "status": "--min-ready"} {
+		var out bytes.Buffer
+		run([]string{cmd, "--help"}, &out, &out)
+		if strings.Contains(out.String(), absent) {
+			t.Errorf("hastate %s --help lists %s, which does not apply", cmd, absent)
+		}
+	}
+	var out bytes.Buffer
+	run([]string{"ready", "--help"}, &out, &out)
+	if strings.Contains(out.String(), "hastate drain") || strings.Contains(out.String(), "zonal maintenance") {
+		t.Errorf("ready --help shows drain's examples:\n%s", out.String())
+	}
+}
+
+// Issue 18.3: HASTATE_ADDR is bound once, by bindEnv, to the replica's
+// --addr; probe's --addr (the agent port) reads HASTATE_PROBE_ADDR instead.
+func TestEnvAddressesBoundOnce(t *testing.T) {
+	dead := "127.0.0.1:1"
+	t.Setenv("HASTATE_ADDR", dead)
+	var out bytes.Buffer
+	if code := run([]string{"status", "--timeout", "2s"}, &out, &out); code != 1 || !strings.Contains(out.String(), dead) {
+		t.Errorf("status with HASTATE_ADDR=%s: exit %d %q; want it to ask %s", dead, code, out.String(), dead)
+	}
+	out.Reset()
+	if code := run([]string{"probe", "web/a", "--timeout", "2s"}, &out, &out); strings.Contains(out.String(), dead) {
+		t.Errorf("probe with HASTATE_ADDR set: exit %d %q; want the agent port (127.0.0.1:9777), not the HTTP address", code, out.String())
+	}
+	t.Setenv("HASTATE_PROBE_ADDR", "127.0.0.1:2")
+	out.Reset()
+	if code := run([]string{"probe", "web/a", "--timeout", "2s"}, &out, &out); code != 1 || !strings.Contains(out.String(), "127.0.0.1:2") {
+		t.Errorf("probe with HASTATE_PROBE_ADDR: exit %d %q", code, out.String())
 	}
 }

@@ -18,7 +18,9 @@ func migrateCmd(stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "migrate-kv",
 		Short: "Rewrite JSON state keys as the plain word plus a meta key (the runbook's KV contract)",
-		Long: `Every state key that holds a JSON value (written by hastate 0.13.0's CLI, or by
+		Long: `Rewrite JSON state keys as the plain word plus a meta key (the runbook's KV contract).
+
+Every state key that holds a JSON value (written by hastate 0.13.0's CLI, or by
 hand) is rewritten as the plain word in the state key (ready, drain, maint,
 N%) and the rest (reason, by, at, until, ramp) in <prefix>meta/<backend>/<server>.
 What replicas serve does not change. Each batch is one Consul transaction that
@@ -29,7 +31,7 @@ values are left as they are and named. It refuses until every replica runs
 and ramp do not count yet.`,
 		Example: `  hastate migrate-kv --dry-run     # what it would write
   hastate migrate-kv --kv-prefix gitlab-haproxy-agent/`,
-		Args: needArgs(0, 0, "no arguments"),
+		Args: argCount(cobra.NoArgs, "no arguments"),
 		RunE: func(c *cobra.Command, _ []string) error {
 			wr, err := cf.writer()
 			if err != nil {

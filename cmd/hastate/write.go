@@ -2,17 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/user"
-	"strings"
 	"time"
 
-	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/ctl"
 	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // consulFlags are shared by the commands that talk to Consul.
@@ -30,30 +30,41 @@ func (w *consulFlags) writer() (ctl.Writer, error) { return ctl.NewWriter(w.cons
 // writeFlags are the flags of every write command.
 type writeFlags struct {
 	consulFlags
-	addr             string
-	dryRun, force    bool
-	override         bool
-	minReady         int
-	reason, by, ramp string
-	forDur           time.Duration
+	addr              string
+	dryRun, force     bool
+	override, keepOwn bool
+	minReady          int
+	reason, by, ramp  string
+	forDur            time.Duration
 }
 
-// add adds the flags; audit adds --reason, --by and --for, ramp --ramp.
-func (w *writeFlags) add(c *cobra.Command, audit, ramp bool) {
+// writeKind says which flags a write command has: audit adds --reason,
+// --by, --for and --override; ramp adds --ramp; takesOut (drain, maint,
+// weight, which may take servers out) adds --min-ready and --keep-own.
+type writeKind struct{ audit, ramp, takesOut bool }
+
+func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 	w.consulFlags.add(c)
 	replicaFlag(c, &w.addr)
 	f := c.Flags()
 	f.BoolVar(&w.dryRun, "dry-run", false, "print the transaction and write nothing")
-	f.BoolVar(&w.force, "force", false, "skip the checks: a server no HAProxy polls, --min-ready, a replica that does not answer")
-	if !audit {
+	checks := "a server no HAProxy polls, a replica that does not answer"
+	if k.takesOut {
+		checks += ", --min-ready"
+	}
+	f.BoolVar(&w.force, "force", false, "skip the checks: "+checks)
+	if k.takesOut {
+		f.IntVar(&w.minReady, "min-ready", 1, "refuse to take single servers out (drain, maint, 0%) when that leaves a backend with fewer ready servers (among those HAProxy polls; 0% is not ready)")
+		f.BoolVar(&w.keepOwn, "keep-own", false, "with <backend>/*: leave the servers whose own key keeps them out of it (they are named), instead of refusing")
+	}
+	if !k.audit {
 		return
 	}
 	f.BoolVar(&w.override, "override", false, "with <backend>/*: also clear the own keys of the backend's servers, so that the backend-wide key reaches them")
-	f.IntVar(&w.minReady, "min-ready", 1, "refuse to drain or maint single servers when that leaves a backend with fewer ready servers (among those HAProxy polls)")
 	f.StringVar(&w.reason, "reason", "", "why, shown in status")
 	f.StringVar(&w.by, "by", osUser(), "who, shown in status")
 	f.DurationVar(&w.forDur, "for", 0, "the state expires after this long (e.g. 2h): hastate then treats the key as absent, through a ramp after a drain")
-	if ramp {
+	if k.ramp {
 		f.StringVar(&w.ramp, "ramp", "", `undrain ramp duration for these keys, e.g. 10m ("0": no ramp)`)
 	}
 }
@@ -65,8 +76,8 @@ func osUser() string {
 	return os.Getenv("USER")
 }
 
-// runWrite plans a write against the servers the cluster knows and writes
-// it as one Consul transaction (or prints it with --dry-run).
+// run runs a write command (ctl.Write: wait for sync, read the fleet, plan,
+// drop absent keys, apply) and prints what it did.
 func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value string, args []string) error {
 	sels, err := ctl.ParseSelectors(args)
 	if err != nil {
@@ -76,94 +87,79 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 	if err != nil {
 		return err
 	}
-	ctx := c.Context()
-	var fleet *api.StateView
 	r, err := ctl.NewReplica(w.addr)
 	if err != nil {
 		return err
 	}
-	// The checks read the cluster's view once it holds every write made
-	// so far (a drain written a moment ago counts for --min-ready). With
-	// --force there are no checks: the view only expands globs, and the
-	// write must not wait for a replica that cannot sync.
-	var (
-		v    api.StateView
-		ferr error
-	)
-	if w.force {
-		fctx, cancel := context.WithTimeout(ctx, forcedRead)
-		v, ferr = r.Fleet(fctx)
-		cancel()
-	} else if ferr = (ctl.GateOptions{Consul: wr.Client, ConsulAddr: wr.Addr, Prefix: wr.Prefix, Replica: r}).WaitSynced(ctx); ferr == nil {
-		v, ferr = r.Fleet(ctx)
-	}
-	switch {
-	case ferr == nil:
-		fleet = &v
-	case !w.force:
-		return fmt.Errorf("%w; the replica tells which servers exist and who polls them (nothing was written; --force writes literal <backend>/<server> keys without it)", ferr)
-	default:
-		fmt.Fprintf(c.ErrOrStderr(), "warning: %v; --force: writing without checks\n", ferr)
-	}
-	plan, err := ctl.PlanWrite(fleet, sels, ctl.WriteOptions{Command: command, Value: value, Prefix: wr.Prefix,
-		Force: w.force, Override: w.override, MinReady: w.minReady})
+	plan, err := ctl.Write(c.Context(), ctl.WriteRequest{
+		WriteOptions: ctl.WriteOptions{Command: command, Value: value, Force: w.force, Override: w.override, KeepOwn: w.keepOwn, MinReady: w.minReady},
+		Selectors:    sels, DryRun: w.dryRun, Writer: wr, Replica: r, Warn: c.ErrOrStderr(),
+	})
 	if err != nil {
 		return err
 	}
 	if w.forDur > 0 || w.ramp != "" {
-		plan.Notes = append(plan.Notes, metaWaits(ctx, r)...)
+		plan.Notes = append(plan.Notes, metaWaits(c.Context(), r)...)
 	}
-	if command == "clear" {
-		if err := wr.DropAbsent(ctx, &plan); err != nil {
-			return err
-		}
-	}
-	switch {
-	case len(plan.Ops) == 0:
-		fmt.Fprintf(stdout, "%s: nothing to write\n", command)
-	case w.dryRun:
-		fmt.Fprintf(stdout, "%s (dry run, nothing written): %s in one transaction:\n", command, keys(len(plan.Ops)))
-	default:
-		if err := wr.Apply(ctx, plan); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s: %s written in one Consul transaction:\n", command, keys(len(plan.Ops)))
-	}
-	plan.Print(stdout)
+	plan.Report(stdout)
 	return nil
-}
-
-// forcedRead bounds the replica read of a --force write, so that a hung
-// replica leaves the write its time.
-const forcedRead = 2 * time.Second
-
-func keys(n int) string {
-	if n == 1 {
-		return "1 key"
-	}
-	return fmt.Sprintf("%d keys", n)
 }
 
 const selectorHelp = `Selectors expand against the servers the cluster knows (KV keys and what
 HAProxy polled, over every replica), into one Consul transaction:
   backend/server   that server's key (refused when no HAProxy polls it; --force)
+  backend          the same as backend/*
   backend/*        the backend-wide key: every server without a key of its own
   'glob/*'         one backend-wide key per known backend that matches (canary_*/*)
   'glob/glob'      one key per known server that matches (*/gke-cny-web, */*-us-east1-b)
-Quote globs so that the shell leaves them alone.`
+Quote globs so that the shell leaves them alone. A selector that matches
+nothing exits 3 and lists the known backends.`
+
+// setHelp is what drain, maint and ready say about themselves.
+var setHelp = map[string]struct{ short, long, example string }{
+	"drain": {
+		short: "Drain servers: no new sessions, existing ones finish",
+		long: `drain writes "drain" for the selected servers. A backend-wide drain that
+servers with their own key would escape (they keep serving) is refused
+unless --override (clear their keys in the same transaction) or --keep-own
+(leave them, named in the output). Draining single servers is refused when
+it leaves a backend with fewer than --min-ready ready servers.`,
+		example: `  hastate drain canary_web/gke-cny-web --reason "zonal maintenance" --for 2h
+  hastate drain 'canary_*/*' --reason "release 16.4" --override   # every canary backend
+  hastate drain '*/gke-cny-web' --dry-run                         # that server in every backend`,
+	},
+	"maint": {
+		short: "Put servers in maintenance: no traffic at all",
+		long: `maint writes "maint" for the selected servers: HAProxy sends them nothing,
+and health checks stop. A backend-wide maint that servers with their own
+key would escape is refused unless --override or --keep-own; single servers
+are refused below --min-ready.`,
+		example: `  hastate maint canary_web/gke-cny-web --reason "kernel upgrade" --for 1h
+  hastate maint main_web --override --reason "backend retired"   # main_web/*, own keys cleared`,
+	},
+	"ready": {
+		short: "Make servers ready again (undrain; a ramp brings the weight back)",
+		long: `ready deletes a server's own key when no backend-wide key covers it (an
+absent key is ready, and later backend-wide drains reach the server again).
+Under a backend-wide key it writes "ready", and says that the server now
+stays out of backend-wide drains until "hastate clear". A drained server
+ramps back up (--ramp sets the ramp for these keys; the key then stays).`,
+		example: `  hastate ready canary_web/gke-cny-web
+  hastate ready 'canary_*/*'                          # every canary backend: their backend-wide keys
+  hastate ready main_web/m-1 --ramp 10m --dry-run     # undrain over 10 minutes`,
+	},
+}
 
 func setCmd(st string, stdout io.Writer) *cobra.Command {
 	var w writeFlags
+	h := setHelp[st]
 	var df drainFirstFlags
 	c := &cobra.Command{
-		Use: st + " <selector>...",
-		Short: map[string]string{"drain": "Drain servers: no new sessions, existing ones finish",
-			"maint": "Put servers in maintenance: no traffic at all", "ready": "Mark servers ready (overrides a backend-wide key)"}[st],
-		Long: selectorHelp,
-		Example: fmt.Sprintf(`  hastate %[1]s canary_web/gke-cny-web --reason "zonal maintenance" --for 2h
-  hastate %[1]s 'canary_*/*' --reason "release 16.4"     # every canary backend
-  hastate %[1]s '*/gke-cny-web' --dry-run                # that server in every backend`, st),
-		Args: needArgs(1, 0, "at least one <backend>/<server> selector, e.g. canary_web/gke-cny-web"),
+		Use:     st + " <selector>...",
+		Short:   h.short,
+		Long:    h.short + ".\n\n" + h.long + "\n\n" + selectorHelp,
+		Example: h.example,
+		Args:    argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector, e.g. canary_web/gke-cny-web"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if df.on {
 				return drainFirst(c, &w, &df.prom, df.idleTimeout, stdout, args)
@@ -175,7 +171,7 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
 			return w.run(c, stdout, st, val, args)
 		},
 	}
-	w.add(c, true, true)
+	w.add(c, writeKind{audit: true, ramp: true, takesOut: st != "ready"})
 	if st == "maint" {
 		df.add(c)
 	}
@@ -187,10 +183,16 @@ func weightCmd(stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "weight <N>% <selector>...",
 		Short: "Set servers ready at N% of their configured weight (0..256)",
-		Long:  selectorHelp,
+		Long: `Set servers ready at N% of their configured weight (0..256).
+
+0% takes servers out of rotation (HAProxy shows it as DRAIN): it is refused
+below --min-ready like a drain, precheck blocks on it, and a backend-wide
+0% that own keys would escape needs --override or --keep-own.
+
+` + selectorHelp,
 		Example: `  hastate weight 25% canary_web/gke-cny-web canary_web/gke-cny-api
   hastate weight 50% 'canary_*/*' --for 1h`,
-		Args: needArgs(2, 0, "a weight and at least one selector, e.g. hastate weight 25% canary_web/gke-cny-web"),
+		Args: argCount(cobra.MinimumNArgs(2), "a weight and at least one selector, e.g. hastate weight 25% canary_web/gke-cny-web"),
 		RunE: func(c *cobra.Command, args []string) error {
 			pct, err := ctl.ParseWeight(args[0])
 			if err != nil {
@@ -203,13 +205,15 @@ func weightCmd(stdout io.Writer) *cobra.Command {
 			return w.run(c, stdout, "weight "+pct, val, args[1:])
 		},
 	}
-	w.add(c, true, false)
+	w.add(c, writeKind{audit: true, takesOut: true})
 	// "weight -5% web/a" reads -5% as flags: say what is wrong instead.
 	c.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		// pflag says: unknown shorthand flag: '5' in -5%
-		if _, arg, ok := strings.Cut(err.Error(), " in -"); ok && arg != "" && arg[0] >= '0' && arg[0] <= '9' {
-			_, werr := ctl.ParseWeight("-" + arg)
-			return werr
+		var unknown *pflag.NotExistError
+		if errors.As(err, &unknown) {
+			if short := unknown.GetSpecifiedShortnames(); short != "" && short[0] >= '0' && short[0] <= '9' {
+				_, werr := ctl.ParseWeight("-" + short)
+				return werr
+			}
 		}
 		return usageError(c, err)
 	})
@@ -221,15 +225,22 @@ func clearCmd(stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "clear <selector>...",
 		Short: "Delete servers' keys: they fall back to the backend-wide key, else ready",
-		Long:  selectorHelp + "\nKeys that do not exist are left out (\"nothing to clear\").",
-		Example: `  hastate clear canary_web/gke-cny-web canary_web/*
+		Long: `Delete servers' keys: they fall back to the backend-wide key, else ready.
+
+Keys that do not exist are left out ("nothing to clear"). A key that no
+selector can name (more than one '/', a control character) is removed with
+the consul CLI: consul kv delete '<kv-prefix>state/<the key>'.
+
+` + selectorHelp,
+		Example: `  hastate clear canary_web/gke-cny-web 'canary_web/*'
+  hastate clear 'canary_web/web 3'                 # a server name with a space
   hastate clear '*/gke-cny-web' --dry-run`,
-		Args: needArgs(1, 0, "at least one <backend>/<server> selector"),
+		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),
 		RunE: func(c *cobra.Command, args []string) error {
 			return w.run(c, stdout, "clear", "", args)
 		},
 	}
-	w.add(c, false, false)
+	w.add(c, writeKind{})
 	return c
 }
 

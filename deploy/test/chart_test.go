@@ -75,6 +75,15 @@ func TestChartDefaults(t *testing.T) {
 	if rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/-/readiness" || rp.HTTPGet.Port.String() != "http" {
 		t.Errorf("readinessProbe = %+v, want GET /-/readiness on port http", rp)
 	}
+	// A replica cut off from its leader fails readiness after the grace
+	// (3s); it must leave the endpoints within a few seconds more.
+	if rp != nil && (rp.PeriodSeconds*rp.FailureThreshold > 3 || rp.TimeoutSeconds > rp.PeriodSeconds) {
+		t.Errorf("readinessProbe every %ds, %d failures, timeout %ds: a cut-off replica stays in the endpoints over 3 s after it fails readiness",
+			rp.PeriodSeconds, rp.FailureThreshold, rp.TimeoutSeconds)
+	}
+	if !slices.Contains(c.Args, "--leaderless-grace=3s") {
+		t.Errorf("args %q lack --leaderless-grace=3s", c.Args)
+	}
 	if c.LivenessProbe != nil {
 		t.Errorf("livenessProbe = %+v, want none by default", c.LivenessProbe)
 	}
@@ -432,6 +441,11 @@ func checkServices(t *testing.T, r *Rendered, want agentWant) {
 	}
 	if got := a.Annotations["networking.gke.io/internal-load-balancer-subnet"]; got != want.subnet {
 		t.Errorf("subnet annotation = %q, want %q", got, want.subnet)
+	}
+	// No ClientIP affinity: it would pin HAProxy nodes to a replica that
+	// withholds (values.yaml, docs/deploy.md).
+	if a.Spec.SessionAffinity != "" && a.Spec.SessionAffinity != corev1.ServiceAffinityNone {
+		t.Errorf("agent Service sessionAffinity = %q, want none", a.Spec.SessionAffinity)
 	}
 	if a.Spec.ExternalTrafficPolicy != want.etp {
 		t.Errorf("externalTrafficPolicy = %q, want %q", a.Spec.ExternalTrafficPolicy, want.etp)

@@ -58,6 +58,9 @@ type Options struct {
 	// KVFailoverAfter: a leader that cannot reach Consul this long hands
 	// leadership to a follower that can (0: 30s; negative: never).
 	KVFailoverAfter time.Duration
+	// LeaderlessGrace: a replica whose last contact with a raft leader is
+	// older than this withholds every answer and fails readiness (0: 3s).
+	LeaderlessGrace time.Duration
 	// SnapshotInterval and SnapshotThreshold tune raft snapshots (0: 2m, 1024 entries).
 	SnapshotInterval  time.Duration
 	SnapshotThreshold uint64
@@ -154,6 +157,9 @@ func (o *Options) validate() error {
 		return fmt.Errorf("HTTPMaxHeaderBytes %d is negative: leave it 0 for 64 KiB", o.HTTPMaxHeaderBytes)
 	}
 	o.HTTPMaxHeaderBytes = cmp.Or(o.HTTPMaxHeaderBytes, 64<<10)
+	if o.LeaderlessGrace < 0 {
+		return fmt.Errorf("--leaderless-grace %s is negative: set a positive duration, or leave it unset for %s", o.LeaderlessGrace, cluster.DefaultLeaderlessGrace)
+	}
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
 	}
@@ -254,7 +260,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}()
 
 	a.agent, err = server.NewAgentServer(server.AgentOptions{
-		Source: replica{a}, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
+		Source: agentSource{a}, Logger: a.log.Named("agent"), Registerer: a.o.Registry,
 		ReadTimeout: a.o.AgentReadTimeout, QuietPeriod: a.o.AgentQuietPeriod, Pollers: a.pollers,
 	})
 	if err != nil {
@@ -283,15 +289,24 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}},
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
-		Ramp: a.o.Ramp,
+		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace,
 	})
 	if err != nil {
 		return err
 	}
 	a.stops.Add("raft node", a.node.Shutdown)
+	a.serveWG.Add(1)
+	go func() {
+		defer a.serveWG.Done()
+		select {
+		case err := <-a.node.ListenerFailed(): // its accept loop ended (not by Shutdown)
+			a.fail("raft listener", err, nil)
+		case <-bgCtx.Done():
+		}
+	}()
 	promauto.With(a.o.Registry).NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_ready",
-		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state and has caught up with a raft leader since it started, and is not shutting down), else 0. A later loss of the leader or of Consul does not make it 0.",
+		Help: "Per replica: 1 when /-/readiness answers 200 (the replica holds state, has caught up with a raft leader since it started and since it was last cut off, its last contact with a leader is within --leaderless-grace, and it is not shutting down), else 0. A loss of Consul does not make it 0.",
 	}, func() float64 {
 		if ok, _ := (replica{a}).Ready(); ok {
 			return 1
@@ -435,7 +450,7 @@ func (a *App) PrepareStop(ctx context.Context) {
 		return
 	}
 	a.stopping.Store(true)
-	a.log.Info("draining before shutdown: readiness fails, agent probes are still answered",
+	a.log.Info("shutdown delay: readiness fails; agent probes are answered, and raft followed, until it ends",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
 	t := time.NewTimer(a.o.ShutdownDelay)
@@ -473,6 +488,13 @@ func closeListener(ln net.Listener) error {
 type replica struct{ a *App }
 
 func (r replica) Snapshot() *state.Snapshot { return r.a.node.Snapshot() }
+
+// agentSource is what the agent answers from: the node's Serving snapshot,
+// nil (no answer: HAProxy keeps its state) while the node withholds (no
+// contact with a leader for longer than the grace, catching up).
+type agentSource struct{ a *App }
+
+func (s agentSource) Snapshot() *state.Snapshot { return s.a.node.Serving() }
 func (r replica) Ready() (bool, string) {
 	if r.a.stopping.Load() {
 		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"

@@ -126,6 +126,18 @@ func TestTwoReplicasInOneProcess(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() error {
 		return testenv.Expect(ask(t, b, "web/a") == "maint\n", "b stopped following KV after a stopped")
 	})
+	// b stops in order too, twice, and its agent port is free again.
+	agent := b.AgentAddr().String()
+	for i := range 2 {
+		if err := b.Stop(ctx); err != nil {
+			t.Fatalf("b: Stop %d: %v", i+1, err)
+		}
+	}
+	ln, err := net.Listen("tcp", agent)
+	if err != nil {
+		t.Fatalf("b's agent port is still bound after Stop: %v", err)
+	}
+	ln.Close()
 }
 
 func TestOptionsValidate(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -20,16 +19,6 @@ type timeoutKey struct{}
 // error can say "did not answer within 1s".
 func WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithValue(parent, timeoutKey{}, d), d)
-}
-
-// ReplicaURL turns HASTATE_ADDR / --addr into a base URL: a bare
-// host:port gets http:// in front.
-func ReplicaURL(addr string) string {
-	addr = strings.TrimSuffix(strings.TrimSpace(addr), "/")
-	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
-	}
-	return addr
 }
 
 // callError explains why a call to the server at addr failed: it names the

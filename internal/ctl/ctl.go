@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/state"
@@ -43,13 +44,25 @@ type Selector struct{ Backend, Server string }
 
 func (s Selector) String() string { return s.Backend + "/" + s.Server }
 
-// ParseSelector parses "backend/server".
+// ParseSelector parses "backend/server"; "backend" alone is "backend/*",
+// in every command. Names may hold spaces (a key "state/web/web 3" is
+// served); a name with a control character, or more than one '/', can
+// never be asked for by HAProxy: the error says how to remove such a key
+// with the consul CLI.
 func ParseSelector(arg string) (Selector, error) {
 	b, s, ok := strings.Cut(arg, "/")
+	if !ok && b != "" {
+		s = state.Wildcard
+	}
 	sel := Selector{b, s}
+	remove := fmt.Sprintf("if it is a key in KV, no agent request can name it: remove it with `consul kv delete '<kv-prefix>%s%s'`", state.StatePrefix, arg)
 	switch {
-	case !ok || b == "" || s == "" || strings.Contains(s, "/") || strings.ContainsAny(arg, " \t\r\n"):
-		return sel, fmt.Errorf("%w: %q is not <backend>/<server>: write e.g. canary_web/gke-cny-web, canary_web/* or 'canary_*/*'", ErrUsage, arg)
+	case strings.ContainsFunc(arg, unicode.IsControl):
+		return sel, fmt.Errorf("%w: %q has a control character; %s", ErrUsage, arg, remove)
+	case strings.Contains(s, "/"):
+		return sel, fmt.Errorf("%w: %q is not <backend>/<server>: it has more than one '/'; %s", ErrUsage, arg, remove)
+	case b == "" || s == "":
+		return sel, fmt.Errorf("%w: %q is not <backend>/<server>: write e.g. canary_web/gke-cny-web, canary_web (the whole backend) or 'canary_*/*'", ErrUsage, arg)
 	}
 	for _, p := range []string{b, s} {
 		if _, err := path.Match(p, ""); err != nil {
@@ -62,7 +75,7 @@ func ParseSelector(arg string) (Selector, error) {
 // ParseSelectors parses several arguments, dropping repeats.
 func ParseSelectors(args []string) ([]Selector, error) {
 	if len(args) == 0 {
-		return nil, fmt.Errorf("%w: name at least one <backend>/<server> (or <backend>/* for the whole backend)", ErrUsage)
+		return nil, fmt.Errorf("%w: name at least one <backend>/<server> (or <backend> for the whole backend)", ErrUsage)
 	}
 	var out []Selector
 	for _, a := range args {

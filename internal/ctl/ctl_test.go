@@ -1,16 +1,20 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
@@ -22,13 +26,14 @@ func TestParseSelectors(t *testing.T) {
 		want string // joined selectors, or the error substring after "ERR:"
 	}{
 		{[]string{"web/a", "web/*", "web/a"}, "web/a web/*"},
-		{[]string{"web"}, "ERR:not <backend>/<server>"},
+		{[]string{"web"}, "web/*"},
+		{[]string{"canary_web/web 3"}, "canary_web/web 3"},
+		{[]string{"a/b\tc"}, "ERR:consul kv delete '<kv-prefix>state/a/b\tc'"},
 		{[]string{"canary_*/*", "*/gke-cny-web", "*/*-us-east1-b"}, "canary_*/* */gke-cny-web */*-us-east1-b"},
 		{nil, "ERR:at least one"},
 		{[]string{"web/"}, "ERR:not <backend>/<server>"},
 		{[]string{"/a"}, "ERR:not <backend>/<server>"},
-		{[]string{"a/b/c"}, "ERR:not <backend>/<server>"},
-		{[]string{"a/b c"}, "ERR:not <backend>/<server>"},
+		{[]string{"a/b/c"}, "ERR:more than one '/'; if it is a key in KV, no agent request can name it: remove it with `consul kv delete '<kv-prefix>state/a/b/c'`"},
 		{[]string{"web/[a"}, "ERR:bad glob"},
 	} {
 		got, err := ParseSelectors(tt.args)
@@ -96,12 +101,13 @@ func TestParseWeight(t *testing.T) {
 func fleet() *api.StateView {
 	row := func(b, s, answer string, polled int, key string) api.ServerState {
 		r := api.ServerState{Backend: b, Server: s, Answer: answer, Polled: polled, Told: polled, Source: "absent"}
+		r.Kind, r.Weight = kindOf(answer)
 		if key != "" {
 			r.Key, r.Source, r.Desired = "state/"+b+"/"+key, "state/"+b+"/"+key, answer
 		}
 		return r
 	}
-	return &api.StateView{HoldsState: true, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}},
+	return &api.StateView{HoldsState: true, KV: api.KVStatus{KVView: api.KVView{Synced: true}}, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}},
 		Servers: []api.ServerState{
 			row("canary_api", "*", "drain", 0, "*"),
 			row("canary_api", "api-1", "drain", 2, "*"),
@@ -115,6 +121,20 @@ func fleet() *api.StateView {
 			row("main_web", "m-2", "ready 100%", 2, ""),
 			row("main_web", "m-3", "maint", 0, "m-3"),
 		}}
+}
+
+// kindOf is the kind and weight a replica gives a row with answer (no ramp).
+func kindOf(answer string) (api.Kind, int) {
+	switch answer {
+	case "drain":
+		return api.KindDrain, 0
+	case "maint":
+		return api.KindMaint, 0
+	case "ready 100%":
+		return api.KindReady, 100
+	}
+	w, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(answer, "ready "), "%"))
+	return api.KindWeight, w
 }
 
 func planKeys(p Plan) string {
@@ -137,19 +157,53 @@ func TestPlanWrite(t *testing.T) {
 		want      string // keys ("-" for a delete), or "ERR:" and the error text
 		note      string // in the plan's notes
 		noFleet   bool
+		value     string // the value written ("": {"state":"<cmd>"})
+		edit      func(*api.StateView)
 	}{
 		{name: "one server", cmd: "drain", args: []string{"canary_web/web-1"}, want: "canary_web/web-1"},
-		{name: "backend-wide names who keeps its own key", cmd: "drain", args: []string{"canary_web/*"}, want: "canary_web/*",
-			note: "canary_web/* does not reach servers with their own key: web-2 keeps ready 50%"},
+		{name: "backend-wide drain that a server would escape is refused", cmd: "drain", args: []string{"canary_web/*"},
+			want: "ERR:refused, nothing was written: canary_web/* would not reach servers with their own key: web-2 keeps ready 50%; add --override to clear their keys in the same transaction, or --keep-own"},
+		{name: "backend-wide with keep-own names who keeps its own key", cmd: "drain", args: []string{"canary_web/*"}, want: "canary_web/*",
+			o: WriteOptions{KeepOwn: true}, note: "canary_web/* does not reach servers with their own key: web-2 keeps ready 50% (--keep-own)"},
+		{name: "backend-wide maint escaped by a drained own key", cmd: "maint", args: []string{"canary_api/*", "main_web"},
+			o: WriteOptions{Override: true}, want: "canary_api/* main_web/* -main_web/m-3"},
+		{name: "backend-wide drain: a server in maint does not escape it", cmd: "drain", args: []string{"main_web"}, want: "main_web/*",
+			note: "main_web/* does not reach servers with their own key: m-3 keeps maint; add --override"},
+		{name: "backend-wide weight 0% is a drain", cmd: "weight", value: "0%", args: []string{"canary_web"}, want: "ERR:web-2 keeps ready 50%"},
+		{name: "backend-wide weight 50% only notes", cmd: "weight", value: "50%", args: []string{"canary_web"}, want: "canary_web/*",
+			note: "web-2 keeps ready 50%"},
 		{name: "backend-wide with override clears them in the same transaction", cmd: "drain", args: []string{"canary_web/*"},
 			o: WriteOptions{Override: true}, want: "canary_web/* -canary_web/web-2"},
-		{name: "canary drain: one wildcard per known backend", cmd: "drain", args: []string{"canary_*/*"}, want: "canary_api/* canary_web/*"},
+		{name: "canary drain: one wildcard per known backend", cmd: "drain", args: []string{"canary_*/*"}, o: WriteOptions{KeepOwn: true},
+			want: "canary_api/* canary_web/*"},
+		{name: "canary drain that a canary escapes is refused", cmd: "drain", args: []string{"canary_*/*"}, want: "ERR:canary_web/* would not reach"},
 		{name: "one server across backends", cmd: "drain", args: []string{"*/gke-cny-web"}, want: "main_api/gke-cny-web main_web/gke-cny-web"},
 		{name: "zonal drain", cmd: "drain", args: []string{"*/*-us-east1-b"}, want: "main_api/x-us-east1-b"},
 		{name: "a glob that matches nothing", cmd: "drain", args: []string{"canary_wbe*/*"}, want: "ERR:no server matches 'canary_wbe*/*'; known backends: canary_api, canary_web, main_api, main_web"},
 		{name: "a server glob that matches nothing", cmd: "drain", args: []string{"*/nope-*"}, want: "ERR:no server matches '*/nope-*'"},
-		{name: "a server no HAProxy polls", cmd: "drain", args: []string{"canary_web/web1"},
-			want: "ERR:no HAProxy has polled canary_web/web1 in the last 1m0s (a typo?); known servers of canary_web: web-1, web-2; add --force"},
+		{name: "a server the cluster does not know", cmd: "drain", args: []string{"canary_web/web1"},
+			want: "ERR:no server matches 'canary_web/web1': no HAProxy has polled canary_web/web1 in the last 1m0s and it has no key (a typo?); known servers of canary_web: web-1, web-2; add --force"},
+		{name: "a server no HAProxy polls", cmd: "drain", args: []string{"main_web/m-3"},
+			want: "ERR:no HAProxy has polled main_web/m-3 in the last 1m0s (a typo?); known servers of main_web: gke-cny-web, m-1, m-2, m-3; add --force"},
+		{name: "a server of a backend the cluster does not know", cmd: "drain", args: []string{"canery_web/web-1"},
+			want: "ERR:no server matches 'canery_web/web-1'; known backends: canary_api, canary_web, main_api, main_web (add --force"},
+		{name: "the backend alone", cmd: "drain", args: []string{"canary_api"}, want: "canary_api/*"},
+		{name: "weight 0% of the last ready servers is refused", cmd: "weight", value: "0%", args: []string{"canary_web/web-1", "canary_web/web-2"},
+			want: "ERR:canary_web would have 0 ready of the servers HAProxy polls (now 2), fewer than --min-ready 1 (a server at 0% is not ready"},
+		{name: "weight 25% is not refused for min-ready", cmd: "weight", value: "25%", args: []string{"canary_web/web-1", "canary_web/web-2"},
+			want: "canary_web/web-1 canary_web/web-2"},
+		{name: "a server at 0% is not ready for min-ready", cmd: "drain", args: []string{"canary_web/web-1"}, want: "ERR:canary_web would have 0 ready",
+			edit: func(v *api.StateView) {
+				v.Servers[3].Kind, v.Servers[3].Weight, v.Servers[3].Answer = api.KindWeight, 0, "ready 0%"
+			}},
+		{name: "ready deletes a key no backend-wide key covers", cmd: "ready", args: []string{"canary_web/web-2"}, want: "-canary_web/web-2"},
+		{name: "ready that deletes says the reason is not kept", cmd: "ready", value: `{"state":"ready","reason":"done"}`, args: []string{"canary_web/web-2"},
+			want: "-canary_web/web-2", note: "--reason and --for are not kept"},
+		{name: "ready with a ramp keeps the key", cmd: "ready", value: `{"state":"ready","ramp":"10m"}`, args: []string{"canary_web/web-2"},
+			want: "canary_web/web-2", note: "--ramp lives in its key"},
+		{name: "ready under a backend-wide key writes ready and says so", cmd: "ready", args: []string{"canary_api/api-1"}, want: "canary_api/api-1",
+			note: "canary_api/api-1: written as ready under canary_api/* (drain), so it now stays out of backend-wide drains and maints"},
+		{name: "ready of a backend deletes its backend-wide key", cmd: "ready", args: []string{"canary_api"}, want: "-canary_api/*"},
 		{name: "forced", cmd: "drain", args: []string{"canary_web/web1"}, o: WriteOptions{Force: true}, want: "canary_web/web1"},
 		{name: "the last ready server", cmd: "drain", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
 			want: "ERR:main_web would have 0 ready of the servers HAProxy polls (now 3), fewer than --min-ready 1"},
@@ -160,7 +214,7 @@ func TestPlanWrite(t *testing.T) {
 			want: "ERR:main_web would have 2 ready"},
 		{name: "a backend-wide drain may empty the backend", cmd: "drain", args: []string{"main_web/*"}, want: "main_web/* -main_web/m-3",
 			o: WriteOptions{Override: true}},
-		{name: "ready is never refused for min-ready", cmd: "ready", args: []string{"canary_api/api-1"}, want: "canary_api/api-1"},
+		{name: "ready is never refused for min-ready", cmd: "ready", args: []string{"canary_api/api-1", "main_web/m-1"}, want: "canary_api/api-1 -main_web/m-1"},
 		{name: "clear expands against keys only", cmd: "clear", args: []string{"main_web/*", "*/m-*"}, want: "-main_web/* -main_web/m-3"},
 		{name: "no replica: literal keys with --force", cmd: "drain", args: []string{"web/a"}, o: WriteOptions{Force: true}, noFleet: true, want: "web/a"},
 		{name: "no replica: no globs", cmd: "drain", args: []string{"web/a-*"}, o: WriteOptions{Force: true}, noFleet: true, want: "ERR:needs the servers the cluster knows"},
@@ -171,11 +225,14 @@ func TestPlanWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			o := tt.o
-			o.Command, o.Value, o.Prefix = tt.cmd, `{"state":"`+tt.cmd+`"}`, "hastate/"
+			o.Command, o.Value, o.Prefix = tt.cmd, cmp.Or(tt.value, `{"state":"`+tt.cmd+`"}`), "hastate/"
 			if o.MinReady == 0 {
 				o.MinReady = 1
 			}
 			f := fleet()
+			if tt.edit != nil {
+				tt.edit(f)
+			}
 			if tt.noFleet {
 				f = nil
 			}
@@ -183,6 +240,10 @@ func TestPlanWrite(t *testing.T) {
 			if want, ok := strings.CutPrefix(tt.want, "ERR:"); ok {
 				if err == nil || !strings.Contains(err.Error(), want) {
 					t.Fatalf("err = %v, want %q", err, want)
+				}
+				// Issue 15.5: matching nothing is exit 3 in every command.
+				if noMatch := strings.Contains(want, "no server matches"); errors.Is(err, ErrNoMatch) != noMatch {
+					t.Fatalf("err = %v: ErrNoMatch %v, want %v", err, errors.Is(err, ErrNoMatch), noMatch)
 				}
 				return
 			}
@@ -205,14 +266,14 @@ func TestPlanWrite(t *testing.T) {
 		f.Servers = append(f.Servers, api.ServerState{Backend: "big", Server: "s" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Polled: 1, Answer: "ready 100%"})
 	}
 	sels, _ := ParseSelectors([]string{"big/s*", "canary_web/web-1"})
-	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
+	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
 		t.Errorf("%d keys: %v, want a refusal with advice", MaxTxnKeys/2+1, err)
 	}
 	// A replica did not answer: refused unless --force.
 	f = fleet()
 	f.Replicas[1] = api.ReplicaAnswer{ID: "n2", Error: "connection refused"}
 	sels, _ = ParseSelectors([]string{"canary_*/*"})
-	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Prefix: "hastate/"}); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "replica n2 unreachable") {
+	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/"}); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "replica n2 unreachable") {
 		t.Errorf("with n2 unreachable: %v, want cannot confirm naming n2", err)
 	}
 }
@@ -260,11 +321,20 @@ func TestPrecheckFollowsTheDeployContract(t *testing.T) {
 		{"maint passes", "main_web/m-3", nil, "ok"},
 		{"one drained", "canary_*/*", nil, "block:canary_api/api-1 is drained"},
 		{"one ramping", "canary_web/*", func(v *api.StateView) {
-			v.Servers[2].Ramping = &api.RampProgress{WeightPercent: 40}
+			v.Servers[2].Ramping, v.Servers[2].Kind, v.Servers[2].Weight = &api.RampProgress{WeightPercent: 40}, api.KindRamping, 40
 		}, "block:canary_web/web-1 is ramping: 40%"},
 		{"an invalid key with no valid value", "canary_web/web-1", func(v *api.StateView) {
-			v.Servers[2].Withheld, v.Servers[2].Error = true, "invalid value"
+			v.Servers[2].Withheld, v.Servers[2].Error, v.Servers[2].Kind = true, "invalid value", api.KindWithheld
 		}, "block:cannot confirm"},
+		// Issue 15.3: 0% is DRAIN in HAProxy.
+		{"one at 0%", "canary_web", func(v *api.StateView) {
+			v.Servers[3].Answer, v.Servers[3].Kind, v.Servers[3].Weight = "ready 0%", api.KindWeight, 0
+		}, "block:canary_web/web-2 is at 0% (HAProxy shows it as DRAIN)"},
+		{"a weight above 0% passes", "canary_web", nil, "ok"},
+		// Issue 15.6: a backend-wide key is not a server.
+		{"a drained backend-wide key is not counted", "canary_api", nil, "count:1 block:canary_api/api-1 is drained"},
+		{"a backend with only a backend-wide key matches no server", "canary_api", func(v *api.StateView) { v.Servers = v.Servers[:1] },
+			"ERR:no server matches 'canary_api/*'"},
 		{"nothing matched", "canary_wbe/web-1", nil, "ERR:no server matches 'canary_wbe/web-1'; known backends: canary_api, canary_web"},
 		{"a replica down", "canary_web/*", func(v *api.StateView) {
 			v.Replicas[1] = api.ReplicaAnswer{ID: "n2", Error: "i/o timeout"}
@@ -280,8 +350,17 @@ func TestPrecheckFollowsTheDeployContract(t *testing.T) {
 				tt.edit(v)
 			}
 			sels, _ := ParseSelectors([]string{tt.sel})
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
 			n, blocking, err := Precheck(ctx, fakeGate(t, v, sels))
-			switch kind, text, _ := strings.Cut(tt.want, ":"); kind {
+			want := tt.want
+			if c, rest, ok := strings.Cut(want, " "); ok && strings.HasPrefix(c, "count:") {
+				if got := fmt.Sprint(n); got != strings.TrimPrefix(c, "count:") {
+					t.Fatalf("precheck checked %d servers, want %s (%v)", n, c, blocking)
+				}
+				want = rest
+			}
+			switch kind, text, _ := strings.Cut(want, ":"); kind {
 			case "ok":
 				if err != nil || len(blocking) > 0 || n == 0 {
 					t.Fatalf("precheck = %d %v %v, want ok", n, blocking, err)
@@ -400,23 +479,6 @@ func TestWaitNamesWhatLags(t *testing.T) {
 	}
 }
 
-// pollsReplica is a replica at Consul index 5 that serves fleet() and polls.
-func pollsReplica(t *testing.T, polls []api.Poll) *Replica {
-	t.Helper()
-	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
-		case "/v1/pollers":
-			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls, Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}}})
-		default:
-			_ = json.NewEncoder(w).Encode(fleet())
-		}
-	}))
-	t.Cleanup(replica.Close)
-	return replicaAt(t, replica.URL)
-}
-
 // Issue 15.2: a source that asked once, longer than api.ProbeGrace ago (a
 // person's nc), is not waited for; an HAProxy that spread two checks over
 // two replicas is, and so is a source whose one ask is fresh (an HAProxy
@@ -452,5 +514,256 @@ func TestWaitIgnoresAManualProbe(t *testing.T) {
 				t.Fatalf("wait: %v, want it to wait for %q", err, tt.lag)
 			}
 		})
+	}
+}
+
+// scriptedReplica is a replica that has applied Consul index synced,
+// whose /v1/state is view(n) at its n-th read (from 0) and whose
+// /v1/pollers is polls.
+func scriptedReplica(t *testing.T, synced uint64, polls []api.Poll, view func(n int) *api.StateView) *Replica {
+	t.Helper()
+	var (
+		mu sync.Mutex
+		n  int
+	)
+	if polls == nil {
+		polls = []api.Poll{}
+	}
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: synced}})
+		case "/v1/pollers":
+			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls,
+				Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}}})
+		default:
+			mu.Lock()
+			v := view(n)
+			n++
+			mu.Unlock()
+			_ = json.NewEncoder(w).Encode(v)
+		}
+	}))
+	t.Cleanup(replica.Close)
+	return replicaAt(t, replica.URL)
+}
+
+// pollsReplica is a replica at Consul index 5 that serves fleet() and polls.
+func pollsReplica(t *testing.T, polls []api.Poll) *Replica {
+	return scriptedReplica(t, 5, polls, func(int) *api.StateView { return fleet() })
+}
+
+// Issue 15.8: right after a replica starts (it has applied the current
+// index, but no leader has reported a KV sync to it yet), precheck waits
+// within --timeout instead of failing; a Consul that is really out of
+// sync still fails at once.
+func TestPrecheckWaitsOutAReplicasStartUp(t *testing.T) {
+	starting := func(n int) *api.StateView {
+		v := fleet()
+		if n < 3 {
+			v.KV = api.KVStatus{KVView: api.KVView{Warning: "Consul not synced: no leader has mirrored KV in the 1s since this replica started"}}
+		}
+		return v
+	}
+	g := fakeGate(t, fleet(), []Selector{{"canary_web", "*"}})
+	g.Replica = scriptedReplica(t, 5, nil, starting)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if n, blocking, err := Precheck(ctx, g); err != nil || len(blocking) != 0 || n != 2 {
+		t.Fatalf("precheck during a replica's start-up: %d %v %v, want ok for 2 servers", n, blocking, err)
+	}
+
+	g.Replica = scriptedReplica(t, 5, nil, func(int) *api.StateView {
+		v := fleet()
+		v.KV.Warning = "Consul not synced for 42s: the leader n2 cannot read it"
+		return v
+	})
+	start := time.Now()
+	if _, _, err := Precheck(ctx, g); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "cannot read it") {
+		t.Fatalf("precheck with Consul out of sync: %v, want cannot confirm", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("precheck with Consul out of sync took %s; it is not a start-up state to wait out", took)
+	}
+}
+
+// Issue 15.7: wait --settled also waits until no selected server is
+// ramping or expires before the timeout; without it wait returns once
+// every HAProxy was told.
+func TestWaitSettled(t *testing.T) {
+	ramping := func(n int) *api.StateView {
+		v := fleet()
+		if n < 4 {
+			r := &v.Servers[2] // canary_web/web-1
+			r.Ramping, r.Kind, r.Weight, r.Answer = &api.RampProgress{WeightPercent: 10 * (n + 1)}, api.KindRamping, 10*(n+1), fmt.Sprintf("ready %d%%", 10*(n+1))
+		}
+		return v
+	}
+	soon := time.Now().Add(500 * time.Millisecond)
+	for _, tt := range []struct {
+		name    string
+		settled bool
+		view    func(int) *api.StateView
+		want    string // "" done, else what it still waits for
+	}{
+		{"not settled", false, ramping, ""},
+		{"settled waits for the ramp", true, ramping, ""},
+		{"settled and a ramp that does not end", true, func(int) *api.StateView { return ramping(0) }, "canary_web/web-1 is ramping: 10%"},
+		{"settled and an expiry before the timeout", true, func(int) *api.StateView {
+			v := fleet()
+			v.Servers[2].Until = &soon
+			return v
+		}, "canary_web/web-1 expire"}, // expires at, then expired at (the leader never applies it here)
+		{"settled and an expiry after the timeout", true, func(int) *api.StateView {
+			v := fleet()
+			until := time.Now().Add(time.Hour)
+			v.Servers[2].Until = &until
+			return v
+		}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := fakeGate(t, fleet(), []Selector{{"canary_web", "web-1"}})
+			g.Replica, g.Settled, g.Interval = scriptedReplica(t, 5, nil, tt.view), tt.settled, 20*time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			var out strings.Builder
+			g.Out = &out
+			err := Wait(ctx, g)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("wait: %v, want done", err)
+			case tt.want != "" && (!errors.Is(err, ErrNotDone) || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("wait: %v, want it to wait for %q", err, tt.want)
+			case tt.settled && tt.name == "settled waits for the ramp" && !strings.Contains(out.String(), "is ramping"):
+				t.Fatalf("wait --settled returned without waiting for the ramp; progress: %q", out.String())
+			}
+		})
+	}
+}
+
+// Issue 15.9: with Consul unreachable a write says nothing was written and
+// does not suggest --force, which cannot help; the "replica unreachable"
+// hint does not send the operator to the raft address.
+func TestHintsThatDoNotMislead(t *testing.T) {
+	dead := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	wr, err := NewWriter(dead, "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = Write(ctx, WriteRequest{WriteOptions: WriteOptions{Command: "drain", Value: "drain", MinReady: 1},
+		Selectors: []Selector{{"canary_web", "web-1"}}, Writer: wr, Replica: pollsReplica(t, nil)})
+	if err == nil || strings.Contains(err.Error(), "--force") || !strings.Contains(err.Error(), "nothing was written") || !strings.Contains(err.Error(), dead) {
+		t.Fatalf("write with Consul unreachable: %v; want it to name Consul, say nothing was written, and not suggest --force", err)
+	}
+	err = Missing([]api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n3", Error: "dial tcp 127.0.0.1:9779: connect: connection refused"}})
+	if !errors.Is(err, ErrCannotConfirm) || strings.Contains(err.Error(), "--addr <it>") || !strings.Contains(err.Error(), "HTTP address") || !strings.Contains(err.Error(), "9778") {
+		t.Fatalf("Missing: %v; want a hint at the replica's HTTP address, not the raft one in the error", err)
+	}
+}
+
+// realConsul starts a Consul and returns its KV and a Writer for prefix
+// hastate/.
+func realConsul(t *testing.T) (*consulapi.KV, Writer) {
+	t.Helper()
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	w, err := NewWriter(consul.Addr(), "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return consul.Client(t).KV(), w
+}
+
+// Issue 18.5: the gates read Consul's index of the prefix without listing
+// it, and the index is the one a recursive read of the prefix (the
+// leader's watch) reports: writes and deletes under the prefix raise it,
+// writes elsewhere do not.
+func TestConsulIndexIsThePrefixIndex(t *testing.T) {
+	kv, w := realConsul(t)
+	g := GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: "hastate/"}
+	ctx := context.Background()
+	check := func(step string) uint64 {
+		t.Helper()
+		got, err := g.consulIndex(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, meta, err := kv.List("hastate/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != meta.LastIndex {
+			t.Fatalf("%s: consulIndex %d, a recursive read of the prefix %d", step, got, meta.LastIndex)
+		}
+		return got
+	}
+	put := func(k string) {
+		if _, err := kv.Put(&consulapi.KVPair{Key: k, Value: []byte("drain")}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("hastate/state/web/a")
+	i1 := check("one key")
+	put("other/x")
+	if i := check("a write outside the prefix"); i != i1 {
+		t.Errorf("a write outside the prefix moved the index %d -> %d", i1, i)
+	}
+	put("hastate/state/web/b")
+	if _, err := kv.Delete("hastate/state/web/b", nil); err != nil {
+		t.Fatal(err)
+	}
+	if i := check("a delete under the prefix"); i <= i1 {
+		t.Errorf("a delete under the prefix left the index at %d", i)
+	}
+}
+
+// Issue 18.3: a write command runs without cobra: wait for the sync, read
+// the fleet, plan, drop deletes of absent keys, apply; a dry run writes
+// nothing. Against a real Consul.
+func TestWriteOrchestration(t *testing.T) {
+	kv, wr := realConsul(t)
+	ctx := context.Background()
+	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/canary_web/web-2", Value: []byte("50%")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	write := func(cmd, value string, dry bool, args ...string) (Plan, error) {
+		t.Helper()
+		sels, err := ParseSelectors(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Write(ctx, WriteRequest{WriteOptions: WriteOptions{Command: cmd, Value: value, MinReady: 1},
+			Selectors: sels, DryRun: dry, Writer: wr, Replica: scriptedReplica(t, 1<<50, nil, func(int) *api.StateView { return fleet() })})
+	}
+	keys := func() string {
+		ks, _, err := kv.Keys("hastate/state/", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(ks, " ")
+	}
+	p, err := write("drain", "drain", true, "canary_web/web-1")
+	if err != nil || p.Written || planKeys(p) != "canary_web/web-1" || keys() != "hastate/state/canary_web/web-2" {
+		t.Fatalf("dry run: %+v %v, keys %q", p, err, keys())
+	}
+	var out strings.Builder
+	p.Report(&out)
+	if !strings.Contains(out.String(), "dry run, nothing written") {
+		t.Errorf("dry run report: %q", out.String())
+	}
+	if p, err = write("drain", "drain", false, "canary_web/web-1"); err != nil || !p.Written || keys() != "hastate/state/canary_web/web-1 hastate/state/canary_web/web-2" {
+		t.Fatalf("drain: %+v %v, keys %q", p, err, keys())
+	}
+	// ready of a server with its own key and no backend-wide key: deleted.
+	if p, err = write("ready", "ready", false, "canary_web/web-2"); err != nil || !p.Written || keys() != "hastate/state/canary_web/web-1" {
+		t.Fatalf("ready: %+v %v, keys %q", p, err, keys())
+	}
+	// ready of a server without a key: nothing to write, and it says so.
+	p, err = write("ready", "ready", false, "main_web/m-1")
+	out.Reset()
+	p.Report(&out)
+	if err != nil || p.Written || !strings.Contains(out.String(), "nothing to write") || !strings.Contains(out.String(), "already ready") {
+		t.Fatalf("ready of a server without a key: %v %q", err, out.String())
 	}
 }

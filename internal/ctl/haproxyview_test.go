@@ -177,8 +177,9 @@ func TestJudge(t *testing.T) {
 	now := time.Now()
 	ago := func(d time.Duration) *time.Time { x := now.Add(-d); return &x }
 	row := func(state string, weight int, answer, told string, toldAgo time.Duration) VerifyRow {
+		kind, w := kindOf(answer)
 		return VerifyRow{Reported: Reported{Instance: "h1", Backend: "web", Server: "a", State: state, Weight: weight, Sessions: 0, Sample: now.Add(-time.Second)},
-			Answer: answer, Told: told, ToldAt: ago(toldAgo)}
+			Answer: answer, Told: told, ToldAt: ago(toldAgo), kind: kind, weight: w}
 	}
 	const maxAge = 30 * time.Second
 	for _, tc := range []struct {

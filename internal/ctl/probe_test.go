@@ -66,16 +66,3 @@ func TestProbe(t *testing.T) {
 		}
 	}
 }
-
-func TestReplicaURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"127.0.0.1:9778":                "http://127.0.0.1:9778",
-		"http://hastate.internal:9778/": "http://hastate.internal:9778",
-		"https://hastate:9778":          "https://hastate:9778",
-		" hastate-0.hastate:9778 ":      "http://hastate-0.hastate:9778",
-	} {
-		if got := ReplicaURL(in); got != want {
-			t.Errorf("ReplicaURL(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -77,7 +77,9 @@ func Missing(answers []api.ReplicaAnswer) error {
 	if len(miss) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s: what only it saw is missing; check that replica (hastate status --addr <it>), or retry", ErrCannotConfirm, strings.Join(miss, "; "))
+	return fmt.Errorf("%w: %s: what only it saw is missing; retry, or check that replica with "+
+		"hastate status --addr <its HTTP address> (port 9778 by default; an address in the error above is its raft port, which the replicas ask each other on)",
+		ErrCannotConfirm, strings.Join(miss, "; "))
 }
 
 // Select returns the rows that match any of the selectors.
@@ -92,6 +94,17 @@ func Select(rows []api.ServerState, sels ...Selector) []api.ServerState {
 		}
 	}
 	return out
+}
+
+// Matched fails with ErrNoMatch, naming the known backends, for the first
+// selector that matches none of rows.
+func Matched(rows []api.ServerState, sels []Selector) error {
+	for _, sel := range sels {
+		if len(Select(rows, sel)) == 0 {
+			return noMatch(sel, rows)
+		}
+	}
+	return nil
 }
 
 // noMatch is the exit-3 error for a selector that matched nothing, with

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
-	"github.com/hastate/hastate/state"
 )
 
 // VerifyOptions configure Verify.
@@ -30,6 +29,10 @@ type VerifyRow struct {
 	// Answer is what hastate answers for the server now ("" withheld).
 	Answer   string `json:"answer"`
 	Withheld bool   `json:"withheld,omitempty"`
+	// kind and weight are the answer's kind and weight, which verify
+	// judges by (never by Answer's text).
+	kind   api.Kind
+	weight int
 	// Told is what hastate last told this HAProxy (matched by address),
 	// and ToldAt when; empty when no agent check of it reached hastate
 	// within api.PollerTTL.
@@ -124,7 +127,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 		}
 		have[r.Name()] = true
 		instances[r.Instance] = true
-		row := VerifyRow{Reported: r, Answer: cur.Answer, Withheld: cur.Withheld}
+		row := VerifyRow{Reported: r, Answer: cur.Answer, Withheld: cur.Withheld, kind: cur.Kind, weight: cur.Weight}
 		var poll *api.Poll
 		for _, a := range hosts[r.Instance] {
 			scraped[a] = true
@@ -179,7 +182,7 @@ func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration
 	if r.Withheld {
 		return "hastate withholds this server's answer (its key is invalid, see hastate status): HAProxy keeps whatever state it had", ""
 	}
-	wantState, wantWeight := expected(r.Answer)
+	wantState, wantWeight := expected(r.kind, r.weight)
 	got := r.State
 	agrees := true
 	switch {
@@ -220,19 +223,17 @@ func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration
 }
 
 // expected is the exporter's state, and the weight percentage (-1: any),
-// that an agent answer makes HAProxy report: "drain" is DRAIN, "maint"
-// MAINT, "ready N%" UP at N% of the configured weight (which the exporter
+// that an answer of that kind and weight makes HAProxy report: drain is DRAIN, maint
+// MAINT, ready at N% UP at N% of the configured weight (which the exporter
 // does not publish, so only 0 and above 0 can be told apart).
-func expected(answer string) (string, int) {
-	switch {
-	case answer == state.Drain.String():
+func expected(kind api.Kind, weight int) (string, int) {
+	switch kind {
+	case api.KindDrain:
 		return "DRAIN", -1
-	case answer == state.Maint.String():
+	case api.KindMaint:
 		return "MAINT", -1
-	}
-	pct := strings.TrimSuffix(strings.TrimPrefix(answer, "ready "), "%")
-	if n, err := strconv.Atoi(pct); err == nil {
-		return "UP", n
+	case api.KindReady, api.KindWeight, api.KindRamping:
+		return "UP", weight
 	}
 	return "UP", -1
 }

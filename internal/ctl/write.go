@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -23,6 +24,9 @@ type Op struct {
 	Delete bool
 	Key    string
 	Value  string // for a set
+	// Absent is the note for a delete of a key that does not exist
+	// (DropAbsent drops such deletes); empty: "nothing to clear".
+	Absent string
 }
 
 func (o Op) String() string {
@@ -34,7 +38,11 @@ func (o Op) String() string {
 
 // Plan is what a write command will do.
 type Plan struct {
-	Ops []Op
+	// Command names the command in messages ("drain", "weight 25%").
+	Command string
+	Ops     []Op
+	// Written: Write applied the operations (false for a dry run).
+	Written bool
 	// Notes are what the operator should know: servers a backend-wide
 	// key does not reach, keys that were already absent.
 	Notes []string
@@ -55,19 +63,45 @@ func (p Plan) Print(w io.Writer) {
 
 // WriteOptions say what a write command writes.
 type WriteOptions struct {
-	// Command is drain, maint, ready, weight or clear; Value is the value
-	// set (unused by clear).
+	// Command is drain, maint, ready, weight or clear (for messages:
+	// "weight 25%"); Value is the value set (unused by clear).
 	Command, Value string
 	Prefix         string
 	// Force skips the checks: a server no HAProxy polls, --min-ready, a
 	// replica that did not answer.
 	Force bool
 	// Override also deletes the own keys of servers that a backend-wide
-	// write would not reach.
-	Override bool
+	// write would not reach; KeepOwn leaves them (a backend-wide drain,
+	// maint or 0% that some servers would escape is refused without one
+	// of the two).
+	Override, KeepOwn bool
 	// MinReady is the fewest ready servers (among those HAProxy polls) a
-	// drain or maint of individual servers may leave in a backend.
+	// drain, maint or 0% of individual servers may leave in a backend.
 	MinReady int
+}
+
+// intent is what a write does to the servers it reaches, decided once from
+// the value it writes.
+type intent struct {
+	clear bool
+	// ready: plain ready (no weight); a server's own key is deleted
+	// instead when no backend-wide key covers it.
+	ready bool
+	// out: drain, maint or 0%, which take servers out of rotation.
+	out   bool
+	value state.Value
+}
+
+func intentOf(o WriteOptions) (intent, error) {
+	if o.Command == "clear" {
+		return intent{clear: true}, nil
+	}
+	v, err := state.ParseValue(o.Value)
+	if err != nil {
+		return intent{}, fmt.Errorf("%w: %v", ErrUsage, err) // a bug: Value checks what it builds
+	}
+	return intent{value: v, ready: v.Admin == state.Ready && !v.WeightSet,
+		out: v.Admin != state.Ready || (v.WeightSet && v.Weight == 0)}, nil
 }
 
 // PlanWrite expands the selectors against fleet (the cluster's view; nil
@@ -78,11 +112,19 @@ type WriteOptions struct {
 //   - <glob>/*: one backend-wide key per known backend that matches;
 //   - <glob>/<glob>: one key per known server that matches.
 //
-// A literal key with glob characters is never written. An expansion that
-// matches nothing fails with ErrNoMatch and one past MaxTxnKeys is refused;
-// either way nothing is written.
+// ready deletes a server's own key when no backend-wide key covers it
+// (the absent key is ready, and later backend-wide drains reach it again),
+// and writes ready under one. A literal key with glob characters is never
+// written. A selector that matches nothing fails with ErrNoMatch, naming
+// the known backends; a backend-wide drain, maint or 0% that servers with
+// their own key would escape is refused unless Override or KeepOwn; an
+// expansion past MaxTxnKeys is refused; either way nothing is written.
 func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, error) {
-	var p Plan
+	p := Plan{Command: o.Command}
+	in, err := intentOf(o)
+	if err != nil {
+		return p, err
+	}
 	seen := map[string]bool{}
 	add := func(op Op) {
 		if !seen[op.Key] {
@@ -90,7 +132,6 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			p.Ops = append(p.Ops, op)
 		}
 	}
-	clear := o.Command == "clear"
 	var rows []api.ServerState
 	if fleet != nil {
 		rows = fleet.Servers
@@ -98,7 +139,12 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			return p, fmt.Errorf("%w; add --force to write with what the other replicas know", err)
 		}
 	}
-	var individual []Selector // servers a drain or maint takes out one by one
+	ix := indexFleet(rows)
+	var individual []Selector // servers the write takes out one by one
+	server := func(backend, srv string) {
+		add(p.serverOp(ix, fleet != nil, backend, srv, o, in))
+		individual = append(individual, Selector{backend, srv})
+	}
 	for _, sel := range sels {
 		literal := !globbed(sel.Backend) && (sel.Server == state.Wildcard || !globbed(sel.Server))
 		if !literal && fleet == nil {
@@ -106,23 +152,27 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 		}
 		switch {
 		case literal && sel.Server == state.Wildcard:
-			if fleet != nil && !o.Force && !clear && !slices.Contains(backends(rows), sel.Backend) {
+			if fleet != nil && !o.Force && !in.clear && !ix.known(sel.Backend) {
 				return p, fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
 			}
-			p.backendWide(rows, sel.Backend, o, add)
-		case literal:
-			if err := polled(rows, fleet != nil && !clear, sel, o.Force); err != nil {
+			if err := p.backendWide(ix, sel.Backend, o, in, add); err != nil {
 				return p, err
 			}
-			add(setOrDelete(Key(o.Prefix, sel.Backend, sel.Server), o))
-			individual = append(individual, sel)
+		case literal:
+			if err := polled(ix, fleet != nil && !in.clear, sel, o.Force); err != nil {
+				return p, err
+			}
+			server(sel.Backend, sel.Server)
 		case sel.Server == state.Wildcard:
 			n := 0
-			for _, b := range backends(rows) {
+			for _, b := range ix.backends {
 				if sel.Match(b, state.Wildcard) {
 					n++
-					if !clear || hasOwnKey(rows, b, state.Wildcard) {
-						p.backendWide(rows, b, o, add)
+					if in.clear && !ix.own[[2]string{b, state.Wildcard}] {
+						continue
+					}
+					if err := p.backendWide(ix, b, o, in, add); err != nil {
+						return p, err
 					}
 				}
 			}
@@ -136,9 +186,8 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 					continue
 				}
 				n++
-				if !clear || hasOwnKey(rows, r.Backend, r.Server) {
-					add(setOrDelete(Key(o.Prefix, r.Backend, r.Server), o))
-					individual = append(individual, Selector{r.Backend, r.Server})
+				if !in.clear || ix.own[[2]string{r.Backend, r.Server}] {
+					server(r.Backend, r.Server)
 				}
 			}
 			if n == 0 {
@@ -150,7 +199,7 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 		return p, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, are %d operations, more than one Consul transaction holds (%d); "+
 			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(p.Ops), n, MaxTxnKeys)
 	}
-	if (o.Command == "drain" || o.Command == "maint") && fleet != nil && !o.Force {
+	if in.out && fleet != nil && !o.Force {
 		if err := minReady(rows, individual, o.MinReady); err != nil {
 			return p, err
 		}
@@ -158,36 +207,133 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 	return p, nil
 }
 
-func setOrDelete(key string, o WriteOptions) Op {
-	if o.Command == "clear" {
+// serverOp is the operation on one server's own key. ready deletes the
+// key unless a backend-wide key covers the server (or the value carries a
+// ramp, which lives in the key), so that the server follows backend-wide
+// keys again.
+func (p *Plan) serverOp(ix *fleetIndex, known bool, backend, srv string, o WriteOptions, in intent) Op {
+	key := Key(o.Prefix, backend, srv)
+	switch {
+	case in.clear:
 		return Op{Delete: true, Key: key}
+	case !in.ready:
+		return Op{Key: key, Value: o.Value}
+	case !known:
+		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: no replica answered, so ready writes its key (a backend-wide key may cover it); "+
+			"it then stays out of backend-wide drains until `hastate clear %s/%s`", backend, srv, backend, srv))
+		return Op{Key: key, Value: o.Value}
 	}
-	return Op{Key: key, Value: o.Value}
+	if w, ok := ix.wild[backend]; ok && w.Kind != api.KindReady {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: written as ready under %s/* (%s), so it now stays out of backend-wide drains and maints; "+
+			"`hastate clear %s/%s` makes it follow %s/* again", backend, srv, backend, orInvalid(w), backend, srv, backend))
+		return Op{Key: key, Value: o.Value}
+	}
+	if in.value.RampSet {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: written as ready because --ramp lives in its key; `hastate clear %s/%s` once it has ramped, "+
+			"so that backend-wide drains reach it again", backend, srv, backend, srv))
+		return Op{Key: key, Value: o.Value}
+	}
+	if in.value.Reason != "" || !in.value.Until.IsZero() {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: its key is deleted (no key means ready), so --reason and --for are not kept", backend, srv))
+	}
+	return Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)"}
 }
 
-// backendWide adds the backend-wide key of backend, and says which servers
-// keep their own key (and so are not reached by it), or deletes those keys
-// with Override.
-func (p *Plan) backendWide(rows []api.ServerState, backend string, o WriteOptions, add func(Op)) {
-	add(setOrDelete(Key(o.Prefix, backend, state.Wildcard), o))
-	if o.Command == "clear" {
-		return
-	}
-	var kept []string
+// fleetIndex answers PlanWrite's questions about the fleet without a scan
+// per matched server (a glob can match 50,000): which targets have a key
+// of their own, each backend's own backend-wide key and servers, the
+// known backends.
+type fleetIndex struct {
+	rows      []api.ServerState
+	own       map[[2]string]bool           // (backend, server or "*") with its own key
+	wild      map[string]api.ServerState   // backend -> the row of its own backend-wide key
+	byBackend map[string][]api.ServerState // backend -> its servers (not "*")
+	backends  []string                     // sorted
+}
+
+func indexFleet(rows []api.ServerState) *fleetIndex {
+	ix := &fleetIndex{rows: rows, own: map[[2]string]bool{}, wild: map[string]api.ServerState{}, byBackend: map[string][]api.ServerState{}}
 	for _, r := range rows {
-		if r.Backend != backend || r.Server == state.Wildcard || !ownKey(r) {
+		if _, ok := ix.byBackend[r.Backend]; !ok {
+			ix.byBackend[r.Backend] = nil
+			ix.backends = append(ix.backends, r.Backend)
+		}
+		if ownKey(r) {
+			ix.own[[2]string{r.Backend, r.Server}] = true
+			if r.Server == state.Wildcard {
+				ix.wild[r.Backend] = r
+			}
+		}
+		if r.Server != state.Wildcard {
+			ix.byBackend[r.Backend] = append(ix.byBackend[r.Backend], r)
+		}
+	}
+	slices.Sort(ix.backends)
+	return ix
+}
+
+// known reports whether the cluster knows backend.
+func (ix *fleetIndex) known(backend string) bool {
+	_, ok := ix.byBackend[backend]
+	return ok
+}
+
+// backendWide adds the backend-wide key of backend, and deals with the
+// servers whose own key it does not reach: Override deletes those keys in
+// the same transaction; a drain, maint or 0% that some would escape (they
+// keep serving, or stay out of a maint) is refused without Override or
+// KeepOwn; the others are named in a note.
+func (p *Plan) backendWide(ix *fleetIndex, backend string, o WriteOptions, in intent, add func(Op)) error {
+	key := Key(o.Prefix, backend, state.Wildcard)
+	switch {
+	case in.clear:
+		add(Op{Delete: true, Key: key})
+		return nil
+	case in.ready && !in.value.RampSet:
+		// ready is what no key means.
+		add(Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)"})
+	default:
+		add(Op{Key: key, Value: o.Value})
+	}
+	var kept, escape []string
+	for _, r := range ix.byBackend[backend] {
+		if !ownKey(r) {
 			continue
 		}
 		if o.Override {
 			add(Op{Delete: true, Key: Key(o.Prefix, r.Backend, r.Server)})
 			continue
 		}
-		kept = append(kept, fmt.Sprintf("%s keeps %s", r.Server, orInvalid(r)))
+		desc := fmt.Sprintf("%s keeps %s", r.Server, orInvalid(r))
+		if in.out && escapes(r, in) {
+			escape = append(escape, desc)
+		} else {
+			kept = append(kept, desc)
+		}
 	}
-	if len(kept) > 0 {
-		p.Notes = append(p.Notes, fmt.Sprintf("%s/* does not reach servers with their own key: %s; add --override to clear their keys in the same transaction",
-			backend, strings.Join(kept, ", ")))
+	if len(escape) > 0 && !o.KeepOwn {
+		return fmt.Errorf("refused, nothing was written: %s/* would not reach servers with their own key: %s; "+
+			"add --override to clear their keys in the same transaction, or --keep-own to leave them as they are",
+			backend, strings.Join(escape, ", "))
 	}
+	if kept = append(escape, kept...); len(kept) > 0 {
+		advice := "; add --override to clear their keys in the same transaction"
+		if o.KeepOwn {
+			advice = " (--keep-own)"
+		}
+		p.Notes = append(p.Notes, fmt.Sprintf("%s/* does not reach servers with their own key: %s%s", backend, strings.Join(kept, ", "), advice))
+	}
+	return nil
+}
+
+// escapes reports whether a server's own key keeps it from what a
+// backend-wide drain, maint or 0% means: it stays in rotation (or its
+// answer is withheld), or, for a maint, it is not in maint.
+func escapes(r api.ServerState, in intent) bool {
+	if in.value.Admin == state.Maint {
+		return r.Kind != api.KindMaint
+	}
+	return r.InRotation() || r.Kind == api.KindWithheld
 }
 
 func orInvalid(r api.ServerState) string {
@@ -202,41 +348,35 @@ func ownKey(r api.ServerState) bool {
 	return r.Key != "" && strings.HasSuffix(r.Key, state.StatePrefix+r.Backend+"/"+r.Server)
 }
 
-func hasOwnKey(rows []api.ServerState, backend, server string) bool {
-	for _, r := range rows {
-		if r.Backend == backend && r.Server == server && ownKey(r) {
-			return true
-		}
-	}
-	return false
-}
-
-func backends(rows []api.ServerState) []string {
-	set := map[string]bool{}
-	for _, r := range rows {
-		set[r.Backend] = true
-	}
-	return slices.Sorted(maps.Keys(set))
-}
-
 // polled refuses a write for a server no HAProxy has polled within
 // api.PollerTTL (a typo, or a server not in haproxy.cfg), naming the
-// servers the cluster knows in that backend.
-func polled(rows []api.ServerState, known bool, sel Selector, force bool) error {
+// servers the cluster knows in that backend: a server the cluster does not
+// know at all matched nothing (ErrNoMatch, and an unknown backend names the
+// known backends).
+func polled(ix *fleetIndex, known bool, sel Selector, force bool) error {
 	if force || !known {
 		return nil
 	}
-	for _, r := range rows {
-		if r.Backend == sel.Backend && r.Server == sel.Server && r.Polled > 0 {
-			return nil
+	rows := ix.rows
+	if !ix.known(sel.Backend) {
+		return fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
+	}
+	for _, r := range ix.byBackend[sel.Backend] {
+		if r.Server == sel.Server {
+			if r.Polled > 0 {
+				return nil
+			}
+			return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?); known servers of %s: %s; add --force to write it anyway",
+				sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
 		}
 	}
-	return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?); known servers of %s: %s; add --force to write it anyway",
-		sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
+	return fmt.Errorf("%w: no server matches '%s': no HAProxy has polled %s in the last %s and it has no key (a typo?); known servers of %s: %s; add --force to write it anyway",
+		ErrNoMatch, sel, sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
 }
 
 // minReady refuses to take individual servers out when that leaves a
-// backend with fewer than min ready servers among those HAProxy polls.
+// backend with fewer than min ready servers among those HAProxy polls. A
+// server at 0% is not ready (HAProxy shows it as DRAIN).
 func minReady(rows []api.ServerState, out []Selector, min int) error {
 	type count struct{ before, after int }
 	counts := map[string]*count{}
@@ -245,7 +385,7 @@ func minReady(rows []api.ServerState, out []Selector, min int) error {
 		affected[s.Backend] = true
 	}
 	for _, r := range rows {
-		if !affected[r.Backend] || r.Server == state.Wildcard || r.Polled == 0 || !servesTraffic(r.Answer) {
+		if !affected[r.Backend] || r.Server == state.Wildcard || r.Polled == 0 || !r.InRotation() {
 			continue
 		}
 		c := counts[r.Backend]
@@ -271,13 +411,9 @@ func minReady(rows []api.ServerState, out []Selector, min int) error {
 	if len(bad) == 0 {
 		return nil
 	}
-	return fmt.Errorf("refused, nothing was written: %s, fewer than --min-ready %d; drain the whole backend with <backend>/* if you mean to, or add --force",
+	return fmt.Errorf("refused, nothing was written: %s, fewer than --min-ready %d (a server at 0%% is not ready: HAProxy shows it as DRAIN); "+
+		"drain the whole backend with <backend>/* if you mean to, or add --force",
 		strings.Join(bad, "; "), min)
-}
-
-// servesTraffic reports whether an answer lets HAProxy send traffic.
-func servesTraffic(answer string) bool {
-	return strings.HasPrefix(answer, "ready ") && answer != "ready 0%"
 }
 
 // Writer writes desired state to Consul KV.
@@ -328,7 +464,7 @@ func (w Writer) DropAbsent(ctx context.Context, p *Plan) error {
 	ops := p.Ops[:0]
 	for _, o := range p.Ops {
 		if o.Delete && !have[o.Key] {
-			p.Notes = append(p.Notes, "nothing to clear: "+o.Key+" does not exist")
+			p.Notes = append(p.Notes, cmp.Or(o.Absent, "nothing to clear: "+o.Key+" does not exist"))
 			continue
 		}
 		ops = append(ops, o)
@@ -337,17 +473,25 @@ func (w Writer) DropAbsent(ctx context.Context, p *Plan) error {
 	return nil
 }
 
+// txnOps are the Consul transaction operations of one planned operation:
+// a state key with its meta key (see TxnOps).
+func (o Op) txnOps() consul.TxnOps {
+	var ops consul.TxnOps
+	for _, t := range TxnOps(o) {
+		op := &consul.KVTxnOp{Verb: consul.KVSet, Key: t.Key, Value: []byte(t.Value)}
+		if t.Delete {
+			op = &consul.KVTxnOp{Verb: consul.KVDelete, Key: t.Key}
+		}
+		ops = append(ops, &consul.TxnOp{KV: op})
+	}
+	return ops
+}
+
 // Apply writes the plan as one transaction.
 func (w Writer) Apply(ctx context.Context, p Plan) error {
 	ops := make(consul.TxnOps, 0, 2*len(p.Ops))
-	for _, planned := range p.Ops {
-		for _, o := range TxnOps(planned) {
-			op := &consul.KVTxnOp{Verb: consul.KVSet, Key: o.Key, Value: []byte(o.Value)}
-			if o.Delete {
-				op = &consul.KVTxnOp{Verb: consul.KVDelete, Key: o.Key}
-			}
-			ops = append(ops, &consul.TxnOp{KV: op})
-		}
+	for _, o := range p.Ops {
+		ops = append(ops, o.txnOps()...)
 	}
 	return w.txn(ctx, ops, "nothing was written", "running the command again is safe")
 }

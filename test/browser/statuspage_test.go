@@ -26,7 +26,10 @@ var polled = []string{"web/a", "web/b", "web/c", "web/m", "web/r", "web/w", "web
 
 // TestStatusPage renders the status page of a running hastate (one
 // replica, a real Consul dev agent) in headless Chromium: the drained row
-// says drain and looks different from a ready row, the filter box filters,
+// says drain and looks different from a ready row, a withheld row says it
+// told HAProxy nothing, a backend drained whole is flagged as taking no
+// traffic, the ramping row's HAProxy cell stays green through its steps,
+// the filter box filters,
 // nothing fails to load, and stopping Consul brings the red banner, both
 // by the page's own refresh and after a reload. Screenshots of each state,
 // desktop and phone width, go to artifacts/ (or $BROWSER_ARTIFACTS).
@@ -91,6 +94,27 @@ func TestStatusPage(t *testing.T) {
 	if got := b.eval(t, `document.getElementById('invalid').textContent`); !strings.Contains(got, "state/web/x") {
 		t.Errorf("the invalid key is not highlighted: %q", got)
 	}
+	// web/x has no valid value: it is answered nothing, and the HAProxy
+	// cell says so in red, not a green "told 1 of 1".
+	if got := b.eval(t, `(() => { const c = document.querySelector('tr[data-server="web/x"] .told'); return c.className + ': ' + c.textContent; })()`); got != `"told bad: told nothing: 1 of 1"` {
+		t.Errorf("the withheld row's HAProxy cell: %s, want told bad: told nothing: 1 of 1", got)
+	}
+	// api has no server in rotation (its backend-wide drain): its
+	// header is red and says so; the headline names it first.
+	if got := b.eval(t, `document.querySelector('tbody[data-backend="api"]').className + ': ' + document.querySelector('tbody[data-backend="api"] tr.group').innerText`); !strings.Contains(got, "backend bad: ") ||
+		!strings.Contains(got, "no server in rotation") {
+		t.Errorf("the api backend, drained whole: %s; want it classed bad, saying it has no server in rotation", got)
+	}
+	if got := b.eval(t, `document.getElementById('headline').textContent`); !strings.Contains(got, "ready: 1 backend with no server in rotation, ") {
+		t.Errorf("headline %s, want the backend with no server in rotation named first", got)
+	}
+	if got := b.eval(t, `getComputedStyle(document.querySelector('tbody[data-backend="api"] tr.group th')).backgroundColor + ' ' + getComputedStyle(document.querySelector('tbody[data-backend="web"] tr.group th')).backgroundColor`); func() bool {
+		c := strings.Fields(strings.Trim(got, `"`))
+		return len(c) < 2 || strings.Join(c[:len(c)/2], "") == strings.Join(c[len(c)/2:], "")
+	}() {
+		t.Errorf("the header of a backend with no server in rotation looks like another's: %s", got)
+	}
+	rampSteps(t, b)
 
 	// The filter box keeps the rows that match every word.
 	b.do(t, "filter", chromedp.SendKeys(chromedp.ID("q"), "kernel"))
@@ -129,6 +153,51 @@ func TestStatusPage(t *testing.T) {
 	b.shoot(t, shots, "status-consul-down-desktop.png", 1280, 900)
 	b.shoot(t, shots, "status-consul-down-narrow.png", 390, 844)
 	b.noProblems(t, "with Consul down")
+}
+
+// rampSteps watches the ramping web/r through ramp steps (one every 10s at
+// 10m in steps of 10s) by fetching the page every 100ms: each step changes
+// its answer, and for up to a second (the fake HAProxy's interval) HAProxy
+// was told the step before. The HAProxy cell must stay green through that,
+// and the test must have seen such a moment.
+func rampSteps(t *testing.T, b *browser) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 90*time.Second)
+	defer cancel()
+	type seen struct {
+		Classes map[string]int
+		Behind  int
+		Weights []string
+		Samples int
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[seen](`(async () => {
+		const s = {Classes: {}, Behind: 0, Weights: new Set(), Samples: 0};
+		const end = Date.now() + 60000;
+		while (Date.now() < end && s.Behind < 1) {
+			const html = await (await fetch('/', {cache: 'no-store'})).text();
+			const row = new DOMParser().parseFromString(html, 'text/html').querySelector('tr[data-server="web/r"]');
+			const told = row.querySelector('.told');
+			const key = told.className + ': ' + told.textContent;
+			s.Classes[key] = (s.Classes[key] || 0) + 1;
+			if (told.title.includes('an earlier one')) s.Behind++;
+			s.Weights.add(row.querySelector('.sub').textContent);
+			s.Samples++;
+			await new Promise(r => setTimeout(r, 100));
+		}
+		return {Classes: s.Classes, Behind: s.Behind, Weights: [...s.Weights], Samples: s.Samples};
+	})()`, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("watch web/r's ramp: %v", err)
+	}
+	t.Logf("web/r over %d fetches: answers %v; HAProxy cell %v; %d fetches with the HAProxy a step behind", got.Samples, got.Weights, got.Classes, got.Behind)
+	if len(got.Weights) < 2 || got.Behind == 0 {
+		t.Fatalf("no ramp step with the HAProxy a step behind was seen: the test proves nothing")
+	}
+	for k, n := range got.Classes {
+		if k != "told ok: on the ramp: 1 of 1" {
+			t.Errorf("web/r's HAProxy cell said %q in %d of %d fetches during its ramp, want always \"told ok: on the ramp: 1 of 1\"", k, n, got.Samples)
+		}
+	}
 }
 
 // visibleRows lists the server rows the filter leaves, as JSON.

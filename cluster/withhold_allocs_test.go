@@ -1,0 +1,35 @@
+//go:build !race
+
+package cluster
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// TestServingAllocs: the agent's read of the serving snapshot, withhold
+// check included, allocates nothing, answering or withholding.
+func TestServingAllocs(t *testing.T) {
+	n := startLeader(t, Options{})
+	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(n.Serving() != nil, "leader does not answer") })
+	req := []byte("web/a")
+	// A bit no loop of the node sets or clears, so the test owns it.
+	const testReason = withholdEnd
+	for _, withheld := range []bool{false, true} {
+		n.withheld.set(testReason, withheld)
+		var line []byte
+		if allocs := testing.AllocsPerRun(1000, func() { line = n.Serving().Lookup(req, 3) }); allocs != 0 {
+			t.Errorf("withheld %v: Serving().Lookup allocates %v times, want 0", withheld, allocs)
+		}
+		if (line == nil) != withheld {
+			t.Errorf("withheld %v: answer %q", withheld, line)
+		}
+	}
+	n.withheld.set(testReason, false)
+}

@@ -1,0 +1,378 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// cutProxy forwards TCP connections to an upstream until it is cut: then
+// every open connection is closed and new ones are closed at once, while
+// the listener stays open (as a network partition looks to a dialler
+// behind a sidecar). Heal forwards again.
+type cutProxy struct {
+	ln       net.Listener
+	upstream string
+
+	mu    sync.Mutex
+	cut   bool
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func newCutProxy(t *testing.T, upstream string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		ln.Close()
+		p.setCut(true)
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(c) {
+			c.Close()
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer p.untrack(c)
+			u, err := net.DialTimeout("tcp", p.upstream, time.Second)
+			if err != nil || !p.track(u) {
+				if u != nil {
+					u.Close()
+				}
+				return
+			}
+			defer p.untrack(u)
+			done := make(chan struct{}, 2)
+			go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
+			<-done
+			c.Close()
+			u.Close()
+			<-done
+		}()
+	}
+}
+
+func (p *cutProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *cutProxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	c.Close()
+}
+
+func (p *cutProxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for c := range p.conns {
+			c.Close()
+		}
+	}
+}
+
+// meshCluster starts three nodes whose raft dials go through one cutProxy
+// per ordered pair: proxies[i][j] carries i's dials to j.
+func meshCluster(t *testing.T, grace time.Duration) ([]*testNode, [3][3]*cutProxy) {
+	t.Helper()
+	var peers []Peer
+	for i := range 3 {
+		peers = append(peers, Peer{ID: fmt.Sprintf("n%d", i), Address: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))})
+	}
+	var proxies [3][3]*cutProxy
+	nodes := make([]*testNode, 3)
+	for i := range 3 {
+		dial := map[string]string{}
+		for j := range 3 {
+			if i != j {
+				proxies[i][j] = newCutProxy(t, peers[j].Address)
+				dial[peers[j].ID] = proxies[i][j].addr()
+			}
+		}
+		nodes[i] = startNode(t, Options{ID: peers[i].ID, BindAddr: peers[i].Address, Advertise: peers[i].Address, Peers: peers,
+			DataDir: t.TempDir(), DialOverride: dial, LeaderlessGrace: grace})
+	}
+	return nodes, proxies
+}
+
+// isolate cuts (or heals) every raft link from and to node k.
+func isolate(proxies [3][3]*cutProxy, k int, cut bool) {
+	for i := range 3 {
+		for j := range 3 {
+			if (i == k || j == k) && proxies[i][j] != nil {
+				proxies[i][j].setCut(cut)
+			}
+		}
+	}
+}
+
+func gauge(t *testing.T, reg prometheus.Gatherer, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label == "" || labelIs(m, label) {
+				if c := m.GetCounter(); c != nil {
+					return c.GetValue()
+				}
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no metric %s{%s}", name, label)
+	return 0
+}
+
+func labelIs(m *dto.Metric, kv string) bool {
+	k, v, _ := strings.Cut(kv, "=")
+	for _, l := range m.GetLabel() {
+		if l.GetName() == k && l.GetValue() == v {
+			return true
+		}
+	}
+	return false
+}
+
+func indexOf(nodes []*testNode, n *testNode) int {
+	for i, x := range nodes {
+		if x == n {
+			return i
+		}
+	}
+	return -1
+}
+
+func metricOf(t *testing.T, n *testNode, name, label string) float64 {
+	t.Helper()
+	return gauge(t, n.opts.Registerer.(*prometheus.Registry), name, label)
+}
+
+// TestCutOffFollowerWithholdsUntilCaughtUp: a follower whose raft links are
+// cut stops answering and fails readiness once its last leader contact is
+// older than the grace, while the others keep answering and follow a change
+// made during the cut. After the heal it answers nothing until it serves
+// that change: it never answers the old state once the grace has passed.
+func TestCutOffFollowerWithholdsUntilCaughtUp(t *testing.T) {
+	const grace = time.Second
+	nodes, proxies := meshCluster(t, grace)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(leaderOf(nodes) != nil, "no leader")
+	})
+	l := leaderOf(nodes)
+	ctx := context.Background()
+	if err := l.ApplyKV(ctx, 1, map[string]string{"state/web/a": "ready"}); err != nil {
+		t.Fatal(err)
+	}
+	var f *testNode
+	for _, n := range nodes {
+		testenv.Eventually(t, 5*time.Second, func() error {
+			ok, _ := n.Ready()
+			return testenv.Expect(ok && answer(n.Node, "web/a") == "ready 100%\n", "%s not ready", n.opts.ID)
+		})
+		if n != l && f == nil {
+			f = n
+		}
+		if v := metricOf(t, n, "hastate_withheld", "reason=leaderless"); v != 0 {
+			t.Fatalf("%s: hastate_withheld{leaderless} %v before the cut", n.opts.ID, v)
+		}
+	}
+	if string(f.Serving().Lookup([]byte("web/a"), 3)) != "ready 100%\n" {
+		t.Fatalf("%s: Serving does not answer before the cut", f.opts.ID)
+	}
+
+	isolate(proxies, indexOf(nodes, f), true)
+	cut := time.Now()
+	testenv.Eventually(t, grace+5*time.Second, func() error {
+		return testenv.Expect(f.Serving() == nil, "cut-off %s still answers: %+v", f.opts.ID, f.Info())
+	})
+	withheldAfter := time.Since(cut)
+	if withheldAfter < grace {
+		t.Fatalf("cut-off %s withheld after %s, before the grace %s", f.opts.ID, withheldAfter, grace)
+	}
+	ok, detail := f.Ready()
+	if ok || !strings.Contains(detail, "--leaderless-grace") {
+		t.Fatalf("cut-off %s: Ready %v %q; want not ready naming --leaderless-grace", f.opts.ID, ok, detail)
+	}
+	if v := metricOf(t, f, "hastate_withheld", "reason=leaderless"); v != 1 {
+		t.Fatalf("cut-off %s: hastate_withheld{leaderless} %v, want 1", f.opts.ID, v)
+	}
+	if v := metricOf(t, f, "hastate_withhold_starts_total", "reason=leaderless"); v != 1 {
+		t.Fatalf("cut-off %s: hastate_withhold_starts_total{leaderless} %v, want 1", f.opts.ID, v)
+	}
+	if info := f.Info(); info.CaughtUp || len(info.Withholding) != 2 {
+		t.Fatalf("cut-off %s: /v1/cluster caught_up %v withholding %v; want false and both reasons", f.opts.ID, info.CaughtUp, info.Withholding)
+	}
+	// Snapshot (status, /v1/state) still shows what it holds.
+	if f.Snapshot() == nil {
+		t.Fatalf("cut-off %s: Snapshot is nil; only Serving withholds", f.opts.ID)
+	}
+
+	// The majority follows a drain written during the cut.
+	var majority []*testNode
+	for _, n := range nodes {
+		if n != f {
+			majority = append(majority, n)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(leaderOf(majority) != nil, "majority has no leader")
+	})
+	if err := leaderOf(majority).ApplyKV(ctx, 2, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range majority {
+		testenv.Eventually(t, 5*time.Second, func() error {
+			return testenv.Expect(string(n.Serving().Lookup([]byte("web/a"), 3)) == "drain\n", "%s never answered drain", n.opts.ID)
+		})
+		if ok, d := n.Ready(); !ok {
+			t.Fatalf("majority %s not ready during the cut: %s", n.opts.ID, d)
+		}
+	}
+
+	// Heal: every answer of f is the drain, from the first one on.
+	isolate(proxies, indexOf(nodes, f), false)
+	healed := time.Now()
+	var withheld, answered int
+	for {
+		if time.Since(healed) > 15*time.Second {
+			t.Fatalf("healed %s not answering after 15s: %+v", f.opts.ID, f.Info())
+		}
+		got := f.Serving().Lookup([]byte("web/a"), 3)
+		if got == nil {
+			withheld++
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if string(got) != "drain\n" {
+			t.Fatalf("healed %s answered %q before it caught up; want drain", f.opts.ID, got)
+		}
+		answered++
+		if answered >= 50 {
+			break
+		}
+	}
+	if ok, d := f.Ready(); !ok {
+		t.Fatalf("healed %s answers but is not ready: %s", f.opts.ID, d)
+	}
+	if v := metricOf(t, f, "hastate_withheld", "reason=leaderless"); v != 0 {
+		t.Fatalf("healed %s: hastate_withheld{leaderless} %v, want 0", f.opts.ID, v)
+	}
+	t.Logf("cut-off follower withheld %s after the cut (grace %s); after the heal it answered drain %s later (%d withheld polls before)",
+		withheldAfter.Round(time.Millisecond), grace, time.Since(healed).Round(time.Millisecond), withheld)
+}
+
+// TestIsolatedLeaderStepsDownAndWithholds: a leader cut off from both
+// followers steps down after raft's LeaderLeaseTimeout and withholds once
+// the grace has passed since it last led.
+func TestIsolatedLeaderStepsDownAndWithholds(t *testing.T) {
+	const grace = time.Second
+	nodes, proxies := meshCluster(t, grace)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(leaderOf(nodes) != nil, "no leader")
+	})
+	l := leaderOf(nodes)
+	if err := l.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "maint"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		ok, _ := l.Ready()
+		return testenv.Expect(ok && l.Serving() != nil, "leader not ready")
+	})
+	isolate(proxies, indexOf(nodes, l), true)
+	cut := time.Now()
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(!l.IsLeader(), "isolated leader never stepped down")
+	})
+	stepDown := time.Since(cut)
+	testenv.Eventually(t, grace+5*time.Second, func() error {
+		return testenv.Expect(l.Serving() == nil, "isolated former leader still answers")
+	})
+	withheld := time.Since(cut)
+	if withheld < grace {
+		t.Fatalf("isolated leader withheld %s after the cut, before the grace", withheld)
+	}
+	if ok, _ := l.Ready(); ok {
+		t.Fatal("isolated former leader still ready")
+	}
+	isolate(proxies, indexOf(nodes, l), false)
+	testenv.Eventually(t, 15*time.Second, func() error {
+		if ok, _ := l.Ready(); ok && string(l.Serving().Lookup([]byte("web/a"), 3)) == "maint\n" {
+			return nil
+		}
+		return fmt.Errorf("healed former leader not ready: %+v", l.Info())
+	})
+	t.Logf("isolated leader stepped down %s after the cut and withheld %s after it (grace %s)",
+		stepDown.Round(time.Millisecond), withheld.Round(time.Millisecond), grace)
+}
+
+func TestWithholdSet(t *testing.T) {
+	var s withholdSet
+	if s.any() || s.details() != "" {
+		t.Fatal("zero set withholds")
+	}
+	if !s.set(withholdLeaderless, true) || s.set(withholdLeaderless, true) {
+		t.Fatal("set reports changes wrongly")
+	}
+	s.set(withholdCatchingUp, true)
+	if got := s.labels(); strings.Join(got, ",") != "catching_up,leaderless" {
+		t.Fatalf("labels %v", got)
+	}
+	if d := s.details(); !strings.Contains(d, "caught up") || !strings.Contains(d, "--leaderless-grace") {
+		t.Fatalf("details %q", d)
+	}
+	s.set(withholdCatchingUp, false)
+	s.set(withholdLeaderless, false)
+	if s.any() {
+		t.Fatal("cleared set still withholds")
+	}
+	for _, r := range withholdReasons() {
+		if l, _ := r.info(); l == "unknown" {
+			t.Errorf("reason %d has no label: add it to withholdReason.info", r)
+		}
+	}
+}
