@@ -333,14 +333,19 @@ func TestE2EDrainReasonInStatus(t *testing.T) {
 		me = os.Getenv("USER")
 	}
 
-	// In Consul: a JSON object with state, reason and by.
+	// In Consul: the word in the state key (the runbook's contract), and a
+	// JSON object with state, reason and by in its meta key.
 	pair, _, err := consul.Client(t).KV().Get("hastate/state/be_web/web1", nil)
+	if err != nil || pair == nil || string(pair.Value) != "drain" {
+		t.Fatalf("read hastate/state/be_web/web1 from Consul: %v (pair %v), want the word drain", err, pair)
+	}
+	pair, _, err = consul.Client(t).KV().Get("hastate/meta/be_web/web1", nil)
 	if err != nil || pair == nil {
-		t.Fatalf("read hastate/state/be_web/web1 from Consul: %v (pair %v)", err, pair)
+		t.Fatalf("read hastate/meta/be_web/web1 from Consul: %v (pair %v)", err, pair)
 	}
 	var val map[string]string
 	if err := json.Unmarshal(pair.Value, &val); err != nil {
-		t.Fatalf("KV value %q is not a JSON object: %v", pair.Value, err)
+		t.Fatalf("meta value %q is not a JSON object: %v", pair.Value, err)
 	}
 	if val["state"] != "drain" || val["reason"] != "zonal maintenance" || val["by"] != me {
 		t.Errorf("KV value %s; want state drain, reason \"zonal maintenance\", by %q", pair.Value, me)
