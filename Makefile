@@ -6,7 +6,7 @@ export GOTOOLCHAIN ?= local
 .PHONY: demo test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy
 
 # What `hastate version`, hastate_build_info and the first log line say.
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION  ?= $(shell cat VERSION 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 VERSION_PKG := github.com/hastate/hastate/internal/version
 LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)

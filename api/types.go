@@ -28,14 +28,18 @@ const PollerTTL = time.Minute
 // ServerState is one row of /v1/state: a server (or a backend wildcard,
 // Server "*"), what it is told and why.
 type ServerState struct {
-	Backend  string `json:"backend"`
-	Server   string `json:"server"`
-	Key      string `json:"key,omitempty"`     // the KV key the answer comes from
-	Source   string `json:"source"`            // the key, "absent" or "no-state"
-	Value    string `json:"value,omitempty"`   // the raw KV value
-	Desired  string `json:"desired,omitempty"` // the last valid value in short form
-	Valid    bool   `json:"valid"`
-	Error    string `json:"error,omitempty"`
+	Backend string `json:"backend"`
+	Server  string `json:"server"`
+	Key     string `json:"key,omitempty"`     // the KV key the answer comes from
+	Source  string `json:"source"`            // the key, "absent" or "no-state"
+	Value   string `json:"value,omitempty"`   // the raw KV value
+	Desired string `json:"desired,omitempty"` // the last valid value in short form
+	Valid   bool   `json:"valid"`
+	Error   string `json:"error,omitempty"`
+	// Note is what status should say about the key and its meta key:
+	// "set outside hastate", "JSON in a state key: ...", an ignored meta
+	// key, additions that wait for a rolling upgrade.
+	Note     string `json:"note,omitempty"`
 	Reason   string `json:"reason,omitempty"`
 	By       string `json:"by,omitempty"`
 	Ramp     string `json:"ramp,omitempty"`
@@ -224,6 +228,27 @@ type ClusterInfo struct {
 	// LeaderlessSeconds is how long this replica has been without a known
 	// leader (0 with one); it keeps serving its last state meanwhile.
 	LeaderlessSeconds float64 `json:"leaderless_seconds"`
+	// Level is the cluster's feature level: what is in force, what this
+	// build understands, and what waits for which replicas.
+	Level LevelInfo `json:"level"`
+	// Version is this replica's release (see hastate version).
+	Version string `json:"version,omitempty"`
+}
+
+// LevelInfo says which features of the replicated state are in force. A
+// feature of a level above Applied waits until every voter advertises it
+// (a rolling upgrade in progress); Waiting then says what waits and for
+// whom.
+type LevelInfo struct {
+	Applied int `json:"applied"` // in force on this replica
+	Build   int `json:"build"`   // the highest this build understands
+	// Waiting names the features that wait and the members that do not
+	// advertise them yet; empty when nothing waits.
+	Waiting string `json:"waiting,omitempty"`
+	// NotUnderstood is set when this replica met a raft entry it cannot
+	// understand (written by a newer release): it withholds every answer
+	// and fails readiness until it is upgraded.
+	NotUnderstood string `json:"not_understood,omitempty"`
 }
 
 // MemberInfo is one member of the raft configuration.
@@ -257,4 +282,9 @@ type PeerStatus struct {
 	KVSynced         bool    `json:"kv_synced,omitempty"`
 	KVSyncAgeSeconds float64 `json:"kv_sync_age_seconds,omitempty"`
 	KVSyncedIndex    uint64  `json:"kv_synced_index,omitempty"`
+	// Level is the highest feature level this replica understands and
+	// Version its release; release 0.13.0 sends neither (level 0 is read
+	// as state.LevelBase).
+	Level   int    `json:"level,omitempty"`
+	Version string `json:"version,omitempty"`
 }

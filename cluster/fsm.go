@@ -28,14 +28,22 @@ type command struct {
 	// Expire lists the keys an expire entry expires (their "until" has
 	// passed at At).
 	Expire []string `json:"expire,omitempty"`
+	// Level is the feature level a level entry puts in force (see
+	// state.LevelMeta and gate.go).
+	Level int `json:"level,omitempty"`
 }
 
 // Entry types. An older binary that meets an unknown type fails the entry
 // loudly instead of guessing.
+//
+// Release 0.13.0 knows kv, ramp and expire; it logs and skips any other
+// type. So a new type is written only once every voter advertises a level
+// that includes it (gate.go): level, from 0.14.0 on, is written only then.
 const (
 	cmdKV     = "kv"
 	cmdRamp   = "ramp"
 	cmdExpire = "expire"
+	cmdLevel  = "level"
 )
 
 // applyResult is what Apply returns to the leader that wrote the entry.
@@ -53,7 +61,15 @@ type applyResult struct {
 // Version 4 added the expired keys (state.Persisted.Expired) and the
 // mirror's since (when each key's state took effect); older snapshots
 // restore with since unknown until the key next changes.
-const snapshotVersion = 4
+// Version 5 added the feature level (state.Persisted.Level). It is written
+// only once the level is above state.LevelBase, which happens only once
+// every voter understands version 5: until then snapshots are version 4,
+// which release 0.13.0 restores. A 0.13.0 replica given a version 5
+// snapshot refuses it loudly (its Restore says to upgrade).
+const (
+	snapshotVersion     = 5
+	snapshotVersionBase = 4 // what a mirror at state.LevelBase writes
+)
 
 type fsmSnapshotData struct {
 	Version int    `json:"version"`
@@ -92,10 +108,52 @@ type fsm struct {
 	// large is called after a restore or an entry that changed at least
 	// largeChange keys (see memory.go); may be nil.
 	large func()
+
+	// maxLevel is the highest feature level this replica understands
+	// (state.MaxLevel; lower only in tests that play an older release).
+	maxLevel int
+	// stuck, once set, is why this replica met an entry it cannot
+	// understand (a type or level of a newer release): the node withholds
+	// every answer and fails readiness from then on (withholdNotUnderstood),
+	// until it runs a release that understands the entry. Skipping the
+	// entry would serve something the other replicas do not. Read under mu.
+	stuck error
+	// notUnderstoodFn is called once, with stuck, when it is set; may be nil.
+	notUnderstoodFn func(error)
 }
 
 func newFSM() *fsm {
-	return &fsm{mirror: state.NewMirror()}
+	return &fsm{mirror: state.NewMirror(), maxLevel: state.MaxLevel}
+}
+
+// notUnderstood returns why the replica withholds every answer, or nil.
+func (f *fsm) notUnderstood() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stuck
+}
+
+// level returns the feature level in force.
+func (f *fsm) level() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mirror.Level()
+}
+
+// stop records an entry this replica cannot understand and withholds
+// every answer from now on.
+func (f *fsm) stop(index uint64, err error) error {
+	err = f.reject(index, err)
+	f.mu.Lock()
+	first := f.stuck == nil
+	if first {
+		f.stuck = err
+	}
+	f.mu.Unlock()
+	if first && f.notUnderstoodFn != nil {
+		f.notUnderstoodFn(err)
+	}
+	return err
 }
 
 // ramps returns the ramps in progress.
@@ -157,8 +215,17 @@ func (f *fsm) Apply(l *raft.Log) any {
 			f.stepped(len(c.Steps.Weights) + len(c.Steps.Done))
 		}
 		return res
+	case cmdLevel:
+		if c.Level > f.maxLevel {
+			return f.stop(l.Index, fmt.Errorf("feature level %d is above this release's %d (written by a newer hastate): "+
+				"this replica withholds every answer until it runs that release; upgrade it", c.Level, f.maxLevel))
+		}
+		return f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent {
+			m.SetLevel(c.Level)
+			return nil
+		})
 	default:
-		return f.reject(l.Index, fmt.Errorf("unknown type %q (written by a newer hastate? upgrade this replica)", c.Type))
+		return f.stop(l.Index, fmt.Errorf("unknown type %q (written by a newer hastate): this replica withholds every answer until it runs that release; upgrade it", c.Type))
 	}
 }
 
@@ -277,7 +344,11 @@ func (f *fsm) kv() map[string]string {
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return &fsmSnapshot{data: fsmSnapshotData{Version: snapshotVersion, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export()}}, nil
+	version := snapshotVersionBase
+	if f.mirror.Level() > state.LevelBase {
+		version = snapshotVersion
+	}
+	return &fsmSnapshot{data: fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export()}}, nil
 }
 
 func (f *fsm) Restore(rc io.ReadCloser) error {
@@ -288,6 +359,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	if d.Version > snapshotVersion {
 		return fmt.Errorf("restore snapshot: version %d is newer than this binary's %d: upgrade hastate", d.Version, snapshotVersion)
+	}
+	if d.Mirror.Level > f.maxLevel {
+		return fmt.Errorf("restore snapshot: feature level %d is above this binary's %d: upgrade hastate", d.Mirror.Level, f.maxLevel)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

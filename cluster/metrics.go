@@ -33,6 +33,8 @@ type metrics struct {
 	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
 
 	kvSyncAge, kvReachable, leaderless, withheld, contactAge *prometheus.Desc
+
+	level, levelWaiting, notUnderstood *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -95,6 +97,13 @@ func newMetricsUnset(n *Node) *metrics {
 			"Cluster-wide, the same on every replica: seconds since the raft leader last knew its mirror held Consul's KV content (the leader's report, aged since; before any sync, seconds since this replica started). A few seconds when healthy.", nil, nil),
 		kvReachable: prometheus.NewDesc("hastate_kv_reachable",
 			"Cluster-wide, the same on every replica: 1 when the raft leader reads Consul and its watch is delivering, as the leader reported within the last 5s; 0 otherwise (Consul down, no leader).", nil, nil),
+		level: prometheus.NewDesc("hastate_cluster_level",
+			"Per replica: the feature level in force (applied from raft: the same on every replica in sync) and the highest this build understands (build). applied below build on every replica: a rolling upgrade has not finished, and the features of the levels above wait.",
+			[]string{"kind"}, nil),
+		levelWaiting: prometheus.NewDesc("hastate_cluster_level_waiting",
+			"Leader only: 1 while a feature level waits because a replica does not advertise it (a rolling upgrade in progress), or while a replica runs a release below the level in force; 0 otherwise. /v1/cluster level.waiting says which.", nil, nil),
+		notUnderstood: prometheus.NewDesc("hastate_fsm_entry_not_understood",
+			"Per replica: 1 once this replica met a raft entry it does not understand (written by a newer release): it withholds every answer and fails readiness until it is upgraded.", nil, nil),
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
 			"Per replica: seconds this replica has been without a known raft leader (0 with one). Past --leaderless-grace since its last contact with a leader it withholds answers (see hastate_withheld).", nil, nil),
 		withheld: prometheus.NewDesc("hastate_withheld",
@@ -117,7 +126,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood} {
 		ch <- d
 	}
 }
@@ -160,6 +169,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.kvSyncAge, prometheus.GaugeValue, kv.SyncAgeSeconds)
 	ch <- prometheus.MustNewConstMetric(m.kvReachable, prometheus.GaugeValue, boolGauge(kv.Reachable))
 	ch <- prometheus.MustNewConstMetric(m.leaderless, prometheus.GaugeValue, m.n.leaderless().Seconds())
+	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.fsm.level()), "applied")
+	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.maxLevel()), "build")
+	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.IsLeader() && m.n.levelWaiting.Load() != nil))
+	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.notUnderstood() != nil))
 	ch <- prometheus.MustNewConstMetric(m.contactAge, prometheus.GaugeValue, m.n.leaderContactAge().Seconds())
 	for _, r := range withholdReasons() {
 		label, _ := r.info()

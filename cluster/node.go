@@ -93,6 +93,15 @@ type Options struct {
 	// Consul may be unreachable before it hands over leadership.
 	KVFailoverAfter time.Duration
 
+	// Version is this build's release, reported to peers and in
+	// /v1/cluster ("": not reported).
+	Version string
+	// MaxLevel caps the feature level the node advertises and applies (0:
+	// state.MaxLevel): it withholds on a level entry above it. Operators
+	// set 1 (serve --feature-level) to keep a rollback to 0.13.0 with the
+	// data directories safe; tests use it to play an older release.
+	MaxLevel int
+
 	ApplyTimeout      time.Duration // 0: 5s
 	SnapshotInterval  time.Duration // 0: 2m
 	SnapshotThreshold uint64        // 0: 1024 entries
@@ -171,6 +180,8 @@ type Node struct {
 	leaderContact atomic.Int64
 	barrierTerm   atomic.Uint64
 	lastBadPolicy atomic.Pointer[string]
+	// levelWaiting is what the leader's level gate waits for (nil: nothing).
+	levelWaiting atomic.Pointer[string]
 	kvState
 
 	stop    chan struct{}
@@ -208,9 +219,13 @@ func New(o Options) (_ *Node, err error) {
 	// soon as raft applies an entry.
 	n.metrics = newMetrics(n)
 	n.fsm = newFSM()
+	if o.MaxLevel > 0 {
+		n.fsm.maxLevel = min(o.MaxLevel, state.MaxLevel)
+	}
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
 	n.fsm.large = n.noteLarge
+	n.fsm.notUnderstoodFn = func(err error) { n.withhold(withholdNotUnderstood, true, zap.Error(err)) }
 	n.fsm.rejected = func(err error) {
 		n.metrics.applyErrors.Inc()
 		n.log.Error("raft entry not applied as written; every replica skips it the same way (report this with the entry's index)", zap.Error(err))

@@ -42,8 +42,9 @@ func (n *Node) Info() api.ClusterInfo {
 	if lc := n.raft.LastContact(); !lc.IsZero() && in.State != "leader" {
 		in.LastContact = time.Since(lc).Round(time.Millisecond).String()
 	}
+	statuses := n.PeerStatuses(time.Second)
+	in.Level, in.Version = n.levelInfo(statuses), n.opts.Version
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
-		statuses := n.PeerStatuses(time.Second)
 		for _, s := range f.Configuration().Servers {
 			m := api.MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid}
 			if st, ok := statuses[string(s.ID)]; ok {

@@ -32,6 +32,11 @@ const (
 	// withholdLeaderless: the replica's last contact with a leader is
 	// older than --leaderless-grace (it may have missed changes).
 	withholdLeaderless
+	// withholdNotUnderstood: the replica applied a raft entry it does not
+	// understand (a type or feature level of a newer release); skipping
+	// it would serve what the others do not (gate.go). It stays until the
+	// replica runs a release that understands the entry.
+	withholdNotUnderstood
 
 	withholdEnd // one past the last reason
 )
@@ -43,6 +48,8 @@ func (r withholdReason) info() (label, detail string) {
 		return "catching_up", "has not caught up with a raft leader since it started or was cut off (check peers and the raft port)"
 	case withholdLeaderless:
 		return "leaderless", "no contact with a raft leader for longer than --leaderless-grace: it may have missed changes (check the raft port and the network to the peers)"
+	case withholdNotUnderstood:
+		return "not_understood", "applied a raft entry of a newer release that this one does not understand: upgrade this replica (/v1/cluster level.not_understood names the entry)"
 	}
 	return "unknown", "unknown reason"
 }

@@ -143,7 +143,7 @@ func rowFor(r state.Resolution) api.ServerState {
 		if until := last.Until; !until.IsZero() {
 			row.Until = &until
 		}
-		row.Key, row.Value, row.Valid, row.Error = e.Key, e.Raw, e.Valid(), e.Err
+		row.Key, row.Value, row.Valid, row.Error, row.Note = e.Key, e.Raw, e.Valid(), e.Err, e.Note
 		if e.HasLast {
 			row.Desired, row.Reason, row.By = last.String(), last.Reason, last.By
 			if last.RampSet {

@@ -57,6 +57,10 @@ type Entry struct {
 	// (applied without a time, or restored from a snapshot written before
 	// hastate recorded it).
 	Since time.Time
+	// Note says what status should know about the key and its meta key
+	// (NoteJSONState, NoteOutside, an ignored meta key); empty when
+	// nothing.
+	Note string
 }
 
 // Valid reports whether the current raw value parsed.
@@ -78,6 +82,9 @@ func (e *Entry) Last() Value {
 type Mirror struct {
 	raw    map[string]string
 	synced bool
+	// level is the feature level in force (see LevelMeta): it says
+	// whether meta keys give state keys their until and ramp.
+	level int
 
 	// parts holds the state keys' entries and the ramps, by snapshot
 	// shard (backend), so that a shard is rebuilt from its own alone.
@@ -104,7 +111,7 @@ type part struct {
 // NewMirror returns an empty mirror that holds no state yet.
 func NewMirror() *Mirror {
 	return &Mirror{raw: map[string]string{}, parts: map[string]*part{}, dirty: map[string]struct{}{},
-		until: map[string]time.Time{}, ramping: map[string]*Ramp{}}
+		until: map[string]time.Time{}, ramping: map[string]*Ramp{}, level: LevelBase}
 }
 
 // entryShard returns the name of the shard that holds a state key.
@@ -222,7 +229,37 @@ func (m *Mirror) Diff(desired map[string]string) Change {
 		}
 	}
 	slices.Sort(c.Delete)
+	pairMeta(&c, desired)
 	return c
+}
+
+// pairMeta sets a state key again, at the value it holds, beside its meta
+// key when only the meta key changed: an operator who drains an expired
+// drain again writes the same word with a new meta key, and setting the
+// state key is what brings an expired key back on every release (0.13.0
+// reads no meta key, but un-expires a key that is set).
+func pairMeta(c *Change, desired map[string]string) {
+	add := func(mk string) {
+		sk, ok := StateKeyOf(mk)
+		if !ok || !strings.HasPrefix(mk, MetaPrefix) {
+			return
+		}
+		if _, set := c.Set[sk]; set {
+			return
+		}
+		if v, ok := desired[sk]; ok {
+			if c.Set == nil {
+				c.Set = map[string]string{}
+			}
+			c.Set[sk] = v
+		}
+	}
+	for k := range c.Set {
+		add(k)
+	}
+	for _, k := range c.Delete {
+		add(k)
+	}
 }
 
 // KVRead is one read of the KV prefix, as the leader's Consul watch hands
@@ -259,6 +296,7 @@ func (m *Mirror) DiffKeys(desired map[string]string, keys []string) Change {
 	}
 	slices.Sort(c.Delete)
 	c.Delete = slices.Compact(c.Delete)
+	pairMeta(&c, desired)
 	return c
 }
 
@@ -287,8 +325,21 @@ func (m *Mirror) apply(c Change, at time.Time) {
 		delete(m.raw, k)
 		m.deleteEntry(k)
 	}
+	// Meta keys first, so that a state key set in the same change is
+	// read with its new meta key.
+	var described []string // state keys whose meta key changed
+	for _, k := range c.Delete {
+		if sk, ok := StateKeyOf(k); ok && strings.HasPrefix(k, MetaPrefix) {
+			described = append(described, sk)
+		}
+	}
 	for k, v := range c.Set {
 		m.raw[k] = v
+		if sk, ok := StateKeyOf(k); ok && strings.HasPrefix(k, MetaPrefix) {
+			described = append(described, sk)
+		}
+	}
+	for k, v := range c.Set {
 		if !strings.HasPrefix(k, StatePrefix) {
 			continue
 		}
@@ -305,13 +356,62 @@ func (m *Mirror) apply(c Change, at time.Time) {
 		if w, ok := was[k]; ok {
 			prev, hadLast = w, true
 		}
-		e.set(v)
+		e.Raw = v
+		m.evaluate(e)
+		// An invalid value leaves an expiry alone (issue 15.1), from
+		// LevelMeta on: release 0.13.0 brings the key back on any value,
+		// and every replica of a mixed cluster must do the same.
+		if e.Valid() || m.level < LevelMeta {
+			e.Expired = false
+		}
 		if !at.IsZero() && e.HasLast && (!hadLast || !sameState(prev, e.Last())) {
 			// No monotonic reading and one location, so that a
 			// restored Since compares equal.
 			e.Since = at.UTC().Round(0)
 		}
 		m.putEntry(p, e)
+	}
+	// A state key whose meta key alone changed keeps its raw value and
+	// whether it expired (release 0.13.0, which reads no meta key, does
+	// the same): only its additions change. The leader sets the state key
+	// again beside a changed meta key (see Diff), which brings an expired
+	// key back on every release alike.
+	for _, k := range described {
+		if _, set := c.Set[k]; set {
+			continue
+		}
+		m.reevaluate(k)
+	}
+}
+
+// reevaluate reads a state key's entry again with its meta key as the
+// mirror holds it now.
+func (m *Mirror) reevaluate(key string) {
+	p := m.parts[entryShard(key)]
+	if p == nil || p.entries[key] == nil {
+		return
+	}
+	p = m.edit(entryShard(key))
+	cp := *p.entries[key]
+	m.evaluate(&cp)
+	m.putEntry(p, &cp)
+}
+
+// Level returns the feature level in force.
+func (m *Mirror) Level() int { return m.level }
+
+// SetLevel puts a feature level in force (the level entry of the raft
+// log): every state key with a meta key is read again under it. A level
+// never goes down.
+func (m *Mirror) SetLevel(level int) {
+	if level <= m.level {
+		return
+	}
+	m.level = level
+	for k := range m.raw {
+		if sk, ok := StateKeyOf(k); ok && strings.HasPrefix(k, MetaPrefix) {
+			m.reevaluate(sk)
+		}
 	}
 }
 
@@ -357,21 +457,42 @@ func CheckKV(key, raw string) error {
 	return err
 }
 
-// set records a new raw value. An invalid one changes nothing that is
-// served: the last valid value stays, and so does an expiry (an expired
-// key stays absent until a valid value brings it back).
-func (e *Entry) set(raw string) {
-	e.Raw = raw
+// evaluate parses e.Raw with the key's meta key: Err, the last valid value
+// and Note. An invalid raw value keeps the last valid one (read again with
+// the meta key as it is now).
+func (m *Mirror) evaluate(e *Entry) {
+	e.Note = ""
 	if e.Backend == "" {
 		e.Err = keyError(e.Key).Error()
 		return
 	}
-	v, err := ParseValue(raw)
+	v, err := ParseValue(e.Raw)
 	if err != nil {
 		e.Err = err.Error()
+		if !e.HasLast || IsJSONValue(e.LastRaw) {
+			return
+		}
+		if v, err = ParseValue(e.LastRaw); err != nil {
+			return
+		}
+		v, _ = m.withMeta(e.Key, v)
+		e.last = unique.Make(v)
 		return
 	}
-	e.Err, e.last, e.LastRaw, e.HasLast, e.Expired = "", unique.Make(v), raw, true, false
+	if IsJSONValue(e.Raw) {
+		e.Note = NoteJSONState
+	} else {
+		v, e.Note = m.withMeta(e.Key, v)
+	}
+	e.Err, e.last, e.LastRaw, e.HasLast = "", unique.Make(v), e.Raw, true
+}
+
+// withMeta is the package's withMeta for a state key's meta key as the
+// mirror holds it.
+func (m *Mirror) withMeta(key string, v Value) (Value, string) {
+	mk, _ := MetaKeyOf(key)
+	raw, ok := m.raw[mk]
+	return withMeta(v, raw, ok, m.level)
 }
 
 // Persisted is the mirror's durable form, used by raft snapshots.
@@ -387,11 +508,17 @@ type Persisted struct {
 	Expired []string `json:"expired,omitempty"`
 	// Since holds each state key's Entry.Since, where known.
 	Since map[string]time.Time `json:"since,omitempty"`
+	// Level is the feature level in force; 0 (absent: written by
+	// release 0.13.0) is LevelBase.
+	Level int `json:"level,omitempty"`
 }
 
 // Export returns the mirror's durable form.
 func (m *Mirror) Export() Persisted {
 	p := Persisted{Synced: m.synced, KV: maps.Clone(m.raw)}
+	if m.level > LevelBase {
+		p.Level = m.level
+	}
 	if ramps := m.Ramps(); len(ramps) > 0 {
 		p.Ramps = ramps
 	}
@@ -419,6 +546,7 @@ func (m *Mirror) Export() Persisted {
 // Restore rebuilds a mirror from its durable form.
 func Restore(p Persisted) *Mirror {
 	m := NewMirror()
+	m.level = max(p.Level, LevelBase)
 	for k, v := range p.LastValid {
 		m.Apply(Change{Set: map[string]string{k: v}})
 	}

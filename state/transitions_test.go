@@ -393,9 +393,12 @@ func TestIndexesMatchFullScan(t *testing.T) {
 
 // Issue 15.1: an invalid value written to an expired key changes nothing
 // that is served: the key stays expired (absent), no drain comes back and
-// no new ramp starts; a valid value afterwards brings the key back.
+// no new ramp starts; a valid value afterwards brings the key back. From
+// feature level 2 on: below it, replicas do as release 0.13.0 does (see
+// TestInvalidValueOnAnExpiredKeyAtLevelBase).
 func TestInvalidValueOnAnExpiredKeyChangesNothing(t *testing.T) {
 	m := NewMirror()
+	m.SetLevel(LevelMeta)
 	p := rampPolicy()
 	until := t0.Add(2 * time.Second).Format(time.RFC3339)
 	m.ApplyAt(set("state/ex/a", `{"state":"drain","until":"`+until+`"}`), t0, p)
@@ -420,5 +423,21 @@ func TestInvalidValueOnAnExpiredKeyChangesNothing(t *testing.T) {
 	m.ApplyAt(set("state/ex/a", "maint"), at.Add(2*time.Minute), p)
 	if got := lookup(m, "ex/a"); got != "maint\n" {
 		t.Fatalf("a valid value after the invalid one: %q, want maint", got)
+	}
+}
+
+// Below feature level 2 (a cluster with a 0.13.0 replica), an invalid
+// value brings an expired key back with its last valid value, as 0.13.0
+// does: every replica of a mixed cluster answers the same.
+func TestInvalidValueOnAnExpiredKeyAtLevelBase(t *testing.T) {
+	m := NewMirror()
+	p := rampPolicy()
+	until := t0.Add(2 * time.Second).Format(time.RFC3339)
+	m.ApplyAt(set("state/ex/a", `{"state":"drain","until":"`+until+`"}`), t0, p)
+	at := t0.Add(2 * time.Second)
+	m.Expire(m.Due(at), at, p)
+	m.ApplyAt(set("state/ex/a", "drian"), at.Add(time.Minute), p)
+	if got := lookup(m, "ex/a"); got != "drain\n" {
+		t.Fatalf("level 1: an invalid value on an expired key: %q, want 0.13.0's drain (the last valid value)", got)
 	}
 }

@@ -123,18 +123,28 @@ func parseJSON(s string) (Value, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return Value{}, invalid(s, "bad JSON: trailing data after the object")
 	}
+	v, err := j.value()
+	if err != nil {
+		return Value{}, invalid(s, err.Error())
+	}
+	return v, nil
+}
+
+// value checks a decoded JSON object (a state key's JSON form or a meta
+// key) and returns the value it means.
+func (j jsonValue) value() (Value, error) {
 	if j.State == nil {
-		return Value{}, invalid(s, `JSON needs a "state" field`)
+		return Value{}, errors.New(`JSON needs a "state" field`)
 	}
 	v, err := parseShort(strings.TrimSpace(*j.State))
 	if err != nil {
-		return Value{}, invalid(s, "state: "+err.Error())
+		return Value{}, fmt.Errorf("state: %v", err)
 	}
 	v.Reason, v.By = j.Reason, j.By
 	if j.Ramp != nil {
 		d, err := ParseRamp(*j.Ramp)
 		if err != nil {
-			return Value{}, invalid(s, err.Error())
+			return Value{}, err
 		}
 		v.Ramp, v.RampSet = d, true
 	}
@@ -148,7 +158,7 @@ func parseJSON(s string) (Value, error) {
 		}
 		t, err := time.Parse(time.RFC3339, strings.TrimSpace(*f.in))
 		if err != nil {
-			return Value{}, invalid(s, fmt.Sprintf("%s %q: want an RFC 3339 time such as 2026-12-01T15:04:05Z", f.name, cut(*f.in, 40)))
+			return Value{}, fmt.Errorf("%s %q: want an RFC 3339 time such as 2026-12-01T15:04:05Z", f.name, cut(*f.in, 40))
 		}
 		// In UTC, so that the same instant written at another offset
 		// makes an equal Value: entries share equal values (Entry.last).

@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,6 +60,8 @@ type Hastate struct {
 
 	mu   sync.Mutex
 	args []string
+	// extra are flags appended after args (see Use).
+	extra []string
 }
 
 // StartHastate starts a one-replica hastate and waits until it is ready.
@@ -185,9 +188,19 @@ func hermeticEnv(extra ...string) []string {
 func (h *Hastate) Start(t testing.TB) {
 	t.Helper()
 	h.mu.Lock()
-	args := slices.Clone(h.args)
+	args := append(slices.Clone(h.args), h.extra...)
 	h.mu.Unlock()
 	h.proc.Start(t, args...)
+}
+
+// Use makes the next Start run bin ("": this build's) with extra flags
+// after the others, on the same ports and data dir: a rolling upgrade to
+// another release, or back. Call it while the replica is stopped.
+func (h *Hastate) Use(bin string, extra ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.proc.Bin = cmp.Or(bin, hastateBin)
+	h.extra = extra
 }
 
 // Pid returns the replica's process ID, 0 when it is not running.
@@ -469,6 +482,8 @@ func (h *Hastate) checkLog(t testing.TB) {
 // Most tests write for servers no HAProxy has asked about yet, so writes
 // get --force unless Checks is set; the tests of those checks set it.
 type Operator struct {
+	// Bin is the hastate binary ("": this build's).
+	Bin        string
 	ConsulAddr string
 	Env        []string // extra KEY=VALUE, e.g. HASTATE_KV_PREFIX=... or HASTATE_ADDR=...
 	Checks     bool
@@ -507,7 +522,7 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	if len(args) > 0 && writeCommands[args[0]] && !o.Checks {
 		args = append(slices.Clone(args), "--force")
 	}
-	cmd := exec.CommandContext(ctx, hastateBin, args...)
+	cmd := exec.CommandContext(ctx, cmp.Or(o.Bin, hastateBin), args...)
 	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
 	cmd.SysProcAttr = testenv.ProcAttr()
 	out, err := cmd.CombinedOutput()

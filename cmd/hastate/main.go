@@ -78,7 +78,7 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 	for _, st := range []string{"drain", "maint", "ready"} {
 		root.AddCommand(withTimeout(setCmd(st, stdout)))
 	}
-	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
+	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), migrateCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
 		root.AddCommand(withTimeout(c))
 	}
 	return root
@@ -222,6 +222,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
+	f.IntVar(&o.FeatureLevel, "feature-level", 0, fmt.Sprintf("highest feature level this replica advertises (0: this release's, %d); 1 on every replica while upgrading from 0.13.0 keeps rolling back with the data directories safe: level 2's features (a meta key's until and ramp) wait", state.MaxLevel))
 	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and for \"hastate wait\" (0: the default); probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")

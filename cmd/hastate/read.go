@@ -172,6 +172,9 @@ func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.
 		if r.AtZero() {
 			problems = append(problems, "at 0%: HAProxy shows it as DRAIN")
 		}
+		if r.Note != "" {
+			problems = append(problems, r.Note)
+		}
 		since := ""
 		if r.Since != nil {
 			since = ago(time.Since(*r.Since))

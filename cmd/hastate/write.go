@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/user"
 	"time"
 
 	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -94,6 +97,9 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 	})
 	if err != nil {
 		return err
+	}
+	if w.forDur > 0 || w.ramp != "" {
+		plan.Notes = append(plan.Notes, metaWaits(c.Context(), r)...)
 	}
 	plan.Report(stdout)
 	return nil
@@ -236,4 +242,20 @@ the consul CLI: consul kv delete '<kv-prefix>state/<the key>'.
 	}
 	w.add(c, writeKind{})
 	return c
+}
+
+// metaWaits says, when the cluster's feature level is below
+// state.LevelMeta (a replica still runs 0.13.0), that --for and --ramp
+// wait: the meta key records them, but they count only from that level.
+func metaWaits(ctx context.Context, r *ctl.Replica) []string {
+	in, err := r.Cluster(ctx)
+	if err != nil || in.Level.Applied >= state.LevelMeta {
+		return nil
+	}
+	why := in.Level.Waiting
+	if why == "" {
+		why = "replica " + r.Addr() + " runs 0.13.0 or older"
+	}
+	return []string{fmt.Sprintf("--for and --ramp are in the meta key, but count only from feature level %d (the cluster is at %d: %s); "+
+		"until then the state does not expire and undrains with the policy's ramp, on every replica alike", state.LevelMeta, max(in.Level.Applied, state.LevelBase), why)}
 }

@@ -33,7 +33,10 @@ import (
 
 // Options configure a replica. Zero values get the defaults of DESIGN.md.
 type Options struct {
-	NodeID        string // required
+	NodeID string // required
+	// FeatureLevel caps the feature level this replica advertises (0: this
+	// release's; see cluster.Options.MaxLevel).
+	FeatureLevel  int
 	AgentAddr     string // "": ":9777"
 	HTTPAddr      string // "": ":9778"
 	RaftAddr      string // "": ":9779"
@@ -160,6 +163,9 @@ func (o *Options) validate() error {
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
 	}
+	if o.FeatureLevel < 0 || o.FeatureLevel > state.MaxLevel {
+		return fmt.Errorf("--feature-level %d: want 1 to %d, or 0 for this release's %d", o.FeatureLevel, state.MaxLevel, state.MaxLevel)
+	}
 	return nil
 }
 
@@ -277,7 +283,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
-		LeaderDuty: a.watchConsul, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
+		LeaderDuty: a.watchConsul, Version: version.Get().Version, MaxLevel: a.o.FeatureLevel, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},

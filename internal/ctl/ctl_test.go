@@ -262,12 +262,12 @@ func TestPlanWrite(t *testing.T) {
 	}
 	// Past one transaction: refused whole, with advice.
 	f := fleet()
-	for i := range MaxTxnKeys {
+	for i := range MaxTxnKeys / 2 { // each key is written with its meta key
 		f.Servers = append(f.Servers, api.ServerState{Backend: "big", Server: "s" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Polled: 1, Answer: "ready 100%"})
 	}
 	sels, _ := ParseSelectors([]string{"big/s*", "canary_web/web-1"})
 	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
-		t.Errorf("%d keys: %v, want a refusal with advice", MaxTxnKeys+1, err)
+		t.Errorf("%d keys: %v, want a refusal with advice", MaxTxnKeys/2+1, err)
 	}
 	// A replica did not answer: refused unless --force.
 	f = fleet()
@@ -386,14 +386,29 @@ func TestWriterTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	set := Plan{Ops: []Op{{Key: "gitlab-haproxy-agent/state/web/a", Value: `{"state":"drain"}`}, {Key: "gitlab-haproxy-agent/state/web/*", Value: `{"state":"drain"}`}}}
+	drain, err := Value("drain", ValueOptions{Reason: "contract", By: "alice", Ramp: "2m", For: time.Hour, Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := Plan{Ops: []Op{{Key: "gitlab-haproxy-agent/state/web/a", Value: drain}, {Key: "gitlab-haproxy-agent/state/web/*", Value: drain}}}
 	if err := w.Apply(ctx, set); err != nil {
 		t.Fatal(err)
 	}
+	// The runbook's contract: the state key holds the word; the meta key
+	// beside it holds what hastate adds.
 	for _, o := range set.Ops {
 		p, _, err := cl.KV().Get(o.Key, nil)
-		if err != nil || p == nil || string(p.Value) != o.Value {
-			t.Fatalf("%s = %v, %v", o.Key, p, err)
+		if err != nil || p == nil || string(p.Value) != "drain" {
+			t.Fatalf("%s = %v, %v, want the word drain", o.Key, p, err)
+		}
+		mk, _ := state.MetaKeyOf(o.Key)
+		p, _, err = cl.KV().Get(mk, nil)
+		if err != nil || p == nil {
+			t.Fatalf("meta key %s: %v, %v", mk, p, err)
+		}
+		m, err := state.ParseMeta(string(p.Value))
+		if err != nil || m.String() != "drain" || m.Reason != "contract" || m.By != "alice" || m.Until.IsZero() || m.At.IsZero() || !m.RampSet || m.Ramp != 2*time.Minute {
+			t.Fatalf("meta key %s = %s (%+v, %v)", mk, p.Value, m, err)
 		}
 	}
 	clear := Plan{Ops: []Op{{Delete: true, Key: "gitlab-haproxy-agent/state/web/a"}, {Delete: true, Key: "gitlab-haproxy-agent/state/web/b"}}}
@@ -406,8 +421,10 @@ func TestWriterTransactions(t *testing.T) {
 	if err := w.Apply(ctx, clear); err != nil {
 		t.Fatal(err)
 	}
-	if p, _, _ := cl.KV().Get("gitlab-haproxy-agent/state/web/a", nil); p != nil {
-		t.Fatal("clear left the key")
+	for _, k := range []string{"gitlab-haproxy-agent/state/web/a", "gitlab-haproxy-agent/meta/web/a"} {
+		if p, _, _ := cl.KV().Get(k, nil); p != nil {
+			t.Fatalf("clear left %s", k)
+		}
 	}
 
 	// Consul down: a clear error that says nothing was written and what to check.

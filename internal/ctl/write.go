@@ -48,10 +48,13 @@ type Plan struct {
 	Notes []string
 }
 
-// Print writes the plan, one operation a line, then the notes.
+// Print writes the plan, one Consul operation a line (see TxnOps), then
+// the notes.
 func (p Plan) Print(w io.Writer) {
 	for _, o := range p.Ops {
-		fmt.Fprintln(w, "  "+o.String())
+		for _, t := range TxnOps(o) {
+			fmt.Fprintln(w, "  "+t.String())
+		}
 	}
 	for _, n := range p.Notes {
 		fmt.Fprintln(w, "note: "+n)
@@ -192,9 +195,9 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			}
 		}
 	}
-	if len(p.Ops) > MaxTxnKeys {
-		return p, fmt.Errorf("refused, nothing was written: %d keys are more than one Consul transaction holds (%d); "+
-			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(p.Ops), MaxTxnKeys)
+	if n := txnLen(p.Ops); n > MaxTxnKeys {
+		return p, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, are %d operations, more than one Consul transaction holds (%d); "+
+			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(p.Ops), n, MaxTxnKeys)
 	}
 	if in.out && fleet != nil && !o.Force {
 		if err := minReady(rows, individual, o.MinReady); err != nil {
@@ -470,26 +473,40 @@ func (w Writer) DropAbsent(ctx context.Context, p *Plan) error {
 	return nil
 }
 
-// txnOps are the Consul transaction operations of one planned operation.
+// txnOps are the Consul transaction operations of one planned operation:
+// a state key with its meta key (see TxnOps).
 func (o Op) txnOps() consul.TxnOps {
-	if o.Delete {
-		return consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVDelete, Key: o.Key}}}
+	var ops consul.TxnOps
+	for _, t := range TxnOps(o) {
+		op := &consul.KVTxnOp{Verb: consul.KVSet, Key: t.Key, Value: []byte(t.Value)}
+		if t.Delete {
+			op = &consul.KVTxnOp{Verb: consul.KVDelete, Key: t.Key}
+		}
+		ops = append(ops, &consul.TxnOp{KV: op})
 	}
-	return consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVSet, Key: o.Key, Value: []byte(o.Value)}}}
+	return ops
 }
 
 // Apply writes the plan as one transaction.
 func (w Writer) Apply(ctx context.Context, p Plan) error {
-	ops := make(consul.TxnOps, 0, len(p.Ops))
+	ops := make(consul.TxnOps, 0, 2*len(p.Ops))
 	for _, o := range p.Ops {
 		ops = append(ops, o.txnOps()...)
 	}
+	return w.txn(ctx, ops, "nothing was written", "running the command again is safe")
+}
+
+// txn runs one Consul transaction. unwritten says what a failure means
+// ("nothing was written"), again what to do when the request may have
+// reached Consul before the deadline. A rollback's reasons are in the
+// error; errCAS wraps it when an index check failed.
+func (w Writer) txn(ctx context.Context, ops consul.TxnOps, unwritten, again string) error {
 	ok, resp, _, err := w.Client.Txn().Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		note := "nothing was written"
+		note := unwritten
 		if ctx.Err() != nil {
 			// The request may have reached Consul before the deadline.
-			note = "the transaction may or may not have been applied (all or nothing); running the command again is safe"
+			note = "the transaction may or may not have been applied (all or nothing); " + again
 		}
 		return consulError(ctx, w.Addr, err, note)
 	}
@@ -498,7 +515,11 @@ func (w Writer) Apply(ctx context.Context, p Plan) error {
 		for _, e := range resp.Errors {
 			msgs = append(msgs, e.What)
 		}
-		return fmt.Errorf("consul rolled back the transaction, nothing was written: %s (check the token's KV write permission on the prefix)", strings.Join(msgs, "; "))
+		what := strings.Join(msgs, "; ")
+		if strings.Contains(what, "index") {
+			return fmt.Errorf("%w: %s", errCAS, what)
+		}
+		return fmt.Errorf("consul rolled back the transaction, %s: %s (check the token's KV write permission on the prefix)", unwritten, what)
 	}
 	return nil
 }

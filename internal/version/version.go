@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 )
 
 // Version and Revision are stamped by the linker (`make build`):
@@ -23,10 +24,16 @@ var (
 	Revision string
 )
 
+// Release is this tree's release number, the same as the repository's
+// VERSION file (a test holds them equal; CHANGELOG.md says what each
+// release changed). It is the version of a build nobody stamped: a plain
+// `go build` or `go install` names its release too.
+const Release = "0.14.0"
+
 // Info is what a build says about itself.
 type Info struct {
-	Version   string // "dev" when neither stamped nor recorded by the toolchain
-	Revision  string // the git commit; "unknown" when nobody recorded it (go test, go run outside git)
+	Version   string // stamped, else a module version the toolchain recorded (go install ...@v0.14.0), else Release
+	Revision  string // the git commit; "unknown" when nobody recorded it (-buildvcs=false, go run outside git)
 	Modified  bool   // built from a work tree with uncommitted changes (toolchain record only)
 	GoVersion string // runtime.Version()
 }
@@ -40,7 +47,7 @@ func Get() Info {
 func get(version, revision string, bi *debug.BuildInfo) Info {
 	i := Info{Version: version, Revision: revision, GoVersion: runtime.Version()}
 	if bi != nil {
-		if i.Version == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		if i.Version == "" && tagged(bi.Main.Version) {
 			i.Version = bi.Main.Version
 		}
 		if revision == "" {
@@ -55,7 +62,7 @@ func get(version, revision string, bi *debug.BuildInfo) Info {
 		}
 	}
 	if i.Version == "" {
-		i.Version = "dev"
+		i.Version = Release
 	}
 	if i.Revision == "" {
 		i.Revision = "unknown"
@@ -63,9 +70,25 @@ func get(version, revision string, bi *debug.BuildInfo) Info {
 	return i
 }
 
+// tagged reports whether a module version the toolchain recorded names a
+// release (v0.14.0), not a pseudo-version made from a commit
+// (v0.0.0-20260101000000-0123456789ab+dirty, which says less than the
+// revision) or "(devel)".
+func tagged(v string) bool {
+	if !strings.HasPrefix(v, "v") || strings.Contains(v, "+") {
+		return false
+	}
+	// A pseudo-version has a 14-digit time stamp and a 12-hex commit.
+	parts := strings.Split(v, "-")
+	return len(parts) == 1 || len(parts[len(parts)-1]) != 12
+}
+
 // String is the output of `hastate version`.
 func (i Info) String() string {
 	rev := i.Revision
+	if rev == "unknown" {
+		rev += " (not stamped and not recorded: the build ran with -buildvcs=false or outside git; use make build, or go build -buildvcs=true)"
+	}
 	if i.Modified {
 		rev += " (modified)"
 	}

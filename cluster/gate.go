@@ -1,0 +1,157 @@
+package cluster
+
+// This file holds the feature-level gate. Releases N and N-1 form one
+// cluster during a rolling upgrade (DESIGN.md, Compatibility and
+// upgrades): what a replica applies must not depend on its release. So a
+// feature that changes what entries mean (a new entry type, a snapshot
+// shape, a value read differently) has a level, each replica advertises the
+// highest level it understands in its raft-port status, and the leader
+// writes the level entry that puts a level in force only once every member
+// of the configuration advertises it. Until then the feature waits and
+// says so: a log line when what waits changes, hastate_cluster_level_waiting,
+// and /v1/cluster's level.waiting.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
+	"go.uber.org/zap"
+)
+
+// levelEvery is how often the leader asks its peers for their level while
+// a level waits.
+const levelEvery = time.Second
+
+// levelFeatures names what each level brings, for the operator.
+var levelFeatures = map[int]string{
+	state.LevelMeta: "meta keys give until (expiry) and ramp",
+}
+
+// levelFeature returns what level brings.
+func levelFeature(level int) string {
+	if f, ok := levelFeatures[level]; ok {
+		return f
+	}
+	return fmt.Sprintf("level %d", level)
+}
+
+// maxLevel is the highest level this node understands (and advertises).
+func (n *Node) maxLevel() int { return n.fsm.maxLevel }
+
+// below returns the members that do not advertise level: those whose
+// status says less, and those that did not answer (a member that cannot
+// be asked cannot be counted on). statuses are the members' answers.
+func (n *Node) below(level int, statuses map[string]api.PeerStatus) []string {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return []string{"(raft configuration unknown)"}
+	}
+	var out []string
+	for _, s := range cf.Configuration().Servers {
+		st, ok := statuses[string(s.ID)]
+		switch {
+		case !ok:
+			out = append(out, string(s.ID)+" (no answer)")
+		case max(st.Level, state.LevelBase) < level:
+			v := st.Version
+			if v == "" {
+				v = "0.13.0 or older"
+			}
+			out = append(out, fmt.Sprintf("%s (%s, level %d)", s.ID, v, max(st.Level, state.LevelBase)))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitingText says what waits for whom.
+func waitingText(level int, below []string) string {
+	return fmt.Sprintf("level %d (%s) waits for every replica to run a release that understands it; not yet: %s",
+		level, levelFeature(level), strings.Join(below, ", "))
+}
+
+// heldText says that the levels above capped wait for the operator.
+func heldText(capped int) string {
+	return fmt.Sprintf("level %d (%s) is held: this replica runs with --feature-level %d (drop the flag on every replica to let it rise)",
+		capped+1, levelFeature(capped+1), capped)
+}
+
+// levelLoop is the leader's gate: it raises the cluster's level, one at a
+// time, to this build's as soon as every member advertises it. Once it is
+// there, it keeps asking, and says loudly when a member advertises less
+// (a replica rolled back with its data after the level was raised: it does
+// not apply entries as the others do; see docs/deploy.md, Upgrades).
+func (n *Node) levelLoop(ctx context.Context) {
+	defer n.levelWaiting.Store(nil)
+	t := time.NewTicker(levelEvery)
+	defer t.Stop()
+	var said string
+	for {
+		cur := n.fsm.level()
+		next := min(cur+1, n.maxLevel())
+		below := n.below(next, n.PeerStatuses(levelEvery))
+		var w string
+		switch {
+		case len(below) > 0 && cur >= n.maxLevel():
+			w = fmt.Sprintf("level %d is in force, but not every replica understands it: %s; they may serve other answers: upgrade them, "+
+				"or roll every replica back the documented way (stop all, clear their data, start the older release)", cur, strings.Join(below, ", "))
+		case len(below) > 0:
+			w = waitingText(next, below)
+		case cur < next:
+			if _, idx, err := n.apply(ctx, command{Type: cmdLevel, Level: next, At: n.now()}); err != nil {
+				n.log.Warn("raising the feature level not applied; retrying", zap.Int("level", next), zap.Error(err))
+			} else {
+				n.log.Info("feature level raised: every replica understands it", zap.Int("level", next),
+					zap.String("feature", levelFeature(next)), zap.Uint64("raft_index", idx))
+				continue
+			}
+		}
+		if w == "" && cur < state.MaxLevel {
+			w = heldText(n.maxLevel())
+		}
+		if w == "" {
+			n.levelWaiting.Store(nil)
+		} else {
+			n.levelWaiting.Store(&w)
+		}
+		if w != said && w != "" {
+			if cur >= n.maxLevel() {
+				n.log.Error("a replica runs a release below the cluster's feature level", zap.Int("level_in_force", cur), zap.Strings("below", below))
+			} else {
+				n.log.Warn("feature waits for a rolling upgrade to finish", zap.Int("level", next), zap.String("feature", levelFeature(next)),
+					zap.Strings("not_yet", below), zap.Int("level_in_force", cur))
+			}
+		}
+		said = w
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// levelInfo is /v1/cluster's level; statuses are the members' answers
+// (Info asks for them anyway), from which a follower says what waits.
+func (n *Node) levelInfo(statuses map[string]api.PeerStatus) api.LevelInfo {
+	in := api.LevelInfo{Applied: n.fsm.level(), Build: n.maxLevel()}
+	if err := n.fsm.notUnderstood(); err != nil {
+		in.NotUnderstood = err.Error()
+	}
+	if w := n.levelWaiting.Load(); w != nil && n.IsLeader() {
+		in.Waiting = *w
+	} else if in.Applied < in.Build && !n.IsLeader() {
+		if below := n.below(in.Applied+1, statuses); len(below) > 0 {
+			in.Waiting = waitingText(in.Applied+1, below)
+		}
+	}
+	if in.Waiting == "" && in.Applied < state.MaxLevel && in.Build < state.MaxLevel {
+		in.Waiting = heldText(in.Build)
+	}
+	return in
+}

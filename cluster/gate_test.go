@@ -1,0 +1,156 @@
+package cluster
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/state"
+)
+
+// An entry this release does not understand (a type, or a feature level,
+// of a newer release) is not skipped: the replica withholds every answer
+// from then on, says why, and fails readiness.
+func TestUnknownEntryWithholds(t *testing.T) {
+	for name, data := range map[string][]byte{
+		"unknown type":     []byte(`{"type":"ramp-v9"}`),
+		"level from later": entry(t, command{Type: cmdLevel, Level: state.MaxLevel + 1}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFSM()
+			var told []error
+			f.notUnderstoodFn = func(err error) { told = append(told, err) }
+			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
+			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: data})
+			if err := f.notUnderstood(); err == nil || !strings.Contains(err.Error(), "upgrade") || len(told) != 1 {
+				t.Errorf("notUnderstood = %v (told %d times), want the reason with what to do, told once", err, len(told))
+			}
+			// Later entries are applied (an upgraded binary replays them).
+			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: data})
+			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 4, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/b": "drain"}}})})
+			if f.index.Load() != 4 || len(told) != 1 {
+				t.Errorf("after later entries: index %d, told %d times", f.index.Load(), len(told))
+			}
+		})
+	}
+	n := startLeader(t, Options{})
+	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.raft.Apply([]byte(`{"type":"ramp-v9"}`), 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, holdsf(func() bool { ok, _ := n.Ready(); return !ok }, "ready after an entry it does not understand"))
+	if _, detail := n.Ready(); !strings.Contains(detail, "withholds every answer") {
+		t.Errorf("readiness detail %q", detail)
+	}
+	if n.Serving() != nil || !n.withheld.has(withholdNotUnderstood) {
+		t.Errorf("the replica still answers after an entry it does not understand (reasons %v)", n.withheld.labels())
+	}
+	if in := n.Info(); in.Level.NotUnderstood == "" {
+		t.Errorf("/v1/cluster level %+v does not say why the replica withholds", in.Level)
+	}
+}
+
+// The gate, shown with a replica that plays release 0.13.0 (it advertises
+// LevelBase and would withhold on a level entry): the leader defers
+// LevelMeta while it runs, says so, and the meta key's until does not
+// count on any replica; the older replica never withholds. Once it runs
+// this release, the level rises everywhere and the key expires everywhere.
+func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
+	nodes := startCluster(t, func(i int, o *Options) {
+		if i == 2 {
+			o.MaxLevel = state.LevelBase
+		}
+	})
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { return leaderOf(nodes) != nil }, "no leader"))
+	ctx := context.Background()
+	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	kv := map[string]string{"state/web/a": "drain", "meta/web/a": `{"state":"drain","by":"alice","until":"` + past + `","future":1}`}
+	if err := leaderOf(nodes).ApplyKV(ctx, 1, kv); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool {
+		for _, n := range nodes {
+			if answer(n.Node, "web/a") != "drain\n" {
+				return false
+			}
+		}
+		return true
+	}, "not every replica answers drain"))
+	var waiting string
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if l := leaderOf(nodes); l != nil {
+			waiting = l.Info().Level.Waiting
+		}
+		// n2 itself may lead: it plays the older release, capped.
+		return testenv.Expect(strings.Contains(waiting, "n2 (") || strings.Contains(waiting, "is held"), "the leader does not say what waits for n2: %q", waiting)
+	})
+	// Several gate rounds: nothing expires, nobody withholds.
+	deadline := time.Now().Add(3 * levelEvery)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			if got := answer(n.Node, "web/a"); got != "drain\n" {
+				t.Fatalf("%s answers %q while the gate waits, want drain (the meta key's until waits)", n.opts.ID, got)
+			}
+			if err := n.fsm.notUnderstood(); err != nil || n.fsm.level() != state.LevelBase {
+				t.Fatalf("%s: level %d, not understood %v", n.opts.ID, n.fsm.level(), err)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := nodes[0].Snapshot().Resolve("web", "a").Entry.Note; got != state.NoteMetaWaits {
+		t.Errorf("status note %q, want %q", got, state.NoteMetaWaits)
+	}
+
+	// n2 is upgraded: same data dir, this release.
+	o := nodes[2].opts
+	if err := nodes[2].Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o.MaxLevel = 0
+	nodes[2] = startNode(t, o)
+	testenv.Eventually(t, 15*time.Second, holdsf(func() bool {
+		for _, n := range nodes {
+			if n.fsm.level() != state.LevelMeta || answer(n.Node, "web/a") != "ready 100%\n" {
+				return false
+			}
+		}
+		return true
+	}, "the level did not rise, or the key did not expire, on every replica"))
+	if w := leaderOf(nodes).Info().Level.Waiting; w != "" {
+		t.Errorf("still waiting: %s", w)
+	}
+}
+
+// holdsf turns a condition and its failure message into an Eventually
+// condition.
+func holdsf(cond func() bool, format string, args ...any) func() error {
+	return func() error { return testenv.Expect(cond(), format, args...) }
+}
+
+// A snapshot keeps release 0.13.0's shape (version 4) until level 2 is in
+// force, and then says version 5 and the level, which a replica capped
+// below it refuses.
+func TestSnapshotShapeFollowsTheLevel(t *testing.T) {
+	f := newFSM()
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
+	_, base := roundTrip(t, f)
+	if !strings.Contains(base.String(), `"version":4`) || strings.Contains(base.String(), `"level"`) {
+		t.Fatalf("a snapshot at level 1: %s", base.String())
+	}
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: entry(t, command{Type: cmdLevel, Level: state.LevelMeta})})
+	g, meta := roundTrip(t, f)
+	if !strings.Contains(meta.String(), `"version":5`) || !strings.Contains(meta.String(), `"level":2`) || g.level() != state.LevelMeta {
+		t.Fatalf("a snapshot at level 2: %s (restored level %d)", meta.String(), g.level())
+	}
+	old := newFSM()
+	old.maxLevel = state.LevelBase
+	if err := old.Restore(io.NopCloser(strings.NewReader(meta.String()))); err == nil || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("a replica capped at level 1 restoring a level 2 snapshot: %v", err)
+	}
+}
