@@ -159,6 +159,16 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 		t.Fatalf("the sessions on hold2 were meant to stay open")
 	}
 
+	// The write guards are the drain's: the last ready server is refused
+	// (--min-ready), a typo matches nothing (exit 3); nothing is written.
+	if out := run(1, "maint", "be_hold/hold3", "--drain-first", "--idle-timeout", "5s"); !strings.Contains(out, "--min-ready") || !strings.Contains(out, "nothing written") {
+		t.Fatalf("maint --drain-first of the last ready server:\n%s", out)
+	}
+	run(3, "maint", "be_hold/hold9", "--drain-first", "--idle-timeout", "5s")
+	if out := run(0, "status", "be_hold/hold3"); !regexp.MustCompile(`hold3 +ready 100%`).MatchString(out) {
+		t.Fatalf("a refused maint --drain-first wrote something:\n%s", out)
+	}
+
 	// 3. verify: every HAProxy agrees (hold1 drain, hold2 maint, hold3
 	// ready) once Prometheus scraped the maint.
 	var vout string
