@@ -44,9 +44,11 @@ func levelFeature(level int) string {
 func (n *Node) maxLevel() int { return n.fsm.maxLevel }
 
 // below returns the members that do not advertise level: those whose
-// status says less, and those that did not answer (a member that cannot
-// be asked cannot be counted on). statuses are the members' answers.
-func (n *Node) below(level int, statuses map[string]api.PeerStatus) []string {
+// status says less and, with silent, those that did not answer (before a
+// level is raised, a member that cannot be asked cannot be counted on; once
+// it is in force, a member that is down is not a member below it).
+// statuses are the members' answers.
+func (n *Node) below(level int, statuses map[string]api.PeerStatus, silent bool) []string {
 	cf := n.raft.GetConfiguration()
 	if cf.Error() != nil {
 		return []string{"(raft configuration unknown)"}
@@ -55,8 +57,9 @@ func (n *Node) below(level int, statuses map[string]api.PeerStatus) []string {
 	for _, s := range cf.Configuration().Servers {
 		st, ok := statuses[string(s.ID)]
 		switch {
-		case !ok:
+		case !ok && silent:
 			out = append(out, string(s.ID)+" (no answer)")
+		case !ok:
 		case max(st.Level, state.LevelBase) < level:
 			v := st.Version
 			if v == "" {
@@ -94,7 +97,7 @@ func (n *Node) levelLoop(ctx context.Context) {
 	for {
 		cur := n.fsm.level()
 		next := min(cur+1, n.maxLevel())
-		below := n.below(next, n.PeerStatuses(levelEvery))
+		below := n.below(next, n.PeerStatuses(levelEvery), cur < next)
 		var w string
 		switch {
 		case len(below) > 0 && cur >= n.maxLevel():
@@ -146,7 +149,7 @@ func (n *Node) levelInfo(statuses map[string]api.PeerStatus) api.LevelInfo {
 	if w := n.levelWaiting.Load(); w != nil && n.IsLeader() {
 		in.Waiting = *w
 	} else if in.Applied < in.Build && !n.IsLeader() {
-		if below := n.below(in.Applied+1, statuses); len(below) > 0 {
+		if below := n.below(in.Applied+1, statuses, true); len(below) > 0 {
 			in.Waiting = waitingText(in.Applied+1, below)
 		}
 	}

@@ -125,6 +125,26 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	if w := leaderOf(nodes).Info().Level.Waiting; w != "" {
 		t.Errorf("still waiting: %s", w)
 	}
+	// Once level 2 is in force, a replica that is down is not a replica
+	// below it: nothing is reported.
+	var down *testNode
+	for _, n := range nodes {
+		if !n.IsLeader() {
+			down = n
+			break
+		}
+	}
+	if err := down.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 * int(levelEvery/(100*time.Millisecond)) {
+		if l := leaderOf(nodes); l != nil && l.Node != down.Node {
+			if w := l.Info().Level.Waiting; w != "" {
+				t.Fatalf("with %s down at level 2 the leader reports: %s", down.opts.ID, w)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // holdsf turns a condition and its failure message into an Eventually
