@@ -75,7 +75,7 @@ func (w Writer) Migrate(ctx context.Context, level int, o MigrateOptions) (Migra
 	var res MigrateResult
 	if level < state.LevelMeta {
 		return res, fmt.Errorf("refused, nothing was written: the cluster's feature level is %d, and meta keys give until and ramp only from level %d, "+
-			"once every replica runs 0.14.0 or later: finish the rolling upgrade first (hastate status; /v1/cluster level.waiting says what waits)", level, state.LevelMeta)
+			"once every replica runs 0.14.0 or later: finish the rolling upgrade first (hastate status; /v1/cluster level.waiting says what waits)", max(level, state.LevelBase), state.LevelMeta)
 	}
 	if o.Batch <= 0 {
 		o.Batch = MaxTxnKeys / 2
