@@ -520,7 +520,7 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 		r.ShortValue = s.Value
 	}
 	r.Problem = r.Class != "ready" || !s.Valid || s.Expired != ""
-	words := []string{s.Backend + "/" + s.Server, r.Class, s.Answer, s.Reason, s.By, s.Key, s.Value}
+	words := []string{s.Backend + "/" + s.Server, r.Class, s.Answer, s.Reason, s.By, s.Key, s.Value, s.Note}
 	if !s.Valid {
 		words = append(words, "invalid", s.Error)
 	}

@@ -32,6 +32,7 @@ func pageShowcase(t *testing.T, now time.Time, cluster api.ClusterInfo, kv api.K
 	m.ApplyAt(state.Change{Set: map[string]string{
 		"state/web/a": `{"state":"drain","reason":"zonal maintenance <us-east1-b>","by":"<b>alice</b>"}`,
 		"state/web/b": "maint",
+		"meta/web/b":  `{"state":"drain","reason":"an earlier drain"}`, // the key was changed outside hastate since
 		"state/web/c": "50%",
 		"state/web/r": "drain",
 		"state/web/e": `{"state":"drain","until":"` + now.Add(time.Hour).UTC().Format(time.RFC3339) + `"}`,
@@ -109,7 +110,7 @@ func TestPageRowsByState(t *testing.T) {
 		has   []string
 	}{
 		"web/a": {"drain", []string{`<span class="badge">drain</span>`, "zonal maintenance &lt;us-east1-b&gt;", "&lt;b&gt;alice&lt;/b&gt;", ">2h 5m ago</span>", `<span class="told ok"`, "told 2 of 2"}},
-		"web/b": {"maint", []string{`<span class="badge">maint</span>`, "not polled"}},
+		"web/b": {"maint", []string{`<span class="badge">maint</span>`, "not polled", "set outside hastate"}},
 		"web/c": {"weight", []string{`<span class="badge">weight</span>`, `style="width:50%"`, "50%", `<span class="told warn"`, "told 1 of 2"}},
 		"web/d": {"ready", []string{`<span class="badge">ready</span>`, `style="width:100%"`, "told 1 of 1"}},
 		"web/e": {"drain", []string{">in 1h</span>"}},
