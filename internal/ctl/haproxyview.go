@@ -132,9 +132,6 @@ func NewPrometheus(o PrometheusOptions) (*Prometheus, error) {
 // Addr is Prometheus' base URL.
 func (p *Prometheus) Addr() string { return p.addr }
 
-// MaxSampleAge is the age beyond which a sample proves nothing.
-func (p *Prometheus) MaxSampleAge() time.Duration { return p.o.MaxSampleAge }
-
 // Reported is what one HAProxy instance reports for one of its servers.
 type Reported struct {
 	Instance string `json:"instance"`
