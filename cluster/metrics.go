@@ -66,7 +66,7 @@ func newMetricsUnset(n *Node) *metrics {
 		dutyFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_leader_duty_failures_total", Help: "Per replica: times this replica, as leader, could not run its duty (building the Consul watch) and handed leadership over or retried."}),
 		withholds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hastate_withhold_starts_total", Help: "Per replica: times this replica began to withhold every agent answer (and fail readiness) for a reason: leaderless (no contact with a raft leader for longer than --leaderless-grace), catching_up (behind a leader after start or a cut-off; counted from a cut-off, not at start)."}, []string{"reason"}),
+			Name: "hastate_withhold_starts_total", Help: "Per replica: times this replica began to withhold every agent answer (and fail readiness) for a reason: leaderless (no contact with a raft leader for longer than --leaderless-grace), catching_up (behind a leader after start or a cut-off; counted from a cut-off, not at start), not_understood (applied a raft entry of a newer release)."}, []string{"reason"}),
 		rampsActive: prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress (from raft: the same on every replica in sync).", nil, nil),
 		serverState: prometheus.NewDesc("hastate_server_state",
 			"Always 1: the effective state of each server (or backend wildcard, server \"*\") with a non-default state: drain, maint, weight (an explicit N%), ramping (an undrain ramp sets its weight) or withheld (invalid key without a last valid value: no answer). Servers answered ready 100% have no series. by is the writer named in the key's JSON value (cut to 64 bytes). From raft: the same on every replica in sync.",
@@ -107,7 +107,7 @@ func newMetricsUnset(n *Node) *metrics {
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
 			"Per replica: seconds this replica has been without a known raft leader (0 with one). Past --leaderless-grace since its last contact with a leader it withholds answers (see hastate_withheld).", nil, nil),
 		withheld: prometheus.NewDesc("hastate_withheld",
-			"Per replica: 1 for each reason this replica is withholding every agent answer and failing readiness (leaderless: no contact with a raft leader for longer than --leaderless-grace; catching_up: behind a leader since start or a cut-off), 0 otherwise. HAProxy keeps each server's last state for checks it sends here.", []string{"reason"}, nil),
+			"Per replica: 1 for each reason this replica is withholding every agent answer and failing readiness (leaderless: no contact with a raft leader for longer than --leaderless-grace; catching_up: behind a leader since start or a cut-off; not_understood: applied a raft entry of a newer release, until upgraded), 0 otherwise. HAProxy keeps each server's last state for checks it sends here.", []string{"reason"}, nil),
 		contactAge: prometheus.NewDesc("hastate_raft_leader_contact_age_seconds",
 			"Per replica: seconds since this replica's last contact with a raft leader (a heartbeat or entry; about 0 on the leader). Past --leaderless-grace it withholds answers.", nil, nil),
 	}
