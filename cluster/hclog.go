@@ -47,9 +47,9 @@ func newHCLog(z *zap.Logger, name string) hclog.Logger {
 }
 
 // repeatLimit is a ratelog.Limiter per kind of line (message and peer).
-// Raft has a few dozen messages and a cluster a few peers; past maxKinds
-// (a peer set that keeps changing) it starts again from empty rather than
-// grow.
+// Raft has a few dozen messages and a cluster a few peers; past
+// maxRepeatKinds (a peer set that keeps changing) it starts again from
+// empty rather than grow.
 type repeatLimit struct {
 	every time.Duration
 	now   func() time.Time
