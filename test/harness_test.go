@@ -174,13 +174,7 @@ func freeAddr(t testing.TB) string {
 // binary built with -race would sleep 1s at exit; GORACE turns that off so
 // that exit times and CLI round trips are the product's own.
 func hermeticEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "HASTATE_") || strings.HasPrefix(kv, "CONSUL_") || strings.HasPrefix(kv, "GORACE=") {
-			continue
-		}
-		env = append(env, kv)
-	}
+	env := slices.DeleteFunc(testenv.HermeticEnv(), func(kv string) bool { return strings.HasPrefix(kv, "GORACE=") })
 	return append(append(env, "GORACE=atexit_sleep_ms=0"), extra...)
 }
 
@@ -522,10 +516,7 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	if len(args) > 0 && writeCommands[args[0]] && !o.Checks {
 		args = append(slices.Clone(args), "--force")
 	}
-	cmd := exec.CommandContext(ctx, cmp.Or(o.Bin, hastateBin), args...)
-	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
-	cmd.SysProcAttr = testenv.ProcAttr()
-	out, err := cmd.CombinedOutput()
+	out, err := o.command(ctx, args...).CombinedOutput()
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -536,6 +527,15 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 		t.Fatalf("hastate %s: %v:\n%s", strings.Join(args, " "), err, out)
 		return "", -1
 	}
+}
+
+// command is `hastate args...` as the operator runs it: o.Bin, the
+// hermetic environment with o's Consul address and o.Env.
+func (o Operator) command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, cmp.Or(o.Bin, hastateBin), args...)
+	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
+	cmd.SysProcAttr = testenv.ProcAttr()
+	return cmd
 }
 
 // consistently checks cond every 50ms for d and fails the test with msg()

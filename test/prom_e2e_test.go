@@ -479,14 +479,13 @@ func (b *bgOperator) Write(p []byte) (int, error) {
 	return b.out.Write(p)
 }
 
-// startOperator starts `hastate args...` as op.RunCode would, without
-// waiting for it; it is killed when the test ends.
+// startOperator starts `hastate args...` as op.RunCode would (but without
+// adding --force, and without a timeout), without waiting for it; it is
+// killed when the test ends.
 func startOperator(t *testing.T, op Operator, args ...string) *bgOperator {
 	t.Helper()
 	b := &bgOperator{done: make(chan struct{})}
-	b.cmd = exec.Command(hastateBin, args...)
-	b.cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + op.ConsulAddr}, op.Env...)...)
-	b.cmd.SysProcAttr = testenv.ProcAttr()
+	b.cmd = op.command(context.Background(), args...)
 	b.cmd.Stdout, b.cmd.Stderr = b, b
 	if err := b.cmd.Start(); err != nil {
 		t.Fatalf("hastate %s: %v", strings.Join(args, " "), err)

@@ -17,16 +17,14 @@ const (
 	rampStep     = 9
 )
 
-// answerWeight turns "ready 55%" into 55; anything else is -1.
-func answerWeight(a string) int {
-	if !strings.HasPrefix(a, "ready ") {
-		return -1
+// rampWeight reads "ready N%": 55 for "ready 55%"; false for anything else.
+func rampWeight(ans string) (int, bool) {
+	n, ok := strings.CutPrefix(ans, "ready ")
+	if !ok {
+		return 0, false
 	}
-	w, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(a, "ready "), "%"))
-	if err != nil {
-		return -1
-	}
-	return w
+	w, err := strconv.Atoi(strings.TrimSuffix(n, "%"))
+	return w, err == nil && strings.HasSuffix(n, "%")
 }
 
 // rampWatch samples HAProxy's weight of servers (and every live replica's
@@ -80,7 +78,7 @@ func (w *rampWatch) sample(live func(*Hastate) bool) bool {
 			}
 			a := h.Ask(t, s)
 			got = append(got, h.NodeID+"="+a)
-			if wt := answerWeight(a); wt >= 0 {
+			if wt, ok := rampWeight(a); ok && wt >= 0 {
 				lo, hi = min(lo, wt), max(hi, wt)
 			}
 		}

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -206,16 +205,6 @@ func union(a, b expect) expect {
 	}
 	maps.Copy(u.fixed, b.fixed)
 	return u
-}
-
-// rampWeight reads "ready N%".
-func rampWeight(ans string) (int, bool) {
-	n, ok := strings.CutPrefix(ans, "ready ")
-	if !ok {
-		return 0, false
-	}
-	w, err := strconv.Atoi(strings.TrimSuffix(n, "%"))
-	return w, err == nil && strings.HasSuffix(n, "%")
 }
 
 func (c *rollChecker) Stop() (checked, wrong, withheld int, bad []string) {
