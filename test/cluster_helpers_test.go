@@ -249,50 +249,60 @@ func startProbers(hs []*Hastate, perReplica int, server, want string) *probers {
 
 func (p *probers) run(h *Hastate) {
 	defer p.wg.Done()
-	tick := time.NewTicker(5 * time.Millisecond)
+	tickUntil(p.stop, 5*time.Millisecond, func() { p.probe(h) })
+}
+
+// probe asks h once and counts the outcome.
+func (p *probers) probe(h *Hastate) {
+	began := time.Now()
+	kind, ans, err := probeAgent(h.AgentAddr, p.server)
+	now := time.Now()
+	p.mu.Lock()
+	c := p.counts[h.NodeID]
+	var bad string
+	switch {
+	case kind == probeAnswered && ans == p.want:
+		c.OK++
+		// When the probe began: the listener was open at some point
+		// after that, whereas a refused probe ended (now) after the
+		// listener had closed.
+		c.LastOK = began
+	case kind == probeAnswered:
+		c.Wrong++
+		bad = fmt.Sprintf("wrong answer %q (want %q)", ans, p.want)
+	case kind == probeRefused:
+		c.Refused++
+		bad = fmt.Sprintf("refused: %v", err)
+	case kind == probeUnanswered:
+		c.Unanswered++
+		bad = fmt.Sprintf("unanswered: %v", err)
+	default:
+		c.Failed++
+		bad = fmt.Sprintf("failed: %q %v", ans, err)
+	}
+	if bad != "" {
+		if c.FirstBad.IsZero() {
+			c.FirstBad = now
+		}
+		c.LastBad = now
+		if len(c.Bad) < 5 {
+			c.Bad = append(c.Bad, now.Format("15:04:05.000")+" "+bad)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// tickUntil calls f every d until done is closed.
+func tickUntil(done <-chan struct{}, d time.Duration, f func()) {
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
 		select {
-		case <-p.stop:
+		case <-done:
 			return
 		case <-tick.C:
 		}
-		began := time.Now()
-		kind, ans, err := probeAgent(h.AgentAddr, p.server)
-		now := time.Now()
-		p.mu.Lock()
-		c := p.counts[h.NodeID]
-		var bad string
-		switch {
-		case kind == probeAnswered && ans == p.want:
-			c.OK++
-			// When the probe began: the listener was open at some point
-			// after that, whereas a refused probe ended (now) after the
-			// listener had closed.
-			c.LastOK = began
-		case kind == probeAnswered:
-			c.Wrong++
-			bad = fmt.Sprintf("wrong answer %q (want %q)", ans, p.want)
-		case kind == probeRefused:
-			c.Refused++
-			bad = fmt.Sprintf("refused: %v", err)
-		case kind == probeUnanswered:
-			c.Unanswered++
-			bad = fmt.Sprintf("unanswered: %v", err)
-		default:
-			c.Failed++
-			bad = fmt.Sprintf("failed: %q %v", ans, err)
-		}
-		if bad != "" {
-			if c.FirstBad.IsZero() {
-				c.FirstBad = now
-			}
-			c.LastBad = now
-			if len(c.Bad) < 5 {
-				c.Bad = append(c.Bad, now.Format("15:04:05.000")+" "+bad)
-			}
-		}
-		p.mu.Unlock()
+		f()
 	}
 }
 

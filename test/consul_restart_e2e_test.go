@@ -98,17 +98,11 @@ func startDrainChecks(hs []*Hastate, names []string) *drainChecks {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			tick := time.NewTicker(5 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-d.stopc:
-					return
-				case <-tick.C:
-				}
+			tickUntil(d.stopc, 5*time.Millisecond, func() {
 				name := names[rand.IntN(len(names))]
 				kind, ans, err := probeAgent(h.AgentAddr, name)
 				d.mu.Lock()
+				defer d.mu.Unlock()
 				switch {
 				case kind == probeAnswered && ans == "drain":
 					d.res.checked++
@@ -119,8 +113,7 @@ func startDrainChecks(hs []*Hastate, names []string) *drainChecks {
 				default:
 					d.res.wrong = append(d.res.wrong, fmt.Sprintf("%s %s: %v %v", h.NodeID, name, kind, err))
 				}
-				d.mu.Unlock()
-			}
+			})
 		}()
 	}
 	return d

@@ -189,18 +189,11 @@ func startLBProbers(addr, server string) *lbProbers {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-p.done:
-				return
-			case <-tick.C:
-			}
+		tickUntil(p.done, 20*time.Millisecond, func() {
 			began := time.Now()
 			kind, ans, err := probeAgent(p.addr, p.server)
 			p.judge(began, kind, ans, err)
-		}
+		})
 	}()
 	return p
 }
@@ -278,17 +271,7 @@ func startStatSampler(h *HAProxy, backend string, servers []string) *statSampler
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.done:
-				return
-			case <-tick.C:
-			}
-			st, err := h.stat()
-			s.record(st, err)
-		}
+		tickUntil(s.done, 100*time.Millisecond, func() { s.record(h.stat()) })
 	}()
 	return s
 }
