@@ -98,10 +98,6 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	servers := map[string]bool{}
-	for k := range rows {
-		servers[k] = true
-	}
 	pv, err := o.Replica.Pollers(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
@@ -109,7 +105,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 	if err := Missing(pv.Replicas); err != nil {
 		rep.Problems = append(rep.Problems, err.Error())
 	}
-	polls := latestPolls(pv, servers)
+	polls := latestPolls(pv, rows)
 	rd, err := o.Prometheus.Read(ctx, o.Selectors)
 	if err != nil {
 		return rep, err
@@ -144,7 +140,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 		}
 		rep.Rows = append(rep.Rows, row)
 	}
-	for _, s := range slices.Sorted(maps.Keys(servers)) {
+	for _, s := range slices.Sorted(maps.Keys(rows)) {
 		if !have[s] {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s: cannot confirm: Prometheus has no series for it within the last %s (is every HAProxy's exporter scraped? labels %s, %s, %s)",
 				s, o.Prometheus.o.MaxSampleAge, o.Prometheus.o.ProxyLabel, o.Prometheus.o.ServerLabel, o.Prometheus.o.InstanceLabel))
