@@ -766,4 +766,13 @@ func TestWriteOrchestration(t *testing.T) {
 	if err != nil || p.Written || !strings.Contains(out.String(), "nothing to write") || !strings.Contains(out.String(), "already ready") {
 		t.Fatalf("ready of a server without a key: %v %q", err, out.String())
 	}
+	// A backend-wide drain in Consul that the replica's view does not show
+	// yet: ready writes the server's key, never silently nothing.
+	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/main_web/*", Value: []byte("drain")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err = write("ready", "ready", false, "main_web/m-1")
+	if err != nil || !p.Written || !strings.Contains(keys(), "hastate/state/main_web/m-1") {
+		t.Fatalf("ready under a backend-wide key the replica did not show: %+v %v, keys %q", p, err, keys())
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 
@@ -27,6 +28,10 @@ type Op struct {
 	// Absent is the note for a delete of a key that does not exist
 	// (DropAbsent drops such deletes); empty: "nothing to clear".
 	Absent string
+	// Covered, on ready's delete, is the value to write instead when
+	// Consul holds a backend-wide key for the server that the replica's
+	// view did not show (see DropAbsent).
+	Covered string
 }
 
 func (o Op) String() string {
@@ -236,7 +241,7 @@ func (p *Plan) serverOp(ix *fleetIndex, known bool, backend, srv string, o Write
 	if in.value.Reason != "" || !in.value.Until.IsZero() {
 		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: its key is deleted (no key means ready), so --reason and --for are not kept", backend, srv))
 	}
-	return Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)"}
+	return Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)", Covered: o.Value}
 }
 
 // fleetIndex answers PlanWrite's questions about the fleet without a scan
@@ -463,6 +468,13 @@ func (w Writer) DropAbsent(ctx context.Context, p *Plan) error {
 	}
 	ops := p.Ops[:0]
 	for _, o := range p.Ops {
+		if wild := path.Dir(o.Key) + "/" + state.Wildcard; o.Delete && o.Covered != "" && !have[o.Key] && have[wild] {
+			// The replica's view showed no backend-wide key, Consul has
+			// one: ready must not silently leave the server under it.
+			p.Notes = append(p.Notes, fmt.Sprintf("%s: written as ready: Consul holds %s, which the replica had not shown yet", o.Key, wild))
+			ops = append(ops, Op{Key: o.Key, Value: o.Covered})
+			continue
+		}
 		if o.Delete && !have[o.Key] {
 			p.Notes = append(p.Notes, cmp.Or(o.Absent, "nothing to clear: "+o.Key+" does not exist"))
 			continue
