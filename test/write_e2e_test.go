@@ -229,3 +229,26 @@ func TestE2EOperatorAddsNoFlags(t *testing.T) {
 		t.Fatalf("the refused write wrote %s", p.Key)
 	}
 }
+
+// TestE2EWrongConsulCluster: a write to another Consul cluster than the
+// one the replica reads (the same prefix) is refused, naming both, and
+// writes nothing.
+func TestE2EWrongConsulCluster(t *testing.T) {
+	read := testenv.StartConsul(t, testenv.ConsulOptions{})
+	other := testenv.StartConsul(t, testenv.ConsulOptions{})
+	h := StartHastate(t, HastateOptions{ConsulAddr: read.Addr()})
+	op := Operator{ConsulAddr: other.Addr(), Addr: h.HTTPAddr, WriteFlags: []string{"--force"}}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		c := h.Cluster(t)
+		return testenv.Expect(c.Consul != nil && c.Consul.Cluster != "", "/v1/cluster names no Consul cluster yet: %+v", c.Consul)
+	})
+	out := op.RunExit(t, 1, "drain", "web/a")
+	if !strings.Contains(out, "of another Consul cluster") || !strings.Contains(out, other.Addr()) || !strings.Contains(out, "nothing was written") {
+		t.Errorf("a write to another Consul: %s", out)
+	}
+	if keys, _, err := other.Client(t).KV().Keys("hastate/", "", nil); err != nil || len(keys) > 0 {
+		t.Errorf("the refused write wrote %v (%v)", keys, err)
+	}
+	h.Operator("--allow-unknown").Run(t, "drain", "web/a")
+	h.WaitAnswer(t, "web/a", "drain")
+}
