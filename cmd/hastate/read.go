@@ -126,6 +126,15 @@ what it was told (the column of hastate verify, which explains each).`,
 	return c
 }
 
+// withheldAnswer is the ANSWER cell of a withheld server: it is answered
+// nothing, so HAProxy keeps the last answer it was told.
+func withheldAnswer(r api.ServerState) string {
+	if r.Keeps == "" {
+		return "(withheld: HAProxy keeps its own state, never told)"
+	}
+	return "(withheld: HAProxy keeps " + r.Keeps + ")"
+}
+
 // statusTime is how status shows a time: with seconds and the zone.
 const statusTime = "Jan 2 15:04:05 MST"
 
@@ -147,12 +156,12 @@ func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.
 		}
 		return msg
 	}
-	var servers, in int
+	var servers, in, kept int
 	out := map[string]int{}
 	for _, r := range rows {
 		ans := r.Answer
 		if r.Withheld {
-			ans = "(withheld)"
+			ans = withheldAnswer(r)
 		}
 		until := ""
 		var problems []string
@@ -189,13 +198,16 @@ func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.
 			continue
 		}
 		servers++
-		switch {
+		if r.Withheld && r.Keeps != "" {
+			kept++
+		}
+		switch k, w := r.KeptKind(); {
 		case r.InRotation():
 			in++
-		case r.AtZero():
+		case w == 0 && (k == api.KindWeight || k == api.KindRamping):
 			out["at 0%"]++
 		default:
-			out[string(r.Kind)]++
+			out[string(k)]++
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -203,14 +215,20 @@ func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.
 	}
 	if servers > 0 {
 		var parts []string
-		for _, k := range []string{string(api.KindDrain), string(api.KindMaint), "at 0%", string(api.KindWithheld)} {
+		for _, k := range []string{string(api.KindDrain), string(api.KindMaint), "at 0%"} {
 			if out[k] > 0 {
 				parts = append(parts, fmt.Sprintf("%d %s", out[k], k))
 			}
 		}
-		line := fmt.Sprintf("%d of %d servers in rotation", in, servers)
+		line := fmt.Sprintf("%d of %d %s in rotation", in, servers, pluralWord(servers, "server", "servers"))
 		if len(parts) > 0 {
 			line += "; out: " + strings.Join(parts, ", ")
+		}
+		if kept > 0 {
+			line += fmt.Sprintf("; %d withheld: HAProxy keeps the last answer it was told, counted there", kept)
+		}
+		if n := out[string(api.KindWithheld)]; n > 0 {
+			line += fmt.Sprintf("; %d withheld and never told: HAProxy keeps its own state", n)
 		}
 		fmt.Fprintln(w, line)
 	}
@@ -350,10 +368,15 @@ selector matches no server.`,
 }
 
 func plural(n int, one, many string) string {
+	return fmt.Sprintf("%d %s", n, pluralWord(n, one, many))
+}
+
+// pluralWord is one when n is 1, else many.
+func pluralWord(n int, one, many string) string {
 	if n == 1 {
-		return "1 " + one
+		return one
 	}
-	return fmt.Sprintf("%d %s", n, many)
+	return many
 }
 
 func probeCmd(stdout io.Writer) *cobra.Command {

@@ -45,7 +45,8 @@ func TestStatusTable(t *testing.T) {
 		`(?m)^w +c .*invalid value "drian": not a known state`,
 		`(?m)^w +e .*at 0%: HAProxy shows it as DRAIN`,
 		`(?m)^w +f .*40% \(eta ` + regexp.QuoteMeta(until.Local().Format("15:04:05 MST")) + `\)`,
-		`(?m)^2 of 6 servers in rotation; out: 2 drain, 1 at 0%, 1 withheld$`,
+		`(?m)^2 of 6 servers in rotation; out: 2 drain, 1 at 0%; 1 withheld and never told: HAProxy keeps its own state$`,
+		`(?m)^w +d +\(withheld: HAProxy keeps its own state, never told\)`,
 	} {
 		if !regexp.MustCompile(want).MatchString(s) {
 			t.Errorf("status table without %s:\n%s", want, s)
@@ -53,5 +54,30 @@ func TestStatusTable(t *testing.T) {
 	}
 	if strings.Contains(s, "expired: state/") {
 		t.Errorf("an expired row shows the key where the time belongs:\n%s", s)
+	}
+}
+
+// Issue 27.3: a withheld server is answered nothing, so HAProxy keeps what
+// it was last told: status says that answer and counts the server there.
+func TestStatusCountsWithheldByWhatHAProxyKeeps(t *testing.T) {
+	rows := []api.ServerState{
+		{Backend: "w", Server: "a", Answer: "drain", Kind: api.KindDrain},
+		{Backend: "w", Server: "b", Kind: api.KindWithheld, Withheld: true, Keeps: "ready 100%", Weight: 100, Polled: 2},
+		{Backend: "w", Server: "c", Kind: api.KindWithheld, Withheld: true, Keeps: "drain", Polled: 2},
+		{Backend: "w", Server: "d", Answer: "ready 100%", Kind: api.KindReady, Weight: 100},
+	}
+	var out strings.Builder
+	if err := printStatus(&out, rows, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{
+		`(?m)^w +b +\(withheld: HAProxy keeps ready 100%\)`,
+		`(?m)^w +c +\(withheld: HAProxy keeps drain\)`,
+		`(?m)^2 of 4 servers in rotation; out: 2 drain; 2 withheld: HAProxy keeps the last answer it was told, counted there$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(s) {
+			t.Errorf("status table without %s:\n%s", want, s)
+		}
 	}
 }
