@@ -189,6 +189,19 @@ type KVStatus struct {
 	Watching bool         `json:"watching"`
 	Watch    *WatchStatus `json:"watch,omitempty"`
 	Note     string       `json:"note,omitempty"`
+	// RampPolicy, when not nil, is <prefix>config/ramp as this replica
+	// holds it (from raft: the same on every replica in sync), invalid
+	// and ignored: the --ramp-* flags apply. Key is relative to the
+	// prefix.
+	RampPolicy *InvalidConfig `json:"ramp_policy_invalid,omitempty"`
+}
+
+// InvalidConfig is a configuration key hastate ignores, and why.
+type InvalidConfig struct {
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	Error  string `json:"error"`
+	Effect string `json:"effect"`
 }
 
 // WatchStatus is the leader's Consul watch, for readiness details and the

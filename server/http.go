@@ -176,7 +176,13 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 			invalid = append(invalid, e)
 		}
 	}
-	v.InvalidTotal = len(invalid)
+	if c := v.KV.RampPolicy; c != nil {
+		// The ramp policy is no state key, but as invalid: every list
+		// of invalid keys shows it, first.
+		v.InvalidKeys = append(v.InvalidKeys, api.ServerState{Key: c.Key, Value: c.Value, Source: c.Key, Error: c.Error, Note: c.Effect})
+		v.InvalidTotal++
+	}
+	v.InvalidTotal += len(invalid)
 	invalid, cutInvalid := cut(invalid, limit)
 	for _, e := range invalid {
 		if e.Backend == "" {

@@ -567,6 +567,8 @@ func invalidOf(k api.ServerState) pageInvalid {
 		p.Key = k.Source
 	}
 	switch {
+	case k.Backend == "" && k.Note != "":
+		p.Effect = k.Note // a configuration key: config/ramp
 	case k.Backend == "":
 		p.Effect = "ignored: not a state/<backend>/<server> key"
 	case k.Withheld:

@@ -234,7 +234,7 @@ func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.
 	}
 	for _, r := range invalidKeys {
 		if r.Backend == "" {
-			fmt.Fprintf(w, "invalid key %s: %s\n", r.Key, problem(r.Error))
+			fmt.Fprintf(w, "invalid key %s: %s\n", r.Key, strings.Join(append([]string{problem(r.Error)}, cmp.Or(r.Note, "ignored: not a state/<backend>/<server> key")), "; "))
 		}
 	}
 	if grammar {

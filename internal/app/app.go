@@ -533,5 +533,9 @@ func (r replica) KVStatus() api.KVStatus {
 		ws := w.Status()
 		st.Watching, st.Watch, st.Note = true, &ws, ""
 	}
+	if raw, err := r.a.node.RampPolicyProblem(); err != nil {
+		st.RampPolicy = &api.InvalidConfig{Key: cluster.RampConfigKey, Value: raw, Error: err.Error(),
+			Effect: "ignored: the --ramp-* flags apply (fix or delete the key)"}
+	}
 	return st
 }
