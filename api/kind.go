@@ -8,6 +8,10 @@ import (
 
 // Kind is a server's effective state as its replica resolved it. Callers
 // decide on it (and on ServerState.Weight), never on the text of Answer.
+//
+// It is not state.Kind because api is the wire contract and imports no
+// hastate package (a client of /v1/state needs only api); server.rowFor
+// converts, and server's TestKindsAgree holds the two lists equal.
 type Kind string
 
 // The kinds of effective state (state.Resolution.Kind names the same).

@@ -41,13 +41,10 @@ func (p *promFlags) add(c *cobra.Command) {
 	f.StringVar(&p.proxyLabel, "proxy-label", ctl.DefaultProxyLabel, "label of HAProxy's series that names the backend")
 	f.StringVar(&p.serverLabel, "server-label", ctl.DefaultServerLabel, "label of HAProxy's series that names the server")
 	f.StringVar(&p.instanceLabel, "instance-label", ctl.DefaultInstanceLabel, "label that names the HAProxy instance; its host must be the address HAProxy's agent checks come from")
-	f.DurationVar(&p.maxAge, "max-sample-age", ctl.DefaultMaxSampleAge, "a newer sample than this is needed from every HAProxy instance (a few scrape intervals)")
+	f.DurationVar(&p.maxAge, "max-sample-age", ctl.DefaultMaxSampleAge, "a newer sample than this is needed from every HAProxy instance (a few scrape intervals; 0: the default)")
 }
 
 func (p *promFlags) prometheus() (*ctl.Prometheus, error) {
-	if p.maxAge <= 0 {
-		return nil, fmt.Errorf("%w: --max-sample-age %s: want a positive duration, a few scrape intervals (e.g. 30s)", ctl.ErrUsage, p.maxAge)
-	}
 	return ctl.NewPrometheus(ctl.PrometheusOptions{URL: p.url, ProxyLabel: p.proxyLabel, ServerLabel: p.serverLabel,
 		InstanceLabel: p.instanceLabel, MaxSampleAge: p.maxAge})
 }

@@ -157,8 +157,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("HTTPMaxHeaderBytes %d is negative: leave it 0 for 64 KiB", o.HTTPMaxHeaderBytes)
 	}
 	o.HTTPMaxHeaderBytes = cmp.Or(o.HTTPMaxHeaderBytes, 64<<10)
-	if o.LeaderlessGrace < 0 {
-		return fmt.Errorf("--leaderless-grace %s is negative: set a positive duration, or leave it unset for %s", o.LeaderlessGrace, cluster.DefaultLeaderlessGrace)
+	if err := cluster.CheckLeaderlessGrace(o.LeaderlessGrace); err != nil {
+		return err
 	}
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)

@@ -14,7 +14,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/state"
 )
 
@@ -30,9 +29,6 @@ var (
 	// ErrCannotConfirm: a gate could not see the whole cluster (a replica
 	// did not answer, Consul is not in sync), so it fails closed (exit 1).
 	ErrCannotConfirm = errors.New("cannot confirm")
-	// ErrTruncated: a replica cut a list; no command acts on a partial
-	// list (exit 1).
-	ErrTruncated = api.ErrTruncated
 )
 
 // MaxTxnKeys is the most operations one Consul transaction may carry.

@@ -56,6 +56,11 @@ func TestNewPrometheusChecksItsOptions(t *testing.T) {
 			t.Errorf("%+v: error %v, want a usage error naming %q", tc.o, err, tc.want)
 		}
 	}
+	// --max-sample-age is checked here only (issue 27.18): 0 is the
+	// default, as for every zero option.
+	if p, err := NewPrometheus(PrometheusOptions{URL: "p:9090"}); err != nil || p.o.MaxSampleAge != DefaultMaxSampleAge {
+		t.Errorf("MaxSampleAge 0: %v, %v; want the default %s", p, err, DefaultMaxSampleAge)
+	}
 }
 
 // fakePrometheus answers the queries Read makes from fixed series, with the
