@@ -1,17 +1,12 @@
 package main
 
 import (
-	"cmp"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/ctl"
-	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
 )
 
@@ -64,59 +59,28 @@ what it was told (the column of hastate verify, which explains each).`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
 			}
-			all := len(args) == 0
-			if all {
-				args = []string{"*/*"}
-			}
-			sels, err := ctl.ParseSelectors(args)
-			if err != nil {
-				return err
-			}
-			r, err := ctl.NewReplica(addr)
-			if err != nil {
-				return err
-			}
-			v, err := r.Fleet(c.Context())
-			if err != nil {
-				return err
-			}
-			// Stale is not wrong, but the operator must know.
-			if w := v.KV.Warning; w != "" {
-				fmt.Fprintln(c.ErrOrStderr(), "warning:", w)
-			}
-			if err := ctl.Missing(v.Replicas); err != nil {
-				fmt.Fprintln(c.ErrOrStderr(), "warning:", err)
-			}
-			if !v.HoldsState {
-				fmt.Fprintln(c.ErrOrStderr(), "warning: this replica holds no state yet; its answers are withheld")
-			}
-			if !all {
-				if err := ctl.Matched(v.Servers, sels); err != nil {
+			o := ctl.StatusOptions{Warn: c.ErrOrStderr()}
+			var err error
+			if len(args) > 0 {
+				if o.Selectors, err = ctl.ParseSelectors(args); err != nil {
 					return err
 				}
 			}
-			rows := ctl.Select(v.Servers, sels...)
-			var hapCol map[string]string
-			var hapRows map[string][]ctl.VerifyRow
+			if o.Replica, err = ctl.NewReplica(addr); err != nil {
+				return err
+			}
 			if withHAProxy {
-				hapCol, hapRows = haproxyColumn(c.Context(), &pf, addr, &v, sels, c.ErrOrStderr())
+				po := pf.options()
+				o.HAProxy = &po
+			}
+			rep, err := ctl.Status(c.Context(), o)
+			if err != nil {
+				return err
 			}
 			if output == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				if withHAProxy {
-					return enc.Encode(withHAProxyRows(rows, hapRows))
-				}
-				if rows == nil {
-					rows = []api.ServerState{}
-				}
-				return enc.Encode(rows)
+				return rep.WriteJSON(stdout)
 			}
-			var hap func(api.ServerState) string
-			if withHAProxy {
-				hap = func(r api.ServerState) string { return cmp.Or(hapCol[r.Backend+"/"+r.Server], "?") }
-			}
-			return printStatus(stdout, rows, v.InvalidKeys, hap)
+			return rep.WriteTable(stdout)
 		},
 	}
 	replicaFlag(c, &addr)
@@ -124,123 +88,6 @@ what it was told (the column of hastate verify, which explains each).`,
 	c.Flags().BoolVar(&withHAProxy, "haproxy", false, "add a column with what HAProxy reports through Prometheus, as hastate verify compares it")
 	pf.add(c)
 	return c
-}
-
-// withheldAnswer is the ANSWER cell of a withheld server: it is answered
-// nothing, so HAProxy keeps the last answer it was told.
-func withheldAnswer(r api.ServerState) string {
-	if r.Keeps == "" {
-		return "(withheld: HAProxy keeps its own state, never told)"
-	}
-	return "(withheld: HAProxy keeps " + r.Keeps + ")"
-}
-
-// statusTime is how status shows a time: with seconds and the zone.
-const statusTime = "Jan 2 15:04:05 MST"
-
-// printStatus writes the status table, the servers in and out of
-// rotation, the invalid keys that name no server, and the value grammar
-// once if a row's problem is an invalid value.
-func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.ServerState) string) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprint(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
-	if hap != nil {
-		fmt.Fprint(tw, "\tHAPROXY")
-	}
-	fmt.Fprintln(tw)
-	grammar := false
-	problem := func(msg string) string {
-		if short, ok := strings.CutSuffix(msg, "; valid forms: "+state.ValidForms); ok {
-			grammar = true
-			return short
-		}
-		return msg
-	}
-	var servers, in, kept int
-	out := map[string]int{}
-	for _, r := range rows {
-		ans := r.Answer
-		if r.Withheld {
-			ans = withheldAnswer(r)
-		}
-		until := ""
-		var problems []string
-		if r.Error != "" {
-			problems = append(problems, problem(r.Error))
-		}
-		switch {
-		case r.Expired != "" && r.ExpiredAt != nil:
-			until = "expired " + r.ExpiredAt.Local().Format(statusTime)
-			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
-		case r.Expired != "":
-			until = "expired"
-			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
-		case r.Until != nil:
-			until = r.Until.Local().Format(statusTime)
-		}
-		if r.AtZero() {
-			problems = append(problems, "at 0%: HAProxy shows it as DRAIN")
-		}
-		if r.Note != "" {
-			problems = append(problems, r.Note)
-		}
-		since := ""
-		if r.Since != nil {
-			since = ago(time.Since(*r.Since))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
-			until, r.Told, r.Polled, r.Reason, r.By, strings.Join(problems, "; "))
-		if hap != nil {
-			fmt.Fprint(tw, "\t"+hap(r))
-		}
-		fmt.Fprintln(tw)
-		if r.Server == state.Wildcard {
-			continue
-		}
-		servers++
-		if r.Withheld && r.Keeps != "" {
-			kept++
-		}
-		switch k, w := r.KeptKind(); {
-		case r.InRotation():
-			in++
-		case w == 0 && (k == api.KindWeight || k == api.KindRamping):
-			out["at 0%"]++
-		default:
-			out[string(k)]++
-		}
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if servers > 0 {
-		var parts []string
-		for _, k := range []string{string(api.KindDrain), string(api.KindMaint), "at 0%"} {
-			if out[k] > 0 {
-				parts = append(parts, fmt.Sprintf("%d %s", out[k], k))
-			}
-		}
-		line := fmt.Sprintf("%d of %d %s in rotation", in, servers, pluralWord(servers, "server", "servers"))
-		if len(parts) > 0 {
-			line += "; out: " + strings.Join(parts, ", ")
-		}
-		if kept > 0 {
-			line += fmt.Sprintf("; %d withheld: HAProxy keeps the last answer it was told, counted there", kept)
-		}
-		if n := out[string(api.KindWithheld)]; n > 0 {
-			line += fmt.Sprintf("; %d withheld and never told: HAProxy keeps its own state", n)
-		}
-		fmt.Fprintln(w, line)
-	}
-	for _, r := range invalidKeys {
-		if r.Backend == "" {
-			fmt.Fprintf(w, "invalid key %s: %s\n", r.Key, strings.Join(append([]string{problem(r.Error)}, cmp.Or(r.Note, "ignored: not a state/<backend>/<server> key")), "; "))
-		}
-	}
-	if grammar {
-		fmt.Fprintf(w, "valid values: %s\n", state.ValidForms)
-	}
-	return nil
 }
 
 func waitCmd(stdout io.Writer) *cobra.Command {
@@ -411,16 +258,4 @@ waited for). It exits 1 when no answer comes: refused, closed without a line
 	// HASTATE_ADDR is the replicas' HTTP address, not the agent port.
 	_ = c.Flags().SetAnnotation("addr", envName, []string{"HASTATE_PROBE_ADDR"})
 	return c
-}
-
-// ago renders a duration for a status table: "42s ago", "3h12m ago",
-// "2d5h ago".
-func ago(d time.Duration) string {
-	switch {
-	case d < time.Minute:
-		return d.Round(time.Second).String() + " ago"
-	case d < 24*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s") + " ago"
-	}
-	return fmt.Sprintf("%dd%dh ago", int(d.Hours())/24, int(d.Hours())%24)
 }

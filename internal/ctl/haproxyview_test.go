@@ -209,7 +209,7 @@ func TestJudge(t *testing.T) {
 		{"stale", row("DRAIN", 100, "drain", "drain", time.Second), true, nil, 40 * time.Second, "cannot confirm: its newest sample is 40s old"},
 		{"withheld", VerifyRow{Reported: Reported{State: "UP", Sample: now}, Withheld: true}, true, nil, 0, "withholds"},
 	} {
-		got, _ := judge(tc.r, tc.polled, tc.since, tc.age, maxAge)
+		got, _, _ := judge(tc.r, tc.polled, tc.since, tc.age, maxAge)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("%s: problem %q, want %q", tc.name, got, tc.want)
 		}
