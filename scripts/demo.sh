@@ -277,7 +277,8 @@ hastate demo is running. In another shell:
   hastate drain canary_web/web-1 --reason "try it" --for 2m   # back by itself in 2 minutes
   hastate wait canary_web/web-1 && $stat
   hastate precheck 'canary_*/*'                    # the deploy gate: exit 1, web-1 is drained
-  hastate drain 'canary_*/*' --dry-run             # the canary drain: one key per canary backend
+  hastate drain 'canary_*/*' --dry-run             # the canary drain: refused, api-1's own 50% would escape it (the dry run shows the transaction)
+  hastate drain 'canary_*/*' --override --dry-run  # one key per canary backend, api-1's key cleared in the same transaction
   hastate weight 25% canary_api/api-2
   hastate probe canary_web/web-1 --addr $agent       # ask like HAProxy does
   curl -s $addr/v1/cluster                         # raft view; $addr/ is the status page, $addr/-/metrics the metrics

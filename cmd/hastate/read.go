@@ -159,7 +159,7 @@ checks that the replica reads the same KV prefix of the same Consul.`,
 
 // gate reads the selectors, Consul and the replica of wait and precheck.
 func gate(cf consulFlags, addr string, args []string) (ctl.GateOptions, error) {
-	sels, err := ctl.ParseSelectors(args)
+	sels, err := ctl.ParseSelectorsIn(cf.prefix, args)
 	if err != nil {
 		return ctl.GateOptions{}, err
 	}
@@ -208,7 +208,11 @@ purpose" from "hastate is broken".`,
 				return err
 			}
 			if len(blocking) > 0 {
-				return fmt.Errorf("%w: %d of %s block the deploy:\n  %s", ctl.ErrNotDone, len(blocking), plural(n, "selected server", "selected servers"), strings.Join(blocking, "\n  "))
+				verb := "block"
+				if len(blocking) == 1 {
+					verb = "blocks"
+				}
+				return ctl.Errorf(ctl.ErrNotDone, "blocked: %d of %s %s the deploy:\n  %s", len(blocking), plural(n, "selected server", "selected servers"), verb, strings.Join(blocking, "\n  "))
 			}
 			fmt.Fprintf(stdout, "ok: %s, each ready or in maint\n", plural(n, "selected server", "selected servers"))
 			return nil

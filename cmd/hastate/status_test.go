@@ -28,3 +28,15 @@ func TestHintsOfferNoJSON(t *testing.T) {
 		}
 	}
 }
+
+// Issue 27.9: --min-ready -1 is a usage error, before anything is read or
+// written.
+func TestNegativeMinReadyIsAUsageError(t *testing.T) {
+	t.Setenv("HASTATE_ADDR", "127.0.0.1:1")
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+	var out strings.Builder
+	code := run([]string{"drain", "web/a", "--min-ready", "-1"}, &out, &out)
+	if code != 2 || !strings.Contains(out.String(), "--min-ready -1") {
+		t.Errorf("drain --min-ready -1: exit %d %q; want exit 2 naming --min-ready -1", code, out.String())
+	}
+}

@@ -38,6 +38,9 @@ type StatusReport struct {
 	// what each instance reports. Nil without --haproxy.
 	HAProxy     map[string]string
 	HAProxyRows map[string][]VerifyRow
+	// Prefix is the KV prefix the replica reads ("" when it did not say):
+	// the delete hint of a key no selector can name has it.
+	Prefix string
 }
 
 // Status reads the cluster's view through the replica, says on Warn what
@@ -69,6 +72,9 @@ func Status(ctx context.Context, o StatusOptions) (StatusReport, error) {
 		return StatusReport{}, err
 	}
 	rep := StatusReport{Rows: Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys}
+	if ci, err := o.Replica.Cluster(ctx); err == nil {
+		rep.Prefix = ci.KVPrefix
+	}
 	if o.HAProxy != nil {
 		rep.HAProxy, rep.HAProxyRows = haproxyColumn(ctx, *o.HAProxy, o.Replica, &v, sels, warn)
 	}
@@ -241,7 +247,11 @@ func (rep StatusReport) WriteTable(w io.Writer) error {
 	}
 	for _, r := range rep.InvalidKeys {
 		if r.Backend == "" {
-			fmt.Fprintf(w, "invalid key %s: %s\n", r.Key, strings.Join([]string{problem(r.Error), cmp.Or(r.Note, "ignored: not a state/<backend>/<server> key")}, "; "))
+			effect := r.Note // a configuration key: what applies instead
+			if effect == "" {
+				effect = fmt.Sprintf("ignored: no agent request can name it; remove it with `consul kv delete '%s'`", KVDeleteKey(rep.Prefix, r.Key))
+			}
+			fmt.Fprintf(w, "invalid key %s: %s; %s\n", r.Key, problem(r.Error), effect)
 		}
 	}
 	if grammar {
