@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 )
 
 // WriteRequest is one write command (drain, maint, ready, weight, clear)
@@ -21,6 +22,8 @@ type WriteRequest struct {
 	Replica *Replica
 	// Warn receives warnings; nil: none.
 	Warn io.Writer
+	// beforeApply, for tests, runs between the plan and each transaction.
+	beforeApply func(attempt int)
 }
 
 // maxConflicts bounds how often a write is read and planned again after
@@ -69,6 +72,9 @@ func Write(ctx context.Context, req WriteRequest) (Plan, error) {
 		if err != nil || len(plan.Ops) == 0 || req.DryRun {
 			return plan, err
 		}
+		if req.beforeApply != nil {
+			req.beforeApply(retried)
+		}
 		err = req.Writer.Apply(ctx, plan)
 		if err == nil {
 			plan.Written = true
@@ -113,6 +119,13 @@ const maxRounds = 4
 func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 	kv := NewKVRead(w.req.Prefix)
 	var needs *kvNeeds
+	if literal(w.req.Selectors) {
+		// What literal selectors depend on does not depend on the fleet:
+		// read it first, so that one index read and one wait cover it.
+		o := w.req.WriteOptions
+		o.Allow.NoReplica = true
+		_, needs, _ = PlanWrite(nil, kv, w.req.Selectors, o)
+	}
 	var fleet *api.StateView
 	var at uint64 // the index fleet was read at
 	for range maxRounds {
@@ -143,6 +156,16 @@ func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 		needs = more
 	}
 	return Plan{Command: w.req.Command, Lifted: w.lifted}, fmt.Errorf("%w: the keys this write depends on kept moving while it read them (%d rounds); nothing was written, run it again", ErrCannotConfirm, maxRounds)
+}
+
+// literal reports whether no selector has a glob (backend/* aside).
+func literal(sels []Selector) bool {
+	for _, sel := range sels {
+		if globbed(sel.Backend) || (sel.Server != state.Wildcard && globbed(sel.Server)) {
+			return false
+		}
+	}
+	return true
 }
 
 // fleetAt waits until the replica has applied Consul index index, then
