@@ -283,7 +283,7 @@ hastate demo is running. In another shell:
   hastate probe canary_web/web-1 --addr $agent       # ask like HAProxy does
   curl -s $addr/v1/cluster                         # raft view; $addr/ is the status page, $addr/-/metrics the metrics
   $(printf '%-49s' "kill -9 $(cat "$demo/hastate-0.pid")")# kill replica hastate-0: the others keep answering, the gates name it
-  sleep 2; hastate precheck canary_api/api-2       # exit 1: cannot confirm, replica hastate-0 unreachable
+  sleep 2; hastate precheck canary_api/api-2       # exit 4: cannot confirm, replica hastate-0 unreachable
   $(printf "%-49s" "$root/scripts/demo.sh restart hastate-0")# start it again (Ctrl-C of the demo stops it too)
   hastate clear 'canary_*/*' canary_web/web-1 canary_api/api-1 canary_api/api-2 --force
 
