@@ -43,7 +43,9 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 status lists every server the cluster knows (KV keys and what HAProxy polled,
 over every replica) with its answer, since when, and how many of the HAProxy
 nodes polling it were told that answer, then counts the servers in and out
-of rotation (drain, maint, 0% and withheld are out). Selectors are read as
+of rotation (drain, maint and 0% are out; a withheld server, answered
+nothing, counts by what HAProxy keeps: the last answer it was told, shown
+in its ANSWER cell). Selectors are read as
 in every command (backend alone is backend/*); one that matches nothing
 exits 3 and lists the known backends. Warnings (Consul not in sync, a
 replica that did not answer) go to stderr.
