@@ -258,7 +258,7 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 		t.Fatalf("after the interrupted maint --drain-first, status:\n%s", sout)
 	}
 
-	// 4. An unreachable Prometheus cannot confirm anything.
+	// 4. An unreachable Prometheus cannot confirm anything: exit 4.
 	dead := "http://" + freeAddr(t)
 	for _, args := range [][]string{{"verify", "be_hold/hold1"}, {"wait", "be_hold/hold1", "--idle"}} {
 		out := run(4, append(args, "--prometheus", dead)...)

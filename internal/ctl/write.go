@@ -176,6 +176,9 @@ func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions
 			pl.lift(GuardNoReplica, err.Error())
 		}
 	}
+	if fleet == nil {
+		pl.note("no replica was asked: neither the unknown-server guard nor --min-ready could be checked; which keys exist and what covers them still come from Consul")
+	}
 	pl.ix = indexFleet(pl.rows)
 	var individual []Selector // servers the write takes out one by one
 	for _, sel := range sels {
