@@ -8,6 +8,10 @@ import (
 
 // Kind is a server's effective state as its replica resolved it. Callers
 // decide on it (and on ServerState.Weight), never on the text of Answer.
+//
+// It is not state.Kind because api is the wire contract and imports no
+// hastate package (a client of /v1/state needs only api); server.rowFor
+// converts, and server's TestKindsAgree holds the two lists equal.
 type Kind string
 
 // The kinds of effective state (state.Resolution.Kind names the same).
@@ -21,13 +25,31 @@ const (
 )
 
 // InRotation reports whether HAProxy sends the server new sessions: it is
-// ready at a weight above 0% (HAProxy shows weight 0 as DRAIN).
+// ready at a weight above 0% (HAProxy shows weight 0 as DRAIN). A withheld
+// server counts by what HAProxy keeps (Keeps, the last answer it was told).
 func (s ServerState) InRotation() bool {
 	switch s.Kind {
 	case KindReady, KindWeight, KindRamping:
 		return s.Weight > 0
+	case KindWithheld:
+		k, w := s.KeptKind()
+		return (k == KindReady || k == KindWeight) && w > 0
 	}
 	return false
+}
+
+// KeptKind is, for a withheld server, the kind and weight of what HAProxy
+// keeps (Keeps): ready, weight, drain or maint; KindWithheld when no
+// HAProxy polling it was ever told anything (it keeps its own state).
+// For any other server it is the server's own Kind and Weight.
+func (s ServerState) KeptKind() (Kind, int) {
+	if s.Kind != KindWithheld {
+		return s.Kind, s.Weight
+	}
+	if s.Keeps == "" {
+		return KindWithheld, 0
+	}
+	return kindOfAnswer(ServerState{Answer: s.Keeps})
 }
 
 // AtZero reports whether the server is told ready at 0%: HAProxy shows it

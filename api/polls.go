@@ -35,11 +35,19 @@ func MergePolls(polls []Poll) map[PollKey]Poll {
 			continue
 		}
 		count := old.Count + p.Count
+		newer, older := old, p
 		if p.LastAsked.After(old.LastAsked) {
-			old = p
+			newer, older = p, old
 		}
-		old.Count = count
-		out[k] = old
+		if newer.Withheld && newer.Kept == "" {
+			// What the HAProxy keeps is what another replica told it.
+			newer.Kept = older.Kept
+			if !older.Withheld {
+				newer.Kept = older.Answer
+			}
+		}
+		newer.Count = count
+		out[k] = newer
 	}
 	return out
 }

@@ -47,7 +47,8 @@ type ServerState struct {
 	Withheld bool   `json:"withheld"`
 	// Kind is the effective state the answer comes from, and Weight the
 	// weight in percent it tells HAProxy (kinds ready, weight and
-	// ramping; 0 for the others). Decide on these, not on Answer's text.
+	// ramping; withheld: the weight HAProxy keeps, see Keeps; 0 for the
+	// others). Decide on these, not on Answer's text.
 	Kind   Kind `json:"kind"`
 	Weight int  `json:"weight"`
 	// Ramping is the undrain ramp setting this server's weight, if any.
@@ -68,6 +69,12 @@ type ServerState struct {
 	// the replicas the view covers: see StateView.Scope).
 	Polled int `json:"polled"`
 	Told   int `json:"told"`
+	// Keeps is, for a withheld server (no answer), what HAProxy keeps:
+	// the last answer a replica told the HAProxy nodes polling it (the
+	// most common one when they differ). Empty when none of them was ever
+	// told anything: each keeps its own state. Weight is then Keeps'
+	// weight, and InRotation counts the server by it.
+	Keeps string `json:"keeps,omitempty"`
 }
 
 // RampProgress is one ramp as shown to operators.
@@ -123,8 +130,11 @@ type Poll struct {
 	LastAsked time.Time `json:"last_asked"`
 	Answer    string    `json:"answer"` // without LF; "" when withheld
 	Withheld  bool      `json:"withheld"`
-	Count     uint64    `json:"count"`
-	Replica   string    `json:"replica,omitempty"` // the replica that answered
+	// Kept is, when Withheld, the last answer this HAProxy was told
+	// before, which it keeps ("" when it was never told one).
+	Kept    string `json:"kept,omitempty"`
+	Count   uint64 `json:"count"`
+	Replica string `json:"replica,omitempty"` // the replica that answered
 }
 
 // PollersView is the /v1/pollers body.
@@ -179,6 +189,19 @@ type KVStatus struct {
 	Watching bool         `json:"watching"`
 	Watch    *WatchStatus `json:"watch,omitempty"`
 	Note     string       `json:"note,omitempty"`
+	// RampPolicy, when not nil, is <prefix>config/ramp as this replica
+	// holds it (from raft: the same on every replica in sync), invalid
+	// and ignored: the --ramp-* flags apply. Key is relative to the
+	// prefix.
+	RampPolicy *InvalidConfig `json:"ramp_policy_invalid,omitempty"`
+}
+
+// InvalidConfig is a configuration key hastate ignores, and why.
+type InvalidConfig struct {
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	Error  string `json:"error"`
+	Effect string `json:"effect"`
 }
 
 // WatchStatus is the leader's Consul watch, for readiness details and the

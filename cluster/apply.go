@@ -93,21 +93,37 @@ func (n *Node) now() time.Time {
 // parses. An invalid override is reported once per value and ignored.
 func (n *Node) rampPolicy(raw string, ok bool) state.RampPolicy {
 	if !ok {
-		n.metrics.rampPolicyInvalid.Set(0)
 		return n.opts.Ramp
 	}
 	p, err := state.ParseRampPolicy(raw, n.opts.Ramp)
 	if err != nil {
-		n.metrics.rampPolicyInvalid.Set(1)
 		if prev := n.lastBadPolicy.Swap(&raw); prev == nil || *prev != raw {
 			n.log.Warn("ignoring invalid ramp policy in KV; the --ramp-* flags apply (fix or delete the key)",
 				zap.String("key", RampConfigKey), zap.String("value", cutValue(raw)), zap.Error(err))
 		}
 		return n.opts.Ramp
 	}
-	n.metrics.rampPolicyInvalid.Set(0)
 	n.lastBadPolicy.Store(nil)
 	return p
+}
+
+// RampPolicyProblem returns <prefix>config/ramp as this replica holds it
+// (from raft, so every replica in sync says the same, leader or not) and
+// why it is ignored; err is nil when the key is absent or valid.
+func (n *Node) RampPolicyProblem() (raw string, err error) {
+	raw, ok := n.fsm.raw(RampConfigKey)
+	if !ok {
+		return "", nil
+	}
+	_, err = state.ParseRampPolicy(raw, n.opts.Ramp)
+	return raw, err
+}
+
+// raw is the mirrored value of key (relative to the prefix).
+func (f *fsm) raw(key string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mirror.Raw(key)
 }
 
 // RampConfigKey is the KV key, relative to the prefix, of the ramp policy

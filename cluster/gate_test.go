@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -91,18 +92,17 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 		return testenv.Expect(strings.Contains(waiting, "n2 (") || strings.Contains(waiting, "is held"), "the leader does not say what waits for n2: %q", waiting)
 	})
 	// Several gate rounds: nothing expires, nobody withholds.
-	deadline := time.Now().Add(3 * levelEvery)
-	for time.Now().Before(deadline) {
+	testenv.Consistently(t, 3*levelEvery, func() error {
 		for _, n := range nodes {
 			if got := answer(n.Node, "web/a"); got != "drain\n" {
-				t.Fatalf("%s answers %q while the gate waits, want drain (the meta key's until waits)", n.opts.ID, got)
+				return fmt.Errorf("%s answers %q while the gate waits, want drain (the meta key's until waits)", n.opts.ID, got)
 			}
 			if err := n.fsm.notUnderstood(); err != nil || n.fsm.level() != state.LevelBase {
-				t.Fatalf("%s: level %d, not understood %v", n.opts.ID, n.fsm.level(), err)
+				return fmt.Errorf("%s: level %d, not understood %v", n.opts.ID, n.fsm.level(), err)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	if got := nodes[0].Snapshot().Resolve("web", "a").Entry.Note; got != state.NoteMetaWaits {
 		t.Errorf("status note %q, want %q", got, state.NoteMetaWaits)
 	}
@@ -137,14 +137,14 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	if err := down.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 * int(levelEvery/(100*time.Millisecond)) {
+	testenv.Consistently(t, 3*levelEvery, func() error {
 		if l := leaderOf(nodes); l != nil && l.Node != down.Node {
 			if w := l.Info().Level.Waiting; w != "" {
-				t.Fatalf("with %s down at level 2 the leader reports: %s", down.opts.ID, w)
+				return fmt.Errorf("with %s down at level 2 the leader reports: %s", down.opts.ID, w)
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // holdsf turns a condition and its failure message into an Eventually

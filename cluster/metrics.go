@@ -22,7 +22,7 @@ type metrics struct {
 	kvFailovers       prometheus.Counter
 	rampSteps         prometheus.Counter
 	entryLag          prometheus.Histogram
-	rampPolicyInvalid prometheus.Gauge
+	rampPolicyInvalid *prometheus.Desc // computed from raft at scrape
 	applyErrors       prometheus.Counter
 	dutyFailures      prometheus.Counter
 	withholds         *prometheus.CounterVec
@@ -59,8 +59,8 @@ func newMetricsUnset(n *Node) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		rampSteps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_ramp_steps_total", Help: "Per replica: ramp steps (weight changes and ends) applied to this replica's state; every replica in sync counts the same."}),
-		rampPolicyInvalid: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "hastate_ramp_policy_invalid", Help: "Leader only (on followers: as of the last time this replica led): 1 when <prefix>config/ramp is invalid and ignored (the --ramp-* flags apply). Use max over replicas."}),
+		rampPolicyInvalid: prometheus.NewDesc("hastate_ramp_policy_invalid",
+			"1 when <prefix>config/ramp is invalid and ignored (the --ramp-* flags apply), 0 when it is absent or valid. From raft: the same on every replica in sync. hastate status and the status page show the key and why.", nil, nil),
 		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_fsm_apply_errors_total", Help: "Per replica: committed raft entries this replica could not apply as written (undecodable, unknown type, invalid ramp policy, a panic while applying): each is logged and skipped, or applied without ramps, identically on every replica. Any increase is a bug to report."}),
 		dutyFailures: prometheus.NewCounter(prometheus.CounterOpts{
@@ -115,7 +115,7 @@ func newMetricsUnset(n *Node) *metrics {
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures, m.withholds},
+	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.applyErrors, m.dutyFailures, m.withholds},
 		m.port.collectors()...)
 }
 
@@ -123,7 +123,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.owned() {
 		c.Describe(ch)
 	}
-	for _, d := range []*prometheus.Desc{m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
+	for _, d := range []*prometheus.Desc{m.rampPolicyInvalid, m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
 	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood} {
@@ -154,6 +154,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(m.lastContact, prometheus.GaugeValue, lc)
+	policyInvalid := 0.0
+	if _, err := m.n.RampPolicyProblem(); err != nil {
+		policyInvalid = 1
+	}
+	ch <- prometheus.MustNewConstMetric(m.rampPolicyInvalid, prometheus.GaugeValue, policyInvalid)
 	snap := m.n.Snapshot()
 	inv := snap.Invalid()
 	ch <- prometheus.MustNewConstMetric(m.keys, prometheus.GaugeValue, float64(snap.Len()-inv), "valid")

@@ -152,8 +152,8 @@ func (o *Options) validate() error {
 	o.HeartbeatTimeout = cmp.Or(o.HeartbeatTimeout, time.Second)
 	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
 	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
-	if o.LeaderlessGrace < 0 {
-		return fmt.Errorf("cluster: leaderless grace %s is negative: set --leaderless-grace to a positive duration, e.g. %s", o.LeaderlessGrace, DefaultLeaderlessGrace)
+	if err := CheckLeaderlessGrace(o.LeaderlessGrace); err != nil {
+		return fmt.Errorf("cluster: %w", err)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@
 # polls two example backends. Ctrl-C stops everything.
 #
 #   scripts/demo.sh                      # run the demo (make demo)
+#   scripts/demo.sh stop                 # stop a demo, or what is left of one
+#                                        # (its pids are in .demo/*.pid)
 #   scripts/demo.sh restart hastate-0    # from another shell: restart a replica
 #                                        # of the running demo (stop it if it
 #                                        # runs, start it again); Ctrl-C of the
@@ -40,7 +42,40 @@ stop_pid() {
   kill -KILL "$pid" 2>/dev/null || true
 }
 
-if [ "${1:-}" = restart ]; then
+# demo_pids: "name pid" for each process of a demo (this one or an earlier
+# one) that still runs, from its pid files: HAProxy, the replicas, Consul
+# last (the order to stop them in). A pid whose command is not the demo's
+# (reused since) is left out.
+demo_pids() {
+  local f n p
+  for n in haproxy hastate-2 hastate-1 hastate-0 consul; do
+    f=$demo/$n.pid
+    p=$(cat "$f" 2>/dev/null) || continue
+    [[ $p =~ ^[0-9]+$ ]] && kill -0 "$p" 2>/dev/null || continue
+    case $n in hastate-*) grep -qa -- "--node-id" "/proc/$p/cmdline" 2>/dev/null || continue ;; esac
+    echo "$n $p"
+  done
+}
+
+if [ "${1:-}" = stop ]; then
+  # The demo script first, if it runs: its cleanup stops the rest in order.
+  if d=$(cat "$demo/demo.pid" 2>/dev/null) && kill -0 "$d" 2>/dev/null; then
+    echo "demo: stopping the demo (pid $d)"
+    stop_pid "$d" 60
+  fi
+  left=$(demo_pids)
+  if [ -z "$left" ]; then
+    echo "demo: no demo process runs"
+    exit 0
+  fi
+  while read -r n p; do
+    echo "demo: stopping $n (pid $p)"
+    stop_pid "$p"
+  done <<<"$left"
+  rm -f "$demo/demo.pid"
+  echo "demo: stopped (logs and data kept in $demo)"
+  exit 0
+elif [ "${1:-}" = restart ]; then
   r=${2:-}
   if ! [[ $r =~ ^hastate-([012])$ ]]; then
     echo "usage: scripts/demo.sh restart hastate-0|hastate-1|hastate-2" >&2
@@ -67,7 +102,7 @@ if [ "${1:-}" = restart ]; then
   echo "demo: $r restarted (pid $pid; log: $demo/$r.log); Ctrl-C of the demo stops it too"
   exit 0
 elif [ -n "${1:-}" ]; then
-  echo "usage: scripts/demo.sh [restart hastate-0|hastate-1|hastate-2]" >&2
+  echo "usage: scripts/demo.sh [stop | restart hastate-0|hastate-1|hastate-2]" >&2
   exit 2
 fi
 
@@ -76,38 +111,64 @@ haproxy=${HAPROXY_BIN:-$(command -v haproxy || echo /usr/sbin/haproxy)}
 
 consul_pid= haproxy_pid=
 pids=() # children: Consul, the replicas, HAProxy
+# say: a line for the operator on stderr, which may be gone: `make demo |
+# tee log` and Ctrl-C kill tee first. A failed write must not stop the
+# cleanup (SIGPIPE is ignored there), or Consul, HAProxy and the replicas
+# would be left running without a parent.
+say() { printf '%s\n' "$*" >&2 || true; }
 cleanup() {
-  trap - INT TERM EXIT
-  echo; echo "demo: stopping..."
+  trap - INT TERM HUP PIPE EXIT
+  trap '' PIPE
+  set +e
+  say ""; say "demo: stopping..."
   # HAProxy and the replicas (also those restarted from another shell,
   # which are no children of this script) first, Consul last.
-  local stop=() p
-  [ -n "$haproxy_pid" ] && stop+=("$haproxy_pid")
-  for i in 2 1 0; do
-    p=$(cat "$demo/hastate-$i.pid" 2>/dev/null) && stop+=("$p")
-  done
-  for p in "${stop[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  local stop=() n p
+  while read -r n p; do
+    [ "$n" = consul ] || stop+=("$p")
+  done < <(demo_pids)
+  for p in "${stop[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${stop[@]}"; do stop_pid "$p"; done
   [ -n "$consul_pid" ] && stop_pid "$consul_pid"
-  wait 2>/dev/null || true
+  wait 2>/dev/null
   rm -f "$demo/demo.pid"
-  echo "demo: stopped (logs and data kept in $demo)"
+  say "demo: stopped (logs and data kept in $demo)"
   exit 0
 }
 
-for port in 8500 9777 9778; do
-  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
-    echo "demo: 127.0.0.1:$port is already in use; stop what listens there (another demo?) and retry" >&2
-    exit 1
-  fi
+# Every address the demo listens on: a previous demo left running (its
+# script killed) holds them.
+busy=()
+for a in 127.0.0.1:8500 127.0.0.1:9777 127.0.0.1:9778 127.0.0.1:9881 127.0.0.1:9882 127.0.0.1:9883 127.0.0.1:9884 \
+  127.0.0.2:9777 127.0.0.2:9778 127.0.0.2:9779 127.0.0.3:9777 127.0.0.3:9778 127.0.0.3:9779 127.0.0.4:9777 127.0.0.4:9778 127.0.0.4:9779; do
+  if (exec 3<>"/dev/tcp/${a%:*}/${a#*:}") 2>/dev/null; then busy+=("$a"); fi
 done
+if [ ${#busy[@]} -gt 0 ]; then
+  echo "demo: ${busy[*]} already in use" >&2
+  left=$(demo_pids)
+  if [ -n "$left" ]; then
+    echo "demo: a previous demo still runs: $(echo "$left" | sed 's/ / pid /' | paste -sd, - | sed 's/,/, /g')" >&2
+    echo "demo: stop it with: scripts/demo.sh stop" >&2
+  else
+    if command -v ss >/dev/null; then
+      echo "demo: listening there:" >&2
+      ss -Hltnp 2>/dev/null | grep -F -e "${busy[0]}" -e "*:${busy[0]#*:}" | sed 's/^/  /' >&2 || true
+    fi
+    echo "demo: stop what listens there and retry (scripts/demo.sh stop stops what an earlier demo left)" >&2
+  fi
+  exit 1
+fi
 
-rm -rf "$demo"; mkdir -p "$demo"
-trap cleanup INT TERM EXIT
+rm -rf "$demo"; mkdir -p "$demo/bin"
+# consul on the PATH the demo prints, as `consul` (the cached build has
+# its version in its name).
+ln -s "$(realpath "$consul")" "$demo/bin/consul"
+trap cleanup INT TERM HUP PIPE EXIT
 echo $$ >"$demo/demo.pid"
 echo "demo: starting Consul dev agent on 127.0.0.1:8500 (log: $demo/consul.log)"
 setsid "$consul" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -dns-port -1 -grpc-port -1 >"$demo/consul.log" 2>&1 &
 consul_pid=$!
+echo $! >"$demo/consul.pid"
 pids+=($!)
 export CONSUL_HTTP_ADDR=127.0.0.1:8500
 for _ in $(seq 100); do
@@ -161,16 +222,28 @@ listen hastate_http
     server hastate-0 127.0.0.2:9778
     server hastate-1 127.0.0.3:9778
     server hastate-2 127.0.0.4:9778
-# Example backends; the servers are the replicas' HTTP ports, just something that answers TCP.
+# The example backends' servers: HAProxy itself answers HTTP on 9881-9884.
+# They are no replica, so a replica killed in the demo changes nothing for
+# them: HAProxy keeps each server's state while the others answer.
+frontend demo_servers
+    mode http
+    timeout http-request 5s
+    bind 127.0.0.1:9881
+    bind 127.0.0.1:9882
+    bind 127.0.0.1:9883
+    bind 127.0.0.1:9884
+    http-request return status 200 content-type text/plain lf-string "demo server on port %[dst_port]\n"
+# Example backends, each server's state and weight from hastate.
 backend canary_web
-    server web-1 127.0.0.2:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_web/web-1\n"
-    server web-2 127.0.0.3:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_web/web-2\n"
+    server web-1 127.0.0.1:9881 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_web/web-1\n"
+    server web-2 127.0.0.1:9882 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_web/web-2\n"
 backend canary_api
-    server api-1 127.0.0.4:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-1\n"
-    server api-2 127.0.0.2:9778 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-2\n"
+    server api-1 127.0.0.1:9883 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-1\n"
+    server api-2 127.0.0.1:9884 weight 100 check agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s agent-send "canary_api/api-2\n"
 CFG
   setsid "$haproxy" -db -f "$demo/haproxy.cfg" >"$demo/haproxy.log" 2>&1 &
   haproxy_pid=$!
+  echo $! >"$demo/haproxy.pid"
   pids+=($!)
   echo "demo: HAProxy $("$haproxy" -v | head -1 | awk '{print $3}') polls through 127.0.0.1:9777 (config: $demo/haproxy.cfg)"
   cat >"$demo/show-stat" <<SH
@@ -197,23 +270,26 @@ cat <<TXT
 
 hastate demo is running. In another shell:
 
-  export CONSUL_HTTP_ADDR=127.0.0.1:8500 HASTATE_ADDR=$addr${force:-} PATH=$root/bin:\$PATH
+  export CONSUL_HTTP_ADDR=127.0.0.1:8500 HASTATE_ADDR=$addr${force:-} PATH=$root/bin:$demo/bin:\$PATH
   hastate status                                   # desired state, answers, and how many HAProxy nodes were told
   hastate clear canary_web/web-2                   # undrain: the weight ramps 10% -> 100% over 60s (demo setting)
   hastate status canary_web                        # the ramp's progress and ETA
   hastate drain canary_web/web-1 --reason "try it" --for 2m   # back by itself in 2 minutes
   hastate wait canary_web/web-1 && $stat
   hastate precheck 'canary_*/*'                    # the deploy gate: exit 1, web-1 is drained
-  hastate drain 'canary_*/*' --dry-run             # the canary drain: one key per canary backend
+  hastate drain 'canary_*/*' --dry-run             # the canary drain: refused, api-1's own 50% would escape it (the dry run shows the transaction)
+  hastate drain 'canary_*/*' --override --dry-run  # one key per canary backend, api-1's key cleared in the same transaction
   hastate weight 25% canary_api/api-2
   hastate probe canary_web/web-1 --addr $agent       # ask like HAProxy does
   curl -s $addr/v1/cluster                         # raft view; $addr/ is the status page, $addr/-/metrics the metrics
   $(printf '%-49s' "kill -9 $(cat "$demo/hastate-0.pid")")# kill replica hastate-0: the others keep answering, the gates name it
-  sleep 2; hastate precheck canary_api/api-2       # exit 1: cannot confirm, replica hastate-0 unreachable
+  sleep 2; hastate precheck canary_api/api-2       # exit 4: cannot confirm, replica hastate-0 unreachable
   $(printf "%-49s" "$root/scripts/demo.sh restart hastate-0")# start it again (Ctrl-C of the demo stops it too)
   hastate clear 'canary_*/*' canary_web/web-1 canary_api/api-1 canary_api/api-2 --force
 
-Ctrl-C stops the demo.
+  consul kv get -recurse hastate/                  # what hastate reads (consul: $demo/bin/consul)
+
+Ctrl-C stops the demo (or, from another shell: scripts/demo.sh stop).
 TXT
 # A replica that dies is part of the demo (failover); Consul or HAProxy
 # dying ends it.

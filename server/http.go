@@ -176,7 +176,13 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 			invalid = append(invalid, e)
 		}
 	}
-	v.InvalidTotal = len(invalid)
+	if c := v.KV.RampPolicy; c != nil {
+		// The ramp policy is no state key, but as invalid: every list
+		// of invalid keys shows it, first.
+		v.InvalidKeys = append(v.InvalidKeys, api.ServerState{Key: c.Key, Value: c.Value, Source: c.Key, Error: c.Error, Note: c.Effect})
+		v.InvalidTotal++
+	}
+	v.InvalidTotal += len(invalid)
 	invalid, cutInvalid := cut(invalid, limit)
 	for _, e := range invalid {
 		if e.Backend == "" {
@@ -191,7 +197,7 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 	targets := snap.Targets()
 	now := time.Now()
 	merged := api.MergePolls(polls)
-	told := toldCounts(merged, now)
+	told, kept := toldCounts(merged, now)
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
@@ -218,6 +224,9 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 				row.Told++
 			}
 		}
+		if row.Withheld {
+			keepsOf(&row, kept[t])
+		}
 		if rowTold != nil {
 			rowTold(row, told[t])
 		}
@@ -229,25 +238,44 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 
 // toldCounts returns, for each server, the last answer each HAProxy polling
 // it at now was told, over the polls of every replica (an HAProxy asks
-// every replica behind the load balancer; the latest answer counts). A
-// manual probe is no HAProxy (api.Poll.FromHAProxy).
-func toldCounts(merged map[api.PollKey]api.Poll, now time.Time) map[state.Target]map[string]string {
-	out := map[state.Target]map[string]string{}
+// every replica behind the load balancer; the latest answer counts), and,
+// for those withheld, how many keep each earlier answer. A manual probe is
+// no HAProxy (api.Poll.FromHAProxy).
+func toldCounts(merged map[api.PollKey]api.Poll, now time.Time) (told map[state.Target]map[string]string, kept map[state.Target]map[string]int) {
+	told, kept = map[state.Target]map[string]string{}, map[state.Target]map[string]int{}
 	for _, p := range merged {
 		if !p.Polling(now) {
 			continue
 		}
 		t := state.Target{Backend: p.Backend, Server: p.Server}
-		if out[t] == nil {
-			out[t] = map[string]string{}
+		if told[t] == nil {
+			told[t] = map[string]string{}
 		}
 		answer := p.Answer
 		if p.Withheld {
 			answer = ""
+			if p.Kept != "" {
+				if kept[t] == nil {
+					kept[t] = map[string]int{}
+				}
+				kept[t][p.Kept]++
+			}
 		}
-		out[t][p.HAProxy] = answer
+		told[t][p.HAProxy] = answer
 	}
-	return out
+	return told, kept
+}
+
+// keepsOf sets a withheld row's Keeps, what HAProxy keeps, to the answer
+// most of its HAProxy nodes were last told (the first by name on a tie),
+// and its Weight to that answer's.
+func keepsOf(row *api.ServerState, kept map[string]int) {
+	for answer, n := range kept {
+		if n > kept[row.Keeps] || (n == kept[row.Keeps] && (row.Keeps == "" || answer < row.Keeps)) {
+			row.Keeps = answer
+		}
+	}
+	_, row.Weight = row.KeptKind()
 }
 
 // peerPolls returns the other replicas' polls and, sorted, which replicas

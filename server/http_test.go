@@ -287,3 +287,17 @@ func TestHTTPStateManualProbeIsNoHAProxy(t *testing.T) {
 		t.Errorf("web/z, an HAProxy over two replicas: polled %d, told %d; want 1 and 1 (%+v)", r.Polled, r.Told, r)
 	}
 }
+
+// api.Kind is state.Kind's wire form (issue 27.18): rowFor converts one to
+// the other, so the two lists must name the same kinds.
+func TestKindsAgree(t *testing.T) {
+	pairs := map[state.Kind]api.Kind{
+		state.KindReady: api.KindReady, state.KindDrain: api.KindDrain, state.KindMaint: api.KindMaint,
+		state.KindWeight: api.KindWeight, state.KindRamping: api.KindRamping, state.KindWithheld: api.KindWithheld,
+	}
+	for s, a := range pairs {
+		if api.Kind(s) != a {
+			t.Errorf("state.Kind %q is api.Kind %q on the wire", s, a)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
@@ -107,6 +108,10 @@ type pageRow struct {
 	api.ServerState
 	Class string // ready, weight, ramping, drain, maint or withheld
 	Label string // what the state cell says
+	// CountAs is the class the summaries count the row in: Class, but for
+	// a withheld server the class of what HAProxy keeps (withheld only
+	// when no HAProxy was ever told anything).
+	CountAs string
 	// Weight bar: shown for ready answers; BarPct is min(weight, 100)
 	// and Over marks weights above 100%.
 	HasWeight bool
@@ -238,7 +243,7 @@ func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.Clu
 		var c pageCounts
 		for _, r := range b.Rows {
 			if !r.Wildcard {
-				c.add(r.Class, r.AtZero())
+				c.add(r.CountAs, r.AtZero() || (r.Withheld && r.HasWeight && r.Weight == 0), r.Withheld)
 			}
 		}
 		all.merge(c)
@@ -343,6 +348,9 @@ func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []p
 // no server in rotation.
 type pageCounts struct {
 	servers, ready, weight, ramping, drain, maint, withheld int
+	// kept counts the withheld servers also counted by what HAProxy
+	// keeps (the last answer it was told).
+	kept int
 	// zero counts the servers at 0% (a weight or a ramp; counted there
 	// only): HAProxy shows them as DRAIN, so they are out of rotation.
 	zero        int
@@ -353,8 +361,11 @@ type pageCounts struct {
 // weight or ramping, above 0%.
 func (c pageCounts) inRotation() int { return c.ready + c.weight + c.ramping }
 
-func (c *pageCounts) add(class string, atZero bool) {
+func (c *pageCounts) add(class string, atZero, withheld bool) {
 	c.servers++
+	if withheld && class != "withheld" {
+		c.kept++
+	}
 	if atZero {
 		c.zero++
 		return
@@ -383,6 +394,7 @@ func (c *pageCounts) merge(o pageCounts) {
 	c.drain += o.drain
 	c.maint += o.maint
 	c.withheld += o.withheld
+	c.kept += o.kept
 	c.zero += o.zero
 	c.outBackends += o.outBackends
 }
@@ -411,7 +423,9 @@ func (c pageCounts) summary() ([]pageCount, string) {
 		class, text string
 	}{
 		{c.drain, "drain", "draining"}, {c.maint, "maint", "in maint"}, {c.ramping, "ramping", "ramping"},
-		{c.weight, "weight", "at a set weight"}, {c.zero, "drain", "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld", "withheld (no answer)"},
+		{c.weight, "weight", "at a set weight"}, {c.zero, "drain", "at 0% (DRAIN in HAProxy)"},
+		{c.kept, "withheld", "withheld (no answer: HAProxy keeps the last answer it was told, counted there)"},
+		{c.withheld, "withheld", "withheld and never told (HAProxy keeps its own state)"},
 	} {
 		if p.n > 0 {
 			out = append(out, pageCount{p.class, fmt.Sprintf("%d %s", p.n, p.text)})
@@ -425,7 +439,8 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 	for _, p := range []struct {
 		n    int
 		text string
-	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.zero, "at 0% (DRAIN in HAProxy)"}, {c.withheld, "withheld"}} {
+	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.zero, "at 0% (DRAIN in HAProxy)"},
+		{c.kept, "withheld (HAProxy keeps the last answer it was told, counted there)"}, {c.withheld, "withheld and never told (HAProxy keeps its own state)"}} {
 		if p.n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.text))
 		}
@@ -466,7 +481,21 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 	r := pageRow{ServerState: s, Wildcard: s.Server == "*"}
 	switch s.Kind {
 	case api.KindWithheld:
-		r.Class, r.Label = "withheld", "withheld"
+		// HAProxy keeps what it was last told: say it, and count it there.
+		r.Class, r.Label, r.CountAs = "withheld", "withheld: HAProxy keeps its own state (never told)", "withheld"
+		if s.Keeps != "" {
+			r.Label = "withheld: HAProxy keeps " + s.Keeps
+			switch k, w := s.KeptKind(); k {
+			case api.KindDrain, api.KindMaint:
+				r.CountAs = string(k)
+			default:
+				r.CountAs = string(api.KindReady)
+				if w != 100 {
+					r.CountAs = string(api.KindWeight)
+				}
+				r.HasWeight, r.Weight, r.BarPct, r.Over = true, w, min(w, 100), w > 100
+			}
+		}
 	case api.KindDrain:
 		r.Class, r.Label = "drain", "drain"
 	case api.KindMaint:
@@ -528,6 +557,7 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 		words = append(words, "expired")
 	}
 	r.Text = strings.ToLower(strings.Join(words, " "))
+	r.CountAs = cmp.Or(r.CountAs, r.Class)
 	return r
 }
 
@@ -537,6 +567,8 @@ func invalidOf(k api.ServerState) pageInvalid {
 		p.Key = k.Source
 	}
 	switch {
+	case k.Backend == "" && k.Note != "":
+		p.Effect = k.Note // a configuration key: config/ramp
 	case k.Backend == "":
 		p.Effect = "ignored: not a state/<backend>/<server> key"
 	case k.Withheld:

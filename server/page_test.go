@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"flag"
 	"net"
 	"net/http"
@@ -49,7 +50,7 @@ func pageShowcase(t *testing.T, now time.Time, cluster api.ClusterInfo, kv api.K
 	for req, answer := range map[string]string{"web/a": "drain", "web/c": "ready 100%", "web/d": "ready 100%", "api/y": "drain"} {
 		pollers.Record(ha, []byte(req), []byte(answer+"\n"), now)
 	}
-	pollers.Record(ha, []byte("api/x"), nil, now) // withheld: told nothing
+	pollers.Record(ha, []byte("api/x"), nil, now) // withheld: told nothing (hs2 told it ready 100% before)
 	return NewHTTPHandler(HTTPOptions{Pollers: pollers, NodeID: "hs1", now: func() time.Time { return now }, Replica: &fakeReplica{
 		snap:  func() *state.Snapshot { return snap },
 		ready: func() (bool, string) { return true, "holds state and caught up with a leader" },
@@ -57,6 +58,7 @@ func pageShowcase(t *testing.T, now time.Time, cluster api.ClusterInfo, kv api.K
 			return []api.Poll{
 				{HAProxy: "127.0.0.3", Backend: "web", Server: "a", Answer: "drain", LastAsked: now, Replica: "hs2"},
 				{HAProxy: "127.0.0.3", Backend: "web", Server: "c", Answer: "ready 50%", LastAsked: now, Replica: "hs2"},
+				{HAProxy: "127.0.0.2", Backend: "api", Server: "x", Answer: "ready 100%", LastAsked: now.Add(-2 * time.Second), Count: 5, Replica: "hs2"},
 			}
 		},
 		down:    down,
@@ -118,7 +120,7 @@ func TestPageRowsByState(t *testing.T) {
 		"web/r": {"ramping", []string{`<span class="badge">ramping</span>`, `style="width:10%"`, `<span class="bar ramp"`, `style="width:20%"`, "→ 100% in 8m"}},
 		"api/*": {"drain", []string{"backend-wide key", "canary", "bob"}},
 		"api/y": {"drain", []string{"told 1 of 1"}},
-		"api/x": {"withheld", []string{`<span class="badge">withheld</span>`, "answers nothing", `<span class="tag">invalid</span>`, "256", `<span class="told bad"`, "told nothing: 1 of 1"}},
+		"api/x": {"withheld", []string{`<span class="badge">withheld: HAProxy keeps ready 100%</span>`, `style="width:100%"`, "answers nothing", `<span class="tag">invalid</span>`, "256", `<span class="told bad"`, "told nothing: 1 of 1"}},
 	} {
 		row, ok := rows[server]
 		if !ok {
@@ -149,12 +151,12 @@ func TestPageSummaries(t *testing.T) {
 	_, body := get(t, pageShowcase(t, time.Now(), healthyCluster(), healthyKV()), "/")
 	for _, want := range []string{
 		`<span class="bname">web</span><span class="cnt ready">4 of 7 ready</span><span class="cnt drain">2 draining</span><span class="cnt maint">1 in maint</span><span class="cnt ramping">1 ramping</span><span class="cnt weight">1 at a set weight</span></th>`,
-		// api has no server in rotation (its backend-wide drain, and a withheld one): it says so.
-		`<tbody class="backend bad" data-backend="api">`,
-		`<span class="bname">api</span><span class="cnt ready">0 of 2 ready</span><span class="cnt none">no server in rotation: HAProxy sends this backend no traffic</span><span class="cnt drain">1 draining</span><span class="cnt withheld">1 withheld (no answer)</span></th>`,
+		// api's withheld server is counted by what HAProxy keeps (issue 27.3): ready 100%, in rotation.
+		`<tbody class="backend warn" data-backend="api">`,
+		`<span class="bname">api</span><span class="cnt ready">1 of 2 ready</span><span class="cnt drain">1 draining</span><span class="cnt withheld">1 withheld (no answer: HAProxy keeps the last answer it was told, counted there)</span></th>`,
 		`<tbody class="backend warn" data-backend="web">`,
-		`<p class="headline warn" id="headline">4 of 9 servers ready: 1 backend with no server in rotation, 3 draining, 1 in maint, 1 ramping, 1 at a set weight, 1 withheld, 2 invalid keys</p>`,
-		`<title>hastate: 4 of 9 servers ready: `,
+		`<p class="headline warn" id="headline">5 of 9 servers ready: 3 draining, 1 in maint, 1 ramping, 1 at a set weight, 1 withheld (HAProxy keeps the last answer it was told, counted there), 2 invalid keys</p>`,
+		`<title>hastate: 5 of 9 servers ready: `,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("status page without %s", want)
@@ -324,5 +326,26 @@ func TestPageCountsZeroPercentAsOut(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("status page without %s:\n%s", want, regexp.MustCompile(`(?s)<p class="headline.*?</p>|<span class="cnt ready">.*?</th>`).FindAllString(body, -1))
 		}
+	}
+}
+
+// A withheld server is answered nothing, so HAProxy keeps the last answer
+// it was told: /v1/state says which (over every replica's polls), with its
+// weight, not 0 (issue 27.3).
+func TestWithheldRowSaysWhatHAProxyKeeps(t *testing.T) {
+	_, body := get(t, pageShowcase(t, time.Now(), healthyCluster(), healthyKV()), "/v1/state?scope=cluster")
+	var v api.StateView
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("%v: %s", err, body)
+	}
+	var row api.ServerState
+	for _, r := range v.Servers {
+		if r.Backend+"/"+r.Server == "api/x" {
+			row = r
+		}
+	}
+	if !row.Withheld || row.Keeps != "ready 100%" || row.Weight != 100 || !row.InRotation() {
+		t.Errorf("api/x: withheld %v keeps %q weight %d in rotation %v; want withheld, keeps ready 100%% at weight 100, in rotation:\n%s",
+			row.Withheld, row.Keeps, row.Weight, row.InRotation(), body)
 	}
 }

@@ -37,6 +37,7 @@ type pollEntry struct {
 	mu     sync.Mutex
 	last   time.Time
 	answer []byte // shared wire line; nil: withheld
+	kept   []byte // the last non-nil answer: what a withheld HAProxy keeps
 	count  uint64
 }
 
@@ -118,6 +119,9 @@ func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
 	}
 	e.mu.Lock()
 	e.last, e.answer = now, line
+	if line != nil {
+		e.kept = line
+	}
 	e.count++
 	e.mu.Unlock()
 }
@@ -168,7 +172,7 @@ func (p *Pollers) List(since time.Time) []api.Poll {
 		sh.mu.RLock()
 		for k, e := range sh.m {
 			e.mu.Lock()
-			last, line, count := e.last, e.answer, e.count
+			last, line, kept, count := e.last, e.answer, e.kept, e.count
 			e.mu.Unlock()
 			if last.Before(since) {
 				continue
@@ -177,6 +181,9 @@ func (p *Pollers) List(since time.Time) []api.Poll {
 			b, s, _ := strings.Cut(req, "/")
 			pl := api.Poll{Backend: b, Server: s, LastAsked: last, Count: count,
 				Answer: strings.TrimSuffix(string(line), "\n"), Withheld: line == nil}
+			if line == nil {
+				pl.Kept = strings.TrimSuffix(string(kept), "\n")
+			}
 			if ip, ok := netip.AddrFromSlice([]byte(ipb)); ok {
 				pl.HAProxy = ip.String()
 			}

@@ -124,3 +124,22 @@ func TestPollersRecordKnownPairDoesNotAllocate(t *testing.T) {
 	var nilP *Pollers
 	nilP.Record(a, req, line, now) // a nil record is a no-op
 }
+
+// A withheld answer keeps, in Kept, the last answer that HAProxy was told:
+// what it keeps (issue 27.3).
+func TestPollersKeepWhatAWithheldHAProxyKeeps(t *testing.T) {
+	p := newPollers(t, PollersOptions{})
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	ha := &net.TCPAddr{IP: net.ParseIP("127.0.0.2"), Port: 4000}
+	p.Record(ha, []byte("web/a"), []byte("ready 40%\n"), t0)
+	p.Record(ha, []byte("web/a"), nil, t0.Add(time.Second))
+	p.Record(ha, []byte("web/a"), nil, t0.Add(2*time.Second))
+	got := p.List(time.Time{})
+	if len(got) != 1 || !got[0].Withheld || got[0].Kept != "ready 40%" || got[0].Answer != "" {
+		t.Fatalf("List = %+v, want one withheld poll that keeps ready 40%%", got)
+	}
+	p.Record(ha, []byte("web/a"), []byte("drain\n"), t0.Add(3*time.Second))
+	if got := p.List(time.Time{}); got[0].Kept != "" || got[0].Answer != "drain" {
+		t.Errorf("answered again: %+v, want answer drain and no kept", got[0])
+	}
+}

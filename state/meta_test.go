@@ -202,3 +202,30 @@ func TestLevelPersists(t *testing.T) {
 		t.Fatalf("restored level %d due %v", r.Level(), r.Due(t0.Add(time.Hour)))
 	}
 }
+
+// A meta key written for one weight does not describe another: `weight 30%
+// --for 1h`, then `consul kv put …/a 40%`, is set outside hastate, so the
+// 40% never expires on the 30%'s until (issue 27.1).
+func TestMetaForOtherWeightIsOutside(t *testing.T) {
+	until := t0.Add(time.Hour).Format(time.RFC3339)
+	m := NewMirror()
+	m.SetLevel(LevelMeta)
+	m.ApplyAt(set("state/web/a", "30%", "meta/web/a", meta("30%", until, "")), t0, rampPolicy())
+	if e := m.entry("state/web/a"); e.Note != "" || e.Last().Until.IsZero() {
+		t.Fatalf("30%% with its meta key: note %q, until %v: the meta key must count", e.Note, e.Last().Until)
+	}
+	m.ApplyAt(set("state/web/a", "40%"), t0.Add(time.Minute), rampPolicy())
+	e := m.entry("state/web/a")
+	if e.Note != NoteOutside || !e.Last().Until.IsZero() || e.Last().By != "" {
+		t.Errorf("40%% put over 30%% with meta: note %q, until %v, by %q; want %q and no until", e.Note, e.Last().Until, e.Last().By, NoteOutside)
+	}
+	if due := m.Due(t0.Add(2 * time.Hour)); len(due) != 0 {
+		t.Errorf("40%% put outside hastate is due to expire: %v", due)
+	}
+	if !e.Since.Equal(t0.Add(time.Minute)) {
+		t.Errorf("since %v: a change of weight is a change of state (want %v)", e.Since, t0.Add(time.Minute))
+	}
+	if got := lookup(m, "web/a"); got != "ready 40%\n" {
+		t.Errorf("answer %q, want ready 40%%", got)
+	}
+}

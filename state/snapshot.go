@@ -300,7 +300,8 @@ func (s *Snapshot) Targets() []Target {
 	return out
 }
 
-// Kind is a kind of effective state, as Resolution.Kind names it.
+// Kind is a kind of effective state, as Resolution.Kind names it. api.Kind
+// is its wire form (api imports no hastate package; see there).
 type Kind string
 
 // The kinds of effective state.

@@ -39,7 +39,9 @@ const MaxWeight = 256
 
 // ValidForms lists the accepted value forms; error messages show it so that
 // an operator who typed a wrong value sees what to type instead.
-const ValidForms = `ready | drain | maint | N% (N = 0..256) | {"state":"drain","reason":"...","by":"...","ramp":"10m","until":"2026-12-01T15:00:00Z"}`
+// (DESIGN.md: a state key holds one plain word; a JSON object is still
+// read, but is no form to offer).
+const ValidForms = `ready | drain | maint | N% (N = 0..256), one plain word; reason, expiry and ramp go in the meta key (hastate drain --reason --for --ramp)`
 
 // Errors returned by the parsers. Callers match them with errors.Is; the
 // wrapped message names the offending input.

@@ -167,7 +167,7 @@ func TestE2EOperatorStateReachesHAProxy(t *testing.T) {
 			t.Errorf("hastate status does not show be_web/web1's value 300%% as invalid:\n%s", out)
 		}
 		out = op.Run(t, "status", "--addr", "http://"+hs.HTTPAddr, "be_api/api2")
-		if !strings.Contains(out, "(withheld)") {
+		if !strings.Contains(out, "(withheld: HAProxy keeps ") {
 			t.Errorf("hastate status does not show be_api/api2's answer as withheld:\n%s", out)
 		}
 	})

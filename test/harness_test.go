@@ -584,13 +584,7 @@ func (o Operator) command(ctx context.Context, args ...string) *exec.Cmd {
 // system was exercised during d (e.g. probe counters moved).
 func consistently(t testing.TB, d time.Duration, cond func() bool, msg func() string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if !cond() {
-			t.Fatalf("changed within %s: %s", d, msg())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Consistently(t, d, holds(cond, msg))
 }
 
 // ClusterInfo is the /v1/cluster body.

@@ -209,7 +209,13 @@ func TestE2EKVContract(t *testing.T) {
 	if r := serverRow(t, hs[1], "mig", "c"); r.Until == nil || r.Until.UTC().Format(time.RFC3339) != until || r.Ramp != "1m0s" {
 		t.Errorf("mig/c lost its until or ramp: %+v", r)
 	}
-	time.Sleep(100 * time.Millisecond) // a few more rounds of probes after the last replica applied it
+	// A few more rounds of probes after the last replica applied it, each
+	// answer as before.
+	testenv.Consistently(t, 100*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return testenv.Expect(len(bad) == 0, "answers changed after migrate-kv: %v", bad[:min(len(bad), 10)])
+	})
 	close(stop)
 	wg.Wait()
 	t.Logf("migrate-kv: %d answers checked across 3 replicas, %d wrong or withheld", checked, len(bad))

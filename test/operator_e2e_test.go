@@ -76,7 +76,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	// A typo is a usage of its own: no server matches, exit 3, nothing
 	// written; a precheck of it does not pass.
 	out := run(3, "precheck", "canary_wbe/web-1")
-	if !strings.Contains(out, "no server matches 'canary_wbe/web-1'; known backends: canary_api, canary_web, main_api, main_web") {
+	if !strings.Contains(out, "no server matches 'canary_wbe/web-1'; did you mean canary_web/web-1?; known backends: canary_api, canary_web, main_api, main_web") {
 		t.Errorf("precheck of a typo: %s", out)
 	}
 	run(3, "drain", "canary_wbe*/*")
@@ -257,7 +257,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	if out := run(0, "clear", "canary_api/api 3"); !strings.Contains(out, "delete "+kvPrefix+"state/canary_api/api 3") {
 		t.Errorf("clear of a key with a space: %s", out)
 	}
-	if out := run(2, "clear", "canary_api/a/b"); !strings.Contains(out, "consul kv delete '<kv-prefix>state/canary_api/a/b'") {
+	if out := run(2, "clear", "canary_api/a/b"); !strings.Contains(out, "consul kv delete '"+kvPrefix+"state/canary_api/a/b'") {
 		t.Errorf("clear of a nested key: %s", out)
 	}
 	if _, err := kv.Delete(kvPrefix+"state/canary_api/a/b", nil); err != nil {

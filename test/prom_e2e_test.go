@@ -177,7 +177,7 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 		vout, code = op.RunCode(t, "verify", "be_hold/*")
 		return testenv.Expect(code == 0, "verify: exit %d:\n%s", code, vout)
 	})
-	if !strings.Contains(vout, "ok: every HAProxy agrees") || !strings.Contains(vout, "3 server(s) on 2 HAProxy instance(s)") {
+	if !strings.Contains(vout, "ok: every HAProxy agrees") || !strings.Contains(vout, "3 servers on 2 HAProxy instances") {
 		t.Fatalf("verify output:\n%s", vout)
 	}
 	t.Logf("verify: %s", lastLine(vout))

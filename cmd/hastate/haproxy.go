@@ -8,10 +8,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
-	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/ctl"
 	"github.com/spf13/cobra"
 )
@@ -41,16 +39,15 @@ func (p *promFlags) add(c *cobra.Command) {
 	f.StringVar(&p.proxyLabel, "proxy-label", ctl.DefaultProxyLabel, "label of HAProxy's series that names the backend")
 	f.StringVar(&p.serverLabel, "server-label", ctl.DefaultServerLabel, "label of HAProxy's series that names the server")
 	f.StringVar(&p.instanceLabel, "instance-label", ctl.DefaultInstanceLabel, "label that names the HAProxy instance; its host must be the address HAProxy's agent checks come from")
-	f.DurationVar(&p.maxAge, "max-sample-age", ctl.DefaultMaxSampleAge, "a newer sample than this is needed from every HAProxy instance (a few scrape intervals)")
+	f.DurationVar(&p.maxAge, "max-sample-age", ctl.DefaultMaxSampleAge, "a newer sample than this is needed from every HAProxy instance (a few scrape intervals; 0: the default)")
 }
 
-func (p *promFlags) prometheus() (*ctl.Prometheus, error) {
-	if p.maxAge <= 0 {
-		return nil, fmt.Errorf("%w: --max-sample-age %s: want a positive duration, a few scrape intervals (e.g. 30s)", ctl.ErrUsage, p.maxAge)
-	}
-	return ctl.NewPrometheus(ctl.PrometheusOptions{URL: p.url, ProxyLabel: p.proxyLabel, ServerLabel: p.serverLabel,
-		InstanceLabel: p.instanceLabel, MaxSampleAge: p.maxAge})
+func (p *promFlags) options() ctl.PrometheusOptions {
+	return ctl.PrometheusOptions{URL: p.url, ProxyLabel: p.proxyLabel, ServerLabel: p.serverLabel,
+		InstanceLabel: p.instanceLabel, MaxSampleAge: p.maxAge}
 }
+
+func (p *promFlags) prometheus() (*ctl.Prometheus, error) { return ctl.NewPrometheus(p.options()) }
 
 // waitIdle is the second half of `wait --idle`: after Wait, until HAProxy
 // holds no session on the selected servers.
@@ -143,21 +140,17 @@ too old); 3 when the selector matches no server.`,
 			if output == "json" {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
-					return err
-				}
-			} else if err := printVerify(stdout, rep); err != nil {
+				err = enc.Encode(rep)
+			} else {
+				err = rep.WriteTable(stdout)
+			}
+			if err != nil {
 				return err
 			}
-			summary := fmt.Sprintf("%d server(s) on %d HAProxy instance(s); newest sample %s old; %d samples read", rep.Servers, rep.Instances, age(rep.Newest), rep.Samples)
-			if len(rep.Problems) > 0 {
-				kind := ctl.ErrNotDone
-				if cannotConfirmOnly(rep.Problems) {
-					kind = ctl.ErrCannotConfirm
-				}
-				return fmt.Errorf("%w: HAProxy does not agree with hastate (%s):\n  %s", kind, summary, strings.Join(rep.Problems, "\n  "))
+			if err := rep.Err(); err != nil {
+				return err
 			}
-			fmt.Fprintf(stdout, "ok: every HAProxy agrees with hastate (%s)\n", summary)
+			fmt.Fprintf(stdout, "ok: every HAProxy agrees with hastate (%s)\n", rep.Summary())
 			return nil
 		},
 	}
@@ -165,94 +158,6 @@ too old); 3 when the selector matches no server.`,
 	pf.add(c)
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
 	return c
-}
-
-func printVerify(w io.Writer, rep ctl.VerifyReport) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BACKEND\tSERVER\tHAPROXY\tREPORTS\tSESSIONS\tHASTATE\tTOLD\tSAMPLE\tPROBLEM")
-	for _, r := range rep.Rows {
-		told := "-"
-		if r.ToldAt != nil {
-			told = fmt.Sprintf("%s (%s ago)", r.Told, time.Since(*r.ToldAt).Round(time.Second))
-		}
-		ans := r.Answer
-		if r.Withheld {
-			ans = "(withheld)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Backend, r.Server, r.Instance, r.Reports(), r.Sessions, ans, told,
-			sampleAge(r.Sample), strings.TrimSpace(r.Problem+" "+r.Note))
-	}
-	return tw.Flush()
-}
-
-// cannotConfirmOnly reports whether every problem is one of what verify
-// could not see (then the error is "cannot confirm").
-func cannotConfirmOnly(problems []string) bool {
-	for _, p := range problems {
-		if !strings.Contains(p, "cannot confirm") {
-			return false
-		}
-	}
-	return true
-}
-
-func sampleAge(t time.Time) string {
-	if t.IsZero() {
-		return "none"
-	}
-	return ago(time.Since(t))
-}
-
-func age(d time.Duration) string {
-	if d < 0 {
-		return "(none)"
-	}
-	return d.Round(100 * time.Millisecond).String()
-}
-
-// haproxyColumn is status --haproxy: per selected server, whether every
-// HAProxy agrees, else the first disagreement. It also returns the rows
-// for -o json. A Prometheus that does not answer leaves the column "?"
-// and is a warning.
-func haproxyColumn(ctx context.Context, pf *promFlags, addr string, v *api.StateView, sels []ctl.Selector, stderr io.Writer) (map[string]string, map[string][]ctl.VerifyRow) {
-	col, rows := map[string]string{}, map[string][]ctl.VerifyRow{}
-	r, err := ctl.NewReplica(addr)
-	var prom *ctl.Prometheus
-	if err == nil {
-		prom, err = pf.prometheus()
-	}
-	var rep ctl.VerifyReport
-	if err == nil {
-		rep, err = ctl.Verify(ctx, ctl.VerifyOptions{Prometheus: prom, Replica: r, Selectors: sels, Fleet: v})
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "warning: --haproxy: %v\n", err)
-		return col, rows
-	}
-	for _, row := range rep.Rows {
-		rows[row.Name()] = append(rows[row.Name()], row)
-	}
-	for name, rs := range rows {
-		bad := 0
-		first := ""
-		for _, x := range rs {
-			if x.Problem != "" {
-				if bad++; first == "" {
-					first = fmt.Sprintf("%s: %s", x.Instance, x.Reports())
-				}
-			}
-		}
-		switch {
-		case bad == 0:
-			col[name] = fmt.Sprintf("agrees (%d)", len(rs))
-		case bad == 1:
-			col[name] = first
-		default:
-			col[name] = fmt.Sprintf("%s (+%d more)", first, bad-1)
-		}
-	}
-	fmt.Fprintf(stderr, "haproxy: newest sample %s old, %d samples read; `hastate verify` explains each disagreement\n", age(rep.Newest), rep.Samples)
-	return col, rows
 }
 
 // drainFirstFlags are maint's --drain-first, --idle-timeout and the
@@ -274,19 +179,4 @@ func (d *drainFirstFlags) add(c *cobra.Command) {
 		"wait for idle. Without --prometheus the idle timeout is waited out in full.\n" +
 		"Interrupted (Ctrl-C), it says which state it left.\n\n" + promHelp
 	c.Example += "\n  hastate maint canary_web/gke-cny-web --drain-first --idle-timeout 2m --reason \"kernel upgrade\"   # ChatOps --disable"
-}
-
-// statusRow is a row of status -o json --haproxy: the server's state and
-// what each HAProxy instance reports for it.
-type statusRow struct {
-	api.ServerState
-	HAProxy []ctl.VerifyRow `json:"haproxy"`
-}
-
-func withHAProxyRows(rows []api.ServerState, hap map[string][]ctl.VerifyRow) []statusRow {
-	out := []statusRow{}
-	for _, r := range rows {
-		out = append(out, statusRow{ServerState: r, HAProxy: hap[r.Backend+"/"+r.Server]})
-	}
-	return out
 }

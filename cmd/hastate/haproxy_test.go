@@ -17,7 +17,7 @@ func TestPrometheusFlagsAreUsageErrors(t *testing.T) {
 		{"", []string{"wait", "web/a", "--idle"}, "set --prometheus or HASTATE_PROMETHEUS_URL"},
 		{"ftp://prom", []string{"verify", "web/a"}, `--prometheus "ftp://prom": want http://host:port`},
 		{"prom:9090", []string{"verify", "web/a", "--proxy-label", "back-end"}, `--proxy-label "back-end"`},
-		{"prom:9090", []string{"wait", "web/a", "--idle", "--max-sample-age", "0s"}, "--max-sample-age 0s"},
+		{"prom:9090", []string{"wait", "web/a", "--idle", "--max-sample-age", "-1s"}, "--max-sample-age -1s"},
 		{"prom:9090", []string{"maint", "web/a", "--drain-first", "--instance-label", "proxy"}, "both name label"},
 		{"prom:9090", []string{"verify"}, "at least one"},
 	} {

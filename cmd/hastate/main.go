@@ -55,7 +55,9 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Long: `hastate mirrors <prefix>state/<backend>/<server> from Consul KV into a raft
 cluster and answers HAProxy agent-check probes for the whole fleet.
 
-Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...,"ramp":...}`,
+A state key holds one plain word: ready | drain | maint | N% (0..256).
+Reason, expiry and ramp live beside it in <prefix>meta/<backend>/<server>,
+written by the same command (--reason, --for, --ramp).`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,

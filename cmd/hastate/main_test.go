@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hastate/hastate/internal/version"
 	"github.com/spf13/pflag"
@@ -99,15 +98,6 @@ func TestServeLogsVersionFirst(t *testing.T) {
 	b := version.Get()
 	if line["msg"] != "hastate starting" || line["version"] != b.Version || line["revision"] != b.Revision || line["goversion"] != b.GoVersion {
 		t.Fatalf("first log line %q lacks version %s, revision %s, goversion %s", first, b.Version, b.Revision, b.GoVersion)
-	}
-}
-
-func TestAgo(t *testing.T) {
-	for d, want := range map[time.Duration]string{40 * time.Second: "40s ago", 90 * time.Second: "2m ago",
-		3*time.Hour + 12*time.Minute: "3h12m ago", 53 * time.Hour: "2d5h ago"} {
-		if got := ago(d); got != want {
-			t.Errorf("ago(%s) = %q, want %q", d, got, want)
-		}
 	}
 }
 

@@ -1,17 +1,12 @@
 package main
 
 import (
-	"cmp"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/ctl"
-	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
 )
 
@@ -48,7 +43,9 @@ func statusCmd(stdout io.Writer) *cobra.Command {
 status lists every server the cluster knows (KV keys and what HAProxy polled,
 over every replica) with its answer, since when, and how many of the HAProxy
 nodes polling it were told that answer, then counts the servers in and out
-of rotation (drain, maint, 0% and withheld are out). Selectors are read as
+of rotation (drain, maint and 0% are out; a withheld server, answered
+nothing, counts by what HAProxy keeps: the last answer it was told, shown
+in its ANSWER cell). Selectors are read as
 in every command (backend alone is backend/*); one that matches nothing
 exits 3 and lists the known backends. Warnings (Consul not in sync, a
 replica that did not answer) go to stderr.
@@ -64,59 +61,28 @@ what it was told (the column of hastate verify, which explains each).`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
 			}
-			all := len(args) == 0
-			if all {
-				args = []string{"*/*"}
-			}
-			sels, err := ctl.ParseSelectors(args)
-			if err != nil {
-				return err
-			}
-			r, err := ctl.NewReplica(addr)
-			if err != nil {
-				return err
-			}
-			v, err := r.Fleet(c.Context())
-			if err != nil {
-				return err
-			}
-			// Stale is not wrong, but the operator must know.
-			if w := v.KV.Warning; w != "" {
-				fmt.Fprintln(c.ErrOrStderr(), "warning:", w)
-			}
-			if err := ctl.Missing(v.Replicas); err != nil {
-				fmt.Fprintln(c.ErrOrStderr(), "warning:", err)
-			}
-			if !v.HoldsState {
-				fmt.Fprintln(c.ErrOrStderr(), "warning: this replica holds no state yet; its answers are withheld")
-			}
-			if !all {
-				if err := ctl.Matched(v.Servers, sels); err != nil {
+			o := ctl.StatusOptions{Warn: c.ErrOrStderr()}
+			var err error
+			if len(args) > 0 {
+				if o.Selectors, err = ctl.ParseSelectors(args); err != nil {
 					return err
 				}
 			}
-			rows := ctl.Select(v.Servers, sels...)
-			var hapCol map[string]string
-			var hapRows map[string][]ctl.VerifyRow
+			if o.Replica, err = ctl.NewReplica(addr); err != nil {
+				return err
+			}
 			if withHAProxy {
-				hapCol, hapRows = haproxyColumn(c.Context(), &pf, addr, &v, sels, c.ErrOrStderr())
+				po := pf.options()
+				o.HAProxy = &po
+			}
+			rep, err := ctl.Status(c.Context(), o)
+			if err != nil {
+				return err
 			}
 			if output == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				if withHAProxy {
-					return enc.Encode(withHAProxyRows(rows, hapRows))
-				}
-				if rows == nil {
-					rows = []api.ServerState{}
-				}
-				return enc.Encode(rows)
+				return rep.WriteJSON(stdout)
 			}
-			var hap func(api.ServerState) string
-			if withHAProxy {
-				hap = func(r api.ServerState) string { return cmp.Or(hapCol[r.Backend+"/"+r.Server], "?") }
-			}
-			return printStatus(stdout, rows, v.InvalidKeys, hap)
+			return rep.WriteTable(stdout)
 		},
 	}
 	replicaFlag(c, &addr)
@@ -124,105 +90,6 @@ what it was told (the column of hastate verify, which explains each).`,
 	c.Flags().BoolVar(&withHAProxy, "haproxy", false, "add a column with what HAProxy reports through Prometheus, as hastate verify compares it")
 	pf.add(c)
 	return c
-}
-
-// statusTime is how status shows a time: with seconds and the zone.
-const statusTime = "Jan 2 15:04:05 MST"
-
-// printStatus writes the status table, the servers in and out of
-// rotation, the invalid keys that name no server, and the value grammar
-// once if a row's problem is an invalid value.
-func printStatus(w io.Writer, rows, invalidKeys []api.ServerState, hap func(api.ServerState) string) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprint(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
-	if hap != nil {
-		fmt.Fprint(tw, "\tHAPROXY")
-	}
-	fmt.Fprintln(tw)
-	grammar := false
-	problem := func(msg string) string {
-		if short, ok := strings.CutSuffix(msg, "; valid forms: "+state.ValidForms); ok {
-			grammar = true
-			return short
-		}
-		return msg
-	}
-	var servers, in int
-	out := map[string]int{}
-	for _, r := range rows {
-		ans := r.Answer
-		if r.Withheld {
-			ans = "(withheld)"
-		}
-		until := ""
-		var problems []string
-		if r.Error != "" {
-			problems = append(problems, problem(r.Error))
-		}
-		switch {
-		case r.Expired != "" && r.ExpiredAt != nil:
-			until = "expired " + r.ExpiredAt.Local().Format(statusTime)
-			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
-		case r.Expired != "":
-			until = "expired"
-			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
-		case r.Until != nil:
-			until = r.Until.Local().Format(statusTime)
-		}
-		if r.AtZero() {
-			problems = append(problems, "at 0%: HAProxy shows it as DRAIN")
-		}
-		if r.Note != "" {
-			problems = append(problems, r.Note)
-		}
-		since := ""
-		if r.Since != nil {
-			since = ago(time.Since(*r.Since))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
-			until, r.Told, r.Polled, r.Reason, r.By, strings.Join(problems, "; "))
-		if hap != nil {
-			fmt.Fprint(tw, "\t"+hap(r))
-		}
-		fmt.Fprintln(tw)
-		if r.Server == state.Wildcard {
-			continue
-		}
-		servers++
-		switch {
-		case r.InRotation():
-			in++
-		case r.AtZero():
-			out["at 0%"]++
-		default:
-			out[string(r.Kind)]++
-		}
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if servers > 0 {
-		var parts []string
-		for _, k := range []string{string(api.KindDrain), string(api.KindMaint), "at 0%", string(api.KindWithheld)} {
-			if out[k] > 0 {
-				parts = append(parts, fmt.Sprintf("%d %s", out[k], k))
-			}
-		}
-		line := fmt.Sprintf("%d of %d servers in rotation", in, servers)
-		if len(parts) > 0 {
-			line += "; out: " + strings.Join(parts, ", ")
-		}
-		fmt.Fprintln(w, line)
-	}
-	for _, r := range invalidKeys {
-		if r.Backend == "" {
-			fmt.Fprintf(w, "invalid key %s: %s\n", r.Key, problem(r.Error))
-		}
-	}
-	if grammar {
-		fmt.Fprintf(w, "valid values: %s\n", state.ValidForms)
-	}
-	return nil
 }
 
 func waitCmd(stdout io.Writer) *cobra.Command {
@@ -294,7 +161,7 @@ checks that the replica reads the same KV prefix of the same Consul.`,
 
 // gate reads the selectors, Consul and the replica of wait and precheck.
 func gate(cf consulFlags, addr string, args []string) (ctl.GateOptions, error) {
-	sels, err := ctl.ParseSelectors(args)
+	sels, err := ctl.ParseSelectorsIn(cf.prefix, args)
 	if err != nil {
 		return ctl.GateOptions{}, err
 	}
@@ -343,7 +210,11 @@ purpose" from "hastate is broken".`,
 				return err
 			}
 			if len(blocking) > 0 {
-				return fmt.Errorf("%w: %d of %s block the deploy:\n  %s", ctl.ErrNotDone, len(blocking), plural(n, "selected server", "selected servers"), strings.Join(blocking, "\n  "))
+				verb := "block"
+				if len(blocking) == 1 {
+					verb = "blocks"
+				}
+				return ctl.Errorf(ctl.ErrNotDone, "blocked: %d of %s %s the deploy:\n  %s", len(blocking), plural(n, "selected server", "selected servers"), verb, strings.Join(blocking, "\n  "))
 			}
 			fmt.Fprintf(stdout, "ok: %s, each ready or in maint\n", plural(n, "selected server", "selected servers"))
 			return nil
@@ -355,10 +226,15 @@ purpose" from "hastate is broken".`,
 }
 
 func plural(n int, one, many string) string {
+	return fmt.Sprintf("%d %s", n, pluralWord(n, one, many))
+}
+
+// pluralWord is one when n is 1, else many.
+func pluralWord(n int, one, many string) string {
 	if n == 1 {
-		return "1 " + one
+		return one
 	}
-	return fmt.Sprintf("%d %s", n, many)
+	return many
 }
 
 func probeCmd(stdout io.Writer) *cobra.Command {
@@ -393,16 +269,4 @@ waited for). It exits 1 when no answer comes: refused, closed without a line
 	// HASTATE_ADDR is the replicas' HTTP address, not the agent port.
 	_ = c.Flags().SetAnnotation("addr", envName, []string{"HASTATE_PROBE_ADDR"})
 	return c
-}
-
-// ago renders a duration for a status table: "42s ago", "3h12m ago",
-// "2d5h ago".
-func ago(d time.Duration) string {
-	switch {
-	case d < time.Minute:
-		return d.Round(time.Second).String() + " ago"
-	case d < 24*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s") + " ago"
-	}
-	return fmt.Sprintf("%dd%dh ago", int(d.Hours())/24, int(d.Hours())%24)
 }

@@ -1,57 +1,42 @@
 package main
 
 import (
-	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/internal/ctl"
 	"github.com/hastate/hastate/state"
 )
 
-// Issue 15.12: the value grammar is said once, not on every invalid row;
-// UNTIL and a ramp's ETA have seconds and a zone; an expired row shows
-// when it expired, and names the key in PROBLEM. Issue 15.3: 0% counts as
-// out.
-func TestStatusTable(t *testing.T) {
-	until := time.Date(2026, 12, 1, 15, 4, 5, 0, time.UTC)
-	bad := func(v string) string {
-		_, err := state.ParseValue(v)
-		return err.Error()
+// Issue 27.11: a state key holds one plain word, so no hint offers JSON:
+// not the root --help, not the status footer.
+func TestHintsOfferNoJSON(t *testing.T) {
+	var help strings.Builder
+	if code := run([]string{"--help"}, &help, &help); code != 0 {
+		t.Fatalf("--help: exit %d", code)
 	}
-	rows := []api.ServerState{
-		{Backend: "w", Server: "a", Answer: "drain", Kind: api.KindDrain, Until: &until, Desired: "drain"},
-		{Backend: "w", Server: "b", Answer: "ready 100%", Kind: api.KindReady, Weight: 100, Expired: "state/w/b", ExpiredAt: &until},
-		{Backend: "w", Server: "c", Answer: "drain", Kind: api.KindDrain, Error: bad("drian"), Valid: false},
-		{Backend: "w", Server: "d", Answer: "", Kind: api.KindWithheld, Withheld: true, Error: bad("300%")},
-		{Backend: "w", Server: "e", Answer: "ready 0%", Kind: api.KindWeight, Weight: 0},
-		{Backend: "w", Server: "f", Answer: "ready 40%", Kind: api.KindRamping, Weight: 40,
-			Ramping: &api.RampProgress{WeightPercent: 40, ETA: until}},
-		{Backend: "w", Server: "*", Answer: "maint", Kind: api.KindMaint},
-	}
+	_, err := state.ParseValue("drian")
 	var out strings.Builder
-	if err := printStatus(&out, rows, nil, nil); err != nil {
+	if err := (ctl.StatusReport{Rows: []api.ServerState{{Backend: "w", Server: "a", Kind: api.KindWithheld, Withheld: true, Error: err.Error()}}}).WriteTable(&out); err != nil {
 		t.Fatal(err)
 	}
-	s := out.String()
-	if n := strings.Count(s, state.ValidForms); n != 1 {
-		t.Errorf("the value grammar appears %d times, want once:\n%s", n, s)
-	}
-	stamp := regexp.QuoteMeta(until.Local().Format("Jan 2 15:04:05 MST"))
-	for _, want := range []string{
-		`(?m)^w +a +drain .*` + stamp,
-		`(?m)^w +b .*expired ` + stamp + `.*expired key state/w/b`,
-		`(?m)^w +c .*invalid value "drian": not a known state`,
-		`(?m)^w +e .*at 0%: HAProxy shows it as DRAIN`,
-		`(?m)^w +f .*40% \(eta ` + regexp.QuoteMeta(until.Local().Format("15:04:05 MST")) + `\)`,
-		`(?m)^2 of 6 servers in rotation; out: 2 drain, 1 at 0%, 1 withheld$`,
-	} {
-		if !regexp.MustCompile(want).MatchString(s) {
-			t.Errorf("status table without %s:\n%s", want, s)
+	footer := out.String()[strings.Index(out.String(), "valid values:"):]
+	for what, s := range map[string]string{"root --help": help.String(), "status footer": footer, "state.ValidForms": state.ValidForms} {
+		if strings.Contains(s, "{") || !strings.Contains(s, "ready | drain | maint") {
+			t.Errorf("%s offers JSON or not the words:\n%s", what, s)
 		}
 	}
-	if strings.Contains(s, "expired: state/") {
-		t.Errorf("an expired row shows the key where the time belongs:\n%s", s)
+}
+
+// Issue 27.9: --min-ready -1 is a usage error, before anything is read or
+// written.
+func TestNegativeMinReadyIsAUsageError(t *testing.T) {
+	t.Setenv("HASTATE_ADDR", "127.0.0.1:1")
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+	var out strings.Builder
+	code := run([]string{"drain", "web/a", "--min-ready", "-1"}, &out, &out)
+	if code != 2 || !strings.Contains(out.String(), "--min-ready -1") {
+		t.Errorf("drain --min-ready -1: exit %d %q; want exit 2 naming --min-ready -1", code, out.String())
 	}
 }

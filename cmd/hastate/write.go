@@ -100,6 +100,9 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 	req.Value = value
 	plan, err := ctl.Write(c.Context(), req)
 	if err != nil {
+		if req.DryRun {
+			plan.ReportRefused(stdout)
+		}
 		return err
 	}
 	if w.forDur > 0 || w.ramp != "" {
@@ -112,7 +115,7 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 // request is the write request the flags and arguments make (its Value
 // is the caller's).
 func (w *writeFlags) request(command string, args []string) (ctl.WriteRequest, error) {
-	sels, err := ctl.ParseSelectors(args)
+	sels, err := ctl.ParseSelectorsIn(w.prefix, args)
 	if err != nil {
 		return ctl.WriteRequest{}, err
 	}

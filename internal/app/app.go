@@ -157,8 +157,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("HTTPMaxHeaderBytes %d is negative: leave it 0 for 64 KiB", o.HTTPMaxHeaderBytes)
 	}
 	o.HTTPMaxHeaderBytes = cmp.Or(o.HTTPMaxHeaderBytes, 64<<10)
-	if o.LeaderlessGrace < 0 {
-		return fmt.Errorf("--leaderless-grace %s is negative: set a positive duration, or leave it unset for %s", o.LeaderlessGrace, cluster.DefaultLeaderlessGrace)
+	if err := cluster.CheckLeaderlessGrace(o.LeaderlessGrace); err != nil {
+		return err
 	}
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
@@ -567,6 +567,10 @@ func (r replica) KVStatus() api.KVStatus {
 	if w := r.a.watcher.Load(); w != nil && r.a.node.IsLeader() {
 		ws := w.Status()
 		st.Watching, st.Watch, st.Note = true, &ws, ""
+	}
+	if raw, err := r.a.node.RampPolicyProblem(); err != nil {
+		st.RampPolicy = &api.InvalidConfig{Key: cluster.RampConfigKey, Value: raw, Error: err.Error(),
+			Effect: "ignored: the --ramp-* flags apply (fix or delete the key)"}
 	}
 	return st
 }

@@ -151,6 +151,8 @@ func TestOptionsValidate(t *testing.T) {
 		{Options{NodeID: "x", DataDir: "d", PollersMax: -1}, "--pollers-max -1 is negative"},
 		{Options{NodeID: "x", DataDir: "d", Ramp: state.RampPolicy{Start: 10, Duration: 48 * time.Hour}}, "ramp flags: invalid ramp policy: duration"},
 		{Options{NodeID: "x", DataDir: "d", HTTPReadTimeout: -1}, "HTTPReadTimeout -1ns is negative"},
+		// cluster.CheckLeaderlessGrace, the one check (issue 27.18), before anything starts.
+		{Options{NodeID: "x", DataDir: "d", LeaderlessGrace: -time.Second}, "--leaderless-grace -1s is negative"},
 	} {
 		if _, err := New(tt.o); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidOptions mentioning %q", tt.o, err, tt.want)

@@ -5,6 +5,7 @@
 package ctl
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +15,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/state"
 )
 
@@ -36,9 +36,6 @@ var (
 	// another Consul cluster, than the command: a write there is one
 	// nobody serves, so it is refused (exit 1), whatever the flags.
 	ErrWrongReplica = errors.New("the replica reads something else")
-	// ErrTruncated: a replica cut a list; no command acts on a partial
-	// list (exit 4: cannot confirm).
-	ErrTruncated = api.ErrTruncated
 )
 
 // MaxTxnKeys is the most operations one Consul transaction may carry.
@@ -61,12 +58,11 @@ func ParseSelector(arg string) (Selector, error) {
 		s = state.Wildcard
 	}
 	sel := Selector{b, s}
-	remove := fmt.Sprintf("if it is a key in KV, no agent request can name it: remove it with `consul kv delete '<kv-prefix>%s%s'`", state.StatePrefix, arg)
 	switch {
 	case strings.ContainsFunc(arg, unicode.IsControl):
-		return sel, fmt.Errorf("%w: %q has a control character; %s", ErrUsage, arg, remove)
+		return sel, &UnnamableError{Arg: arg, Why: "has a control character"}
 	case strings.Contains(s, "/"):
-		return sel, fmt.Errorf("%w: %q is not <backend>/<server>: it has more than one '/'; %s", ErrUsage, arg, remove)
+		return sel, &UnnamableError{Arg: arg, Why: "is not <backend>/<server>: it has more than one '/'"}
 	case b == "" || s == "":
 		return sel, fmt.Errorf("%w: %q is not <backend>/<server>: write e.g. canary_web/gke-cny-web, canary_web (the whole backend) or 'canary_*/*'", ErrUsage, arg)
 	}
@@ -76,6 +72,36 @@ func ParseSelector(arg string) (Selector, error) {
 		}
 	}
 	return sel, nil
+}
+
+// UnnamableError is a selector no agent request can name (a control
+// character, more than one '/'): a usage error whose hint is the consul
+// CLI's delete of such a key, with the KV prefix when it is known.
+type UnnamableError struct {
+	Arg, Why string
+	Prefix   string // "": the hint says <kv-prefix>
+}
+
+func (e *UnnamableError) Error() string {
+	return fmt.Sprintf("%v: %q %s; if it is a key in KV, no agent request can name it: remove it with `consul kv delete '%s'`",
+		ErrUsage, e.Arg, e.Why, KVDeleteKey(e.Prefix, state.StatePrefix+e.Arg))
+}
+
+func (e *UnnamableError) Unwrap() error { return ErrUsage }
+
+// KVDeleteKey is key (relative to the prefix) as `consul kv delete` takes
+// it: with the prefix, or <kv-prefix> when it is not known.
+func KVDeleteKey(prefix, key string) string { return cmp.Or(prefix, "<kv-prefix>") + key }
+
+// ParseSelectorsIn is ParseSelectors for a command that knows the KV
+// prefix: a hint to delete a key names it whole.
+func ParseSelectorsIn(prefix string, args []string) ([]Selector, error) {
+	sels, err := ParseSelectors(args)
+	var ue *UnnamableError
+	if errors.As(err, &ue) {
+		ue.Prefix = prefix
+	}
+	return sels, err
 }
 
 // ParseSelectors parses several arguments, dropping repeats.

@@ -56,6 +56,11 @@ func TestNewPrometheusChecksItsOptions(t *testing.T) {
 			t.Errorf("%+v: error %v, want a usage error naming %q", tc.o, err, tc.want)
 		}
 	}
+	// --max-sample-age is checked here only (issue 27.18): 0 is the
+	// default, as for every zero option.
+	if p, err := NewPrometheus(PrometheusOptions{URL: "p:9090"}); err != nil || p.o.MaxSampleAge != DefaultMaxSampleAge {
+		t.Errorf("MaxSampleAge 0: %v, %v; want the default %s", p, err, DefaultMaxSampleAge)
+	}
 }
 
 // fakePrometheus answers the queries Read makes from fixed series, with the
@@ -204,7 +209,7 @@ func TestJudge(t *testing.T) {
 		{"stale", row("DRAIN", 100, "drain", "drain", time.Second), true, nil, 40 * time.Second, "cannot confirm: its newest sample is 40s old"},
 		{"withheld", VerifyRow{Reported: Reported{State: "UP", Sample: now}, Withheld: true}, true, nil, 0, "withholds"},
 	} {
-		got, _ := judge(tc.r, tc.polled, tc.since, tc.age, maxAge)
+		got, _, _ := judge(tc.r, tc.polled, tc.since, tc.age, maxAge)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("%s: problem %q, want %q", tc.name, got, tc.want)
 		}

@@ -159,24 +159,6 @@ func (p *Prometheus) covers(ctx context.Context, rd Reading, servers map[string]
 	return nil
 }
 
-// unscraped names the HAProxy nodes (by address) that poll a server of
-// pollers but match no instance.
-func (p *Prometheus) unscraped(ctx context.Context, instances []string, pollers map[string][]string) []string {
-	addrs := map[string]bool{}
-	for _, as := range p.hosts(ctx, instances) {
-		for _, a := range as {
-			addrs[a] = true
-		}
-	}
-	var out []string
-	for _, ip := range slices.Sorted(maps.Keys(pollers)) {
-		if !addrs[ip] {
-			out = append(out, fmt.Sprintf("HAProxy %s polls %s but no instance Prometheus scrapes is at that address", ip, strings.Join(pollers[ip], ", ")))
-		}
-	}
-	return out
-}
-
 // selectedPolled expands the selectors to the servers the cluster knows
 // (not backend-wide keys), and lists by address the HAProxy nodes that
 // polled each within api.PollerTTL.

@@ -32,25 +32,31 @@ func TxnOps(o Op) []Op {
 		return []Op{o} // not ours to rewrite; the planner checked the value
 	}
 	word := Op{Key: o.Key, Value: v.String()}
-	if !state.IsJSONValue(o.Value) && len(o.Lifted) == 0 {
+	if !state.IsJSONValue(o.Value) && len(o.Lifted) == 0 && o.Effect == "" {
 		return []Op{word, {Delete: true, Key: mk}}
 	}
-	return []Op{word, {Key: mk, Value: metaValue(v, o.Lifted)}}
+	return []Op{word, {Key: mk, Value: metaValue(v, o.Lifted, o.Effect)}}
 }
 
 // metaValue is the meta key of v, with the guards the write lifted under
 // "lifted", one string ("; " between guards) so that the meta key stays an
-// object of strings (readers ignore fields they do not know).
-func metaValue(v state.Value, lifted []string) string {
+// object of strings (readers ignore fields they do not know), and what the
+// write left under "effect".
+func metaValue(v state.Value, lifted []string, effect string) string {
 	m := state.MarshalMeta(v)
-	if len(lifted) == 0 {
+	if len(lifted) == 0 && effect == "" {
 		return m
 	}
 	var j map[string]string
 	if err := json.Unmarshal([]byte(m), &j); err != nil {
 		return m // MarshalMeta always encodes an object
 	}
-	j["lifted"] = strings.Join(lifted, "; ")
+	if len(lifted) > 0 {
+		j["lifted"] = strings.Join(lifted, "; ")
+	}
+	if effect != "" {
+		j["effect"] = effect
+	}
 	b, err := json.Marshal(j)
 	if err != nil {
 		return m

@@ -109,13 +109,15 @@ func (r *KVRead) ownKeys(backend string) map[string]KVKey {
 }
 
 // covers reports whether a backend-wide key holds something other than
-// ready (a ready backend-wide key means what no key means).
+// ready (a ready backend-wide key means what no key means, with a ramp in
+// its meta key too: what it ramps is its servers' undrain, and a server
+// readied under it follows it again; issue 27.2).
 func covers(w KVKey) bool {
 	if !w.Present {
 		return false
 	}
 	v, ok := w.parsed()
-	return !ok || v.Admin != state.Ready || v.WeightSet || v.RampSet
+	return !ok || v.Admin != state.Ready || v.WeightSet
 }
 
 // ServerKeys are the two keys a server's state can come from, as Consul

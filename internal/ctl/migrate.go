@@ -52,7 +52,7 @@ func (r MigrateResult) Print(w io.Writer, dry bool) {
 	if dry {
 		verb = "to rewrite (dry run, nothing written)"
 	}
-	fmt.Fprintf(w, "migrate-kv: %d JSON state keys %s as word + meta key\n", len(r.Rewritten), verb)
+	fmt.Fprintf(w, "migrate-kv: %s %s as word + meta key\n", pluralN(len(r.Rewritten), "JSON state key", "JSON state keys"), verb)
 	for _, o := range r.Ops {
 		fmt.Fprintln(w, "  "+o.String())
 	}

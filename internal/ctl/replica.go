@@ -111,7 +111,42 @@ func Matched(rows []api.ServerState, sels []Selector) error {
 // noMatch is the exit-3 error for a selector that matched nothing, with
 // the backends the cluster knows.
 func noMatch(sel Selector, rows []api.ServerState) error {
-	return fmt.Errorf("%w: no server matches '%s'; known backends: %s", ErrNoMatch, sel, knownBackends(rows))
+	return fmt.Errorf("%w: no server matches '%s'%s; known backends: %s", ErrNoMatch, sel, suggest(sel, rows), knownBackends(rows))
+}
+
+// suggest is the did-you-mean of a selector that matched nothing: the
+// known backends near its backend, else the servers of its backend near
+// its server (issue 27.10).
+func suggest(sel Selector, rows []api.ServerState) string {
+	backends, servers := map[string]bool{}, map[string]bool{}
+	for _, r := range rows {
+		backends[r.Backend] = true
+		if r.Backend == sel.Backend && r.Server != state.Wildcard {
+			servers[r.Server] = true
+		}
+	}
+	if !backends[sel.Backend] {
+		if s := didYouMean(sel.Backend, slices.Sorted(maps.Keys(backends))); s != "" && sel.Server == state.Wildcard {
+			return s
+		} else if s != "" {
+			return strings.Replace(s, "?", "/"+sel.Server+"?", 1)
+		}
+		return ""
+	}
+	if sel.Server == state.Wildcard {
+		return ""
+	}
+	known := slices.Sorted(maps.Keys(servers))
+	s := didYouMean(sel.Server, known)
+	if s == "" {
+		return ""
+	}
+	// Name them backend/server, as the operator types them.
+	for _, k := range known {
+		s = strings.ReplaceAll(s, " "+k+"?", " "+sel.Backend+"/"+k+"?")
+		s = strings.ReplaceAll(s, " "+k+" or", " "+sel.Backend+"/"+k+" or")
+	}
+	return s
 }
 
 func knownBackends(rows []api.ServerState) string {

@@ -46,6 +46,9 @@ const maxConflicts = 5
 //
 // The plan says what was (or would be) written; Report prints it.
 func Write(ctx context.Context, req WriteRequest) (Plan, error) {
+	if req.MinReady < 0 {
+		return Plan{Command: req.Command}, fmt.Errorf("%w: --min-ready %d: want 0 or more ready servers (0: no capacity check)", ErrUsage, req.MinReady)
+	}
 	req.Prefix = req.Writer.Prefix
 	w := &writeRun{req: req, gate: GateOptions{Consul: req.Writer.Client, ConsulAddr: req.Writer.Addr, Prefix: req.Writer.Prefix, Replica: req.Replica}}
 	fail := func(err error) (Plan, error) { return Plan{Command: req.Command, Lifted: w.lifted}, err }
@@ -200,16 +203,39 @@ func (p Plan) Report(w io.Writer) {
 	case len(p.Ops) == 0:
 		fmt.Fprintf(w, "%s: nothing to write\n", p.Command)
 	case !p.Written:
-		fmt.Fprintf(w, "%s (dry run, nothing written): %s in one transaction:\n", p.Command, keys(len(p.Ops)))
+		fmt.Fprintf(w, "%s (dry run, nothing written): %s in one transaction:\n", p.Command, p.size())
 	default:
-		fmt.Fprintf(w, "%s: %s written in one Consul transaction:\n", p.Command, keys(len(p.Ops)))
+		fmt.Fprintf(w, "%s: %s written in one Consul transaction:\n", p.Command, p.size())
 	}
 	p.Print(w)
 }
 
-func keys(n int) string {
-	if n == 1 {
-		return "1 key"
+// ReportRefused prints, for a dry run that was refused, the
+// transaction it refused, so that the operator sees what the flags that
+// lift the refusal would write.
+func (p Plan) ReportRefused(w io.Writer) {
+	if len(p.Ops) == 0 {
+		return
 	}
-	return fmt.Sprintf("%d keys", n)
+	fmt.Fprintf(w, "%s (dry run, refused, nothing written): the transaction it refused, %s:\n", p.Command, p.size())
+	p.Print(w) // the refusal itself follows, as the command's error
+}
+
+// size counts what the plan writes: its keys, and the Consul operations
+// they make when a meta key goes with each state key ("1 key (2
+// operations: with its meta key)").
+func (p Plan) size() string {
+	ops := 0
+	for _, o := range p.Ops {
+		ops += len(TxnOps(o))
+	}
+	out := pluralN(len(p.Ops), "key", "keys")
+	if ops != len(p.Ops) {
+		with := "with its meta key"
+		if len(p.Ops) > 1 {
+			with = "state keys with their meta keys"
+		}
+		out += fmt.Sprintf(" (%s: %s)", pluralN(ops, "operation", "operations"), with)
+	}
+	return out
 }

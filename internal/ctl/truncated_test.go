@@ -93,8 +93,8 @@ func TestListsCutByTheReplicaFailClosed(t *testing.T) {
 	_, _, werr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutState), Selectors: web}, 5)
 	_, _, wperr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutPollers), Selectors: web}, 5)
 	for name, err := range map[string]error{"Fleet": err, "Precheck": perr, "waitLag (state cut)": werr, "waitLag (pollers cut)": wperr} {
-		if !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), "partial list") || !strings.Contains(err.Error(), "100001") {
-			t.Errorf("%s over a cut list: %v; want ErrTruncated saying it refuses a partial list of 100001", name, err)
+		if !errors.Is(err, api.ErrTruncated) || !strings.Contains(err.Error(), "partial list") || !strings.Contains(err.Error(), "100001") {
+			t.Errorf("%s over a cut list: %v; want api.ErrTruncated saying it refuses a partial list of 100001", name, err)
 		}
 	}
 }

@@ -3,10 +3,12 @@ package ctl
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/hastate/hastate/api"
@@ -72,6 +74,69 @@ type VerifyReport struct {
 	Samples       int           `json:"samples"`
 	Newest        time.Duration `json:"-"`
 	NewestSeconds float64       `json:"newest_sample_age_seconds"` // -1: no sample
+	// Disagreements counts the Problems where HAProxy disagrees; the
+	// others are what verify cannot confirm.
+	Disagreements int `json:"disagreements"`
+}
+
+// Summary says what was compared: servers, instances, samples.
+func (rep VerifyReport) Summary() string {
+	return fmt.Sprintf("%s on %s; newest sample %s old; %d samples read", pluralN(rep.Servers, "server", "servers"),
+		pluralN(rep.Instances, "HAProxy instance", "HAProxy instances"), sampleAgeOf(rep.Newest), rep.Samples)
+}
+
+// Err is verify's verdict: nil when every HAProxy agrees; ErrNotDone
+// naming every problem when one disagrees; ErrCannotConfirm when all it
+// has are things it cannot confirm.
+func (rep VerifyReport) Err() error {
+	if len(rep.Problems) == 0 {
+		return nil
+	}
+	kind := ErrNotDone
+	if rep.Disagreements == 0 {
+		kind = ErrCannotConfirm
+	}
+	return fmt.Errorf("%w: HAProxy does not agree with hastate (%s):\n  %s", kind, rep.Summary(), strings.Join(rep.Problems, "\n  "))
+}
+
+// WriteTable writes verify's table: one row per server and instance.
+func (rep VerifyReport) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BACKEND\tSERVER\tHAPROXY\tREPORTS\tSESSIONS\tHASTATE\tTOLD\tSAMPLE\tPROBLEM")
+	for _, r := range rep.Rows {
+		told := "-"
+		if r.ToldAt != nil {
+			told = fmt.Sprintf("%s (%s ago)", r.Told, time.Since(*r.ToldAt).Round(time.Second))
+		}
+		ans := r.Answer
+		if r.Withheld {
+			ans = "(withheld)"
+		}
+		sample := "none"
+		if !r.Sample.IsZero() {
+			sample = Ago(time.Since(r.Sample))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Backend, r.Server, r.Instance, r.Reports(), r.Sessions, ans, told,
+			sample, strings.TrimSpace(r.Problem+" "+r.Note))
+	}
+	return tw.Flush()
+}
+
+// sampleAgeOf renders the age of the newest sample; "(none)" when there
+// is none (negative).
+func sampleAgeOf(d time.Duration) string {
+	if d < 0 {
+		return "(none)"
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+// pluralN is "1 server", "2 servers".
+func pluralN(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 // Verify compares, for each selected server on each HAProxy instance, the
@@ -134,9 +199,13 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 		if poll != nil {
 			row.Told, row.ToldAt = toldAnswer(*poll), &poll.LastAsked
 		}
-		row.Problem, row.Note = judge(row, poll != nil, cur.Since, rd.At.Sub(r.Sample), o.Prometheus.o.MaxSampleAge)
+		var unconfirmed bool
+		row.Problem, row.Note, unconfirmed = judge(row, poll != nil, cur.Since, rd.At.Sub(r.Sample), o.Prometheus.o.MaxSampleAge)
 		if row.Problem != "" {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s on HAProxy %s: %s", r.Name(), r.Instance, row.Problem))
+			if !unconfirmed {
+				rep.Disagreements++
+			}
 		}
 		rep.Rows = append(rep.Rows, row)
 	}
@@ -168,15 +237,17 @@ const silentAgent = 10 * time.Second
 // answers and told it. polled says an agent check of this HAProxy for the
 // server reached hastate within api.PollerTTL; since is when the answer
 // took effect (nil: not known); age is how old the row's newest sample is.
-func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration) (problem, note string) {
+// unconfirmed says the problem is what it cannot confirm, not a
+// disagreement.
+func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration) (problem, note string, unconfirmed bool) {
 	if r.Sample.IsZero() {
-		return fmt.Sprintf("cannot confirm: no sample of it within the last %s: is Prometheus still scraping it?", seenWindow), ""
+		return fmt.Sprintf("cannot confirm: no sample of it within the last %s: is Prometheus still scraping it?", seenWindow), "", true
 	}
 	if age > maxAge {
-		return fmt.Sprintf("cannot confirm: its newest sample is %s old (over --max-sample-age %s): is Prometheus still scraping it?", roundAge(age), maxAge), ""
+		return fmt.Sprintf("cannot confirm: its newest sample is %s old (over --max-sample-age %s): is Prometheus still scraping it?", roundAge(age), maxAge), "", true
 	}
 	if r.Withheld {
-		return "hastate withholds this server's answer (its key is invalid, see hastate status): HAProxy keeps whatever state it had", ""
+		return "hastate withholds this server's answer (its key is invalid, see hastate status): HAProxy keeps whatever state it had", "", false
 	}
 	wantState, wantWeight := expected(r.kind, r.weight)
 	got := r.State
@@ -202,20 +273,20 @@ func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration
 	}
 	switch {
 	case agrees && told == "":
-		return "", note
+		return "", note, false
 	case agrees:
-		return "agrees for now, but " + told, note
+		return "agrees for now, but " + told, note, false
 	case told != "":
-		return fmt.Sprintf("reports %s, hastate answers %q: %s", r.Reports(), r.Answer, told), note
+		return fmt.Sprintf("reports %s, hastate answers %q: %s", r.Reports(), r.Answer, told), note, false
 	case since != nil && r.Sample.Before(since.Add(applyGrace)):
 		return fmt.Sprintf("reports %s, hastate answers %q since %s ago: not applied yet in a sample %s old (HAProxy applies it at its next agent check; run again)",
-			r.Reports(), r.Answer, roundAge(time.Since(*since)), roundAge(age)), note
+			r.Reports(), r.Answer, roundAge(time.Since(*since)), roundAge(age)), note, false
 	}
 	// Told the current answer after it took effect, and still showing
 	// another state: set over the admin socket (CLI and agent write the
 	// same flags, last writer wins) since HAProxy's last agent check.
 	return fmt.Sprintf("reports %s, hastate answers %q and told it so %s ago: a state or weight set over the admin socket since that check "+
-		"(the next agent check replaces it; if it stays, see `show servers state` on that HAProxy)", r.Reports(), r.Answer, roundAge(time.Since(*r.ToldAt))), note
+		"(the next agent check replaces it; if it stays, see `show servers state` on that HAProxy)", r.Reports(), r.Answer, roundAge(time.Since(*r.ToldAt))), note, false
 }
 
 // expected is the exporter's state, and the weight percentage (-1: any),

@@ -26,6 +26,9 @@ type Op struct {
 	// Lifted names the guards lifted for this write; they go to the meta
 	// key (see TxnOps).
 	Lifted []string
+	// Effect is what the write leaves that its meta key records, e.g. a
+	// backend with no server in rotation ("" for nothing).
+	Effect string
 }
 
 func (o Op) String() string {
@@ -183,11 +186,13 @@ func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions
 			return pl.p, nil, err
 		}
 	}
-	if pl.refusal != nil {
-		return pl.p, nil, pl.refusal
-	}
+	// Every key is read before a refusal is returned, so that a dry run
+	// shows the whole transaction it refused.
 	if pl.needs.any() {
 		return pl.p, pl.needs, nil
+	}
+	if pl.refusal != nil {
+		return pl.p, nil, pl.refusal
 	}
 	for _, k := range slices.Sorted(maps.Keys(pl.deps)) {
 		pl.p.Deps = append(pl.p.Deps, pl.deps[k])
@@ -361,10 +366,14 @@ func (pl *planner) server(backend, srv string, literal bool) bool {
 		pl.note("%s/%s: written as ready under %s/* (%s), so it now stays out of backend-wide drains and maints; "+
 			"`hastate clear %s/%s` makes it follow %s/* again", backend, srv, backend, w.short(), backend, srv, backend)
 		pl.add(Op{Key: k.Key, Value: o.Value})
-	case in.value.RampSet:
-		pl.note("%s/%s: written as ready because --ramp lives in its key; `hastate clear %s/%s` once it has ramped, "+
-			"so that backend-wide drains reach it again", backend, srv, backend, srv)
+	case in.value.RampSet && k.Present:
+		pl.note("%s/%s: left as the key ready (its --ramp lives in the meta key beside it), and it stays after the ramp: "+
+			"it answers as no key does, but backend-wide drains do not reach it; `hastate clear %s/%s` once it has ramped (%s)",
+			backend, srv, backend, srv, in.value.Ramp)
 		pl.add(Op{Key: k.Key, Value: o.Value})
+	case in.value.RampSet:
+		pl.note("already ready: %s does not exist (no key means ready), so there is nothing to ramp; --ramp is not written", k.Key)
+		return false
 	case keys.Coverage() == CoverAbsent:
 		pl.note("already ready: %s does not exist (no key means ready)", k.Key)
 		return false
@@ -397,10 +406,17 @@ func (pl *planner) backendWide(backend string) {
 	case in.clear:
 		pl.add(Op{Delete: true, Key: w.Key})
 		return
-	case in.ready && !in.value.RampSet && !w.Present:
+	case in.ready && !w.Present:
 		pl.note("already ready: %s does not exist (no key means ready)", w.Key)
 	case in.ready && !in.value.RampSet:
 		pl.add(Op{Delete: true, Key: w.Key}) // ready is what no key means
+	case in.ready:
+		// hastate never writes KV itself, so no one deletes this key
+		// when the ramp is done: say so, and how.
+		pl.note("%s: left as the key ready (its --ramp lives in the meta key beside it), and it stays after the ramp: "+
+			"it answers as no key does; `hastate clear %s` once it has ramped (%s), or next time `hastate ready %s` without --ramp "+
+			"(the drain's own --ramp applies)", w.Key, backend, in.value.Ramp, backend)
+		pl.add(Op{Key: w.Key, Value: o.Value})
 	default:
 		pl.add(Op{Key: w.Key, Value: o.Value})
 	}
@@ -435,6 +451,34 @@ func (pl *planner) backendWide(backend string) {
 			advice = " (--keep-own)"
 		}
 		pl.note("%s/* does not reach servers with their own key: %s%s", backend, strings.Join(kept, ", "), advice)
+	}
+	if in.out {
+		pl.empties(backend, w.Key, own)
+	}
+}
+
+// empties says, in the notes and in the backend-wide key's meta key, when
+// a backend-wide drain, maint or 0% leaves no known server of backend in
+// rotation: HAProxy sends it no traffic ("no server available"). A server
+// stays in rotation only by its own key (kept: no --override) holding a
+// ready weight above 0%.
+func (pl *planner) empties(backend, key string, own map[string]KVKey) {
+	servers := pl.ix.byBackend[backend]
+	if pl.fleet == nil || len(servers) == 0 {
+		return
+	}
+	for _, r := range servers {
+		if k, ok := own[r.Server]; ok && !pl.o.Override && escapes(k, intent{}) {
+			return // its own key keeps it in rotation
+		}
+	}
+	effect := fmt.Sprintf("no server of %s in rotation", backend)
+	pl.note("%s/*: leaves %s (%s, each covered by it): HAProxy sends the backend no traffic and logs \"no server available\"",
+		backend, effect, pluralN(len(servers), "known server", "known servers"))
+	for i := range pl.p.Ops {
+		if pl.p.Ops[i].Key == key && !pl.p.Ops[i].Delete {
+			pl.p.Ops[i].Effect = effect
+		}
 	}
 }
 
@@ -521,12 +565,24 @@ func (pl *planner) unpolled(sel Selector) error {
 			if r.Polled > 0 {
 				return nil
 			}
-			return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?); known servers of %s: %s",
-				sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
+			return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?)%s; known servers of %s: %s",
+				sel, api.PollerTTL, suggestPolled(sel, rows), sel.Backend, knownServers(rows, sel.Backend))
 		}
 	}
-	return fmt.Errorf("%w: no server matches '%s': no HAProxy has polled %s in the last %s and it has no key (a typo?); known servers of %s: %s",
-		ErrNoMatch, sel, sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
+	return fmt.Errorf("%w: no server matches '%s': no HAProxy has polled %s in the last %s and it has no key (a typo?)%s; known servers of %s: %s",
+		ErrNoMatch, sel, sel, api.PollerTTL, suggest(sel, rows), sel.Backend, knownServers(rows, sel.Backend))
+}
+
+// suggestPolled is the did-you-mean of a server no HAProxy polls: the
+// servers of its backend that one does poll, near its name.
+func suggestPolled(sel Selector, rows []api.ServerState) string {
+	var polled []api.ServerState
+	for _, r := range rows {
+		if r.Backend == sel.Backend && r.Polled > 0 {
+			polled = append(polled, r)
+		}
+	}
+	return suggest(sel, polled)
 }
 
 // minReady refuses to take individual servers out when that leaves a

@@ -36,3 +36,22 @@ func Expect(ok bool, format string, args ...any) error {
 	}
 	return fmt.Errorf(format, args...)
 }
+
+// Consistently checks cond every 50ms for d, and fails the test with cond's
+// error the first time it is not nil: "nothing changes meanwhile". It is
+// the check to run while something else exercises the system (probes, a
+// gate's rounds); use it only after something proves the system was
+// exercised during d. cond may call t.Fatal.
+func Consistently(t testing.TB, d time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if err := cond(); err != nil {
+			t.Fatalf("changed within %s: %v", d, err)
+		}
+		if !time.Now().Before(deadline) {
+			return
+		}
+		time.Sleep(min(50*time.Millisecond, time.Until(deadline)+time.Millisecond))
+	}
+}

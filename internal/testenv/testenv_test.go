@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 )
@@ -138,3 +139,40 @@ func TestFreePortDoesNotRepeat(t *testing.T) {
 	}
 	ln.Close()
 }
+
+// Consistently passes while cond holds for the whole time, and fails at
+// the first error (issue 27.19).
+func TestConsistently(t *testing.T) {
+	calls := 0
+	start := time.Now()
+	Consistently(t, 120*time.Millisecond, func() error { calls++; return nil })
+	if took := time.Since(start); took < 120*time.Millisecond || calls < 2 {
+		t.Errorf("held for %s with %d checks, want at least 120ms and 2 checks", took, calls)
+	}
+	ft := &fatalT{TB: t}
+	func() {
+		defer func() { _ = recover() }()
+		n := 0
+		Consistently(ft, time.Second, func() error {
+			if n++; n == 3 {
+				return Expect(false, "third check")
+			}
+			return nil
+		})
+	}()
+	if !strings.Contains(ft.msg, "third check") {
+		t.Errorf("failure %q, want the third check's error", ft.msg)
+	}
+}
+
+// fatalT records a Fatalf and stops the check (by panic) as t.Fatal would.
+type fatalT struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalT) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	panic("fatal")
+}
+func (f *fatalT) Helper() {}

@@ -130,6 +130,21 @@ func TestStatusPage(t *testing.T) {
 	b.shoot(t, shots, "status-narrow.png", 390, 844)
 	b.noProblems(t, "with Consul up")
 
+	// Issue 27.3 and 27.4: web/c, told ready 100%, gets an invalid value:
+	// withheld, HAProxy keeps ready 100%, and it still counts in rotation;
+	// an invalid config/ramp is listed with the invalid keys.
+	consul.Put(t, "hastate/state/web/c", "300%")
+	consul.Put(t, "hastate/config/ramp", `{"interval":"0"}`)
+	b.waitFor(t, 15*time.Second, `(() => { const r = document.querySelector('tr[data-server="web/c"] .badge'); return r !== null && r.textContent === 'withheld: HAProxy keeps ready 100%'; })()`,
+		"web/c never showed as withheld, keeping ready 100%")
+	if got := b.eval(t, `document.getElementById('invalid').textContent`); !strings.Contains(got, "config/ramp") || !strings.Contains(got, "the --ramp-* flags apply") {
+		t.Errorf("the invalid config/ramp is not listed with the invalid keys: %q", got)
+	}
+	if got := b.eval(t, `document.getElementById('headline').textContent`); !strings.Contains(got, "1 withheld (HAProxy keeps the last answer it was told, counted there)") {
+		t.Errorf("headline %s, want the withheld server counted where HAProxy keeps it", got)
+	}
+	b.shoot(t, shots, "status-withheld-and-config-desktop.png", 1280, 900)
+
 	// Stop Consul: the banner comes by the page's own refresh, then after a
 	// reload; the last state stays on the page.
 	consul.Kill()
