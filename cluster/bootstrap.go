@@ -85,10 +85,15 @@ func (n *Node) bootstrap(r *raft.Raft, servers []raft.Server) {
 				n.setBootstrapWait(fmt.Sprintf("no raft state yet: peer %s holds the cluster, so this replica does not bootstrap; it waits for the cluster's leader to send it the log or a snapshot (check that the leader reaches this replica's raft port)", st.ID), nil)
 				joining = true
 			case len(w.waiting) == 0:
-				if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+				err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+				n.setBootstrapWait("", nil)
+				if errors.Is(err, raft.ErrCantBootstrap) {
+					// A peer's leader sent the configuration meanwhile.
+					n.log.Info("raft state received from a leader: this replica joined the cluster without bootstrapping")
+					return
+				} else if err != nil {
 					n.log.Warn("raft bootstrap", zap.Error(err))
 				}
-				n.setBootstrapWait("", nil)
 				fields := []zap.Field{zap.Int("servers", len(servers))}
 				if len(w.without) > 0 {
 					fields = append(fields, zap.Strings("without", w.ids(w.without)), zap.String("without_why", w.why(w.without)))
@@ -161,6 +166,14 @@ func (n *Node) probePeers(peers []raft.Server, timeouts map[raft.ServerID]time.D
 				p.why = fmt.Sprintf("unreachable at %s: %v", n.dialAddress(s), err)
 			case st.ID != string(s.ID):
 				p.why = fmt.Sprintf("%s answers as node %q, not %q (check --peers)", n.dialAddress(s), st.ID, s.ID)
+			case st.HoldsRaftState != nil && *st.HoldsRaftState && st.RaftLastIndex <= 1:
+				// It bootstrapped from --peers too, or was sent that
+				// configuration, and nothing more: no leader was ever
+				// elected (a leader's first entry follows it), so
+				// nothing was committed. A new cluster is forming from
+				// the same list: bootstrapping the same configuration is
+				// what receiving it would give.
+				p.st, p.empty = st, true
 			case st.HoldsRaftState != nil:
 				p.st, p.holds, p.empty = st, *st.HoldsRaftState, !*st.HoldsRaftState
 			case st.AppliedIndex > 0 || st.State == stateName(raft.Leader):

@@ -302,11 +302,13 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
 	logs := newLogCache(logCacheEntries, store) // see logcache.go
-	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, n.transport)
+	trans := &patientTransport{NetworkTransport: n.transport} // see redial.go
+	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, trans)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	trans.raft.Store(r)
 	n.stops.Add("raft", func(context.Context) error { return r.Shutdown().Error() })
 	// A snapshot older than version 3 does not carry the FSM's index; the
 	// snapshot's own raft index is as good.
