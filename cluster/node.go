@@ -302,7 +302,8 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
 	logs := newLogCache(logCacheEntries, store) // see logcache.go
-	trans := &patientTransport{NetworkTransport: n.transport} // see redial.go
+	// Raft dials through patientTransport (see redial.go).
+	trans := &patientTransport{NetworkTransport: n.transport}
 	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, trans)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
