@@ -116,7 +116,9 @@ func TestE2ESplitBrainRefused(t *testing.T) {
 			}
 		}
 		return true
-	}, func() string { return "a replica with an empty data dir bootstrapped or elected while the peer holding the cluster was down" })
+	}, func() string {
+		return "a replica with an empty data dir bootstrapped or elected while the peer holding the cluster was down"
+	})
 	_, rd := empty[0].Readiness(t)
 	t.Logf("1: two empty replicas waited %s without bootstrapping; readiness: %q", time.Since(started).Round(time.Millisecond), rd.Detail)
 	holder.Start(t)
