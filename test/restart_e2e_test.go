@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -132,5 +133,105 @@ func TestE2ERestartAnswersWithinASecond(t *testing.T) {
 		if r.withheld > time.Second {
 			t.Errorf("%s withheld %s after it started, want at most 1s (DESIGN: a restarted replica that has caught up answers within a second)", r.what, r.withheld.Round(time.Millisecond))
 		}
+	}
+}
+
+// TestE2ERollingRestartUnderLoad restarts the three replicas one after
+// another (SIGTERM with the chart's kind of --shutdown-delay, start on the
+// same data dir, wait until the load balancer has it back), with an
+// HAProxy polling a drained server through the agent load balancer (real
+// HAProxy, TCP mode, health-checking /-/readiness) and checks through the
+// load balancer every 20ms. No answer may be wrong, HAProxy's server must
+// stay DRAIN throughout, and the time each replica spends out of the load
+// balancer is reported.
+func TestE2ERollingRestartUnderLoad(t *testing.T) {
+	const server = "be_roll/web1"
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{"--shutdown-delay", "1s"}})
+	op := Operator{ConsulAddr: consul.Addr()}
+	op.Run(t, "drain", server)
+	for _, h := range hs {
+		h.WaitAnswer(t, server, "drain")
+	}
+	lb := StartAgentLB(t, hs, LBOptions{Inter: 200 * time.Millisecond, Fall: 1, Rise: 2})
+	fleet := StartHAProxy(t, lb.Frontend, Backend{Name: "be_roll", Servers: []string{"web1"}})
+	fleet.WaitServer(t, server, "DRAIN (agent)", -1)
+	lbp := startLBProbers(lb.Frontend, server)
+	lbp.expect("drain", time.Now())
+	lbp.waitProbes(t, 20)
+
+	// Sample the load balancer's and the fleet's `show stat` every 50ms.
+	type span struct{ from, to time.Time }
+	var (
+		mu       sync.Mutex
+		out      = map[string][]span{} // replica row -> periods not UP
+		fleetBad []string
+	)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tickUntil(done, 50*time.Millisecond, func() {
+			now := time.Now()
+			st, err := lb.stat()
+			fst, ferr := fleet.stat()
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				for i := range hs {
+					row := agentLBName + "/" + lbServerName(i)
+					s := out[row]
+					up := st[row].Status == "UP"
+					switch {
+					case !up && (len(s) == 0 || !s[len(s)-1].to.IsZero()):
+						out[row] = append(s, span{from: now})
+					case up && len(s) > 0 && s[len(s)-1].to.IsZero():
+						s[len(s)-1].to = now
+					}
+				}
+			}
+			if ferr == nil && fst[server].Status != "DRAIN (agent)" {
+				fleetBad = append(fleetBad, fmt.Sprintf("%s: %s", now.Format("15:04:05.000"), fst[server]))
+			}
+		})
+	}()
+
+	for i, h := range hs {
+		row := agentLBName + "/" + lbServerName(i)
+		stopped := time.Now()
+		if code, took := h.Stop(t); code != 0 {
+			t.Fatalf("%s exited with %d after SIGTERM (took %s)", h.NodeID, code, took)
+		}
+		h.Start(t)
+		h.WaitReady(t)
+		lb.WaitServer(t, row, "UP", -1)
+		t.Logf("restarted %s: back in the load balancer %s after its SIGTERM", h.NodeID, time.Since(stopped).Round(time.Millisecond))
+	}
+	lbp.waitProbes(t, 20)
+	close(done)
+	wg.Wait()
+	res := lbp.stop()
+	mu.Lock()
+	defer mu.Unlock()
+	for i, h := range hs {
+		row := agentLBName + "/" + lbServerName(i)
+		var sum time.Duration
+		for _, s := range out[row] {
+			if !s.to.IsZero() {
+				sum += s.to.Sub(s.from)
+			}
+		}
+		t.Logf("%s (%s) was out of the load balancer %s in %d period(s)", h.NodeID, row, sum.Round(time.Millisecond), len(out[row]))
+	}
+	t.Logf("checks through the load balancer: %d, %d answered drain, %d wrong, %d unanswered", res.total, res.ok, res.stale, res.unanswered)
+	if res.stale != 0 {
+		t.Errorf("%d wrong answers through the load balancer during the rolling restart (first: %s)", res.stale, res.firstStale)
+	}
+	if len(fleetBad) > 0 {
+		t.Errorf("HAProxy's %s left DRAIN %d times during the rolling restart, first: %s", server, len(fleetBad), fleetBad[0])
+	}
+	if res.ok == 0 {
+		t.Error("no check through the load balancer was answered")
 	}
 }
