@@ -69,7 +69,7 @@ func (n *Node) bootstrap(r *raft.Raft, servers []raft.Server) {
 	for {
 		if n.holdsRaftState() {
 			n.setBootstrapWait("", nil)
-			n.log.Info("raft state received from a leader: this replica joined the cluster without bootstrapping")
+			n.log.Info("raft state received from a leader: this replica joined the cluster, not bootstrapping")
 			return
 		}
 		if !joining {
@@ -89,7 +89,7 @@ func (n *Node) bootstrap(r *raft.Raft, servers []raft.Server) {
 				n.setBootstrapWait("", nil)
 				if errors.Is(err, raft.ErrCantBootstrap) {
 					// A peer's leader sent the configuration meanwhile.
-					n.log.Info("raft state received from a leader: this replica joined the cluster without bootstrapping")
+					n.log.Info("raft state received from a leader: this replica joined the cluster, not bootstrapping")
 					return
 				} else if err != nil {
 					n.log.Warn("raft bootstrap", zap.Error(err))
