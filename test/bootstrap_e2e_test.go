@@ -1,9 +1,7 @@
 package test
 
 import (
-	"bytes"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,11 +15,7 @@ const bootstrapLine = `"msg":"raft bootstrapped"`
 // logCount counts the lines of the replica's log (all its runs) holding s.
 func (h *Hastate) logCount(t testing.TB, s string) int {
 	t.Helper()
-	b, err := os.ReadFile(h.proc.LogPath)
-	if err != nil {
-		t.Fatalf("read hastate log: %v", err)
-	}
-	return bytes.Count(b, []byte(s))
+	return len(h.logLines(t, s))
 }
 
 // oneCluster waits until every replica is in one raft cluster: the same
