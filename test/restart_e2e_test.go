@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -233,5 +234,78 @@ func TestE2ERollingRestartUnderLoad(t *testing.T) {
 	}
 	if res.ok == 0 {
 		t.Error("no check through the load balancer was answered")
+	}
+}
+
+// TestE2ENotUnderstoodSurvivesRestarts runs a real replica through an
+// entry it does not understand: it plays an older release with
+// --feature-level 1 on a data dir whose log holds the level 2 entry. It
+// withholds, and takes no snapshot while it does (raft tries every 500ms
+// here, past 4 entries), so restarted with its --data-dir it meets the
+// entry again and still withholds; run as this release (level 2
+// understood), it applies the entry and everything after it and answers.
+func TestE2ENotUnderstoodSurvivesRestarts(t *testing.T) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	h := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{"--snapshot-threshold", "4", "--snapshot-interval", "500ms"}})
+	testenv.Eventually(t, 15*time.Second, func() error {
+		return testenv.Expect(h.LogContains(t, "feature level raised"), "the level never rose to this release's")
+	})
+	op := Operator{ConsulAddr: consul.Addr()}
+	op.Run(t, "drain", "be_nu/web1")
+	h.WaitAnswer(t, "be_nu/web1", "drain")
+	if code, took := h.Stop(t); code != 0 {
+		t.Fatalf("exit %d after SIGTERM (took %s)", code, took)
+	}
+
+	const refused = "no snapshot is taken while a raft entry is not understood"
+	h.Use("", "--feature-level", "1") // an older release
+	h.Start(t)
+	stuck := func(step string) {
+		t.Helper()
+		testenv.Eventually(t, 20*time.Second, func() error {
+			code, body, err := h.get("/-/readiness")
+			return testenv.Expect(err == nil && code == 503 && strings.Contains(string(body), "newer release"),
+				"%s: /-/readiness %d %s %v, want 503 for an entry of a newer release", step, code, body, err)
+		})
+		if v := h.Metric(t, "hastate_fsm_entry_not_understood"); v != 1 {
+			t.Errorf("%s: hastate_fsm_entry_not_understood = %v", step, v)
+		}
+		if kind, ans, _ := probeAgent(h.AgentAddr, "be_nu/web1"); kind != probeUnanswered {
+			t.Errorf("%s: the replica answers %v %q after an entry it does not understand", step, kind, ans)
+		}
+	}
+	stuck("first met")
+	// Entries after it (the stuck leader still mirrors Consul) pass the
+	// snapshot threshold: raft asks for a snapshot and is refused.
+	for i := range 6 {
+		op.Run(t, "drain", fmt.Sprintf("be_nu/web%d", i+2))
+	}
+	snapshots := func() int {
+		d, _ := os.ReadDir(filepath.Join(h.DataDir, "snapshots"))
+		return len(d)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		return testenv.Expect(h.LogContains(t, refused) || snapshots() > 0, "raft never asked for a snapshot while the replica was stuck")
+	})
+	if n := snapshots(); n > 0 {
+		t.Errorf("the stuck replica took %d snapshot(s): its log no longer holds the entry it skipped", n)
+	}
+	if code, took := h.Stop(t); code != 0 {
+		t.Fatalf("exit %d after SIGTERM (took %s)", code, took)
+	}
+	h.Start(t) // the same older release, the same --data-dir
+	stuck("after a restart with --data-dir kept")
+	if code, took := h.Stop(t); code != 0 {
+		t.Fatalf("exit %d after SIGTERM (took %s)", code, took)
+	}
+
+	h.Use("") // this release: it understands the entry
+	h.Start(t)
+	h.WaitReady(t)
+	for i := range 7 {
+		h.WaitAnswer(t, fmt.Sprintf("be_nu/web%d", i+1), "drain")
+	}
+	if v := h.Metric(t, "hastate_fsm_entry_not_understood"); v != 0 {
+		t.Errorf("upgraded: hastate_fsm_entry_not_understood = %v", v)
 	}
 }
