@@ -17,9 +17,13 @@ import (
 // The bootstrap probe's timing. A round asks every peer at once; a peer
 // that did not answer within the round's timeout is asked again with twice
 // that timeout (a slow peer is waited for, never taken for an empty one),
-// up to bootstrapProbeMaxTimeout. Between rounds the node pauses, doubling
-// from bootstrapRetryMin to bootstrapRetryMax.
+// up to bootstrapProbeMaxTimeout. Between rounds the node pauses
+// bootstrapRetryMin for the first bootstrapFastFor (peers of a new cluster
+// start at about the same time: each bootstraps within that pause of the
+// last one up, before any of them times out into an election, as when all
+// bootstrapped at start), then doubling up to bootstrapRetryMax.
 const (
+	bootstrapFastFor         = 5 * time.Second
 	bootstrapProbeTimeout    = time.Second
 	bootstrapProbeMaxTimeout = 8 * time.Second
 	bootstrapRetryMin        = 100 * time.Millisecond
@@ -60,7 +64,7 @@ func (n *Node) bootstrap(r *raft.Raft, servers []raft.Server) {
 		}
 	}
 	timeouts := map[raft.ServerID]time.Duration{}
-	pause := bootstrapRetryMin
+	start, pause := time.Now(), bootstrapRetryMin
 	var (
 		said    string
 		saidAt  time.Time
@@ -115,7 +119,9 @@ func (n *Node) bootstrap(r *raft.Raft, servers []raft.Server) {
 			return
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, bootstrapRetryMax)
+		if time.Since(start) > bootstrapFastFor {
+			pause = min(2*pause, bootstrapRetryMax)
+		}
 	}
 }
 
