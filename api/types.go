@@ -325,4 +325,11 @@ type PeerStatus struct {
 	// as state.LevelBase).
 	Level   int    `json:"level,omitempty"`
 	Version string `json:"version,omitempty"`
+	// HoldsRaftState says whether the replica holds raft state (a log, a
+	// snapshot or a term); a replica without any bootstraps only once every
+	// peer says false. Releases before 0.14.0 do not send it (nil).
+	HoldsRaftState *bool `json:"holds_raft_state,omitempty"`
+	// RaftLastIndex is the index of the last entry of its raft log (or
+	// snapshot); 1 while it holds only the bootstrap configuration.
+	RaftLastIndex uint64 `json:"raft_last_index,omitempty"`
 }

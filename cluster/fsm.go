@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"runtime/debug"
@@ -116,7 +117,9 @@ type fsm struct {
 	// understand (a type or level of a newer release): the node withholds
 	// every answer and fails readiness from then on (withholdNotUnderstood),
 	// until it runs a release that understands the entry. Skipping the
-	// entry would serve something the other replicas do not. Read under mu.
+	// entry would serve something the other replicas do not. While it is
+	// set, Snapshot refuses, so the entry stays in the raft log and is met
+	// again after a restart. Read under mu.
 	stuck error
 	// notUnderstoodFn is called once, with stuck, when it is set; may be nil.
 	notUnderstoodFn func(error)
@@ -341,9 +344,25 @@ func (f *fsm) kv() map[string]string {
 	return f.mirror.KV()
 }
 
+// errStuckNoSnapshot wraps fsm.stuck when raft asks for a snapshot.
+var errStuckNoSnapshot = errors.New("no snapshot is taken while a raft entry is not understood: the log keeps that entry, so that a release that understands it replays it (and this one meets it again after a restart)")
+
+// Snapshot refuses while the replica is stuck (fsm.stuck): a snapshot then
+// would hold a state that skipped the entry, and raft would drop the entry
+// from the log. Restarted from it, this release would answer again, and an
+// upgraded one could never apply the entry; with no snapshot past it, both
+// replay it from the log (restored from the last snapshot before it, or
+// from an empty state), this one withholds again, and the upgraded one
+// applies it and answers. There is thus no stuck snapshot for a release,
+// this one or an older one, to read. Raft logs the refusal and tries again
+// at its next snapshot interval; the log grows until the replica is
+// upgraded.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.stuck != nil {
+		return nil, fmt.Errorf("%w: %v", errStuckNoSnapshot, f.stuck)
+	}
 	version := snapshotVersionBase
 	if f.mirror.Level() > state.LevelBase {
 		version = snapshotVersion

@@ -174,3 +174,62 @@ func TestSnapshotShapeFollowsTheLevel(t *testing.T) {
 		t.Fatalf("a replica capped at level 1 restoring a level 2 snapshot: %v", err)
 	}
 }
+
+// TestNotUnderstoodSurvivesSnapshotsAndRestarts: a replica that met an
+// entry it does not understand takes no snapshot past it (a snapshot would
+// hold a state that skipped the entry, and the log would lose it). So,
+// restarted with its --data-dir, it restores the snapshot taken before the
+// entry, replays the entry and withholds again; restarted as a release
+// that understands the entry, it applies it and the entries after it, and
+// answers.
+func TestNotUnderstoodSurvivesSnapshotsAndRestarts(t *testing.T) {
+	older := Options{MaxLevel: state.LevelBase} // plays a release that stops at LevelBase
+	n := startLeader(t, older)
+	ctx := context.Background()
+	if err := n.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.raft.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot before the entry: %v", err)
+	}
+	newer := entry(t, command{Type: cmdLevel, Level: state.LevelBase + 1})
+	if err := n.raft.Apply(newer, 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.ApplyKV(ctx, 2, map[string]string{"state/web/a": "drain", "state/web/b": "maint"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, holdsf(func() bool { return n.withheld.has(withholdNotUnderstood) }, "not withholding after an entry it does not understand"))
+	err := n.raft.Snapshot().Error()
+	if err == nil || !strings.Contains(err.Error(), "not understood") {
+		t.Fatalf("a snapshot while stuck: %v, want it refused", err)
+	}
+	o := n.opts
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same release, the same --data-dir: it withholds again.
+	r := startLeader(t, o)
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { return r.withheld.has(withholdNotUnderstood) }, "restarted with its data dir, the replica does not withhold: %v", r.withheld.labels()))
+	if r.Serving() != nil {
+		t.Fatal("restarted with its data dir, the replica answers from a state that skipped an entry")
+	}
+	if ok, d := r.Ready(); ok || !strings.Contains(d, "newer release") {
+		t.Errorf("readiness after the restart: %v %q", ok, d)
+	}
+	if err := r.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A release that understands the entry replays it and answers.
+	o.MaxLevel = 0
+	u := startLeader(t, o)
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { ok, _ := u.Ready(); return ok }, "the upgraded replica is not ready: %v", u.withheld.labels()))
+	if got, lvl := answer(u.Node, "web/b"), u.fsm.level(); got != "maint\n" || lvl < state.LevelBase+1 {
+		t.Errorf("the upgraded replica answers web/b %q at level %d, want maint at level >= %d", got, lvl, state.LevelBase+1)
+	}
+	if err := u.raft.Snapshot().Error(); err != nil {
+		t.Errorf("the upgraded replica cannot snapshot: %v", err)
+	}
+}

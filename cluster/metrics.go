@@ -35,6 +35,8 @@ type metrics struct {
 	kvSyncAge, kvReachable, leaderless, withheld, contactAge *prometheus.Desc
 
 	level, levelWaiting, notUnderstood *prometheus.Desc
+
+	bootstrapWaiting *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -104,6 +106,8 @@ func newMetricsUnset(n *Node) *metrics {
 			"Leader only: 1 while a feature level waits because a replica does not advertise it (a rolling upgrade in progress), or while a replica runs a release below the level in force; 0 otherwise. /v1/cluster level.waiting says which.", nil, nil),
 		notUnderstood: prometheus.NewDesc("hastate_fsm_entry_not_understood",
 			"Per replica: 1 once this replica met a raft entry it does not understand (written by a newer release): it withholds every answer and fails readiness until it is upgraded.", nil, nil),
+		bootstrapWaiting: prometheus.NewDesc("hastate_raft_bootstrap_waiting",
+			"Per replica: 1 for each peer of --peers that a replica with no raft state waits for before it bootstraps (the peer does not answer, or not in time); no series while it does not wait. /-/readiness says why.", []string{"peer"}, nil),
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
 			"Per replica: seconds this replica has been without a known raft leader (0 with one). Past --leaderless-grace since its last contact with a leader it withholds answers (see hastate_withheld).", nil, nil),
 		withheld: prometheus.NewDesc("hastate_withheld",
@@ -126,7 +130,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampPolicyInvalid, m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.bootstrapWaiting} {
 		ch <- d
 	}
 }
@@ -179,6 +183,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.IsLeader() && m.n.levelWaiting.Load() != nil))
 	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.notUnderstood() != nil))
 	ch <- prometheus.MustNewConstMetric(m.contactAge, prometheus.GaugeValue, m.n.leaderContactAge().Seconds())
+	_, waiting := m.n.bootstrapWaiting()
+	for _, p := range waiting {
+		ch <- prometheus.MustNewConstMetric(m.bootstrapWaiting, prometheus.GaugeValue, 1, p)
+	}
 	for _, r := range withholdReasons() {
 		label, _ := r.info()
 		ch <- prometheus.MustNewConstMetric(m.withheld, prometheus.GaugeValue, boolGauge(m.n.withheld.has(r)), label)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,10 @@ type Options struct {
 	// Peers is the initial configuration used when the node has no raft
 	// state. Empty: a one-node cluster of this node.
 	Peers []Peer
+	// BootstrapWithout lists peers (by ID) declared gone for good: a node
+	// with no raft state bootstraps without waiting for their answer (see
+	// bootstrap.go; docs/runbook.md "Quorum lost for good").
+	BootstrapWithout []string
 	// DialOverride dials the listed peers (by ID) at another address than
 	// the one in the raft configuration, e.g. through a local proxy or a
 	// sidecar. Peers not listed are dialled at their configured address.
@@ -135,6 +140,14 @@ func (o *Options) validate() error {
 			return fmt.Errorf("cluster: node ID %q is not in --peers: list every replica, this one included", o.ID)
 		}
 	}
+	for _, id := range o.BootstrapWithout {
+		switch {
+		case id == o.ID:
+			return fmt.Errorf("cluster: --bootstrap-without %q names this replica: list the peers that are gone for good", id)
+		case !slices.ContainsFunc(o.Peers, func(p Peer) bool { return p.ID == id }):
+			return fmt.Errorf("cluster: --bootstrap-without %q is not in --peers", id)
+		}
+	}
 	if err := o.validatePort(); err != nil {
 		return err
 	}
@@ -183,6 +196,14 @@ type Node struct {
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
 	kvState
+
+	// hadState: raft state was in --data-dir at start. bootDetail and
+	// bootPeers say why a node without it does not bootstrap yet and
+	// which peers it waits for (bootstrap.go); empty when it does not wait.
+	hadState   bool
+	bootMu     sync.Mutex
+	bootDetail string
+	bootPeers  []string
 
 	stop    chan struct{}
 	release chan struct{} // a large change was applied (see releaseLoop)
@@ -281,26 +302,44 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
 	logs := newLogCache(logCacheEntries, store) // see logcache.go
-	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, n.transport)
+	// Raft dials through patientTransport (see redial.go).
+	trans := &patientTransport{NetworkTransport: n.transport}
+	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, trans)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	trans.raft.Store(r)
 	n.stops.Add("raft", func(context.Context) error { return r.Shutdown().Error() })
 	// A snapshot older than version 3 does not carry the FSM's index; the
 	// snapshot's own raft index is as good.
 	if v, err := strconv.ParseUint(r.Stats()["last_snapshot_index"], 10, 64); err == nil && v > 0 {
 		n.fsm.index.CompareAndSwap(0, v)
 	}
+	n.hadState = hasState
+	var servers []raft.Server // the configuration the bootstrap loop uses
 	if !hasState {
-		servers := []raft.Server{{ID: raft.ServerID(o.ID), Address: raft.ServerAddress(o.Advertise), Suffrage: raft.Voter}}
+		servers = []raft.Server{{ID: raft.ServerID(o.ID), Address: raft.ServerAddress(o.Advertise), Suffrage: raft.Voter}}
 		if len(o.Peers) > 0 {
 			servers = servers[:0]
 			for _, p := range o.Peers {
 				servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Address), Suffrage: raft.Voter})
 			}
 		}
-		n.bootstrap(r, servers) // see bootstrap.go: not when a peer already holds the cluster
+		if len(servers) > 1 {
+			// A node of several asks its peers first (bootstrap.go); its
+			// status query is served meanwhile.
+			n.setBootstrapWait("no raft state: asking the peers of --peers whether one holds the cluster before bootstrapping", nil)
+		} else {
+			if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+				n.log.Warn("raft bootstrap", zap.Error(err))
+			}
+			n.log.Info("raft bootstrapped", zap.Int("servers", 1))
+			servers = nil
+		}
+	} else if len(o.BootstrapWithout) > 0 {
+		n.log.Warn("--bootstrap-without is set but this replica holds raft state, so it does not bootstrap: remove the flag (left on, a replica whose disk is lost later would bootstrap without those peers)",
+			zap.Strings("bootstrap_without", o.BootstrapWithout))
 	}
 
 	if o.Registerer != nil {
@@ -324,6 +363,10 @@ func New(o Options) (_ *Node, err error) {
 	})
 
 	sl.serveQueries()
+	if servers != nil {
+		n.wg.Add(1)
+		go n.bootstrap(r, servers) // see bootstrap.go: not while a peer may hold the cluster
+	}
 	n.wg.Add(5)
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)

@@ -17,6 +17,8 @@ import (
 func (n *Node) peerStatus() api.PeerStatus {
 	st := api.PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load(),
 		Level: n.maxLevel(), Version: n.opts.Version}
+	holds := n.holdsRaftState()
+	st.HoldsRaftState, st.RaftLastIndex = &holds, n.raft.LastIndex()
 	if lc := n.raft.LastContact(); !lc.IsZero() && n.raft.State() != raft.Leader {
 		st.LastContact = time.Since(lc).Round(time.Millisecond).String()
 	}

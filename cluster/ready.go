@@ -19,6 +19,9 @@ func (n *Node) Ready() (bool, string) {
 	_, _, synced := n.fsm.info()
 	switch {
 	case !synced:
+		if d, _ := n.bootstrapWaiting(); d != "" {
+			return false, d
+		}
 		return false, "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
 	case n.withheld.any():
 		return false, "holds state but withholds every answer: " + n.withheld.details()

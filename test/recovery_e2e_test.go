@@ -3,6 +3,7 @@ package test
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,12 +141,39 @@ func TestE2EQuorumLostForGood(t *testing.T) {
 	waitMirrorsConsul(t, 10*time.Second, consul, hs...)
 	back1 := time.Since(step1)
 
-	// Step 2: nothing survives; the state comes back from Consul.
+	// Step 2: nothing survives; the state comes back from Consul. One
+	// replica cannot be started at all (its node is gone): the other two
+	// wait for it, naming it, and bootstrap only once told that it is gone
+	// for good (--bootstrap-without, the procedure's explicit step). It
+	// joins them when it comes back, empty.
 	for _, h := range hs {
 		loseDisk(t, h)
 	}
 	step2 := time.Now()
-	StartAll(t, hs...)
+	gone, rest := hs[2], hs[:2]
+	for _, h := range rest {
+		h.Start(t)
+	}
+	for _, h := range rest {
+		testenv.Eventually(t, 15*time.Second, func() error {
+			code, body, err := h.get("/-/readiness")
+			return testenv.Expect(err == nil && code == 503 && strings.Contains(string(body), "waiting for "+gone.NodeID),
+				"step 2: %s: /-/readiness %d %s %v does not say it waits for %s", h.NodeID, code, body, err, gone.NodeID)
+		})
+	}
+	for _, h := range rest {
+		h.Kill()
+		h.Use("", "--bootstrap-without", gone.NodeID)
+	}
+	StartAll(t, rest...)
+	for _, h := range rest {
+		if !h.LogContains(t, `"without":["`+gone.NodeID+`"]`) {
+			t.Errorf("step 2: %s does not log that it bootstrapped without %s", h.NodeID, gone.NodeID)
+		}
+		h.Use("") // the flag is removed once the cluster is back
+	}
+	gone.Start(t)
+	gone.WaitReady(t)
 	for _, h := range hs {
 		got := h.Answers(t, "be_q/web1", "be_q/web2", "be_q/web3")
 		if got["be_q/web1"] != "ready 100%" || got["be_q/web2"] != "drain" || got["be_q/web3"] != "maint" {
@@ -153,6 +181,9 @@ func TestE2EQuorumLostForGood(t *testing.T) {
 		}
 	}
 	waitMirrorsConsul(t, 10*time.Second, consul, hs...)
-	t.Logf("quorum lost: the survivor withheld %s after the loss; step 1 (two empty replicas join the survivor) ready in %s; step 2 (all data cleared) ready from Consul in %s",
+	if n := len(gone.Cluster(t).Members); n != 3 {
+		t.Errorf("step 2: %s sees %d members, want 3", gone.NodeID, n)
+	}
+	t.Logf("quorum lost: the survivor withheld %s after the loss; step 1 (two empty replicas join the survivor) ready in %s; step 2 (all data cleared, one replica gone: --bootstrap-without) ready from Consul in %s",
 		withheld.Round(time.Millisecond), back1.Round(time.Millisecond), time.Since(step2).Round(time.Millisecond))
 }

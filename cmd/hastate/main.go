@@ -214,6 +214,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.RaftAddr, "raft-addr", ":9779", "raft listen address")
 	f.StringVar(&o.RaftAdvertise, "raft-advertise", "", "host:port other replicas dial (default <node-id>:<raft port>)")
 	f.StringVar(&peers, "peers", "", "initial cluster: id=host:port,... (empty: a one-node cluster)")
+	f.StringSliceVar(&o.BootstrapWithout, "bootstrap-without", nil, "id,...: peers of --peers that are gone for good (docs/runbook.md \"Quorum lost for good\"): a replica with no raft state bootstraps without waiting for their answer; remove it once the cluster is back")
 	f.StringVar(&raftDial, "raft-dial", "", "id=host:port,...: dial these peers at another address than --peers gives (a local proxy or sidecar)")
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/hastate", "raft log and snapshots")
 	f.StringVar(&o.KVPrefix, "kv-prefix", "hastate/", "Consul KV prefix; state lives under <prefix>state/")

@@ -48,6 +48,9 @@ type Options struct {
 	KVPrefix   string // "": "hastate/"
 	ConsulAddr string // "": CONSUL_HTTP_ADDR, else 127.0.0.1:8500
 
+	// BootstrapWithout: peers declared gone for good (cluster.Options).
+	BootstrapWithout []string
+
 	// AgentReadTimeout and AgentQuietPeriod tune the agent protocol (0: defaults).
 	AgentReadTimeout time.Duration
 	AgentQuietPeriod time.Duration
@@ -288,7 +291,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
-		LeaderDuty: a.watchConsul, Version: version.Get().Version, MaxLevel: a.o.FeatureLevel, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial,
+		LeaderDuty: a.watchConsul, Version: version.Get().Version, MaxLevel: a.o.FeatureLevel, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial, BootstrapWithout: a.o.BootstrapWithout,
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},
