@@ -39,7 +39,7 @@ type metrics struct {
 
 	level, levelWaiting, notUnderstood *prometheus.Desc
 
-	confirmAge, confirmFailing *prometheus.Desc
+	confirmAge, confirmFailing, grace *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -85,6 +85,8 @@ func newMetricsUnset(n *Node) *metrics {
 			"Per replica: seconds since this replica last confirmed with the raft leader that it serves every committed change (a confirmation round; idle replicas run one every 250ms). Past --leaderless-grace it withholds and fails readiness (hastate_withheld{reason=\"unconfirmed\"}).", nil, nil),
 		confirmFailing: prometheus.NewDesc("hastate_confirm_failing_seconds",
 			"Per replica: seconds for which every confirmation round has failed (0 after a success): for so long this replica has answered no agent check.", nil, nil),
+		grace: prometheus.NewDesc("hastate_leaderless_grace_seconds",
+			"Per replica: its --leaderless-grace, the age of the last leader contact (or of failing confirmations) past which it withholds and fails readiness. Alerts compare hastate_confirm_age_seconds with it.", nil, nil),
 		rampsActive: prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress (from raft: the same on every replica in sync).", nil, nil),
 		serverState: prometheus.NewDesc("hastate_server_state",
 			"Always 1: the effective state of each server (or backend wildcard, server \"*\") with a non-default state: drain, maint, weight (an explicit N%), ramping (an undrain ramp sets its weight) or withheld (invalid key without a last valid value: no answer). Servers answered ready 100% have no series. by is the writer named in the key's JSON value (cut to 64 bytes). From raft: the same on every replica in sync.",
@@ -145,7 +147,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.confirmAge, m.confirmFailing} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.confirmAge, m.confirmFailing, m.grace} {
 		ch <- d
 	}
 }
@@ -197,6 +199,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	ch <- prometheus.MustNewConstMetric(m.confirmAge, prometheus.GaugeValue, max(now.Sub(at), 0).Seconds())
 	ch <- prometheus.MustNewConstMetric(m.confirmFailing, prometheus.GaugeValue, m.n.conf.failingFor(now).Seconds())
+	ch <- prometheus.MustNewConstMetric(m.grace, prometheus.GaugeValue, m.n.opts.LeaderlessGrace.Seconds())
 	for _, r := range withholdReasons() {
 		label, _ := r.info()
 		ch <- prometheus.MustNewConstMetric(m.withheld, prometheus.GaugeValue, boolGauge(m.n.withheld.has(r)), label)

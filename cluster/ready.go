@@ -22,7 +22,7 @@ func (n *Node) Ready() (bool, string) {
 	case !synced:
 		return false, "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
 	case n.withheld.any():
-		return false, "holds state but answers nothing: " + n.withheldDetails(time.Now())
+		return false, "holds state but withholds every answer: " + n.withheldDetails(time.Now())
 	}
 	d := "holds state and caught up with a leader"
 	if c := n.confirmTrouble(time.Now()); c != "" {

@@ -279,7 +279,7 @@ func (n *Node) contactLoop() {
 		}
 		ci, cat := n.conf.lastConfirmed()
 		var failing time.Time
-		if fs := n.conf.failSince.Load(); fs != 0 {
+		if fs := n.conf.failSince.Load(); fs != 0 && !n.confirmOff() {
 			failing = time.Unix(0, fs)
 		}
 		in := withholdInputs{
@@ -293,7 +293,7 @@ func (n *Node) contactLoop() {
 			target = 0 // from a cut-off, ask the leader again
 		}
 		n.applyWithhold(was, next, in, leader, target)
-		if now.Sub(cat) > confirmRefresh {
+		if now.Sub(cat) > confirmRefresh && !n.confirmOff() {
 			n.conf.wake()
 		}
 	}
