@@ -197,3 +197,28 @@ func TestConfirmBatches(t *testing.T) {
 	}
 	t.Logf("%d concurrent checks: %v rounds", workers*each, rounds)
 }
+
+// TestAnswerReadIndexRefuses: the leader answers a read-index request only
+// in the follower's term, after its barrier; a requester that is not a
+// voter is no acknowledgement (its request waits for a VerifyLeader round,
+// which a one-node leader passes at once).
+func TestAnswerReadIndexRefuses(t *testing.T) {
+	n := startLeader(t, Options{})
+	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(n.barrierTerm.Load() == n.raft.CurrentTerm(), "barrier not done")
+	})
+	term := n.raft.CurrentTerm()
+	if a := n.answerReadIndex(readIndexRequest{ID: "n2", Term: term + 1}); a.Error == "" || !strings.Contains(a.Error, "term") {
+		t.Errorf("a request of another term: %+v, want refused naming the term", a)
+	}
+	if n.ackIsQuorum("stranger") || n.ackIsQuorum(n.opts.ID) {
+		t.Errorf("a non-voter or the leader itself counts as an acknowledgement")
+	}
+	a := n.answerReadIndex(readIndexRequest{ID: "stranger", Term: term})
+	if a.Error != "" || a.Index != n.fsm.index.Load() || a.ID != n.opts.ID {
+		t.Errorf("a request in the leader's term: %+v, want the state index %d", a, n.fsm.index.Load())
+	}
+}
