@@ -257,7 +257,7 @@ type ConfirmInfo struct {
 	// one succeeded); Error is the last failure.
 	FailingSeconds float64 `json:"failing_seconds,omitempty"`
 	Error          string  `json:"error,omitempty"`
-	// TimeoutSeconds is --confirm-timeout (negative: confirmation off).
+	// TimeoutSeconds is --confirm-timeout.
 	TimeoutSeconds float64 `json:"timeout_seconds"`
 }
 

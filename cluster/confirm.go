@@ -171,9 +171,6 @@ func (n *Node) Confirmed() *state.Snapshot {
 	if n.withheld.any() {
 		return nil
 	}
-	if n.confirmOff() {
-		return n.fsm.serving.Load()
-	}
 	if !n.conf.await(n.opts.ConfirmTimeout) {
 		n.metrics.unconfirmedChecks.Inc()
 		return nil
@@ -182,20 +179,6 @@ func (n *Node) Confirmed() *state.Snapshot {
 		return nil
 	}
 	return n.fsm.serving.Load()
-}
-
-// confirmOff reports whether this replica answers without confirmation
-// (ConfirmTimeout negative: as releases before it did). Its rounds still
-// run: they answer its followers' read-index requests when it leads.
-func (n *Node) confirmOff() bool { return n.opts.ConfirmTimeout < 0 }
-
-// roundTimeout bounds a round: ConfirmTimeout, or its default when
-// confirmation is off here.
-func (n *Node) roundTimeout() time.Duration {
-	if n.confirmOff() {
-		return DefaultConfirmTimeout
-	}
-	return n.opts.ConfirmTimeout
 }
 
 // confirmLoop runs the rounds: it waits until a round is wanted, waits the
@@ -228,7 +211,7 @@ func (n *Node) confirmLoop() {
 		}
 		nr := n.conf.next.Swap(newReadNotifier())
 		began := time.Now()
-		nr.index, nr.err = n.confirmRound(began.Add(n.roundTimeout()))
+		nr.index, nr.err = n.confirmRound(began.Add(n.opts.ConfirmTimeout))
 		n.noteRound(began, nr.index, nr.err)
 		close(nr.done)
 	}
@@ -428,7 +411,7 @@ func (n *Node) answerReadIndex(req readIndexRequest) readIndexAnswer {
 	}
 	nr := n.conf.next.Load()
 	n.conf.wake()
-	t := time.NewTimer(n.roundTimeout())
+	t := time.NewTimer(n.opts.ConfirmTimeout)
 	defer t.Stop()
 	select {
 	case <-nr.done:

@@ -111,9 +111,7 @@ type Options struct {
 	// and has caught up. Keep it above a failover (about 2s).
 	LeaderlessGrace time.Duration
 	// ConfirmTimeout (0: DefaultConfirmTimeout) is how long a check waits
-	// for its confirmation (confirm.go) before it is answered nothing;
-	// negative turns confirmation off (answers from the last applied
-	// state, as 0.13.0 did; see DESIGN.md).
+	// for its confirmation (confirm.go) before it is answered nothing.
 	ConfirmTimeout time.Duration
 	// ConfirmWindow (0: DefaultConfirmWindow) is how long the confirmation
 	// loop waits after the first check that wants a round before it starts
@@ -165,6 +163,9 @@ func (o *Options) validate() error {
 	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
 	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
 	o.ConfirmTimeout = cmp.Or(o.ConfirmTimeout, DefaultConfirmTimeout)
+	if o.ConfirmTimeout < 0 {
+		return fmt.Errorf("cluster: confirm timeout %s is negative: set --confirm-timeout to a positive duration, e.g. %s", o.ConfirmTimeout, DefaultConfirmTimeout)
+	}
 	if o.ConfirmWindow < 0 {
 		return fmt.Errorf("cluster: confirm window %s is negative: use 0 for none", o.ConfirmWindow)
 	}

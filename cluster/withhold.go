@@ -281,7 +281,7 @@ func (n *Node) contactLoop() {
 		}
 		ci, cat := n.conf.lastConfirmed()
 		var failing time.Time
-		if fs := n.conf.failSince.Load(); fs != 0 && !n.confirmOff() {
+		if fs := n.conf.failSince.Load(); fs != 0 {
 			failing = time.Unix(0, fs)
 		}
 		in := withholdInputs{
@@ -295,7 +295,7 @@ func (n *Node) contactLoop() {
 			target = 0 // from a cut-off, ask the leader again
 		}
 		n.applyWithhold(was, next, in, leader, target)
-		if now.Sub(cat) > confirmRefresh && !n.confirmOff() {
+		if now.Sub(cat) > confirmRefresh {
 			n.conf.wake()
 		}
 	}

@@ -63,7 +63,7 @@ type Options struct {
 	LeaderlessGrace time.Duration
 	// ConfirmTimeout: a check that no confirmation round (a read index from
 	// the raft leader) confirms within this is answered nothing (0:
-	// cluster.DefaultConfirmTimeout; negative: confirmation off).
+	// cluster.DefaultConfirmTimeout).
 	// ConfirmWindow: how long a round waits for more checks to share it
 	// (0: none). See cluster/DESIGN.md.
 	ConfirmTimeout time.Duration
@@ -170,7 +170,7 @@ func (o *Options) validate() error {
 	if o.ConfirmWindow < 0 {
 		return fmt.Errorf("--confirm-window %s is negative: set 0 (no wait) or a positive duration", o.ConfirmWindow)
 	}
-	if o.ConfirmTimeout > 0 && o.ConfirmTimeout < time.Millisecond {
+	if o.ConfirmTimeout < 0 || (o.ConfirmTimeout > 0 && o.ConfirmTimeout < time.Millisecond) {
 		return fmt.Errorf("--confirm-timeout %s is too short for a round trip to the raft leader: set at least 1ms, e.g. %s", o.ConfirmTimeout, cluster.DefaultConfirmTimeout)
 	}
 	if o.PollersMax < 0 {
