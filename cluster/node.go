@@ -115,6 +115,16 @@ type Options struct {
 	// readiness (see withhold.go); it answers again once it has a leader
 	// and has caught up. Keep it above a failover (about 2s).
 	LeaderlessGrace time.Duration
+	// ConfirmTimeout (0: DefaultConfirmTimeout) is how long a check waits
+	// for its confirmation (confirm.go) before it is answered nothing.
+	ConfirmTimeout time.Duration
+	// ConfirmWindow (0: DefaultConfirmWindow) is how long the confirmation
+	// loop waits after the first check that wants a round before it starts
+	// it, so that more checks share it.
+	ConfirmWindow time.Duration
+	// legacyReadIndex (tests) plays a release before the read-index query:
+	// "readindex" is answered null.
+	legacyReadIndex bool
 	// HeartbeatTimeout and ElectionTimeout (0: 1s each) bound failover time.
 	HeartbeatTimeout time.Duration
 	ElectionTimeout  time.Duration
@@ -165,6 +175,13 @@ func (o *Options) validate() error {
 	o.HeartbeatTimeout = cmp.Or(o.HeartbeatTimeout, time.Second)
 	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
 	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
+	o.ConfirmTimeout = cmp.Or(o.ConfirmTimeout, DefaultConfirmTimeout)
+	if o.ConfirmTimeout < 0 {
+		return fmt.Errorf("cluster: confirm timeout %s is negative: set --confirm-timeout to a positive duration, e.g. %s", o.ConfirmTimeout, DefaultConfirmTimeout)
+	}
+	if o.ConfirmWindow < 0 {
+		return fmt.Errorf("cluster: confirm window %s is negative: use 0 for none", o.ConfirmWindow)
+	}
 	if err := CheckLeaderlessGrace(o.LeaderlessGrace); err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
@@ -179,6 +196,7 @@ type Node struct {
 	fsm       *fsm
 	store     *raftboltdb.BoltStore
 	transport *raft.NetworkTransport
+	logs      raft.LogStore // the log store behind raft (its cache included)
 	stream    *streamLayer
 	metrics   *metrics
 	observer  *raft.Observer
@@ -195,6 +213,10 @@ type Node struct {
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
+	// conf is the confirmation of answers (confirm.go); ri is the
+	// follower's open read-index connection to the leader (confirmLoop's).
+	conf confirmer
+	ri   readIndexConn
 	kvState
 
 	// hadState: raft state was in --data-dir at start. bootDetail and
@@ -233,6 +255,7 @@ func New(o Options) (_ *Node, err error) {
 	n.started = time.Now()
 	n.leaderSeen.Store(n.started.UnixNano())
 	n.leaderContact.Store(n.started.UnixNano())
+	n.conf.init(n.started)
 	// Nothing is answered until the node has caught up with a leader.
 	n.withheld.set(withholdCatchingUp, true)
 	n.withheldSince[bitIndex(withholdCatchingUp)].Store(n.started.UnixNano())
@@ -246,6 +269,7 @@ func New(o Options) (_ *Node, err error) {
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
 	n.fsm.large = n.noteLarge
+	n.fsm.advanced = n.conf.advanced
 	n.fsm.notUnderstoodFn = func(err error) { n.withhold(withholdNotUnderstood, true, zap.Error(err)) }
 	n.fsm.rejected = func(err error) {
 		n.metrics.applyErrors.Inc()
@@ -264,7 +288,7 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
 	sl, err := newStreamLayer(streamConfig{
-		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries,
+		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries, ReadIndex: n.answerReadIndex, LegacyReadIndex: o.legacyReadIndex,
 		Log: o.Logger.Named("transport"), Metrics: n.metrics.port, Peers: len(o.Peers),
 		MaxConnsPerIP: o.MaxConnsPerIP, MaxConns: o.MaxConns, IdentifyTimeout: o.IdentifyTimeout,
 	})
@@ -302,6 +326,7 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
 	logs := newLogCache(logCacheEntries, store) // see logcache.go
+	n.logs = logs
 	// Raft dials through patientTransport (see redial.go).
 	trans := &patientTransport{NetworkTransport: n.transport}
 	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, trans)
@@ -367,7 +392,8 @@ func New(o Options) (_ *Node, err error) {
 		n.wg.Add(1)
 		go n.bootstrap(r, servers) // see bootstrap.go: not while a peer may hold the cluster
 	}
-	n.wg.Add(5)
+	n.wg.Add(6)
+	go n.confirmLoop()
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)
 	go n.contactLoop()
@@ -376,6 +402,7 @@ func New(o Options) (_ *Node, err error) {
 	n.stops.Add("node loops", func(context.Context) error {
 		close(n.stop)
 		n.wg.Wait()
+		n.ri.close()
 		return nil
 	})
 	// Registered last, so it runs first: a leader hands over leadership
