@@ -33,7 +33,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(stderr, "hastate:", err)
+		var ec exitCode
 		switch {
+		case errors.As(err, &ec):
+			return ec.code
 		case errors.Is(err, ctl.ErrUsage):
 			return 2
 		case errors.Is(err, ctl.ErrNoMatch):
@@ -81,6 +84,7 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), migrateCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
 		root.AddCommand(withTimeout(c))
 	}
+	root.AddCommand(migrationCmd(stdout))
 	return root
 }
 
