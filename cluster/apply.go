@@ -19,6 +19,14 @@ import (
 // KV returns a copy of the mirrored KV content (keys relative to the prefix).
 func (n *Node) KV() map[string]string { return n.fsm.kv() }
 
+// Raw returns one mirrored KV key's value (key relative to the prefix),
+// without copying the whole mirror as KV does.
+func (n *Node) Raw(key string) (string, bool) {
+	n.fsm.mu.Lock()
+	defer n.fsm.mu.Unlock()
+	return n.fsm.mirror.Raw(key)
+}
+
 // ApplyKV makes the replicated mirror equal kv, a full read of the prefix at
 // Consul index index, as one raft entry holding only the differences. It
 // writes nothing when nothing differs and the mirror already holds state.
@@ -40,7 +48,8 @@ func (n *Node) ApplyRead(ctx context.Context, r state.KVRead) error {
 		return nil
 	}
 	raw, ok := kv[RampConfigKey]
-	policy := n.rampPolicy(raw, ok)
+	_, migrating := kv[state.MigrationKey]
+	policy := noRampWhile(migrating, n.rampPolicy(raw, ok))
 	res, raftIndex, err := n.apply(ctx, command{Type: cmdKV, KVIndex: index, Change: change, At: n.now(), Ramp: policy})
 	if err != nil {
 		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
@@ -107,6 +116,18 @@ func (n *Node) rampPolicy(raw string, ok bool) state.RampPolicy {
 	}
 	n.metrics.rampPolicyInvalid.Set(0)
 	n.lastBadPolicy.Store(nil)
+	return p
+}
+
+// noRampWhile returns p without undrain ramps (duration 0) while a
+// migration from the per-node agent is marked (state.MigrationKey): the
+// agent restores full weight at once, and both must serve an undrain the
+// same way. The policy travels in the raft entry, so every replica (of
+// any release) applies what the leader decided.
+func noRampWhile(migrating bool, p state.RampPolicy) state.RampPolicy {
+	if migrating {
+		p.Duration = 0
+	}
 	return p
 }
 

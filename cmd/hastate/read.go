@@ -116,7 +116,13 @@ what it was told (the column of hastate verify, which explains each).`,
 			if withHAProxy {
 				hap = func(r api.ServerState) string { return cmp.Or(hapCol[r.Backend+"/"+r.Server], "?") }
 			}
-			return printStatus(stdout, rows, v.InvalidKeys, hap)
+			if err := printStatus(stdout, rows, v.InvalidKeys, hap); err != nil {
+				return err
+			}
+			if v.Migration != nil {
+				fmt.Fprintln(stdout, v.Migration)
+			}
+			return nil
 		},
 	}
 	replicaFlag(c, &addr)
