@@ -84,7 +84,7 @@ Values: ready | drain | maint | N% (0..256) | {"state":...,"reason":...,"by":...
 	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), migrateCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
 		root.AddCommand(withTimeout(c))
 	}
-	root.AddCommand(migrationCmd(stdout))
+	root.AddCommand(migrationCmd(stdout), withTimeout(compareCmd(stdout)))
 	return root
 }
 

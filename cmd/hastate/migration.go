@@ -202,3 +202,83 @@ can count them against the fleet.`,
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print, write nothing")
 	return c
 }
+
+func compareCmd(stdout io.Writer) *cobra.Command {
+	var (
+		cf           consulFlags
+		addr, agent  string
+		parallel     int
+		checkTimeout time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "compare --agent HOST:PORT [<selector>...]",
+		Short: "Ask an agent (a per-node agent) about every server as HAProxy would, and compare with hastate",
+		Long: `Ask an agent (a per-node agent) about every server as HAProxy would, and compare with hastate.
+
+compare waits until the replica (--addr) holds every write made to Consul
+before it started, then asks the agent at --agent about every server the
+cluster knows (KV keys and what HAProxy polled, over every replica; or those
+the selectors match, a literal backend/server even when unknown): it sends
+"<backend>/<server>\n" and reads one line, as HAProxy's agent-check does.
+Each answer is compared with hastate's:
+  - the same line is the same answer;
+  - a ramp counts as ready: hastate's "ready 40%" mid-ramp equals any
+    "ready N%" above 0;
+  - no answer (the agent closes without a line) is an answer: HAProxy keeps
+    the server's state. It equals hastate only where hastate withholds too
+    (an invalid key with no valid value).
+A server the agent cannot be asked about (connection refused, no answer
+within --check-timeout) cannot be confirmed. When Consul's index moves while
+it compares (a write in flight), compare starts again (3 times at most).
+
+Exit codes: 0 the same for every server; 1 the answers differ (every such
+server is named, with where hastate's answer comes from); 3 a selector
+matched nothing; 4 cannot confirm (the agent, the replica or Consul could
+not be read well enough). The agent port of a replica (--agent
+<replica>:9777) must compare clean: it is the check that compare itself works.`,
+		Example: `  hastate compare --agent 10.1.2.3:9777                  # a node still on its per-node agent
+  hastate compare --agent 10.1.2.3:9777 'canary_*/*'
+  hastate compare --agent hastate-0.hastate:9777         # hastate against itself: exit 0`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			if agent == "" {
+				return usageError(c, errors.New("--agent HOST:PORT is required: the agent port to compare (a per-node agent's, e.g. 10.1.2.3:9777)"))
+			}
+			var sels []ctl.Selector
+			if len(args) > 0 {
+				var err error
+				if sels, err = ctl.ParseSelectors(args); err != nil {
+					return err
+				}
+			}
+			wr, err := cf.writer()
+			if err != nil {
+				return err
+			}
+			r, err := ctl.NewReplica(addr)
+			if err != nil {
+				return err
+			}
+			res, err := ctl.Compare(c.Context(), ctl.CompareOptions{Agent: agent, Parallel: parallel, CheckTimeout: checkTimeout,
+				Gate: ctl.GateOptions{Consul: wr.Client, ConsulAddr: wr.Addr, Prefix: wr.Prefix, Replica: r, Selectors: sels}})
+			if res.Checked > 0 || err == nil {
+				res.Print(stdout, agent, r.Addr())
+			}
+			switch {
+			case err != nil:
+				return unconfirmed(err)
+			case len(res.Differ) > 0:
+				return fmt.Errorf("the agent at %s answers %d servers differently from hastate (listed above)", agent, len(res.Differ))
+			case len(res.Unconfirmed) > 0:
+				return exitCode{4, fmt.Errorf("%w: %d servers could not be asked at %s (listed above)", ctl.ErrCannotConfirm, len(res.Unconfirmed), agent)}
+			}
+			return nil
+		},
+	}
+	cf.add(c)
+	replicaFlag(c, &addr)
+	c.Flags().StringVar(&agent, "agent", "", "the agent port to ask, host:port (a per-node agent's, or a replica's 9777)")
+	c.Flags().IntVar(&parallel, "parallel", 16, "checks at once")
+	c.Flags().DurationVar(&checkTimeout, "check-timeout", 2*time.Second, "bound of one check; a slower agent cannot be confirmed")
+	return c
+}

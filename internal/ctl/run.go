@@ -36,11 +36,17 @@ const forcedRead = 2 * time.Second
 // plan says what was (or would be) written; Report prints it.
 func Write(ctx context.Context, req WriteRequest) (Plan, error) {
 	req.Prefix = req.Writer.Prefix
+	// --force or not, a write during a migration is one the per-node
+	// agent serves the same way.
+	migrating, check, err := req.Writer.migrationGuard(ctx)
+	if err != nil {
+		return Plan{Command: req.Command}, err
+	}
+	req.Migration, req.MigrationKey = migrating, req.Writer.MigrationKey()
 	gate := GateOptions{Consul: req.Writer.Client, ConsulAddr: req.Writer.Addr, Prefix: req.Writer.Prefix, Replica: req.Replica}
 	var (
 		fleet *api.StateView
 		v     api.StateView
-		err   error
 	)
 	if req.Force {
 		fctx, cancel := context.WithTimeout(ctx, forcedRead)
@@ -68,6 +74,7 @@ func Write(ctx context.Context, req WriteRequest) (Plan, error) {
 	if err != nil {
 		return plan, err
 	}
+	plan.check = check
 	if plan.hasDeletes() {
 		if err := req.Writer.DropAbsent(ctx, &plan); err != nil {
 			return plan, err

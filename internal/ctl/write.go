@@ -51,6 +51,9 @@ type Plan struct {
 	// Notes are what the operator should know: servers a backend-wide
 	// key does not reach, keys that were already absent.
 	Notes []string
+	// check is the transaction's condition on the migration marker (see
+	// Writer.migrationGuard); nil: none.
+	check *consul.KVTxnOp
 }
 
 // Print writes the plan, one Consul operation a line (see TxnOps), then
@@ -83,6 +86,13 @@ type WriteOptions struct {
 	// MinReady is the fewest ready servers (among those HAProxy polls) a
 	// drain, maint or 0% of individual servers may leave in a backend.
 	MinReady int
+	// Migration: a migration from the per-node agent is marked (read
+	// from Consul; MigrationKey names the marker). The write is then one
+	// both serve the same way: backend selectors expand to per-server
+	// keys, --for and --ramp are refused, and the typo guard also accepts
+	// a server that has a key of its own.
+	Migration    bool
+	MigrationKey string
 }
 
 // intent is what a write does to the servers it reaches, decided once from
@@ -137,6 +147,9 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			p.Ops = append(p.Ops, op)
 		}
 	}
+	if err := migrationRefuses(o, in); err != nil {
+		return p, err
+	}
 	var rows []api.ServerState
 	if fleet != nil {
 		rows = fleet.Servers
@@ -160,11 +173,20 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			if fleet != nil && !o.Force && !in.clear && !ix.known(sel.Backend) {
 				return p, fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
 			}
+			if o.Migration {
+				if fleet == nil {
+					return p, fmt.Errorf("%w: a migration from the per-node agent is marked, so %s expands to per-server keys, which needs the servers the cluster knows, and no replica answered; name servers one by one", ErrCannotConfirm, sel)
+				}
+				if err := p.perServer(ix, sel, sel.Backend, o, in, add); err != nil {
+					return p, err
+				}
+				continue
+			}
 			if err := p.backendWide(ix, sel.Backend, o, in, add); err != nil {
 				return p, err
 			}
 		case literal:
-			if err := polled(ix, fleet != nil && !in.clear, sel, o.Force); err != nil {
+			if err := polled(ix, fleet != nil && !in.clear, sel, o.Force, o.Migration); err != nil {
 				return p, err
 			}
 			server(sel.Backend, sel.Server)
@@ -173,6 +195,12 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 			for _, b := range ix.backends {
 				if sel.Match(b, state.Wildcard) {
 					n++
+					if o.Migration {
+						if err := p.perServer(ix, sel, b, o, in, add); err != nil {
+							return p, err
+						}
+						continue
+					}
 					if in.clear && !ix.own[[2]string{b, state.Wildcard}] {
 						continue
 					}
@@ -199,6 +227,10 @@ func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, err
 				return p, noMatch(sel, rows)
 			}
 		}
+	}
+	if n := txnLen(p.Ops); n > MaxTxnKeys && o.Migration {
+		return p, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, are %d operations, more than one Consul transaction holds (%d); "+
+			"a migration from the per-node agent is marked, so backend-wide keys are not an option: split the command (a backend, or a zone of one backend, at a time)", len(p.Ops), n, MaxTxnKeys)
 	}
 	if n := txnLen(p.Ops); n > MaxTxnKeys {
 		return p, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, are %d operations, more than one Consul transaction holds (%d); "+
@@ -358,7 +390,11 @@ func ownKey(r api.ServerState) bool {
 // servers the cluster knows in that backend: a server the cluster does not
 // know at all matched nothing (ErrNoMatch, and an unknown backend names the
 // known backends).
-func polled(ix *fleetIndex, known bool, sel Selector, force bool) error {
+//
+// While a migration is marked (migrating), a server with a key of its own
+// in Consul passes too: before any HAProxy node is moved, none polls
+// hastate, and the keys are what the per-node agents serve.
+func polled(ix *fleetIndex, known bool, sel Selector, force, migrating bool) error {
 	if force || !known {
 		return nil
 	}
@@ -368,12 +404,16 @@ func polled(ix *fleetIndex, known bool, sel Selector, force bool) error {
 	}
 	for _, r := range ix.byBackend[sel.Backend] {
 		if r.Server == sel.Server {
-			if r.Polled > 0 {
+			if r.Polled > 0 || (migrating && ownKey(r)) {
 				return nil
 			}
 			return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?); known servers of %s: %s; add --force to write it anyway",
 				sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
 		}
+	}
+	if migrating {
+		return fmt.Errorf("%w: no server matches '%s': no HAProxy that asks hastate has polled %s in the last %s and it has no key in Consul (a typo? HAProxy nodes still on the per-node agent are not seen); known servers of %s: %s; add --force to write it anyway",
+			ErrNoMatch, sel, sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
 	}
 	return fmt.Errorf("%w: no server matches '%s': no HAProxy has polled %s in the last %s and it has no key (a typo?); known servers of %s: %s; add --force to write it anyway",
 		ErrNoMatch, sel, sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
@@ -504,6 +544,9 @@ func (w Writer) Apply(ctx context.Context, p Plan) error {
 	ops := make(consul.TxnOps, 0, 2*len(p.Ops))
 	for _, o := range p.Ops {
 		ops = append(ops, o.txnOps()...)
+	}
+	if p.check != nil {
+		ops = append(ops, &consul.TxnOp{KV: p.check})
 	}
 	return w.txn(ctx, ops, "nothing was written", "running the command again is safe")
 }
