@@ -122,7 +122,7 @@ func (n *Node) rampPolicy(raw string, ok bool) state.RampPolicy {
 // noRampWhile returns p without undrain ramps (duration 0) while a
 // migration from the per-node agent is marked (state.MigrationKey): the
 // agent restores full weight at once, and both must serve an undrain the
-// same way. The policy travels in the raft entry, so every replica (of
+// same way (rampLoop ends the ramps in progress). The policy travels in the raft entry, so every replica (of
 // any release) applies what the leader decided.
 func noRampWhile(migrating bool, p state.RampPolicy) state.RampPolicy {
 	if migrating {

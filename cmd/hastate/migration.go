@@ -40,8 +40,8 @@ While a migration is marked, every write is one both serve the same way:
 selectors expand to per-server keys (the output says so), --for and --ramp
 are refused with the reason, the typo guard also accepts servers that have a
 key in Consul (before a node is moved no HAProxy polls hastate), and
-undrains do not ramp. The per-node agent never reads the marker (it is not
-under state/).
+undrains do not ramp (a ramp in progress ends at full weight at once). The
+per-node agent never reads the marker (it is not under state/).
 
 Exit codes: 0 ok, 1 refused or failed, 2 usage, 4 Consul could not be read.`
 
@@ -52,8 +52,7 @@ func migrationCmd(stdout io.Writer) *cobra.Command {
 		Long:  "Mark, show or end a migration from the per-node agent (both serve one prefix).\n\n" + migrationLong,
 		Example: `  hastate migration start --reason "gstg: move canary_web nodes to hastate"
   hastate migration status
-  hastate compare --agent 10.1.2.3:9777          # a node still on its local agent
-  hastate migration finish                        # every HAProxy node asks hastate`,
+  hastate migration finish      # once every HAProxy node asks hastate`,
 		Args: argCount(cobra.NoArgs, "a subcommand: start, status or finish"),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
 	}

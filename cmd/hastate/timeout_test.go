@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -72,10 +73,13 @@ func TestHungServerGivesUpAtTimeout(t *testing.T) {
 				!strings.Contains(out.String(), named) || !strings.Contains(out.String(), "did not answer within 1s") {
 				t.Errorf("exit %d after %s, output %q; want exit 1 after %s..%s naming %s", code, took, out.String(), timeout, timeout+slack, named)
 			}
-			// A write that timed out may have reached Consul: no false comfort.
-			// (clear first reads which keys exist: nothing is written yet.)
-			if named == hungConsul && writeCmds[args[0]] && args[0] != "clear" && !strings.Contains(out.String(), "may or may not have been applied") {
-				t.Errorf("%q does not say the write may have been applied", out.String())
+			// Every write, --force too, first reads the migration marker
+			// from Consul (a write during a migration is one the per-node
+			// agent serves the same way): it hangs there, before anything
+			// is sent, and says so. (TestWriterTransactions covers a
+			// transaction that times out: "may or may not have been applied".)
+			if named == hungConsul && writeCmds[args[0]] && !strings.Contains(out.String(), "nothing was written") {
+				t.Errorf("%q does not say that nothing was written", out.String())
 			}
 		})
 	}
@@ -101,5 +105,31 @@ func TestTimeoutMustBePositive(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"status", "--timeout", "0s"}, &out, &out); code != 2 || !strings.Contains(out.String(), "positive duration") {
 		t.Fatalf("--timeout 0s: exit %d %q, want a usage error", code, out.String())
+	}
+}
+
+// A write whose Consul transaction hangs (Consul answered the reads) may
+// have been applied: no false comfort.
+func TestHungTransactionMayHaveBeenApplied(t *testing.T) {
+	consul := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/txn" {
+			// Read the body, so that the server sees the client close,
+			// then hang until the client gives up.
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+			return
+		}
+		w.Header().Set("X-Consul-Index", "7")
+		http.NotFound(w, r) // no key, as Consul answers a missing key
+	}))
+	t.Cleanup(consul.Close)
+	refused := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	for _, args := range [][]string{{"drain", "web/a"}, {"maint", "web/a"}, {"weight", "50%", "web/a"}} {
+		args = append(args, "--force", "--addr", refused, "--consul-addr", strings.TrimPrefix(consul.URL, "http://"), "--timeout", "1s")
+		var out bytes.Buffer
+		code := run(args, &out, &out)
+		if code != 1 || !strings.Contains(out.String(), "may or may not have been applied") {
+			t.Errorf("hastate %s: exit %d, %q; want exit 1 saying the write may have been applied", strings.Join(args, " "), code, out.String())
+		}
 	}
 }

@@ -98,7 +98,7 @@ func unlikeKeys(kv map[string]string) []string {
 			if !v.Until.IsZero() {
 				out = append(out, fmt.Sprintf("%s = %q expires at %s (its meta key), which the per-node agent never does; "+
 					"write it again without --for, or wait until it has expired and clear it", rest, cutRaw(raw), v.Until.UTC().Format(time.RFC3339)))
-			} else if v.RampSet {
+			} else if v.RampSet && v.Ramp > 0 {
 				out = append(out, fmt.Sprintf("%s = %q undrains with its own ramp (%s, its meta key), which the per-node agent does not; write it again without --ramp", rest, cutRaw(raw), v.Ramp))
 			}
 		}
@@ -179,7 +179,7 @@ func (m Migration) Print(out io.Writer) {
 		if m.Err != nil {
 			fmt.Fprintf(out, "warning: %v\n", m.Err)
 		}
-		fmt.Fprintln(out, "while it is marked, every write is one the per-node agent serves the same way: selectors expand to per-server keys, --for and --ramp are refused, undrains do not ramp")
+		fmt.Fprintln(out, "while it is marked, every write is one the per-node agent serves the same way: selectors expand to per-server keys, --for and --ramp are refused, undrains do not ramp (a ramp in progress ends at full weight)")
 	}
 	if len(m.Unlike) == 0 {
 		fmt.Fprintln(out, "KV holds no key that the per-node agent serves differently from hastate")
