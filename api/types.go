@@ -264,6 +264,21 @@ type ClusterInfo struct {
 	Level LevelInfo `json:"level"`
 	// Version is this replica's release (see hastate version).
 	Version string `json:"version,omitempty"`
+	// KVPrefix is the Consul KV prefix this replica reads (--kv-prefix),
+	// and Consul the Consul cluster it reads: a write command checks both
+	// before anything else and refuses to write where no replica reads.
+	KVPrefix string          `json:"kv_prefix,omitempty"`
+	Consul   *ConsulIdentity `json:"consul,omitempty"`
+}
+
+// ConsulIdentity names the Consul cluster a replica reads: its datacenter
+// (empty when the token may not read /v1/agent/self) and its servers'
+// raft addresses, sorted and comma-separated (/v1/status/peers). Error
+// says why the last read failed; the last identity read is kept.
+type ConsulIdentity struct {
+	Datacenter string `json:"datacenter,omitempty"`
+	Cluster    string `json:"cluster,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // LevelInfo says which features of the replicated state are in force. A

@@ -46,7 +46,7 @@ func TestE2EOperatorStateReachesHAProxy(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr()})
 	hap := StartHAProxy(t, hs.AgentAddr, beWeb, beAPI)
-	op := Operator{ConsulAddr: consul.Addr()}
+	op := hs.Operator("--allow-unknown") // writes before HAProxy has polled every server
 
 	// Every subtest starts with no keys and every server UP at full weight.
 	reset := func(t *testing.T) {
@@ -232,7 +232,7 @@ type (
 func TestE2EConsulOutage(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
 	hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr()})
-	op := Operator{ConsulAddr: consul.Addr()}
+	op := hs.Operator("--allow-unknown") // no HAProxy polls
 
 	op.Run(t, "drain", "be_web/web1")
 	op.Run(t, "weight", "25%", "be_web/web2")
@@ -297,7 +297,8 @@ func TestE2EConsulOutage(t *testing.T) {
 	consul.Restart(t)
 	back := time.Now()
 	t.Logf("Consul was down for %s", back.Sub(down).Round(time.Millisecond))
-	op.Run(t, "drain", "be_web/web2")
+	// The test's probes count as polls: web2 is be_web's last ready server.
+	op.Run(t, "drain", "be_web/web2", "--allow-below-min-ready")
 	want["be_web/web2"] = "drain"
 	testenv.Eventually(t, 60*time.Second, func() error { return testenv.Expect(sameAnswers(), "%s", answersMsg()) })
 	t.Logf("catch-up: the drain written after Consul came back was served %s after Consul was ready again",
@@ -320,7 +321,7 @@ func TestE2EConsulOutage(t *testing.T) {
 func TestE2EDrainReasonInStatus(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr()})
-	op := Operator{ConsulAddr: consul.Addr()}
+	op := hs.Operator("--allow-unknown") // no HAProxy polls
 
 	op.Run(t, "drain", "be_web/web1", "--reason", "zonal maintenance")
 	op.Run(t, "maint", "be_web/web2", "--reason", "kernel upgrade", "--by", "alice")
@@ -378,20 +379,40 @@ func TestE2EDrainReasonInStatus(t *testing.T) {
 
 // TestE2ECustomKVPrefix: the existing runbook's prefix works for both the
 // replica and the operator commands, and keys under another prefix are not
-// this replica's.
+// this replica's. Issue 22.1: a write with a prefix the replica does not
+// read is refused, naming both prefixes, and writes nothing; the same write
+// with the replica's prefix succeeds.
 func TestE2ECustomKVPrefix(t *testing.T) {
 	const prefix = "gitlab-haproxy-agent/"
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr(), KVPrefix: prefix})
-	op := Operator{ConsulAddr: consul.Addr()}
-	envOp := Operator{ConsulAddr: consul.Addr(), Env: []string{"HASTATE_KV_PREFIX=" + prefix}}
+	// The replica reads gitlab-haproxy-agent/; op writes hastate/ (the
+	// default) to it. No HAProxy polls: --allow-unknown.
+	op := Operator{ConsulAddr: consul.Addr(), Addr: hs.HTTPAddr, WriteFlags: []string{"--allow-unknown"}}
+	envOp := hs.Operator("--allow-unknown")
 
-	op.Run(t, "maint", "be_api/api2")                        // default prefix hastate/: not ours
+	for _, f := range [][]string{nil, {"--force"}, {"--allow-no-replica"}} {
+		out := op.RunExit(t, 1, append([]string{"maint", "be_api/api2"}, f...)...)
+		if !strings.Contains(out, `reads KV prefix "`+prefix+`"`) || !strings.Contains(out, `this command uses "hastate/"`) || !strings.Contains(out, "nothing was written") {
+			t.Errorf("a write to a prefix the replica does not read (%v): %s; want a refusal naming both prefixes", f, out)
+		}
+		if keys, _, err := consul.Client(t).KV().Keys("hastate/", "", nil); err != nil || len(keys) != 0 {
+			t.Fatalf("the refused write wrote %v (err %v)", keys, err)
+		}
+	}
+	// wait and precheck say so too, instead of waiting for an index.
+	for _, cmd := range []string{"wait", "precheck"} {
+		if out := op.RunExit(t, 1, cmd, "be_api/api2"); !strings.Contains(out, `reads KV prefix "`+prefix+`"`) {
+			t.Errorf("%s with the wrong prefix: %s", cmd, out)
+		}
+	}
+	op.Run(t, "maint", "be_api/api2", "--kv-prefix", prefix) // the same write, the replica's prefix
 	op.Run(t, "drain", "be_web/web1", "--kv-prefix", prefix) // the flag
 	envOp.Run(t, "maint", "be_web/web2")                     // the environment
+	consul.Put(t, "hastate/state/be_api/api3", "maint")      // another prefix: not ours
 	consul.Put(t, prefix+"state/be_api/api1", " Drain\n")    // the runbook's plain value, untidy
 
-	for _, k := range []string{prefix + "state/be_web/web1", prefix + "state/be_web/web2", "hastate/state/be_api/api2"} {
+	for _, k := range []string{prefix + "state/be_web/web1", prefix + "state/be_web/web2", prefix + "state/be_api/api2"} {
 		if p, _, err := consul.Client(t).KV().Get(k, nil); err != nil || p == nil {
 			t.Errorf("Consul key %s missing after the operator command (err %v)", k, err)
 		}
@@ -399,9 +420,10 @@ func TestE2ECustomKVPrefix(t *testing.T) {
 	hs.WaitAnswer(t, "be_web/web1", "drain")
 	hs.WaitAnswer(t, "be_web/web2", "maint")
 	hs.WaitAnswer(t, "be_api/api1", "drain")
-	// api1's key was written after api2's, so hastate has read past it.
-	if got := hs.Ask(t, "be_api/api2"); got != "ready 100%" {
-		t.Errorf("be_api/api2 (key under hastate/, not %s) answers %q, want \"ready 100%%\"", prefix, got)
+	hs.WaitAnswer(t, "be_api/api2", "maint")
+	// api1's key was written after api3's, so hastate has read past it.
+	if got := hs.Ask(t, "be_api/api3"); got != "ready 100%" {
+		t.Errorf("be_api/api3 (key under hastate/, not %s) answers %q, want \"ready 100%%\"", prefix, got)
 	}
 	envOp.Run(t, "clear", "be_web/web2")
 	hs.WaitAnswer(t, "be_web/web2", "ready 100%")
@@ -413,7 +435,7 @@ func TestE2ECustomKVPrefix(t *testing.T) {
 func TestE2EMalformedProbes(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr()})
-	op := Operator{ConsulAddr: consul.Addr()}
+	op := hs.Operator("--allow-unknown") // no HAProxy polls
 	op.Run(t, "drain", "be_web/web1")
 	hs.WaitAnswer(t, "be_web/web1", "drain")
 
@@ -489,7 +511,7 @@ func TestE2ESigterm(t *testing.T) {
 		t.Run(fmt.Sprintf("consul down %v", consulDown), func(t *testing.T) {
 			consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 			hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr()})
-			op := Operator{ConsulAddr: consul.Addr()}
+			op := hs.Operator("--allow-unknown") // no HAProxy polls
 			op.Run(t, "drain", "be_web/web1")
 			hs.WaitAnswer(t, "be_web/web1", "drain")
 			if consulDown {
@@ -529,7 +551,7 @@ func TestE2ESigterm(t *testing.T) {
 func TestE2EFailover(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
-	op := Operator{ConsulAddr: consul.Addr()}
+	op := hs[0].Operator("--allow-unknown") // no HAProxy polls
 
 	op.Run(t, "drain", "be_web/web1")
 	for _, h := range hs {
@@ -553,7 +575,8 @@ func TestE2EFailover(t *testing.T) {
 	}
 	next := WaitLeader(t, 20*time.Second, rest...)
 	elected := time.Since(killed)
-	op.Run(t, "drain", "be_web/web2")
+	// The killed leader cannot be asked: the write says so and goes on.
+	rest[0].Operator("--allow-unknown", "--allow-no-replica").Run(t, "drain", "be_web/web2")
 	for _, h := range rest {
 		h.WaitAnswer(t, "be_web/web2", "drain")
 	}
@@ -585,7 +608,8 @@ func TestE2EFailover(t *testing.T) {
 	next = WaitLeader(t, 10*time.Second, rest...)
 	t.Logf("SIGTERM of leader %s: exited (code %d) in %s; %s leads %s after the exit",
 		cur.NodeID, code, took.Round(time.Millisecond), next.NodeID, time.Since(stopped).Round(time.Millisecond))
-	op.Run(t, "maint", "be_api/api1")
+	// The stopped leader cannot be asked: the write says so and goes on.
+	rest[0].Operator("--allow-unknown", "--allow-no-replica").Run(t, "maint", "be_api/api1")
 	for _, h := range rest {
 		h.WaitAnswer(t, "be_api/api1", "maint")
 		h.WaitAnswer(t, "be_web/web1", "drain")

@@ -188,7 +188,7 @@ func waitAll(t testing.TB, hs []*Hastate, server, want string) {
 func TestE2EConsulStoppedSaysSoEverywhere(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
-	op := Operator{ConsulAddr: consul.Addr()}
+	op := hs[0].Operator("--allow-unknown") // no HAProxy polls
 	op.Run(t, "drain", "be_cs/web1")
 	waitAll(t, hs, "be_cs/web1", "drain")
 	// A follower hears the leader's report within a second.
@@ -212,7 +212,7 @@ func TestE2EConsulStoppedSaysSoEverywhere(t *testing.T) {
 				continue
 			}
 			code, rd := h.Readiness(t)
-			status, _ := Operator{ConsulAddr: consul.Addr(), Env: []string{"HASTATE_ADDR=" + h.HTTPAddr}}.RunCode(t, "status")
+			status, _ := h.Operator().RunCode(t, "status")
 			if code == 200 && h.Metric(t, "hastate_kv_reachable") == 0 &&
 				strings.Contains(rd.Detail, "Consul not synced for") && strings.Contains(rd.KV.Warning, "Consul not synced for") &&
 				strings.Contains(status, "warning: Consul not synced for") {

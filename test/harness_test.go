@@ -56,6 +56,8 @@ type Hastate struct {
 	HTTPAddr  string // host:port of the HTTP listener
 	RaftAddr  string
 
+	consulAddr, kvPrefix string // for Operator
+
 	proc testenv.Process
 
 	mu   sync.Mutex
@@ -84,12 +86,13 @@ func NewHastate(t testing.TB, o HastateOptions) *Hastate {
 		o.NodeID = "n1"
 	}
 	h := &Hastate{
-		NodeID:    o.NodeID,
-		DataDir:   t.TempDir(),
-		AgentAddr: freeAddr(t),
-		HTTPAddr:  freeAddr(t),
-		RaftAddr:  freeAddr(t),
-		proc:      testenv.Process{Bin: hastateBin, Env: hermeticEnv(), LogPath: filepath.Join(logDir, "hastate.log")},
+		NodeID:     o.NodeID,
+		DataDir:    t.TempDir(),
+		AgentAddr:  freeAddr(t),
+		HTTPAddr:   freeAddr(t),
+		RaftAddr:   freeAddr(t),
+		consulAddr: o.ConsulAddr, kvPrefix: o.KVPrefix,
+		proc: testenv.Process{Bin: hastateBin, Env: hermeticEnv(), LogPath: filepath.Join(logDir, "hastate.log")},
 	}
 	h.args = []string{"serve",
 		"--node-id", h.NodeID,
@@ -469,22 +472,42 @@ func (h *Hastate) checkLog(t testing.TB) {
 }
 
 // Operator runs the operator commands (`hastate drain|maint|ready|weight|
-// clear|status`) as an SRE would: the same binary, CONSUL_HTTP_ADDR set.
-//
-// Writes check the servers the cluster knows through a replica
-// (HASTATE_ADDR): that no HAProxy polling a server is a typo, --min-ready.
-// Most tests write for servers no HAProxy has asked about yet, so writes
-// get --force unless Checks is set; the tests of those checks set it.
+// clear|status|wait|precheck|...`) as an SRE would: the same binary,
+// CONSUL_HTTP_ADDR set, and HASTATE_ADDR pointed at the replica under test
+// (Addr; required for every command that asks a replica). Nothing is added
+// to a command: a write plans against that replica's fleet with every
+// guard on, so a test whose writes name servers no HAProxy polls says so
+// with WriteFlags (e.g. --allow-unknown), the narrowest override it needs.
+// h.Operator() is the Operator of replica h.
 type Operator struct {
 	// Bin is the hastate binary ("": this build's).
 	Bin        string
 	ConsulAddr string
-	Env        []string // extra KEY=VALUE, e.g. HASTATE_KV_PREFIX=... or HASTATE_ADDR=...
-	Checks     bool
+	// Addr is the HTTP address (host:port or URL) of the replica under
+	// test: HASTATE_ADDR.
+	Addr string
+	Env  []string // extra KEY=VALUE, e.g. HASTATE_KV_PREFIX=...
+	// WriteFlags are appended to every write command (drain, maint,
+	// ready, weight, clear), e.g. --allow-unknown where no HAProxy polls
+	// the servers a test writes. Empty: none.
+	WriteFlags []string
+}
+
+// Operator returns the Operator of replica h: its Consul, its KV prefix,
+// HASTATE_ADDR at its HTTP address, no flags added.
+func (h *Hastate) Operator(writeFlags ...string) Operator {
+	o := Operator{ConsulAddr: h.consulAddr, Addr: h.HTTPAddr, WriteFlags: writeFlags}
+	if h.kvPrefix != "" {
+		o.Env = []string{"HASTATE_KV_PREFIX=" + h.kvPrefix}
+	}
+	return o
 }
 
 // writeCommands are the operator commands that write to Consul.
 var writeCommands = map[string]bool{"drain": true, "maint": true, "ready": true, "weight": true, "clear": true}
+
+// replicaless are the commands that ask no replica.
+var replicaless = map[string]bool{"probe": true, "version": true, "serve": true, "help": true, "--help": true, "--version": true}
 
 // Run runs `hastate args...` and returns its combined output; a non-zero
 // exit fails the test.
@@ -513,9 +536,7 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if len(args) > 0 && writeCommands[args[0]] && !o.Checks {
-		args = append(slices.Clone(args), "--force")
-	}
+	args = o.args(t, args)
 	out, err := o.command(ctx, args...).CombinedOutput()
 	var ee *exec.ExitError
 	switch {
@@ -529,11 +550,31 @@ func (o Operator) RunCode(t testing.TB, args ...string) (string, int) {
 	}
 }
 
+// args are the command's arguments with o.WriteFlags for a write; a
+// command that asks a replica fails the test when o names none.
+func (o Operator) args(t testing.TB, args []string) []string {
+	t.Helper()
+	if len(args) == 0 {
+		return args
+	}
+	if !replicaless[args[0]] && o.Addr == "" && !slices.ContainsFunc(o.Env, func(kv string) bool { return strings.HasPrefix(kv, "HASTATE_ADDR=") }) {
+		t.Fatalf("harness: hastate %s: Operator.Addr is empty: point it at the replica under test (h.Operator())", args[0])
+	}
+	if writeCommands[args[0]] {
+		args = append(slices.Clone(args), o.WriteFlags...)
+	}
+	return args
+}
+
 // command is `hastate args...` as the operator runs it: o.Bin, the
-// hermetic environment with o's Consul address and o.Env.
+// hermetic environment with o's Consul address, HASTATE_ADDR and o.Env.
 func (o Operator) command(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, cmp.Or(o.Bin, hastateBin), args...)
-	cmd.Env = hermeticEnv(append([]string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}, o.Env...)...)
+	env := []string{"CONSUL_HTTP_ADDR=" + o.ConsulAddr}
+	if o.Addr != "" {
+		env = append(env, "HASTATE_ADDR="+o.Addr)
+	}
+	cmd.Env = hermeticEnv(append(env, o.Env...)...)
 	cmd.SysProcAttr = testenv.ProcAttr()
 	return cmd
 }

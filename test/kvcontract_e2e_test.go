@@ -45,7 +45,7 @@ func TestE2EKVContract(t *testing.T) {
 	c := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: c.Addr(), KVPrefix: prefix,
 		Args: []string{"--ramp-duration", "4s", "--ramp-interval", "1s", "--ramp-start", "10%"}})
-	op := Operator{ConsulAddr: c.Addr(), Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr, "HASTATE_KV_PREFIX=" + prefix}}
+	op := hs[0].Operator("--allow-unknown") // no HAProxy polls
 	checkWords := func(step string) {
 		t.Helper()
 		for k, v := range stateValues(t, c, prefix) {
@@ -63,8 +63,7 @@ func TestE2EKVContract(t *testing.T) {
 		{"ready", "zone/s2", "--ramp", "2s"},
 		{"drain", "api/x", "--ramp", "6s"},
 		// --keep-own: api/x's own drain escapes a backend-wide maint, which
-		// is refused without it once the replica holds api/x (the harness's
-		// --force reads the fleet without waiting for it to sync).
+		// is refused without it (the write reads api/x from Consul).
 		{"maint", "api/*", "--dry-run", "--keep-own"},
 		{"clear", "zone/*"},
 	}

@@ -139,7 +139,7 @@ func TestE2EMigrationRollout(t *testing.T) {
 
 	// The operator: the replicas under test, the runbook's prefix, no
 	// automatic --force.
-	op := Operator{ConsulAddr: consul.Addr(), Checks: true, Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr, "HASTATE_KV_PREFIX=" + prefix}}
+	op := hs[0].Operator()
 	put := func(key, value string) {
 		t.Helper()
 		if _, err := kv.Put(&consulapi.KVPair{Key: prefix + key, Value: []byte(value)}, nil); err != nil {

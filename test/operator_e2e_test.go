@@ -51,7 +51,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	backends := []Backend{opCanaryWeb, opCanaryAPI, opMainWeb, opMainAPI}
 	hapA := StartHAProxyLBFrom(t, hs, "127.0.0.2", backends...)
 	hapB := StartHAProxyLBFrom(t, hs, "127.0.0.3", backends...)
-	op := Operator{ConsulAddr: consul.Addr(), Env: []string{"HASTATE_ADDR=" + hs[1].HTTPAddr}, Checks: true}
+	op := hs[1].Operator()
 	run := func(want int, args ...string) string { t.Helper(); return op.RunExit(t, want, args...) }
 	keysAre := func(step string, want ...string) {
 		t.Helper()
@@ -136,7 +136,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	}
 	// The same answers whichever replica the gates reach.
 	for _, h := range hs {
-		at := Operator{ConsulAddr: consul.Addr(), Env: []string{"HASTATE_ADDR=" + h.HTTPAddr}}
+		at := h.Operator()
 		for args, want := range map[string]int{"precheck canary_*/*": 1, "precheck main_*/*": 0, "precheck canary_wbe/web-1": 3,
 			"wait canary_*/* --timeout 10s": 0, "wait canary_wbe/* --timeout 10s": 3} {
 			if out, code := at.RunCode(t, strings.Fields(args)...); code != want {
@@ -185,7 +185,9 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	if out := run(1, "maint", "main_web/web-1"); !strings.Contains(out, "main_web would have 0 ready") {
 		t.Errorf("maint of the last ready server: %s", out)
 	}
-	run(0, "maint", "main_web/web-1", "--force")
+	if out := run(0, "maint", "main_web/web-1", "--allow-below-min-ready"); !strings.Contains(out, "guard lifted: capacity (--allow-below-min-ready); it would have said: main_web would have 0 ready") {
+		t.Errorf("a write below --min-ready, allowed, does not name the guard it lifted: %s", out)
+	}
 	run(0, "precheck", "main_web/web-1")
 	run(1, "precheck", "main_web/*")
 
@@ -225,7 +227,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	if out := run(1, "weight", "0%", "main_api/api-us-east1-c"); !strings.Contains(out, "main_api would have 0 ready") {
 		t.Errorf("weight 0%% of the last ready server: %s", out)
 	}
-	run(0, "weight", "0%", "main_api/api-us-east1-c", "--force")
+	run(0, "weight", "0%", "main_api/api-us-east1-c", "--allow-below-min-ready")
 	if out := run(1, "precheck", "main_api/api-us-east1-c"); !strings.Contains(out, "is at 0% (HAProxy shows it as DRAIN)") || !strings.Contains(out, "1 of 1 selected server block") {
 		t.Errorf("precheck of a server at 0%%: %s", out)
 	}
@@ -278,7 +280,7 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 
 	// One HAProxy stops answering (SIGSTOP): wait names it.
 	hapB.Signal(t, syscall.SIGSTOP)
-	run(0, "maint", "main_web/web-1", "--force")
+	run(0, "maint", "main_web/web-1", "--allow-below-min-ready")
 	out = run(1, "wait", "main_web/web-1", "--timeout", "4s")
 	if _, last, _ := strings.Cut(out, "still waiting for:"); !strings.Contains(last, "HAProxy 127.0.0.3 for main_web/web-1") || strings.Contains(last, "HAProxy 127.0.0.2") {
 		t.Errorf("wait with one HAProxy frozen: %s", out)
@@ -287,13 +289,14 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	run(0, "wait", "main_web/web-1", "--timeout", "30s")
 	run(0, "clear", "main_web/web-1")
 
-	// A replica is down: the gates cannot confirm and name it.
+	// A replica is down: the gates cannot confirm (exit 4, not the 1 of
+	// "blocked") and name it.
 	hs[2].Kill()
-	out = run(1, "precheck", "main_web/web-1")
+	out = run(4, "precheck", "main_web/web-1")
 	if !strings.Contains(out, fmt.Sprintf("cannot confirm: replica %s unreachable", hs[2].NodeID)) {
 		t.Errorf("precheck with a replica down: %s", out)
 	}
-	out = run(1, "wait", "main_web/web-1", "--timeout", "3s")
+	out = run(4, "wait", "main_web/web-1", "--timeout", "3s")
 	if !strings.Contains(out, fmt.Sprintf("replica %s unreachable", hs[2].NodeID)) {
 		t.Errorf("wait with a replica down: %s", out)
 	}

@@ -15,7 +15,7 @@ func TestE2EPollersWaitPrecheck(t *testing.T) {
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
 	hap := StartHAProxyLB(t, hs, beWeb, beAPI)
 	addr := "http://" + hs[0].HTTPAddr
-	op := Operator{ConsulAddr: consul.Addr(), Env: []string{"HASTATE_ADDR=" + addr}}
+	op := Operator{ConsulAddr: consul.Addr(), Addr: addr}
 
 	// Every replica sees HAProxy's polls through the load balancer, and the
 	// cluster scope merges them.

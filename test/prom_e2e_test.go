@@ -58,8 +58,8 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	}
 	prom := startPrometheus(t, instances)
 	promURL := "http://" + prom
-	op := Operator{ConsulAddr: consul.Addr(), Checks: true,
-		Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr, "HASTATE_PROMETHEUS_URL=" + promURL}}
+	op := hs[0].Operator()
+	op.Env = append(op.Env, "HASTATE_PROMETHEUS_URL="+promURL)
 	run := func(want int, args ...string) string { t.Helper(); return op.RunExit(t, want, args...) }
 
 	// Both HAProxy nodes poll every server, and Prometheus has samples of
@@ -480,12 +480,11 @@ func (b *bgOperator) Write(p []byte) (int, error) {
 }
 
 // startOperator starts `hastate args...` as op.RunCode would (but without
-// adding --force, and without a timeout), without waiting for it; it is
-// killed when the test ends.
+// a timeout), without waiting for it; it is killed when the test ends.
 func startOperator(t *testing.T, op Operator, args ...string) *bgOperator {
 	t.Helper()
 	b := &bgOperator{done: make(chan struct{})}
-	b.cmd = op.command(context.Background(), args...)
+	b.cmd = op.command(context.Background(), op.args(t, args)...)
 	b.cmd.Stdout, b.cmd.Stderr = b, b
 	if err := b.cmd.Start(); err != nil {
 		t.Fatalf("hastate %s: %v", strings.Join(args, " "), err)

@@ -131,7 +131,7 @@ func TestE2ERamp(t *testing.T) {
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{
 		"--ramp-duration", rampDuration.String(), "--ramp-interval", rampInterval.String(), "--ramp-start", "10%"}})
 	hap := StartHAProxyLB(t, hs, beWeb, beAPI)
-	op := Operator{ConsulAddr: consul.Addr()}
+	op := hs[0].Operator("--allow-unknown") // writes before HAProxy has polled
 
 	t.Run("undrain rises step by step on every replica", func(t *testing.T) {
 		op.Run(t, "drain", "be_web/web1")

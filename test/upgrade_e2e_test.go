@@ -243,8 +243,9 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	StartAll(t, hs...)
 	roll := Backend{Name: "roll", Servers: []string{"ramp", "expire", "maint", "oldcli", "newcli", "newfor", "plain"}}
 	hap := StartHAProxyLB(t, hs, roll)
-	oldOp := Operator{Bin: oldBin, ConsulAddr: c.Addr(), Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr}}
-	newOp := Operator{ConsulAddr: c.Addr(), Env: []string{"HASTATE_ADDR=" + hs[0].HTTPAddr}}
+	// The previous release's CLI has one override for every check.
+	oldOp := Operator{Bin: oldBin, ConsulAddr: c.Addr(), Addr: hs[0].HTTPAddr, WriteFlags: []string{"--force"}}
+	newOp := hs[0].Operator("--allow-unknown", "--allow-no-replica") // replicas restart one by one
 
 	answers := func(h *Hastate) map[string]string {
 		out := map[string]string{}

@@ -76,37 +76,23 @@ func drainFirst(c *cobra.Command, w *writeFlags, pf *promFlags, idleTimeout time
 	}
 	ctx, stop := signal.NotifyContext(context.WithoutCancel(c.Context()), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	g, err := gate(w.consulFlags, w.addr, args)
+	req, err := w.request("maint", args)
 	if err != nil {
 		return err
 	}
-	g.Out = stdout
-	o := ctl.DrainFirstOptions{
-		Targets: strings.Join(args, " "),
-		Write: func(ctx context.Context, st string) error {
-			val, err := ctl.Value(st, ctl.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
-			if err != nil {
-				return err
-			}
-			c.SetContext(ctx)
-			return w.run(c, stdout, st, val, args)
+	m := ctl.MaintDrainFirst{
+		Write: req,
+		Value: func(st string) (string, error) {
+			return ctl.Value(st, ctl.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
 		},
-		Told:        func(ctx context.Context) error { return ctl.Wait(ctx, g) },
-		Timeout:     timeout,
-		IdleTimeout: idleTimeout,
-		DryRun:      w.dryRun,
-		Out:         stdout,
+		Timeout: timeout, IdleTimeout: idleTimeout, Targets: strings.Join(args, " "), Out: stdout,
 	}
 	if pf.url != "" {
-		prom, err := pf.prometheus()
-		if err != nil {
+		if m.Prometheus, err = pf.prometheus(); err != nil {
 			return err
 		}
-		o.Idle = func(ctx context.Context) (ctl.IdleResult, error) {
-			return ctl.WaitIdle(ctx, ctl.IdleOptions{Prometheus: prom, Replica: g.Replica, Selectors: g.Selectors, Out: stdout})
-		}
 	}
-	return ctl.DrainFirst(ctx, o)
+	return m.Run(ctx)
 }
 
 func verifyCmd(stdout io.Writer) *cobra.Command {

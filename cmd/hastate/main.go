@@ -33,14 +33,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(stderr, "hastate:", err)
-		var ec exitCode
 		switch {
-		case errors.As(err, &ec):
-			return ec.code
 		case errors.Is(err, ctl.ErrUsage):
 			return 2
 		case errors.Is(err, ctl.ErrNoMatch):
 			return 3
+		case errors.Is(err, ctl.ErrWrongReplica), errors.Is(err, ctl.ErrNotDone):
+			return 1
+		case errors.Is(err, ctl.ErrCannotConfirm):
+			return 4
 		}
 		return 1
 	}
@@ -106,7 +107,7 @@ func versionCmd(stdout io.Writer) *cobra.Command {
 // every call it makes to Consul, to a replica or to an agent port.
 func withTimeout(c *cobra.Command) *cobra.Command {
 	var timeout time.Duration
-	c.Flags().DurationVar(&timeout, "timeout", ctl.DefaultTimeout, "give up after this long (exit 1); bounds every call to Consul and to hastate")
+	c.Flags().DurationVar(&timeout, "timeout", ctl.DefaultTimeout, "give up after this long; bounds every call to Consul and to hastate")
 	run := c.RunE
 	c.RunE = func(c *cobra.Command, args []string) error {
 		if err := bindEnv(c.Flags()); err != nil {

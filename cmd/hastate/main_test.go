@@ -168,7 +168,7 @@ func TestEnvAddressesBoundOnce(t *testing.T) {
 	dead := "127.0.0.1:1"
 	t.Setenv("HASTATE_ADDR", dead)
 	var out bytes.Buffer
-	if code := run([]string{"status", "--timeout", "2s"}, &out, &out); code != 1 || !strings.Contains(out.String(), dead) {
+	if code := run([]string{"status", "--timeout", "2s"}, &out, &out); code != 4 || !strings.Contains(out.String(), dead) {
 		t.Errorf("status with HASTATE_ADDR=%s: exit %d %q; want it to ask %s", dead, code, out.String(), dead)
 	}
 	out.Reset()

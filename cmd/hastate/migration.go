@@ -10,25 +10,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// exitCode gives an error the exit code DESIGN.md names for it where the
-// error kinds do not map it (run): compare and migration exit 4 when they
-// cannot confirm.
-type exitCode struct {
-	code int
-	err  error
-}
-
-func (e exitCode) Error() string { return e.err.Error() }
-func (e exitCode) Unwrap() error { return e.err }
-
-// unconfirmed makes an ErrCannotConfirm error exit 4.
-func unconfirmed(err error) error {
-	if errors.Is(err, ctl.ErrCannotConfirm) {
-		return exitCode{4, err}
-	}
-	return err
-}
-
 const migrationLong = `A migration from the runbook's per-node agent is marked in Consul KV
 (<kv-prefix>config/migration) while HAProxy nodes move, a few at a time,
 from their local agent (agent-addr 127.0.0.1) to hastate's load balancer.
@@ -93,7 +74,7 @@ it is (exit 0).
 			o.Now, o.DryRun = time.Now(), dryRun
 			m, wrote, err := wr.StartMigration(c.Context(), o)
 			if err != nil {
-				return unconfirmed(err)
+				return err
 			}
 			switch {
 			case dryRun:
@@ -138,7 +119,7 @@ answers, server by server: hastate compare --agent HOST:PORT.`,
 			}
 			m, err := wr.ReadMigration(c.Context())
 			if err != nil {
-				return unconfirmed(err)
+				return err
 			}
 			m.Print(stdout)
 			return nil
@@ -183,7 +164,7 @@ can count them against the fleet.`,
 			}
 			m, wrote, err := wr.FinishMigration(c.Context(), ctl.MigrationOptions{DryRun: dryRun})
 			if err != nil {
-				return unconfirmed(err)
+				return err
 			}
 			switch {
 			case !m.Marked && !wrote:
@@ -265,11 +246,11 @@ not be read well enough). The agent port of a replica (--agent
 			}
 			switch {
 			case err != nil:
-				return unconfirmed(err)
+				return err
 			case len(res.Differ) > 0:
 				return fmt.Errorf("the agent at %s answers %d servers differently from hastate (listed above)", agent, len(res.Differ))
 			case len(res.Unconfirmed) > 0:
-				return exitCode{4, fmt.Errorf("%w: %d servers could not be asked at %s (listed above)", ctl.ErrCannotConfirm, len(res.Unconfirmed), agent)}
+				return fmt.Errorf("%w: %d servers could not be asked at %s (listed above)", ctl.ErrCannotConfirm, len(res.Unconfirmed), agent)
 			}
 			return nil
 		},

@@ -254,9 +254,11 @@ each selected server, in a sample scraped after every HAProxy was told,
 naming the servers and HAProxy instances that still hold sessions.
 ` + promHelp + `
 
-Exit 0 when done; 1 on timeout, naming what lags (an HAProxy, a replica that
-does not answer, a ramp, sessions), or when it cannot confirm; 3 when a
-selector matches no server.`,
+Exit 0 when done; 1 on timeout, naming what lags (an HAProxy, a ramp,
+sessions); 3 when a selector matches no server; 4 when it cannot confirm (a
+replica that does not answer or has not applied Consul's index of the
+prefix, which it names, Consul or Prometheus unreadable). Before anything it
+checks that the replica reads the same KV prefix of the same Consul.`,
 		Example: `  hastate drain 'canary_*/*' --reason deploy && hastate wait 'canary_*/*' --timeout 1m
   hastate ready canary_web && hastate wait canary_web --settled --timeout 10m   # until the ramp is done
   hastate wait canary_web/gke-cny-web --idle --timeout 10m --prometheus http://prometheus:9090`,
@@ -329,8 +331,11 @@ shows it as DRAIN), a ramp in progress and anything it cannot confirm (a
 replica that does not answer, Consul not in sync, an invalid key) block. It
 counts servers, never backend-wide keys.
 
-Exit 0: deploy; 1: blocked or cannot confirm (the reasons on stderr); 3: a
-selector matches no server.`,
+Exit 0: deploy; 1: blocked (something selected is drained, at 0% or
+ramping; the reasons on stderr); 3: a selector matches no server; 4: cannot
+confirm (a replica that does not answer or has not applied Consul's latest
+index, Consul unreadable): a pipeline tells "drained on
+purpose" from "hastate is broken".`,
 		Example: `  hastate precheck 'canary_*/*' && ./deploy.sh
   hastate precheck canary_web --timeout 30s`,
 		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),

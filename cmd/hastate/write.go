@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"strings"
 	"time"
 
 	"github.com/hastate/hastate/internal/ctl"
@@ -32,6 +33,7 @@ type writeFlags struct {
 	consulFlags
 	addr              string
 	dryRun, force     bool
+	allow             ctl.Allow
 	override, keepOwn bool
 	minReady          int
 	reason, by, ramp  string
@@ -48,11 +50,15 @@ func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 	replicaFlag(c, &w.addr)
 	f := c.Flags()
 	f.BoolVar(&w.dryRun, "dry-run", false, "print the transaction and write nothing")
-	checks := "a server no HAProxy polls, a replica that does not answer"
+	f.BoolVar(&w.allow.Unknown, "allow-unknown", false, "write for a server no HAProxy has polled in the last minute, or a backend the cluster does not know (the typo guard)")
+	f.BoolVar(&w.allow.NoReplica, "allow-no-replica", false, "write although no replica (or not every replica) can be asked, or it did not catch up with Consul in time: "+
+		"literal <backend>/<server> only, still decided from Consul; the wait for the replica takes at most half of --timeout")
+	lifts := "--allow-unknown and --allow-no-replica"
 	if k.takesOut {
-		checks += ", --min-ready"
+		f.BoolVar(&w.allow.BelowMinReady, "allow-below-min-ready", false, "take single servers out even when that leaves a backend with fewer than --min-ready ready servers")
+		lifts = "--allow-unknown, --allow-below-min-ready and --allow-no-replica"
 	}
-	f.BoolVar(&w.force, "force", false, "skip the checks: "+checks)
+	f.BoolVar(&w.force, "force", false, "lift every guard: "+lifts+" (each lifted guard is named in the output and in the meta key); not the partial-backend refusal, which takes --override or --keep-own")
 	if k.takesOut {
 		f.IntVar(&w.minReady, "min-ready", 1, "refuse to take single servers out (drain, maint, 0%) when that leaves a backend with fewer ready servers (among those HAProxy polls; 0% is not ready)")
 		f.BoolVar(&w.keepOwn, "keep-own", false, "with <backend>/*: leave the servers whose own key keeps them out of it (they are named), instead of refusing")
@@ -69,6 +75,14 @@ func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 	}
 }
 
+// allowed is what the flags lift: --force, every guard.
+func (w *writeFlags) allowed() ctl.Allow {
+	if w.force {
+		return ctl.AllowForce()
+	}
+	return w.allow
+}
+
 func osUser() string {
 	if u, err := user.Current(); err == nil && u.Username != "" {
 		return u.Username
@@ -79,41 +93,81 @@ func osUser() string {
 // run runs a write command (ctl.Write: wait for sync, read the fleet, plan,
 // drop absent keys, apply) and prints what it did.
 func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value string, args []string) error {
-	sels, err := ctl.ParseSelectors(args)
+	req, err := w.request(command, args)
 	if err != nil {
 		return err
 	}
-	wr, err := w.writer()
-	if err != nil {
-		return err
-	}
-	r, err := ctl.NewReplica(w.addr)
-	if err != nil {
-		return err
-	}
-	plan, err := ctl.Write(c.Context(), ctl.WriteRequest{
-		WriteOptions: ctl.WriteOptions{Command: command, Value: value, Force: w.force, Override: w.override, KeepOwn: w.keepOwn, MinReady: w.minReady},
-		Selectors:    sels, DryRun: w.dryRun, Writer: wr, Replica: r, Warn: c.ErrOrStderr(),
-	})
+	req.Value, req.Warn = value, c.ErrOrStderr()
+	plan, err := ctl.Write(c.Context(), req)
 	if err != nil {
 		return err
 	}
 	if w.forDur > 0 || w.ramp != "" {
-		plan.Notes = append(plan.Notes, metaWaits(c.Context(), r)...)
+		plan.Notes = append(plan.Notes, metaWaits(c.Context(), req.Replica)...)
 	}
 	plan.Report(stdout)
 	return nil
 }
 
+// request is the write request the flags and arguments make (its Value
+// is the caller's).
+func (w *writeFlags) request(command string, args []string) (ctl.WriteRequest, error) {
+	sels, err := ctl.ParseSelectors(args)
+	if err != nil {
+		return ctl.WriteRequest{}, err
+	}
+	wr, err := w.writer()
+	if err != nil {
+		return ctl.WriteRequest{}, err
+	}
+	r, err := ctl.NewReplica(w.addr)
+	if err != nil {
+		return ctl.WriteRequest{}, err
+	}
+	return ctl.WriteRequest{
+		WriteOptions: ctl.WriteOptions{Command: command, Allow: w.allowed(), Override: w.override, KeepOwn: w.keepOwn, MinReady: w.minReady},
+		Selectors:    sels, DryRun: w.dryRun, Writer: wr, Replica: r,
+	}, nil
+}
+
 const selectorHelp = `Selectors expand against the servers the cluster knows (KV keys and what
 HAProxy polled, over every replica), into one Consul transaction:
-  backend/server   that server's key (refused when no HAProxy polls it; --force)
+  backend/server   that server's key (refused when no HAProxy polls it; --allow-unknown)
   backend          the same as backend/*
   backend/*        the backend-wide key: every server without a key of its own
   'glob/*'         one backend-wide key per known backend that matches (canary_*/*)
   'glob/glob'      one key per known server that matches (*/gke-cny-web, */*-us-east1-b)
 Quote globs so that the shell leaves them alone. A selector that matches
 nothing exits 3 and lists the known backends.`
+
+// guardHelp is what a write command says about its checks; takesOut adds
+// the capacity guard (drain, maint, weight).
+func guardHelp(takesOut bool) string {
+	h := guardText
+	if !takesOut {
+		h = strings.ReplaceAll(h, "  --allow-below-min-ready   drain/maint/0% of single servers below --min-ready\n", "")
+		h = strings.ReplaceAll(h, "A backend-wide drain/maint/0% that servers with their own key would escape\nneeds --override or --keep-own; --force does not choose for you.\n", "")
+		h = strings.ReplaceAll(h, "  --force                   all three", "  --force                   both")
+	}
+	return h
+}
+
+const guardText = `Before anything else a write checks that the replica (HASTATE_ADDR) reads
+the same KV prefix of the same Consul cluster, and refuses a mismatch naming
+both. Which keys exist and which backend-wide key covers a server come from
+a consistent Consul read, and the transaction is conditional on them: a
+concurrent write is read again (a few times), never overwritten. The replica
+tells who polls which server and capacity, once it has applied what was read.
+Each guard has its own override, and the output names every guard lifted
+(so does the meta key):
+  --allow-unknown           a server no HAProxy polls (a typo?), an unknown backend
+  --allow-below-min-ready   drain/maint/0% of single servers below --min-ready
+  --allow-no-replica        no replica to ask, or one that did not catch up in time
+  --force                   all three
+A backend-wide drain/maint/0% that servers with their own key would escape
+needs --override or --keep-own; --force does not choose for you.
+Exit codes: 0 written (or nothing to write), 1 refused, 2 usage, 3 no match,
+4 cannot confirm (Consul or the replica could not be read well enough).`
 
 // setHelp is what drain, maint and ready say about themselves.
 var setHelp = map[string]struct{ short, long, example string }{
@@ -126,7 +180,10 @@ unless --override (clear their keys in the same transaction) or --keep-own
 it leaves a backend with fewer than --min-ready ready servers.`,
 		example: `  hastate drain canary_web/gke-cny-web --reason "zonal maintenance" --for 2h
   hastate drain 'canary_*/*' --reason "release 16.4" --override   # every canary backend
-  hastate drain '*/gke-cny-web' --dry-run                         # that server in every backend`,
+  hastate drain '*/gke-cny-web' --dry-run                         # that server in every backend
+  hastate drain canary_web/web-9 --allow-unknown                  # not in haproxy.cfg yet
+  hastate drain main_web/m-1 --allow-below-min-ready              # the last ready server, on purpose
+  HASTATE_ADDR=hastate-1:9778 hastate drain main_web/m-2 --allow-no-replica   # a replica is down for an upgrade`,
 	},
 	"maint": {
 		short: "Put servers in maintenance: no traffic at all",
@@ -157,7 +214,7 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:     st + " <selector>...",
 		Short:   h.short,
-		Long:    h.short + ".\n\n" + h.long + "\n\n" + selectorHelp,
+		Long:    h.short + ".\n\n" + h.long + "\n\n" + selectorHelp + "\n\n" + guardHelp(st != "ready"),
 		Example: h.example,
 		Args:    argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector, e.g. canary_web/gke-cny-web"),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -189,7 +246,7 @@ func weightCmd(stdout io.Writer) *cobra.Command {
 below --min-ready like a drain, precheck blocks on it, and a backend-wide
 0% that own keys would escape needs --override or --keep-own.
 
-` + selectorHelp,
+` + selectorHelp + "\n\n" + guardHelp(true),
 		Example: `  hastate weight 25% canary_web/gke-cny-web canary_web/gke-cny-api
   hastate weight 50% 'canary_*/*' --for 1h`,
 		Args: argCount(cobra.MinimumNArgs(2), "a weight and at least one selector, e.g. hastate weight 25% canary_web/gke-cny-web"),
@@ -231,7 +288,7 @@ Keys that do not exist are left out ("nothing to clear"). A key that no
 selector can name (more than one '/', a control character) is removed with
 the consul CLI: consul kv delete '<kv-prefix>state/<the key>'.
 
-` + selectorHelp,
+` + selectorHelp + "\n\n" + guardHelp(false),
 		Example: `  hastate clear canary_web/gke-cny-web 'canary_web/*'
   hastate clear 'canary_web/web 3'                 # a server name with a space
   hastate clear '*/gke-cny-web' --dry-run`,

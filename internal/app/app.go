@@ -182,6 +182,7 @@ type App struct {
 	agentLn, httpLn net.Listener
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
+	consulID        atomic.Pointer[api.ConsulIdentity] // see readConsulIdentity
 	pollers         *server.Pollers
 	// stops holds the stop of every step Start took; Stop runs them
 	// last-first (see Start for the order).
@@ -249,10 +250,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 		stopBackground()
 		return nil
 	})
-	a.serveWG.Add(2)
+	a.serveWG.Add(3)
 	go func() {
 		defer a.serveWG.Done()
 		_ = a.probe.Run(bgCtx)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		a.readConsulIdentity(bgCtx)
 	}()
 	go func() {
 		defer a.serveWG.Done()
@@ -501,7 +506,37 @@ func (r replica) Ready() (bool, string) {
 	}
 	return r.a.node.Ready()
 }
-func (r replica) ClusterInfo() api.ClusterInfo { return r.a.node.Info() }
+func (r replica) ClusterInfo() api.ClusterInfo {
+	in := r.a.node.Info()
+	in.KVPrefix, in.Consul = r.a.o.KVPrefix, r.a.consulID.Load()
+	return in
+}
+
+// readConsulIdentity keeps the identity of the Consul cluster this replica
+// reads for /v1/cluster (the CLI checks it before a write): read at start,
+// again every 30s (2s while it fails, keeping the last identity read).
+func (a *App) readConsulIdentity(ctx context.Context) {
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		id, err := kvsync.ReadIdentity(rctx, a.consul)
+		cancel()
+		next := 30 * time.Second
+		ci := &api.ConsulIdentity{Datacenter: id.Datacenter, Cluster: id.Cluster}
+		if err != nil {
+			next = 2 * time.Second
+			if last := a.consulID.Load(); last != nil {
+				ci.Datacenter, ci.Cluster = last.Datacenter, last.Cluster
+			}
+			ci.Error = err.Error()
+		}
+		a.consulID.Store(ci)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(next):
+		}
+	}
+}
 
 // PeerPollers asks the other replicas for their pollers.
 func (r replica) PeerPollers() ([]api.Poll, []api.ReplicaAnswer) {

@@ -27,11 +27,13 @@ var (
 	// ErrNotDone: wait ran out of time, or precheck found something
 	// unsettled (exit 1).
 	ErrNotDone = errors.New("not done")
-	// ErrCannotConfirm: a gate could not see the whole cluster (a replica
-	// did not answer, Consul is not in sync), so it fails closed (exit 1).
+	// ErrCannotConfirm: a command could not read hastate, Consul or
+	// Prometheus well enough to decide (a replica did not answer, Consul
+	// is not in sync or down), so it fails closed (exit 4, so that a
+	// pipeline tells "blocked on purpose" from "hastate is broken").
 	ErrCannotConfirm = errors.New("cannot confirm")
 	// ErrTruncated: a replica cut a list; no command acts on a partial
-	// list (exit 1).
+	// list (exit 4: cannot confirm).
 	ErrTruncated = api.ErrTruncated
 )
 

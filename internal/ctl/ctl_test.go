@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/kvsync"
 	"github.com/hastate/hastate/state"
 )
 
@@ -159,19 +161,21 @@ func TestPlanWrite(t *testing.T) {
 		noFleet   bool
 		value     string // the value written ("": {"state":"<cmd>"})
 		edit      func(*api.StateView)
+		kv        map[string]string // Consul's keys that differ from the view ("": absent)
+		lifted    string            // in the plan's lifted guards
 	}{
 		{name: "one server", cmd: "drain", args: []string{"canary_web/web-1"}, want: "canary_web/web-1"},
 		{name: "backend-wide drain that a server would escape is refused", cmd: "drain", args: []string{"canary_web/*"},
-			want: "ERR:refused, nothing was written: canary_web/* would not reach servers with their own key: web-2 keeps ready 50%; add --override to clear their keys in the same transaction, or --keep-own"},
+			want: "ERR:refused, nothing was written: canary_web/* would not reach servers with their own key: web-2 keeps 50%; add --override to clear their keys in the same transaction, or --keep-own"},
 		{name: "backend-wide with keep-own names who keeps its own key", cmd: "drain", args: []string{"canary_web/*"}, want: "canary_web/*",
-			o: WriteOptions{KeepOwn: true}, note: "canary_web/* does not reach servers with their own key: web-2 keeps ready 50% (--keep-own)"},
+			o: WriteOptions{KeepOwn: true}, note: "canary_web/* does not reach servers with their own key: web-2 keeps 50% (--keep-own)"},
 		{name: "backend-wide maint escaped by a drained own key", cmd: "maint", args: []string{"canary_api/*", "main_web"},
 			o: WriteOptions{Override: true}, want: "canary_api/* main_web/* -main_web/m-3"},
 		{name: "backend-wide drain: a server in maint does not escape it", cmd: "drain", args: []string{"main_web"}, want: "main_web/*",
 			note: "main_web/* does not reach servers with their own key: m-3 keeps maint; add --override"},
-		{name: "backend-wide weight 0% is a drain", cmd: "weight", value: "0%", args: []string{"canary_web"}, want: "ERR:web-2 keeps ready 50%"},
+		{name: "backend-wide weight 0% is a drain", cmd: "weight", value: "0%", args: []string{"canary_web"}, want: "ERR:web-2 keeps 50%"},
 		{name: "backend-wide weight 50% only notes", cmd: "weight", value: "50%", args: []string{"canary_web"}, want: "canary_web/*",
-			note: "web-2 keeps ready 50%"},
+			note: "web-2 keeps 50%"},
 		{name: "backend-wide with override clears them in the same transaction", cmd: "drain", args: []string{"canary_web/*"},
 			o: WriteOptions{Override: true}, want: "canary_web/* -canary_web/web-2"},
 		{name: "canary drain: one wildcard per known backend", cmd: "drain", args: []string{"canary_*/*"}, o: WriteOptions{KeepOwn: true},
@@ -182,11 +186,11 @@ func TestPlanWrite(t *testing.T) {
 		{name: "a glob that matches nothing", cmd: "drain", args: []string{"canary_wbe*/*"}, want: "ERR:no server matches 'canary_wbe*/*'; known backends: canary_api, canary_web, main_api, main_web"},
 		{name: "a server glob that matches nothing", cmd: "drain", args: []string{"*/nope-*"}, want: "ERR:no server matches '*/nope-*'"},
 		{name: "a server the cluster does not know", cmd: "drain", args: []string{"canary_web/web1"},
-			want: "ERR:no server matches 'canary_web/web1': no HAProxy has polled canary_web/web1 in the last 1m0s and it has no key (a typo?); known servers of canary_web: web-1, web-2; add --force"},
+			want: "ERR:no server matches 'canary_web/web1': no HAProxy has polled canary_web/web1 in the last 1m0s and it has no key (a typo?); known servers of canary_web: web-1, web-2; add --allow-unknown"},
 		{name: "a server no HAProxy polls", cmd: "drain", args: []string{"main_web/m-3"},
-			want: "ERR:no HAProxy has polled main_web/m-3 in the last 1m0s (a typo?); known servers of main_web: gke-cny-web, m-1, m-2, m-3; add --force"},
+			want: "ERR:no HAProxy has polled main_web/m-3 in the last 1m0s (a typo?); known servers of main_web: gke-cny-web, m-1, m-2, m-3; add --allow-unknown"},
 		{name: "a server of a backend the cluster does not know", cmd: "drain", args: []string{"canery_web/web-1"},
-			want: "ERR:no server matches 'canery_web/web-1'; known backends: canary_api, canary_web, main_api, main_web (add --force"},
+			want: "ERR:no server matches 'canery_web/web-1'; known backends: canary_api, canary_web, main_api, main_web; add --allow-unknown"},
 		{name: "the backend alone", cmd: "drain", args: []string{"canary_api"}, want: "canary_api/*"},
 		{name: "weight 0% of the last ready servers is refused", cmd: "weight", value: "0%", args: []string{"canary_web/web-1", "canary_web/web-2"},
 			want: "ERR:canary_web would have 0 ready of the servers HAProxy polls (now 2), fewer than --min-ready 1 (a server at 0% is not ready"},
@@ -204,20 +208,36 @@ func TestPlanWrite(t *testing.T) {
 		{name: "ready under a backend-wide key writes ready and says so", cmd: "ready", args: []string{"canary_api/api-1"}, want: "canary_api/api-1",
 			note: "canary_api/api-1: written as ready under canary_api/* (drain), so it now stays out of backend-wide drains and maints"},
 		{name: "ready of a backend deletes its backend-wide key", cmd: "ready", args: []string{"canary_api"}, want: "-canary_api/*"},
-		{name: "forced", cmd: "drain", args: []string{"canary_web/web1"}, o: WriteOptions{Force: true}, want: "canary_web/web1"},
+		{name: "unknown allowed", cmd: "drain", args: []string{"canary_web/web1"}, o: WriteOptions{Allow: Allow{Unknown: true}}, want: "canary_web/web1"},
+		{name: "forced", cmd: "drain", args: []string{"canary_web/web1"}, o: WriteOptions{Allow: AllowForce()}, want: "canary_web/web1"},
+		{name: "--allow-unknown does not lift min-ready", cmd: "drain", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
+			o: WriteOptions{Allow: Allow{Unknown: true}}, want: "ERR:add --allow-below-min-ready"},
 		{name: "the last ready server", cmd: "drain", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
 			want: "ERR:main_web would have 0 ready of the servers HAProxy polls (now 3), fewer than --min-ready 1"},
 		{name: "the last ready server, forced", cmd: "maint", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
-			o: WriteOptions{Force: true}, want: "main_web/m-1 main_web/m-2 main_web/gke-cny-web"},
+			o: WriteOptions{Allow: AllowForce()}, want: "main_web/m-1 main_web/m-2 main_web/gke-cny-web", lifted: "capacity (--force); it would have said: main_web would have 0 ready"},
+		{name: "the last ready server, allowed", cmd: "maint", args: []string{"main_web/m-1", "main_web/m-2", "main_web/gke-cny-web"},
+			o: WriteOptions{Allow: Allow{BelowMinReady: true}}, want: "main_web/m-1 main_web/m-2 main_web/gke-cny-web", lifted: "capacity (--allow-below-min-ready)"},
+		{name: "--force does not lift the partial-backend refusal", cmd: "drain", args: []string{"canary_web/*"}, o: WriteOptions{Allow: AllowForce()},
+			want: "ERR:--force does not choose for you"},
 		{name: "an unknown backend", cmd: "drain", args: []string{"canary_wbe/*"}, want: "ERR:no server matches 'canary_wbe/*'"},
 		{name: "min-ready 3", cmd: "drain", args: []string{"main_web/m-1"}, o: WriteOptions{MinReady: 3},
 			want: "ERR:main_web would have 2 ready"},
 		{name: "a backend-wide drain may empty the backend", cmd: "drain", args: []string{"main_web/*"}, want: "main_web/* -main_web/m-3",
 			o: WriteOptions{Override: true}},
-		{name: "ready is never refused for min-ready", cmd: "ready", args: []string{"canary_api/api-1", "main_web/m-1"}, want: "canary_api/api-1 -main_web/m-1"},
-		{name: "clear expands against keys only", cmd: "clear", args: []string{"main_web/*", "*/m-*"}, want: "-main_web/* -main_web/m-3"},
-		{name: "no replica: literal keys with --force", cmd: "drain", args: []string{"web/a"}, o: WriteOptions{Force: true}, noFleet: true, want: "web/a"},
-		{name: "no replica: no globs", cmd: "drain", args: []string{"web/a-*"}, o: WriteOptions{Force: true}, noFleet: true, want: "ERR:needs the servers the cluster knows"},
+		{name: "ready is never refused for min-ready", cmd: "ready", args: []string{"canary_api/api-1", "main_web/m-1"}, want: "canary_api/api-1",
+			note: "already ready: hastate/state/main_web/m-1 does not exist"},
+		{name: "clear expands against keys only", cmd: "clear", args: []string{"main_web/*", "*/m-*"}, want: "-main_web/m-3",
+			note: "nothing to clear: hastate/state/main_web/* does not exist"},
+		{name: "no replica: literal keys", cmd: "drain", args: []string{"web/a"}, o: WriteOptions{Allow: Allow{NoReplica: true}}, noFleet: true, want: "web/a"},
+		{name: "no replica: no globs", cmd: "drain", args: []string{"web/a-*"}, o: WriteOptions{Allow: AllowForce()}, noFleet: true, want: "ERR:needs the servers the cluster knows"},
+		// Issue 22.2: Consul decides coverage, not the replica's view.
+		{name: "ready under a backend-wide key only Consul holds writes ready", cmd: "ready", args: []string{"canary_web/web-2"}, want: "canary_web/web-2",
+			kv: map[string]string{"canary_web/*": "drain"}, note: "written as ready under canary_web/* (drain)"},
+		{name: "a backend-wide drain refused for an own key only Consul holds", cmd: "drain", args: []string{"main_api/*"},
+			kv: map[string]string{"main_api/x-us-east1-b": "50%"}, want: "ERR:main_api/* would not reach servers with their own key: x-us-east1-b keeps 50%"},
+		{name: "clear of a key the view shows but Consul no longer holds", cmd: "clear", args: []string{"canary_web/web-2"}, want: "",
+			kv: map[string]string{"canary_web/web-2": ""}, note: "nothing to clear: hastate/state/canary_web/web-2 does not exist"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			sels, err := ParseSelectors(tt.args)
@@ -236,7 +256,7 @@ func TestPlanWrite(t *testing.T) {
 			if tt.noFleet {
 				f = nil
 			}
-			p, err := PlanWrite(f, sels, o)
+			p, err := planAll(t, f, kvOf(fleet(), tt.kv), sels, o)
 			if want, ok := strings.CutPrefix(tt.want, "ERR:"); ok {
 				if err == nil || !strings.Contains(err.Error(), want) {
 					t.Fatalf("err = %v, want %q", err, want)
@@ -253,6 +273,9 @@ func TestPlanWrite(t *testing.T) {
 			if tt.note != "" && !strings.Contains(strings.Join(p.Notes, "\n"), tt.note) {
 				t.Errorf("notes %q, want %q", p.Notes, tt.note)
 			}
+			if tt.lifted != "" && !strings.Contains(strings.Join(p.liftedNames(), "\n"), tt.lifted) {
+				t.Errorf("lifted %q, want %q", p.liftedNames(), tt.lifted)
+			}
 			for _, op := range p.Ops {
 				if strings.ContainsAny(strings.TrimSuffix(op.Key, "/*"), "*?[") {
 					t.Errorf("a literal key with glob characters: %s", op.Key)
@@ -266,16 +289,70 @@ func TestPlanWrite(t *testing.T) {
 		f.Servers = append(f.Servers, api.ServerState{Backend: "big", Server: "s" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Polled: 1, Answer: "ready 100%"})
 	}
 	sels, _ := ParseSelectors([]string{"big/s*", "canary_web/web-1"})
-	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
+	if _, err := planAll(t, f, kvOf(f, nil), sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1}); err == nil || !strings.Contains(err.Error(), "use backend-wide keys") {
 		t.Errorf("%d keys: %v, want a refusal with advice", MaxTxnKeys/2+1, err)
 	}
 	// A replica did not answer: refused unless --force.
 	f = fleet()
 	f.Replicas[1] = api.ReplicaAnswer{ID: "n2", Error: "connection refused"}
 	sels, _ = ParseSelectors([]string{"canary_*/*"})
-	if _, err := PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/"}); !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "replica n2 unreachable") {
-		t.Errorf("with n2 unreachable: %v, want cannot confirm naming n2", err)
+	if _, err := planAll(t, f, kvOf(f, nil), sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", KeepOwn: true}); !errors.Is(err, ErrCannotConfirm) ||
+		!strings.Contains(err.Error(), "replica n2 unreachable") || !strings.Contains(err.Error(), "--allow-no-replica") {
+		t.Errorf("with n2 unreachable: %v, want cannot confirm naming n2 and --allow-no-replica", err)
 	}
+	p, err := planAll(t, f, kvOf(f, nil), sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", KeepOwn: true, Allow: Allow{NoReplica: true}})
+	if err != nil || !strings.Contains(strings.Join(p.liftedNames(), ""), "no replica to ask (--allow-no-replica); it would have said: cannot confirm: replica n2 unreachable") {
+		t.Errorf("with n2 unreachable, --allow-no-replica: %v, lifted %q", err, p.liftedNames())
+	}
+}
+
+// kvOf is what Consul holds for the fleet's own keys (every backend of it
+// read whole), with edits (backend/server -> value, "" deletes).
+func kvOf(f *api.StateView, edits map[string]string) *KVRead {
+	kv := NewKVRead("hastate/")
+	for _, r := range f.Servers {
+		kv.full[r.Backend] = true
+		if r.Key != "" && strings.HasSuffix(r.Key, "state/"+r.Backend+"/"+r.Server) {
+			k := Key("hastate/", r.Backend, r.Server)
+			kv.keys[k] = KVKey{Key: k, Present: true, Value: strings.TrimPrefix(r.Desired, "ready "), Index: 7}
+		}
+	}
+	for bs, v := range edits {
+		b, s, _ := strings.Cut(bs, "/")
+		k := Key("hastate/", b, s)
+		if v == "" {
+			delete(kv.keys, k)
+			continue
+		}
+		kv.keys[k] = KVKey{Key: k, Present: true, Value: v, Index: 9}
+	}
+	for b := range kv.full {
+		kv.backends = append(kv.backends, b)
+	}
+	slices.Sort(kv.backends)
+	kv.wasListed = true
+	return kv
+}
+
+// planAll plans until the plan needs nothing more: a key kv lacks is
+// absent.
+func planAll(t testing.TB, f *api.StateView, kv *KVRead, sels []Selector, o WriteOptions) (Plan, error) {
+	t.Helper()
+	for range 3 {
+		p, needs, err := PlanWrite(f, kv, sels, o)
+		if err != nil || !needs.any() {
+			return p, err
+		}
+		for k := range needs.keys {
+			kv.keys[k] = KVKey{Key: k}
+		}
+		for b := range needs.backends {
+			kv.full[b] = true
+		}
+		kv.wasListed = kv.wasListed || needs.list
+	}
+	t.Fatal("the plan kept needing reads")
+	return Plan{}, nil
 }
 
 // fakeGate is a Consul whose prefix is at index 5 and a replica that has
@@ -284,7 +361,7 @@ func fakeGate(t *testing.T, v *api.StateView, sels []Selector) GateOptions {
 	t.Helper()
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/cluster" {
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &fakeIdentity})
 			return
 		}
 		_ = json.NewEncoder(w).Encode(v)
@@ -299,6 +376,14 @@ func fakeConsul(t *testing.T, index int) Writer {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Consul-Index", strconv.Itoa(index))
+		switch r.URL.Path {
+		case "/v1/status/peers":
+			_ = json.NewEncoder(w).Encode(strings.Split(fakeIdentity.Cluster, ","))
+			return
+		case "/v1/agent/self":
+			_ = json.NewEncoder(w).Encode(map[string]any{"Config": map[string]string{"Datacenter": fakeIdentity.Datacenter}})
+			return
+		}
 		w.WriteHeader(http.StatusNotFound)
 	}))
 	t.Cleanup(srv.Close)
@@ -411,22 +496,29 @@ func TestWriterTransactions(t *testing.T) {
 			t.Fatalf("meta key %s = %s (%+v, %v)", mk, p.Value, m, err)
 		}
 	}
-	clear := Plan{Ops: []Op{{Delete: true, Key: "gitlab-haproxy-agent/state/web/a"}, {Delete: true, Key: "gitlab-haproxy-agent/state/web/b"}}}
-	if err := w.DropAbsent(ctx, &clear); err != nil {
-		t.Fatal(err)
+	// Issue 22.2: the transaction is conditional on what the plan read.
+	a, _, err := cl.KV().Get("gitlab-haproxy-agent/state/web/a", nil)
+	if err != nil || a == nil {
+		t.Fatal(a, err)
 	}
-	if planKeys(clear) != "-gitlab-haproxy-agent/state/web/a" || !strings.Contains(strings.Join(clear.Notes, ""), "nothing to clear: gitlab-haproxy-agent/state/web/b") {
-		t.Fatalf("clear of one present and one absent key: %q %q", planKeys(clear), clear.Notes)
+	read := KVKey{Key: a.Key, Present: true, Value: "drain", Index: a.ModifyIndex}
+	absent := KVKey{Key: "gitlab-haproxy-agent/state/web/b"}
+	stale := Plan{Ops: []Op{{Delete: true, Key: a.Key}}, Deps: []KVKey{{Key: a.Key, Present: true, Index: a.ModifyIndex - 1}, absent}}
+	var conflict *ConflictError
+	if err := w.Apply(ctx, stale); !errors.As(err, &conflict) || !errors.Is(err, errCAS) || len(conflict.Keys) != 1 || conflict.Keys[0] != a.Key {
+		t.Fatalf("delete at a stale index: %v, want a ConflictError on %s", err, a.Key)
 	}
+	created := Plan{Ops: []Op{{Key: absent.Key, Value: "drain"}}, Deps: []KVKey{absent, {Key: "gitlab-haproxy-agent/state/web/*", Present: true, Index: 1}}}
+	if err := w.Apply(ctx, created); !errors.As(err, &conflict) || conflict.Keys[0] != "gitlab-haproxy-agent/state/web/*" {
+		t.Fatalf("a check of a key that changed: %v", err)
+	}
+	if p, _, _ := cl.KV().Get(absent.Key, nil); p != nil {
+		t.Fatalf("a rolled-back transaction wrote %s", absent.Key)
+	}
+	clear := Plan{Ops: []Op{{Delete: true, Key: a.Key}}, Deps: []KVKey{read, absent}}
 	if err := w.Apply(ctx, clear); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"gitlab-haproxy-agent/state/web/a", "gitlab-haproxy-agent/meta/web/a"} {
-		if p, _, _ := cl.KV().Get(k, nil); p != nil {
-			t.Fatalf("clear left %s", k)
-		}
-	}
-
 	// Consul down: a clear error that says nothing was written and what to check.
 	consul.Kill()
 	err = w.Apply(ctx, set)
@@ -444,7 +536,7 @@ func TestPrecheckWaitsForTheReplicaToCatchUp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	_, _, err := Precheck(ctx, g)
-	if !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), "has applied Consul index 5, not yet 9") {
+	if !errors.Is(err, ErrCannotConfirm) || !strings.Contains(err.Error(), `has applied Consul index 5 of prefix "hastate/", not yet 9`) {
 		t.Fatalf("precheck against a replica behind Consul: %v, want cannot confirm", err)
 	}
 }
@@ -462,7 +554,7 @@ func TestWaitNamesWhatLags(t *testing.T) {
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &fakeIdentity})
 		case "/v1/pollers":
 			_, _ = w.Write([]byte(polls))
 		default:
@@ -522,6 +614,27 @@ func TestWaitIgnoresAManualProbe(t *testing.T) {
 // /v1/pollers is polls.
 func scriptedReplica(t *testing.T, synced uint64, polls []api.Poll, view func(n int) *api.StateView) *Replica {
 	t.Helper()
+	return scriptedReplicaOf(t, fakeIdentity, synced, polls, view)
+}
+
+// fakeIdentity is the Consul cluster fakeConsul and the fake replicas
+// name.
+var fakeIdentity = api.ConsulIdentity{Datacenter: "dc1", Cluster: "127.0.0.1:8300"}
+
+// identityOf is the identity of the Consul w writes to, as a replica
+// reports it.
+func identityOf(t *testing.T, w Writer) api.ConsulIdentity {
+	t.Helper()
+	id, err := kvsync.ReadIdentity(context.Background(), w.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api.ConsulIdentity{Datacenter: id.Datacenter, Cluster: id.Cluster}
+}
+
+// scriptedReplicaOf is scriptedReplica reading the Consul cluster id.
+func scriptedReplicaOf(t *testing.T, id api.ConsulIdentity, synced uint64, polls []api.Poll, view func(n int) *api.StateView) *Replica {
+	t.Helper()
 	var (
 		mu sync.Mutex
 		n  int
@@ -532,7 +645,7 @@ func scriptedReplica(t *testing.T, synced uint64, polls []api.Poll, view func(n 
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: synced}})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: synced}, KVPrefix: "hastate/", Consul: &id})
 		case "/v1/pollers":
 			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls,
 				Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}}})
@@ -734,7 +847,7 @@ func TestWriteOrchestration(t *testing.T) {
 			t.Fatal(err)
 		}
 		return Write(ctx, WriteRequest{WriteOptions: WriteOptions{Command: cmd, Value: value, MinReady: 1},
-			Selectors: sels, DryRun: dry, Writer: wr, Replica: scriptedReplica(t, 1<<50, nil, func(int) *api.StateView { return fleet() })})
+			Selectors: sels, DryRun: dry, Writer: wr, Replica: scriptedReplicaOf(t, identityOf(t, wr), 1<<50, nil, func(int) *api.StateView { return fleet() })})
 	}
 	keys := func() string {
 		ks, _, err := kv.Keys("hastate/state/", "", nil)

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -77,15 +76,22 @@ func DrainFirst(ctx context.Context, o DrainFirstOptions) error {
 	left = fmt.Sprintf("%s left drained: `hastate maint %[1]s` finishes, `hastate clear %[1]s` undoes", o.Targets)
 
 	start := time.Now()
-	step(2, "waiting up to %s (--idle-timeout) until every HAProxy was told the drain and reports no session", o.IdleTimeout)
+	if o.Idle == nil {
+		// Said before the wait, not after it: the operator knows at once
+		// that this is the ChatOps sleep.
+		step(2, "no Prometheus (--prometheus / HASTATE_PROMETHEUS_URL): cannot see sessions, so waiting the whole --idle-timeout (%s) before maint", o.IdleTimeout)
+	} else {
+		step(2, "waiting up to %s (--idle-timeout) until every HAProxy was told the drain and reports no session", o.IdleTimeout)
+	}
 	ictx, cancel := context.WithTimeout(ctx, o.IdleTimeout)
 	err := o.Told(ictx)
+	blind := err == nil && o.Idle == nil // told, and no way to see sessions
 	var res IdleResult
 	switch {
-	case err == nil && o.Idle == nil:
-		fmt.Fprintf(o.Out, "every HAProxy was told the drain after %s; no Prometheus (--prometheus): waiting out the idle timeout, sessions unchecked\n", roundAge(time.Since(start)))
+	case blind:
+		fmt.Fprintf(o.Out, "every HAProxy was told the drain after %s; sessions unchecked: waiting out the idle timeout (%s left)\n", roundAge(time.Since(start)), roundAge(time.Until(deadline(ictx))))
 		<-ictx.Done()
-		err = ictx.Err()
+		err = fmt.Errorf("%w: no Prometheus to ask", ErrCannotConfirm)
 	case err == nil:
 		fmt.Fprintf(o.Out, "every HAProxy was told the drain after %s; waiting for its sessions to end\n", roundAge(time.Since(start)))
 		res, err = o.Idle(ictx)
@@ -96,17 +102,24 @@ func DrainFirst(ctx context.Context, o DrainFirstOptions) error {
 		return interrupted("the wait for idle", err)
 	case err == nil:
 		fmt.Fprintf(o.Out, "idle after %s: %s\n", roundAge(time.Since(start)), res)
-	case errors.Is(err, ErrCannotConfirm):
-		// Cannot prove idle: fall back to what ChatOps did, a fixed wait.
-		fmt.Fprintf(o.Out, "cannot confirm idle: %v\nwaiting out the idle timeout (%s left)\n", err, roundAge(time.Until(deadline(ictx))))
-		<-ictx.Done()
-		if ctx.Err() != nil {
-			cancel()
-			return interrupted("the wait for idle", ctx.Err())
-		}
-		fmt.Fprintf(o.Out, "idle timeout %s passed; setting maint\n", o.IdleTimeout)
 	default:
-		fmt.Fprintf(o.Out, "idle timeout %s passed, setting maint anyway; %v\n", o.IdleTimeout, err)
+		// Whatever failed (HAProxy not told in time, sessions left, a
+		// replica or Prometheus that cannot be read, anything else), idle
+		// is not proven: maint waits until the idle timeout has passed in
+		// full, never less (what ChatOps did: a fixed wait).
+		if ictx.Err() == nil {
+			fmt.Fprintf(o.Out, "cannot confirm idle: %v\nwaiting out the idle timeout (%s left)\n", err, roundAge(time.Until(deadline(ictx))))
+			<-ictx.Done()
+			if ctx.Err() != nil {
+				cancel()
+				return interrupted("the wait for idle", ctx.Err())
+			}
+		}
+		if blind {
+			fmt.Fprintf(o.Out, "idle timeout %s passed; setting maint (sessions unchecked)\n", o.IdleTimeout)
+		} else {
+			fmt.Fprintf(o.Out, "idle timeout %s passed, setting maint anyway; %v\n", o.IdleTimeout, err)
+		}
 	}
 	cancel()
 
@@ -129,4 +142,58 @@ func DrainFirst(ctx context.Context, o DrainFirstOptions) error {
 func deadline(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
+}
+
+// MaintDrainFirst is `hastate maint --drain-first` wired to the write path
+// and the gates: each write is Write (every guard, the conditional
+// transaction; Value builds the value written for "drain" and "maint"),
+// told is Wait on the same replica, idle is WaitIdle on prom (nil: no
+// Prometheus, the idle timeout is waited out in full). cmd/hastate only
+// turns flags into the request.
+type MaintDrainFirst struct {
+	// Write is the write request of both steps; Command and Value are set
+	// for each.
+	Write WriteRequest
+	// Value is the value written for st ("drain" or "maint").
+	Value      func(st string) (string, error)
+	Prometheus *Prometheus
+	// Timeout bounds each write and the wait until maint was told;
+	// IdleTimeout the wait until told and idle after the drain.
+	Timeout, IdleTimeout time.Duration
+	Targets              string
+	Out                  io.Writer
+}
+
+// Run runs it (see DrainFirst).
+func (m MaintDrainFirst) Run(ctx context.Context) error {
+	gate := GateOptions{Consul: m.Write.Writer.Client, ConsulAddr: m.Write.Writer.Addr, Prefix: m.Write.Writer.Prefix,
+		Replica: m.Write.Replica, Selectors: m.Write.Selectors, Out: m.Out}
+	o := DrainFirstOptions{
+		Targets: m.Targets,
+		Write: func(ctx context.Context, st string) error {
+			val, err := m.Value(st)
+			if err != nil {
+				return err
+			}
+			req := m.Write
+			req.Command, req.Value = st, val
+			plan, err := Write(ctx, req)
+			if err != nil {
+				return err
+			}
+			plan.Report(m.Out)
+			return nil
+		},
+		Told:        func(ctx context.Context) error { return Wait(ctx, gate) },
+		Timeout:     m.Timeout,
+		IdleTimeout: m.IdleTimeout,
+		DryRun:      m.Write.DryRun,
+		Out:         m.Out,
+	}
+	if m.Prometheus != nil {
+		o.Idle = func(ctx context.Context) (IdleResult, error) {
+			return WaitIdle(ctx, IdleOptions{Prometheus: m.Prometheus, Replica: m.Write.Replica, Selectors: m.Write.Selectors, Out: m.Out})
+		}
+	}
+	return DrainFirst(ctx, o)
 }

@@ -130,3 +130,56 @@ func TestDrainFirstInterruptedSaysWhatItLeft(t *testing.T) {
 		t.Fatalf("a failed maint: %v", err)
 	}
 }
+
+// Issue 22.6: an error in an earlier step never shortens the idle wait,
+// and without Prometheus the command says at the start that it will wait
+// the whole --idle-timeout.
+func TestDrainFirstNeverShortensTheIdleWait(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		told error
+		idle func(context.Context) (IdleResult, error)
+	}{
+		{"told fails at once, unwrapped (a replica error)", errors.New("hastate replica at http://x: 502 Bad Gateway"), nil},
+		{"told fails at once, not done", fmt.Errorf("%w: HAProxy h1 not told", ErrNotDone), func(context.Context) (IdleResult, error) { return IdleResult{}, nil }},
+		{"idle fails at once, unwrapped", nil, func(context.Context) (IdleResult, error) { return IdleResult{}, errors.New("boom") }},
+		{"idle fails at once, usage", nil, func(context.Context) (IdleResult, error) { return IdleResult{}, fmt.Errorf("%w: bad label", ErrUsage) }},
+	} {
+		var r drainFirstRun
+		o := r.options(tc.idle)
+		var drained time.Time
+		o.Write = func(ctx context.Context, st string) error {
+			r.log("write " + st)
+			if st == "drain" {
+				drained = time.Now()
+			} else if since := time.Since(drained); since < o.IdleTimeout {
+				t.Errorf("%s: maint %s after the drain, before --idle-timeout %s", tc.name, since, o.IdleTimeout)
+			}
+			return nil
+		}
+		o.Told = func(ctx context.Context) error {
+			r.log("told")
+			return tc.told
+		}
+		// Told fails again after the maint: that is step 4's error.
+		if err := DrainFirst(context.Background(), o); err != nil && !strings.Contains(err.Error(), "the wait for maint") {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if got := strings.Join(r.steps, ","); !strings.HasPrefix(got, "write drain,told") || !strings.Contains(got, "write maint") {
+			t.Errorf("%s: steps %s", tc.name, got)
+		}
+	}
+
+	var r drainFirstRun
+	o := r.options(nil)
+	o.Told = func(ctx context.Context) error {
+		r.log("told")
+		if out := r.out.String(); !strings.Contains(out, "cannot see sessions, so waiting the whole --idle-timeout (200ms) before maint") {
+			t.Errorf("without Prometheus, nothing said before the wait:\n%s", out)
+		}
+		return nil
+	}
+	if err := DrainFirst(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -94,6 +94,9 @@ func startingUp(v api.StateView) bool { return !v.HoldsState || !v.KV.Synced }
 // Consul before it was called (the prefix's current index), or fails with
 // ErrCannotConfirm when ctx ends first.
 func (o GateOptions) WaitSynced(ctx context.Context) error {
+	if err := CheckReplica(ctx, o.Consul, o.ConsulAddr, o.Prefix, o.Replica); err != nil {
+		return err
+	}
 	index, err := o.consulIndex(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrCannotConfirm, err)
@@ -112,7 +115,10 @@ func (o GateOptions) WaitSynced(ctx context.Context) error {
 // the index of the whole KV store, writes outside the prefix included (too
 // high: the replica's watch of the prefix might never reach it).
 func (o GateOptions) consulIndex(ctx context.Context) (uint64, error) {
-	_, meta, err := o.Consul.KV().Keys(o.Prefix, "/", (&consul.QueryOptions{}).WithContext(ctx))
+	// Consistent: right after a Consul restart the default mode can
+	// answer an older index (even an empty prefix), and a gate would then
+	// pass on a replica that lacks the latest writes.
+	_, meta, err := o.Consul.KV().Keys(o.Prefix, "/", (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	if err != nil {
 		return 0, consulError(ctx, o.ConsulAddr, err, "")
 	}
@@ -122,18 +128,25 @@ func (o GateOptions) consulIndex(ctx context.Context) (uint64, error) {
 // synced waits until the replica has applied Consul index index, or ctx
 // ends (then it cannot confirm).
 func (o GateOptions) synced(ctx context.Context, index uint64) error {
+	var last *api.ClusterInfo
+	behind := func(ci api.ClusterInfo) error {
+		return fmt.Errorf("%w: replica %s has applied Consul index %d of prefix %q, not yet %d (the writes made before this command): %s",
+			ErrCannotConfirm, ci.NodeID, ci.KV.SyncedIndex, o.Prefix, index, cmp.Or(ci.KV.Warning, "is the leader syncing?"))
+	}
 	for {
 		ci, err := o.Replica.Cluster(ctx)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil && last != nil:
+			return behind(*last) // the deadline, not the replica
+		case err != nil:
 			return fmt.Errorf("%w: %w", ErrCannotConfirm, err)
-		}
-		if ci.KV.SyncedIndex >= index {
+		case ci.KV.SyncedIndex >= index:
 			return nil
 		}
+		last = &ci
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: replica %s has applied Consul index %d, not yet %d (the writes made before this command): %s",
-				ErrCannotConfirm, ci.NodeID, ci.KV.SyncedIndex, index, cmp.Or(ci.KV.Warning, "is the leader syncing?"))
+			return behind(ci)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -195,17 +208,30 @@ func Wait(ctx context.Context, o GateOptions) error {
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
+	if err := CheckReplica(ctx, o.Consul, o.ConsulAddr, o.Prefix, o.Replica); err != nil {
+		return err
+	}
 	index, err := o.consulIndex(ctx)
 	if err != nil {
 		return err
 	}
 	var lag []string
+	var unconfirmed bool
+	timedOut := func(lag []string, unconfirmed bool) error {
+		kind := ErrNotDone
+		if unconfirmed {
+			// A replica that does not answer, or has not applied the
+			// writes: cannot confirm (exit 4), not "not done".
+			kind = ErrCannotConfirm
+		}
+		return fmt.Errorf("%w: still waiting for:\n  %s", kind, strings.Join(lag, "\n  "))
+	}
 	for {
-		last := lag
-		lag, err = waitLag(ctx, o, index)
+		last, lastUnconfirmed := lag, unconfirmed
+		lag, unconfirmed, err = waitLag(ctx, o, index)
 		switch {
 		case err != nil && ctx.Err() != nil && len(last) > 0:
-			return fmt.Errorf("%w: still waiting for:\n  %s", ErrNotDone, strings.Join(last, "\n  "))
+			return timedOut(last, lastUnconfirmed)
 		case err != nil:
 			return err
 		case len(lag) == 0:
@@ -216,31 +242,33 @@ func Wait(ctx context.Context, o GateOptions) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: still waiting for:\n  %s", ErrNotDone, strings.Join(lag, "\n  "))
+			return timedOut(lag, unconfirmed)
 		case <-time.After(o.Interval):
 		}
 	}
 }
 
-// waitLag lists what is not yet current; empty means done.
-func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error) {
+// waitLag lists what is not yet current; empty means done. unconfirmed:
+// what lags is that the cluster cannot be seen (a replica behind Consul,
+// one that does not answer), not an HAProxy or a ramp.
+func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, unconfirmed bool, err error) {
 	ci, err := o.Replica.Cluster(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if ci.KV.SyncedIndex < index {
-		return []string{fmt.Sprintf("replica %s has applied Consul index %d, waiting for %d (the writes made before wait started)", ci.NodeID, ci.KV.SyncedIndex, index)}, nil
+		return []string{fmt.Sprintf("replica %s has applied Consul index %d of prefix %q, waiting for %d (the writes made before wait started)", ci.NodeID, ci.KV.SyncedIndex, o.Prefix, index)}, true, nil
 	}
 	fleet, err := o.Replica.Fleet(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := Missing(fleet.Replicas); err != nil {
-		return []string{err.Error()}, nil
+		return []string{err.Error()}, true, nil
 	}
 	selected, err := selectedServers(fleet, o.Selectors)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	current := map[string]string{}
 	var unsettled []string
@@ -261,19 +289,18 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 	}
 	if len(unsettled) > 0 {
 		sort.Strings(unsettled)
-		return unsettled, nil
+		return unsettled, false, nil
 	}
 	pv, err := o.Replica.Pollers(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := Missing(pv.Replicas); err != nil {
-		return []string{err.Error()}, nil
+		return []string{err.Error()}, true, nil
 	}
 	// The latest poll of each (server, HAProxy) on any replica; a manual
 	// probe (a source that asked once, a while ago) is not waited for.
 	latest := latestPolls(pv, current)
-	var lag []string
 	for k, p := range latest {
 		if told := toldAnswer(p); told != current[k[0]] {
 			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
@@ -281,7 +308,7 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) ([]string, error)
 		}
 	}
 	sort.Strings(lag)
-	return lag, nil
+	return lag, false, nil
 }
 
 func toldAnswer(p api.Poll) string {

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"encoding/json"
 	"strings"
 
 	"github.com/hastate/hastate/state"
@@ -31,10 +32,30 @@ func TxnOps(o Op) []Op {
 		return []Op{o} // not ours to rewrite; the planner checked the value
 	}
 	word := Op{Key: o.Key, Value: v.String()}
-	if !state.IsJSONValue(o.Value) {
+	if !state.IsJSONValue(o.Value) && len(o.Lifted) == 0 {
 		return []Op{word, {Delete: true, Key: mk}}
 	}
-	return []Op{word, {Key: mk, Value: state.MarshalMeta(v)}}
+	return []Op{word, {Key: mk, Value: metaValue(v, o.Lifted)}}
+}
+
+// metaValue is the meta key of v, with the guards the write lifted under
+// "lifted", one string ("; " between guards) so that the meta key stays an
+// object of strings (readers ignore fields they do not know).
+func metaValue(v state.Value, lifted []string) string {
+	m := state.MarshalMeta(v)
+	if len(lifted) == 0 {
+		return m
+	}
+	var j map[string]string
+	if err := json.Unmarshal([]byte(m), &j); err != nil {
+		return m // MarshalMeta always encodes an object
+	}
+	j["lifted"] = strings.Join(lifted, "; ")
+	b, err := json.Marshal(j)
+	if err != nil {
+		return m
+	}
+	return string(b)
 }
 
 // txnLen is the number of Consul operations the planned ops make at most:

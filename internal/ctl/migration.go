@@ -51,7 +51,7 @@ func (w Writer) ReadMigration(ctx context.Context) (Migration, error) {
 	m := Migration{Key: w.MigrationKey()}
 	pairs, _, err := w.Client.KV().List(w.Prefix, (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	if err != nil {
-		return m, fmt.Errorf("%w: %w", ErrCannotConfirm, consulError(ctx, w.Addr, err, "nothing was written"))
+		return m, consulError(ctx, w.Addr, err, "nothing was written")
 	}
 	kv := make(map[string]string, len(pairs))
 	for _, p := range pairs {

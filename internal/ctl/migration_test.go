@@ -19,9 +19,9 @@ func TestPlanWriteDuringMigration(t *testing.T) {
 		{name: "a canary drain expands to per-server keys", cmd: "drain", args: []string{"canary_*/*"}, o: WriteOptions{Override: true},
 			want: "canary_api/api-1 canary_web/web-1 canary_web/web-2", note: "canary_*/* expanded to the per-server keys of canary_web (the per-node agent ignores backend-wide keys): web-1, web-2"},
 		{name: "a server whose own key escapes the drain is refused", cmd: "drain", args: []string{"canary_web"},
-			want: "ERR:canary_web/* (expanded to per-server keys: a migration from the per-node agent is marked) would not change servers with their own key: web-2 keeps ready 50%"},
+			want: "ERR:canary_web/* (expanded to per-server keys: a migration from the per-node agent is marked) would not change servers with their own key: web-2 keeps 50%"},
 		{name: "keep-own leaves it", cmd: "drain", args: []string{"canary_web"}, o: WriteOptions{KeepOwn: true},
-			want: "canary_web/web-1", note: "servers with their own key left as they are: web-2 keeps ready 50%"},
+			want: "canary_web/web-1", note: "servers with their own key left as they are: web-2 keeps 50%"},
 		{name: "a backend drain is not refused by min-ready", cmd: "maint", args: []string{"main_web"}, want: "main_web/gke-cny-web main_web/m-1 main_web/m-2 main_web/m-3"},
 		{name: "ready of a backend deletes every key it has", cmd: "ready", args: []string{"canary_*/*"}, want: "-canary_api/* -canary_web/web-2",
 			note: "canary_*/* deletes every key of canary_api"},
@@ -53,7 +53,7 @@ func TestPlanWriteDuringMigration(t *testing.T) {
 			}
 			f := fleet()
 			f.Servers = append(f.Servers, api.ServerState{Backend: "new_web", Server: "n-1", Key: "state/new_web/n-1", Source: "state/new_web/n-1", Desired: "drain", Kind: api.KindDrain, Answer: "drain"})
-			p, err := PlanWrite(f, sels, o)
+			p, err := planAll(t, f, kvOf(f, nil), sels, o)
 			if want, ok := strings.CutPrefix(tt.want, "ERR:"); ok {
 				if err == nil || !strings.Contains(err.Error(), want) {
 					t.Fatalf("err = %v, want %q", err, want)

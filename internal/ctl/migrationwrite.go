@@ -3,6 +3,8 @@ package ctl
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	consul "github.com/hashicorp/consul/api"
@@ -11,7 +13,7 @@ import (
 
 // While a migration from the per-node agent is marked, a write is one the
 // per-node agent serves the same way as hastate: it knows per-server keys
-// with the four words only. PlanWrite calls these in that case.
+// with the four words only. The planner calls these in that case.
 
 // migrationRefuses refuses --for and --ramp while a migration is marked:
 // they live in the meta key, which the per-node agent never reads.
@@ -33,90 +35,104 @@ func migrationRefuses(o WriteOptions, in intent) error {
 
 // perServer is what a backend selector (backend/*, '<glob>/*') writes
 // while a migration is marked: the per-node agent ignores backend-wide
-// keys, so each server of backend that the cluster knows gets its own key,
-// and the output says so. ready and clear delete every key the backend
-// has (the backend-wide one too): no key is ready for both. drain, maint
-// and a weight treat the servers' own keys as a backend-wide write does
-// (--override writes over them, --keep-own leaves them, a server that
-// would escape a drain or maint is refused without either). A backend of
-// which no HAProxy that asks hastate polls a server is refused: hastate
-// knows only its servers with keys, and the others would be left out.
-func (p *Plan) perServer(ix *fleetIndex, sel Selector, backend string, o WriteOptions, in intent, add func(Op)) error {
-	servers := ix.byBackend[backend]
+// keys, so each server of backend gets its own key instead (the servers
+// the cluster knows, and those with a key in Consul), and the output says
+// so. ready and clear delete every key the backend has in Consul (its
+// backend-wide key too): no key is ready for both. drain, maint and a
+// weight treat the servers' own keys as a backend-wide write does
+// (--override writes over them, --keep-own leaves them, one that would
+// escape a drain or maint is refused without either). A backend of which
+// no HAProxy that asks hastate polls a server is refused (the typo guard,
+// --allow-unknown): hastate knows only its servers with keys, and the
+// others would be left out.
+func (pl *planner) perServer(sel Selector, backend string) {
+	o, in := pl.o, pl.in
+	w, ok := pl.read(backend, state.Wildcard)
+	if !pl.readBackend(backend) || !ok {
+		return
+	}
+	pl.dep(w)
+	own := pl.kv.ownKeys(backend)
+	set := map[string]bool{}
 	polled := 0
-	for _, r := range servers {
+	for _, r := range pl.ix.byBackend[backend] {
+		set[r.Server] = true
 		if r.Polled > 0 {
 			polled++
 		}
 	}
-	if polled == 0 && !in.clear && !in.ready && !o.Force {
-		return fmt.Errorf("refused, nothing was written: a migration from the per-node agent is marked (%s), so %s expands to the per-server keys of %s's servers, "+
+	for s := range own {
+		set[s] = true
+	}
+	servers := slices.Sorted(maps.Keys(set))
+	if polled == 0 && !in.clear && !in.ready && pl.fleet != nil {
+		err := fmt.Errorf("refused, nothing was written: a migration from the per-node agent is marked (%s), so %s expands to the per-server keys of %s's servers, "+
 			"but no HAProxy that asks hastate polls any of them: hastate knows only those with a key (%s) and would leave the others out; "+
-			"name the servers (%s/<server>), or move an HAProxy node that has %s to hastate first (--force writes the servers it knows)",
-			o.MigrationKey, sel, backend, knownServers(servers, backend), backend, backend)
+			"name the servers (%s/<server>), or move an HAProxy node that has %s to hastate first",
+			o.MigrationKey, sel, backend, orNone(servers), backend, backend)
+		if !o.Allow.Unknown {
+			pl.refuse(fmt.Errorf("%w; %s", err, GuardUnknown.advice(o.Allow)))
+			return
+		}
+		pl.lift(GuardUnknown, err.Error())
 	}
 	var wrote, kept, escape []string
-	if (in.clear || in.ready) && ix.own[[2]string{backend, state.Wildcard}] {
-		add(Op{Delete: true, Key: Key(o.Prefix, backend, state.Wildcard)})
+	if (in.clear || in.ready) && w.Present {
+		pl.add(Op{Delete: true, Key: w.Key})
 		wrote = append(wrote, state.Wildcard)
 	}
-	for _, r := range servers {
-		own := ownKey(r)
-		key := Key(o.Prefix, r.Backend, r.Server)
+	for _, srv := range servers {
+		k, _ := pl.kv.key(backend, srv) // the backend was read whole
+		pl.dep(k)
 		switch {
 		case in.clear || in.ready:
-			if own {
-				add(Op{Delete: true, Key: key})
-				wrote = append(wrote, r.Server)
+			if k.Present {
+				pl.add(Op{Delete: true, Key: k.Key})
+				wrote = append(wrote, srv)
 			}
 			continue
-		case own && r.Desired != in.value.String() && !o.Override:
-			desc := fmt.Sprintf("%s keeps %s", r.Server, orInvalid(r))
-			if in.out && escapes(r, in) {
+		case k.Present && k.short() != in.value.String() && !o.Override:
+			desc := fmt.Sprintf("%s keeps %s", srv, k.short())
+			if in.out && escapes(k, in) {
 				escape = append(escape, desc)
 			} else {
 				kept = append(kept, desc)
 			}
 			continue
 		}
-		add(Op{Key: key, Value: o.Value})
-		wrote = append(wrote, r.Server)
+		pl.add(Op{Key: k.Key, Value: o.Value})
+		wrote = append(wrote, srv)
 	}
 	if len(escape) > 0 && !o.KeepOwn {
-		return fmt.Errorf("refused, nothing was written: %s (expanded to per-server keys: a migration from the per-node agent is marked) would not change servers with their own key: %s; "+
-			"add --override to write over their keys, or --keep-own to leave them as they are",
-			sel, strings.Join(escape, ", "))
+		pl.refuse(fmt.Errorf("refused, nothing was written: %s (expanded to per-server keys: a migration from the per-node agent is marked) would not change servers with their own key: %s; "+
+			"add --override to write over their keys, or --keep-own to leave them as they are (--force does not choose for you)",
+			sel, strings.Join(escape, ", ")))
+		return
 	}
 	verb := "expanded to the per-server keys of"
 	if in.clear || in.ready {
 		verb = "deletes every key of"
 	}
-	names := strings.Join(wrote, ", ")
-	if names == "" {
-		names = "none"
-	}
-	p.Notes = append(p.Notes, fmt.Sprintf("migration from the per-node agent marked (%s): %s %s %s (the per-node agent ignores backend-wide keys): %s; "+
+	pl.note("migration from the per-node agent marked (%s): %s %s %s (the per-node agent ignores backend-wide keys): %s; "+
 		"hastate knows the servers that have a key or that an HAProxy asking hastate polls (%d of %d polled): name any other server of %s",
-		o.MigrationKey, sel, verb, backend, names, polled, len(servers), backend))
+		o.MigrationKey, sel, verb, backend, orNone(wrote), polled, len(servers), backend)
 	if kept = append(escape, kept...); len(kept) > 0 {
-		p.Notes = append(p.Notes, fmt.Sprintf("%s: servers with their own key left as they are: %s", backend, strings.Join(kept, ", ")))
+		pl.note("%s: servers with their own key left as they are: %s", backend, strings.Join(kept, ", "))
 	}
-	return nil
 }
 
-// migrationGuard reads the migration marker from Consul (consistently) and
-// returns whether a migration is marked, with the transaction check that
-// keeps the write to what was read: the marker at that ModifyIndex, or no
-// marker. A `migration start` or `finish` made between the read and the
-// write fails the transaction instead of being missed.
-func (w Writer) migrationGuard(ctx context.Context) (bool, *consul.KVTxnOp, error) {
+// readMigration reads the migration marker from Consul, consistently. Its
+// KVKey is a dependency of every write (see Writer.Apply): the
+// transaction holds only while the marker is as read, so a `migration
+// start` or `finish` made meanwhile makes the write read and plan again.
+func (w Writer) readMigration(ctx context.Context) (KVKey, error) {
 	key := w.MigrationKey()
-	pair, _, err := w.Client.KV().Get(key, (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	p, _, err := w.Client.KV().Get(key, (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	if err != nil {
-		return false, nil, consulError(ctx, w.Addr, err, "nothing was written")
+		return KVKey{Key: key}, consulError(ctx, w.Addr, err, "nothing was written")
 	}
-	if pair == nil {
-		return false, &consul.KVTxnOp{Verb: consul.KVCheckNotExists, Key: key}, nil
+	if p == nil {
+		return KVKey{Key: key}, nil
 	}
-	return true, &consul.KVTxnOp{Verb: consul.KVCheckIndex, Key: key, Index: pair.ModifyIndex}, nil
+	return KVKey{Key: key, Present: true, Value: string(p.Value), Index: p.ModifyIndex}, nil
 }

@@ -29,18 +29,19 @@ func bigFleet(n int) *api.StateView {
 // a glob over 50,000 servers is refused (past one transaction) quickly.
 func BenchmarkPlanWriteGlob50k(b *testing.B) {
 	f := bigFleet(50_000)
+	kv := kvOf(f, nil)
 	for _, cmd := range []string{"ready", "clear", "drain"} {
 		b.Run(cmd, func(b *testing.B) {
 			sels := []Selector{{"*", "s1*"}}
 			for b.Loop() {
-				_, _ = PlanWrite(f, sels, WriteOptions{Command: cmd, Value: cmd, Prefix: "hastate/", MinReady: 1, KeepOwn: true})
+				_, _ = planAll(b, f, kv, sels, WriteOptions{Command: cmd, Value: cmd, Prefix: "hastate/", MinReady: 1, KeepOwn: true})
 			}
 		})
 	}
 	b.Run("drain backends", func(b *testing.B) {
 		sels := []Selector{{"be1*", "*"}}
 		for b.Loop() {
-			_, _ = PlanWrite(f, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1, KeepOwn: true})
+			_, _ = planAll(b, f, kv, sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1, KeepOwn: true})
 		}
 	})
 }

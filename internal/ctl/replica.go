@@ -32,17 +32,18 @@ func NewReplica(addr string) (*Replica, error) {
 // Addr is the replica's base URL.
 func (r *Replica) Addr() string { return r.c.Addr() }
 
+// explain says why a call to the replica failed; it is ErrCannotConfirm.
 func (r *Replica) explain(ctx context.Context, err error) error {
 	var se *api.StatusError
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, api.ErrTruncated):
-		return fmt.Errorf("hastate replica at %s: %w; refusing to act on a partial list (it could hide a drained server or a lagging HAProxy)", r.Addr(), err)
+		return cannotConfirm{fmt.Errorf("hastate replica at %s: %w; refusing to act on a partial list (it could hide a drained server or a lagging HAProxy)", r.Addr(), err)}
 	case errors.As(err, &se):
-		return fmt.Errorf("hastate replica at %s: %w: %s", r.Addr(), err, replicaAdvice)
+		return cannotConfirm{fmt.Errorf("hastate replica at %s: %w: %s", r.Addr(), err, replicaAdvice)}
 	}
-	return callError(ctx, "hastate replica", r.Addr(), err, replicaAdvice)
+	return cannotConfirm{callError(ctx, "hastate replica", r.Addr(), err, replicaAdvice)}
 }
 
 // Fleet reads every server the cluster knows: KV keys, wildcard followers

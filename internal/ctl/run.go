@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -18,84 +19,167 @@ type WriteRequest struct {
 	DryRun  bool
 	Writer  Writer
 	Replica *Replica
-	// Warn receives warnings (with Force: why the checks were skipped);
-	// nil: none.
+	// Warn receives warnings; nil: none.
 	Warn io.Writer
 }
 
-// forcedRead bounds the replica read of a --force write, so that a hung
-// replica leaves the write its time.
-const forcedRead = 2 * time.Second
+// maxConflicts bounds how often a write is read and planned again after
+// a concurrent write changed a key it depended on.
+const maxConflicts = 5
 
-// Write runs a write command: it waits until the replica holds every write
-// made to Consul so far (a drain written a moment ago counts for
-// --min-ready), reads the fleet, plans the transaction, drops deletes of
-// keys that do not exist, and applies it as one Consul transaction (not
-// with DryRun). With Force there are no checks: the fleet only expands
-// globs, and the write does not wait for a replica that cannot sync. The
-// plan says what was (or would be) written; Report prints it.
+// Write runs a write command:
+//
+//  1. it checks that the replica reads this KV prefix of this Consul
+//     (CheckReplica), and refuses a mismatch;
+//  2. it reads from Consul, consistently, the keys the plan depends on
+//     (which exist, which backend-wide keys cover a server);
+//  3. it waits (bounded by ctx) until the replica has applied Consul's
+//     index of the prefix read after them, and reads the fleet (who polls
+//     which server, capacity); a replica that cannot be asked, or does not
+//     catch up, is the "no replica to ask" guard, which Allow.NoReplica
+//     lifts, saying so: the wait is never skipped silently;
+//  4. it plans (PlanWrite) and applies the plan as one Consul transaction
+//     conditional on every key step 2 read (not with DryRun). A
+//     transaction that fails a condition because a key changed is read and
+//     planned again, at most maxConflicts times.
+//
+// The plan says what was (or would be) written; Report prints it.
 func Write(ctx context.Context, req WriteRequest) (Plan, error) {
 	req.Prefix = req.Writer.Prefix
-	// --force or not, a write during a migration is one the per-node
-	// agent serves the same way.
-	migrating, check, err := req.Writer.migrationGuard(ctx)
-	if err != nil {
-		return Plan{Command: req.Command}, err
+	w := &writeRun{req: req, gate: GateOptions{Consul: req.Writer.Client, ConsulAddr: req.Writer.Addr, Prefix: req.Writer.Prefix, Replica: req.Replica}}
+	fail := func(err error) (Plan, error) { return Plan{Command: req.Command, Lifted: w.lifted}, err }
+	if err := CheckReplica(ctx, req.Writer.Client, req.Writer.Addr, req.Prefix, req.Replica); err != nil {
+		var unknown errReplicaUnknown
+		if !errors.As(err, &unknown) || !req.Allow.NoReplica {
+			if errors.As(err, &unknown) {
+				err = fmt.Errorf("%w; nothing was written; %s", err, GuardNoReplica.advice(req.Allow))
+			}
+			return fail(err)
+		}
+		w.lift(GuardNoReplica, err.Error())
+		w.noReplica = true
 	}
-	req.Migration, req.MigrationKey = migrating, req.Writer.MigrationKey()
-	gate := GateOptions{Consul: req.Writer.Client, ConsulAddr: req.Writer.Addr, Prefix: req.Writer.Prefix, Replica: req.Replica}
-	var (
-		fleet *api.StateView
-		v     api.StateView
-	)
-	if req.Force {
-		fctx, cancel := context.WithTimeout(ctx, forcedRead)
-		v, err = req.Replica.Fleet(fctx)
-		cancel()
-	} else {
-		index, ierr := gate.consulIndex(ctx)
-		if ierr != nil {
-			// Without Consul nothing can be written, --force or not.
-			return Plan{Command: req.Command}, fmt.Errorf("%w; nothing was written", ierr)
+	retried := 0
+	for {
+		plan, err := w.plan(ctx)
+		plan.Retried = retried
+		if err != nil || len(plan.Ops) == 0 || req.DryRun {
+			return plan, err
 		}
-		if err = gate.synced(ctx, index); err == nil {
-			v, err = req.Replica.Fleet(ctx)
+		err = req.Writer.Apply(ctx, plan)
+		if err == nil {
+			plan.Written = true
+			return plan, nil
 		}
+		if !isConflict(err) {
+			return plan, err
+		}
+		changed, cerr := req.Writer.changed(ctx, plan.Deps)
+		switch {
+		case cerr != nil:
+			return plan, fmt.Errorf("%w; then: %w", err, cerr)
+		case !changed:
+			return plan, fmt.Errorf("consul rolled back the transaction, nothing was written: %w, yet the keys read again are as they were (check the token's KV write permission on the prefix)", err)
+		case retried+1 >= maxConflicts:
+			return plan, fmt.Errorf("refused, nothing was written: the keys this write depends on changed %d times while it ran (%w); run it again when the concurrent writes are done", maxConflicts, err)
+		}
+		retried++
+	}
+}
+
+// writeRun is one Write: the guards lifted so far carry over a re-read.
+type writeRun struct {
+	req       WriteRequest
+	gate      GateOptions
+	noReplica bool // the replica could not be asked (lifted)
+	lifted    []Lifted
+}
+
+func (w *writeRun) lift(g Guard, said string) {
+	p := Plan{Lifted: w.lifted}
+	p.lift(g, w.req.Allow.by(g), said)
+	w.lifted = p.Lifted
+}
+
+// maxRounds bounds the reads of one plan: a glob can make the plan read
+// backends it did not know it needed.
+const maxRounds = 4
+
+// plan reads Consul and the fleet and plans, until the plan has read
+// every key it depends on.
+func (w *writeRun) plan(ctx context.Context) (Plan, error) {
+	kv := NewKVRead(w.req.Prefix)
+	// --force or not, a write during a migration is one the per-node
+	// agent serves the same way; the marker is a dependency of the
+	// transaction like every key the plan read.
+	marker, err := w.req.Writer.readMigration(ctx)
+	if err != nil {
+		return Plan{Command: w.req.Command, Lifted: w.lifted}, err
+	}
+	var needs *kvNeeds
+	var fleet *api.StateView
+	var at uint64 // the index fleet was read at
+	for range maxRounds {
+		if err := w.req.Writer.Read(ctx, kv, needs); err != nil {
+			return Plan{Command: w.req.Command, Lifted: w.lifted}, err
+		}
+		index, err := w.gate.consulIndex(ctx)
+		if err != nil {
+			// Without Consul nothing can be written, whatever the flags.
+			return Plan{Command: w.req.Command, Lifted: w.lifted}, fmt.Errorf("%w; nothing was written", err)
+		}
+		if fleet == nil || index != at {
+			if fleet, err = w.fleetAt(ctx, index); err != nil {
+				return Plan{Command: w.req.Command, Lifted: w.lifted}, err
+			}
+			at = index
+		}
+		opts := w.req.WriteOptions
+		opts.Migration, opts.MigrationKey = marker.Present, marker.Key
+		plan, more, err := PlanWrite(fleet, kv, w.req.Selectors, opts)
+		plan.Lifted = append(append([]Lifted(nil), w.lifted...), plan.Lifted...)
+		if err != nil || !more.any() {
+			plan.Deps = append(plan.Deps, marker)
+			lifted := plan.liftedNames()
+			for i := range plan.Ops {
+				plan.Ops[i].Lifted = lifted
+			}
+			return plan, err
+		}
+		needs = more
+	}
+	return Plan{Command: w.req.Command, Lifted: w.lifted}, fmt.Errorf("%w: the keys this write depends on kept moving while it read them (%d rounds); nothing was written, run it again", ErrCannotConfirm, maxRounds)
+}
+
+// fleetAt waits until the replica has applied Consul index index, then
+// reads the fleet. A replica that cannot be asked or does not catch up
+// in time refuses the write (ErrCannotConfirm) unless Allow.NoReplica;
+// then the wait takes at most half the time left, the guard is named, and
+// the plan has no fleet (literal backend/server only, Consul still
+// decides which keys exist).
+func (w *writeRun) fleetAt(ctx context.Context, index uint64) (*api.StateView, error) {
+	if w.noReplica {
+		return nil, nil
+	}
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if dl, ok := ctx.Deadline(); ok && w.req.Allow.NoReplica {
+		wctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+	}
+	defer cancel()
+	err := w.gate.synced(wctx, index)
+	var v api.StateView
+	if err == nil {
+		v, err = w.req.Replica.Fleet(wctx)
 	}
 	switch {
 	case err == nil:
-		fleet = &v
-	case !req.Force:
-		return Plan{Command: req.Command}, fmt.Errorf("%w; the replica tells which servers exist and who polls them (nothing was written; --force writes literal <backend>/<server> keys without it)", err)
-	case req.Warn != nil:
-		fmt.Fprintf(req.Warn, "warning: %v; --force: writing without checks\n", err)
+		return &v, nil
+	case !w.req.Allow.NoReplica:
+		return nil, fmt.Errorf("%w; the replica tells which servers exist and who polls them, so nothing was written; %s", err, GuardNoReplica.advice(w.req.Allow))
 	}
-	plan, err := PlanWrite(fleet, req.Selectors, req.WriteOptions)
-	if err != nil {
-		return plan, err
-	}
-	plan.check = check
-	if plan.hasDeletes() {
-		if err := req.Writer.DropAbsent(ctx, &plan); err != nil {
-			return plan, err
-		}
-	}
-	if len(plan.Ops) > 0 && !req.DryRun {
-		if err := req.Writer.Apply(ctx, plan); err != nil {
-			return plan, err
-		}
-		plan.Written = true
-	}
-	return plan, nil
-}
-
-func (p Plan) hasDeletes() bool {
-	for _, o := range p.Ops {
-		if o.Delete {
-			return true
-		}
-	}
-	return false
+	w.lift(GuardNoReplica, err.Error())
+	w.noReplica = true
+	return nil, nil
 }
 
 // Report prints what Write did: a header, the operations, the notes.

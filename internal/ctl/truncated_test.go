@@ -34,7 +34,7 @@ func fakeLists(t *testing.T, cutState, cutPollers bool) (addr string, queries fu
 		}
 		switch r.URL.Path {
 		case "/v1/cluster":
-			fmt.Fprint(w, `{"node_id":"n1","kv":{"synced_index":5}}`)
+			fmt.Fprint(w, `{"node_id":"n1","kv":{"synced_index":5},"kv_prefix":"hastate/","consul":{"datacenter":"dc1","cluster":"127.0.0.1:8300"}}`)
 		case "/v1/state":
 			total, cut := answer(cutState)
 			fmt.Fprintf(w, `{"holds_state":true,"servers":[{"backend":"web","server":"a","answer":"ready 100%%","polled":1,"told":1}],"replicas":[{"id":"n1","answered":true}],"total":%d,"truncated":%v}`, total, cut)
@@ -74,7 +74,7 @@ func TestListsCutByTheReplicaFailClosed(t *testing.T) {
 	if n, blocking, err := Precheck(ctx, gate); err != nil || n != 1 || len(blocking) != 0 {
 		t.Fatalf("Precheck of a whole list: %v %d %v", blocking, n, err)
 	}
-	if lag, err := waitLag(ctx, gate, 5); err != nil || len(lag) != 0 {
+	if lag, _, err := waitLag(ctx, gate, 5); err != nil || len(lag) != 0 {
 		t.Fatalf("waitLag of whole lists: %v %v", lag, err)
 	}
 	for _, q := range qs() {
@@ -90,8 +90,8 @@ func TestListsCutByTheReplicaFailClosed(t *testing.T) {
 	_, err := replicaAt(t, cutState).Fleet(ctx)
 	gate.Replica = replicaAt(t, cutState)
 	_, _, perr := Precheck(ctx, gate)
-	_, werr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutState), Selectors: web}, 5)
-	_, wperr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutPollers), Selectors: web}, 5)
+	_, _, werr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutState), Selectors: web}, 5)
+	_, _, wperr := waitLag(ctx, GateOptions{Replica: replicaAt(t, cutPollers), Selectors: web}, 5)
 	for name, err := range map[string]error{"Fleet": err, "Precheck": perr, "waitLag (state cut)": werr, "waitLag (pollers cut)": wperr} {
 		if !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), "partial list") || !strings.Contains(err.Error(), "100001") {
 			t.Errorf("%s over a cut list: %v; want ErrTruncated saying it refuses a partial list of 100001", name, err)

@@ -1,37 +1,31 @@
 package ctl
 
 import (
-	"cmp"
-	"context"
 	"fmt"
 	"io"
 	"maps"
-	"path"
 	"slices"
 	"strings"
 
-	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
-	"github.com/hastate/hastate/kvsync"
 	"github.com/hastate/hastate/state"
 )
 
-// A write command (drain, maint, ready, weight, clear) is planned against
-// the servers the cluster knows, then written as one Consul transaction:
-// all or nothing. The plan says exactly what the transaction does.
+// A write command (drain, maint, ready, weight, clear) is planned here, as
+// a pure function of what Consul holds (a KVRead, the one source of which
+// keys exist and which backend-wide keys cover a server) and of what the
+// replica knows that Consul cannot (which servers HAProxy polls, capacity:
+// the fleet). Run (run.go) reads both and applies the plan; the Writer
+// (writer.go) turns it into one conditional Consul transaction.
 
 // Op is one operation of a write: set a key to a value, or delete it.
 type Op struct {
 	Delete bool
 	Key    string
 	Value  string // for a set
-	// Absent is the note for a delete of a key that does not exist
-	// (DropAbsent drops such deletes); empty: "nothing to clear".
-	Absent string
-	// Covered, on ready's delete, is the value to write instead when
-	// Consul holds a backend-wide key for the server that the replica's
-	// view did not show (see DropAbsent).
-	Covered string
+	// Lifted names the guards lifted for this write; they go to the meta
+	// key (see TxnOps).
+	Lifted []string
 }
 
 func (o Op) String() string {
@@ -46,23 +40,36 @@ type Plan struct {
 	// Command names the command in messages ("drain", "weight 25%").
 	Command string
 	Ops     []Op
+	// Deps are the state keys the plan depended on, as Consul held them
+	// when it was read: the transaction is conditional on each (written
+	// or not; see Writer.Apply).
+	Deps []KVKey
 	// Written: Write applied the operations (false for a dry run).
 	Written bool
 	// Notes are what the operator should know: servers a backend-wide
 	// key does not reach, keys that were already absent.
 	Notes []string
-	// check is the transaction's condition on the migration marker (see
-	// Writer.migrationGuard); nil: none.
-	check *consul.KVTxnOp
+	// Lifted are the guards the write lifted, each with what it would
+	// have said.
+	Lifted []Lifted
+	// Retried counts the times a concurrent write changed a key the plan
+	// read, so that it was read and planned again.
+	Retried int
 }
 
 // Print writes the plan, one Consul operation a line (see TxnOps), then
-// the notes.
+// the lifted guards and the notes.
 func (p Plan) Print(w io.Writer) {
 	for _, o := range p.Ops {
 		for _, t := range TxnOps(o) {
 			fmt.Fprintln(w, "  "+t.String())
 		}
+	}
+	for _, l := range p.Lifted {
+		fmt.Fprintln(w, "guard lifted: "+l.String())
+	}
+	if p.Retried > 0 {
+		fmt.Fprintf(w, "note: read Consul again %d times: a concurrent write changed a key this write depended on\n", p.Retried)
 	}
 	for _, n := range p.Notes {
 		fmt.Fprintln(w, "note: "+n)
@@ -75,13 +82,12 @@ type WriteOptions struct {
 	// "weight 25%"); Value is the value set (unused by clear).
 	Command, Value string
 	Prefix         string
-	// Force skips the checks: a server no HAProxy polls, --min-ready, a
-	// replica that did not answer.
-	Force bool
+	// Allow lifts guards, each by its own flag (--force: all three).
+	Allow Allow
 	// Override also deletes the own keys of servers that a backend-wide
 	// write would not reach; KeepOwn leaves them (a backend-wide drain,
 	// maint or 0% that some servers would escape is refused without one
-	// of the two).
+	// of the two). --force lifts neither: that refusal needs a choice.
 	Override, KeepOwn bool
 	// MinReady is the fewest ready servers (among those HAProxy polls) a
 	// drain, maint or 0% of individual servers may leave in a backend.
@@ -90,7 +96,7 @@ type WriteOptions struct {
 	// from Consul; MigrationKey names the marker). The write is then one
 	// both serve the same way: backend selectors expand to per-server
 	// keys, --for and --ramp are refused, and the typo guard also accepts
-	// a server that has a key of its own.
+	// a server that has a key in Consul (see perServer).
 	Migration    bool
 	MigrationKey string
 }
@@ -119,13 +125,34 @@ func intentOf(o WriteOptions) (intent, error) {
 		out: v.Admin != state.Ready || (v.WeightSet && v.Weight == 0)}, nil
 }
 
-// PlanWrite expands the selectors against fleet (the cluster's view; nil
-// when no replica could be read, which only --force with literal
-// backend/server arguments allows) into one transaction:
+// planner holds one planning pass.
+type planner struct {
+	o     WriteOptions
+	in    intent
+	kv    *KVRead
+	fleet *api.StateView // nil: no replica answered (Allow.NoReplica)
+	rows  []api.ServerState
+	ix    *fleetIndex
+	needs *kvNeeds
+	p     Plan
+	seen  map[string]bool
+	deps  map[string]KVKey
+	// refusal is the first refusal decided from Consul's keys.
+	refusal error
+}
+
+// PlanWrite expands the selectors into one transaction. Which servers
+// exist and who polls them comes from fleet (the cluster's view; nil when
+// no replica could be asked, which only Allow.NoReplica with literal
+// backend/server arguments allows); which keys exist and what covers a
+// server comes from kv, Consul's consistent read:
 //
 //   - backend/server: that key; backend/*: the backend-wide key;
 //   - <glob>/*: one backend-wide key per known backend that matches;
 //   - <glob>/<glob>: one key per known server that matches.
+//
+// When kv lacks a key or a backend the plan depends on, PlanWrite returns
+// what to read (needs) and no decision: read it and plan again.
 //
 // ready deletes a server's own key when no backend-wide key covers it
 // (the absent key is ready, and later backend-wide drains reach it again),
@@ -134,172 +161,338 @@ func intentOf(o WriteOptions) (intent, error) {
 // the known backends; a backend-wide drain, maint or 0% that servers with
 // their own key would escape is refused unless Override or KeepOwn; an
 // expansion past MaxTxnKeys is refused; either way nothing is written.
-func PlanWrite(fleet *api.StateView, sels []Selector, o WriteOptions) (Plan, error) {
-	p := Plan{Command: o.Command}
+func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions) (Plan, *kvNeeds, error) {
 	in, err := intentOf(o)
 	if err != nil {
-		return p, err
-	}
-	seen := map[string]bool{}
-	add := func(op Op) {
-		if !seen[op.Key] {
-			seen[op.Key] = true
-			p.Ops = append(p.Ops, op)
-		}
+		return Plan{Command: o.Command}, nil, err
 	}
 	if err := migrationRefuses(o, in); err != nil {
-		return p, err
+		return Plan{Command: o.Command}, nil, err
 	}
-	var rows []api.ServerState
+	pl := &planner{o: o, in: in, kv: kv, fleet: fleet, p: Plan{Command: o.Command}, seen: map[string]bool{}, deps: map[string]KVKey{},
+		needs: &kvNeeds{backends: map[string]bool{}, keys: map[string]bool{}}}
 	if fleet != nil {
-		rows = fleet.Servers
-		if err := Missing(fleet.Replicas); err != nil && !o.Force {
-			return p, fmt.Errorf("%w; add --force to write with what the other replicas know", err)
+		pl.rows = fleet.Servers
+		if err := Missing(fleet.Replicas); err != nil {
+			if !o.Allow.NoReplica {
+				return pl.p, nil, fmt.Errorf("%w; %s", err, GuardNoReplica.advice(o.Allow))
+			}
+			pl.lift(GuardNoReplica, err.Error())
 		}
 	}
-	ix := indexFleet(rows)
+	pl.ix = indexFleet(pl.rows)
 	var individual []Selector // servers the write takes out one by one
-	server := func(backend, srv string) {
-		add(p.serverOp(ix, fleet != nil, backend, srv, o, in))
-		individual = append(individual, Selector{backend, srv})
-	}
 	for _, sel := range sels {
-		literal := !globbed(sel.Backend) && (sel.Server == state.Wildcard || !globbed(sel.Server))
-		if !literal && fleet == nil {
-			return p, fmt.Errorf("%w: %s needs the servers the cluster knows, and no replica answered; name servers one by one", ErrCannotConfirm, sel)
-		}
-		switch {
-		case literal && sel.Server == state.Wildcard:
-			if fleet != nil && !o.Force && !in.clear && !ix.known(sel.Backend) {
-				return p, fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
-			}
-			if o.Migration {
-				if fleet == nil {
-					return p, fmt.Errorf("%w: a migration from the per-node agent is marked, so %s expands to per-server keys, which needs the servers the cluster knows, and no replica answered; name servers one by one", ErrCannotConfirm, sel)
-				}
-				if err := p.perServer(ix, sel, sel.Backend, o, in, add); err != nil {
-					return p, err
-				}
-				continue
-			}
-			if err := p.backendWide(ix, sel.Backend, o, in, add); err != nil {
-				return p, err
-			}
-		case literal:
-			if err := polled(ix, fleet != nil && !in.clear, sel, o.Force, o.Migration); err != nil {
-				return p, err
-			}
-			server(sel.Backend, sel.Server)
-		case sel.Server == state.Wildcard:
-			n := 0
-			for _, b := range ix.backends {
-				if sel.Match(b, state.Wildcard) {
-					n++
-					if o.Migration {
-						if err := p.perServer(ix, sel, b, o, in, add); err != nil {
-							return p, err
-						}
-						continue
-					}
-					if in.clear && !ix.own[[2]string{b, state.Wildcard}] {
-						continue
-					}
-					if err := p.backendWide(ix, b, o, in, add); err != nil {
-						return p, err
-					}
-				}
-			}
-			if n == 0 {
-				return p, noMatch(sel, rows)
-			}
-		default:
-			n := 0
-			for _, r := range rows {
-				if r.Server == state.Wildcard || !sel.Match(r.Backend, r.Server) {
-					continue
-				}
-				n++
-				if !in.clear || ix.own[[2]string{r.Backend, r.Server}] {
-					server(r.Backend, r.Server)
-				}
-			}
-			if n == 0 {
-				return p, noMatch(sel, rows)
-			}
+		if err := pl.selector(sel, &individual); err != nil {
+			return pl.p, nil, err
 		}
 	}
-	if n := txnLen(p.Ops); n > MaxTxnKeys && o.Migration {
-		return p, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, are %d operations, more than one Consul transaction holds (%d); "+
-			"a migration from the per-node agent is marked, so backend-wide keys are not an option: split the command (a backend, or a zone of one backend, at a time)", len(p.Ops), n, MaxTxnKeys)
+	if pl.refusal != nil {
+		return pl.p, nil, pl.refusal
 	}
-	if n := txnLen(p.Ops); n > MaxTxnKeys {
-		return p, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, are %d operations, more than one Consul transaction holds (%d); "+
-			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(p.Ops), n, MaxTxnKeys)
+	if pl.needs.any() {
+		return pl.p, pl.needs, nil
 	}
-	if in.out && fleet != nil && !o.Force {
-		if err := minReady(rows, individual, o.MinReady); err != nil {
-			return p, err
+	for _, k := range slices.Sorted(maps.Keys(pl.deps)) {
+		pl.p.Deps = append(pl.p.Deps, pl.deps[k])
+	}
+	if n := txnLen(pl.p.Ops) + len(pl.checks()); n > MaxTxnKeys && o.Migration {
+		return pl.p, nil, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, and %d checks of keys the plan read are %d operations, more than one Consul transaction holds (%d); "+
+			"a migration from the per-node agent is marked, so backend-wide keys are not an option: split the command (a backend, or a zone of one backend, at a time)", len(pl.p.Ops), len(pl.checks()), n, MaxTxnKeys)
+	}
+	if n := txnLen(pl.p.Ops) + len(pl.checks()); n > MaxTxnKeys {
+		return pl.p, nil, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, and %d checks of keys the plan read are %d operations, more than one Consul transaction holds (%d); "+
+			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(pl.p.Ops), len(pl.checks()), n, MaxTxnKeys)
+	}
+	if in.out && fleet != nil {
+		if err := minReady(pl.rows, individual, o.MinReady); err != nil {
+			if !o.Allow.BelowMinReady {
+				return pl.p, nil, fmt.Errorf("%w; %s", err, GuardMinReady.advice(o.Allow))
+			}
+			pl.lift(GuardMinReady, err.Error())
 		}
 	}
-	return p, nil
+	lifted := pl.p.liftedNames()
+	for i := range pl.p.Ops {
+		pl.p.Ops[i].Lifted = lifted
+	}
+	return pl.p, nil, nil
 }
 
-// serverOp is the operation on one server's own key. ready deletes the
-// key unless a backend-wide key covers the server (or the value carries a
-// ramp, which lives in the key), so that the server follows backend-wide
-// keys again.
-func (p *Plan) serverOp(ix *fleetIndex, known bool, backend, srv string, o WriteOptions, in intent) Op {
-	key := Key(o.Prefix, backend, srv)
+// checks are the deps the transaction checks without writing them.
+func (pl *planner) checks() []KVKey {
+	var out []KVKey
+	for _, d := range pl.p.Deps {
+		if !pl.seen[d.Key] {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func (pl *planner) add(op Op) {
+	if !pl.seen[op.Key] {
+		pl.seen[op.Key] = true
+		pl.p.Ops = append(pl.p.Ops, op)
+	}
+}
+
+func (pl *planner) note(format string, a ...any) {
+	pl.p.Notes = append(pl.p.Notes, fmt.Sprintf(format, a...))
+}
+
+// read returns Consul's backend/server key, and false (recording the need)
+// when it has not been read yet.
+func (pl *planner) read(backend, server string) (KVKey, bool) {
+	k, ok := pl.kv.key(backend, server)
+	if !ok {
+		pl.needs.keys[k.Key] = true
+	}
+	return k, ok
+}
+
+// readBackend reports whether every key of backend was read (recording
+// the need when not).
+func (pl *planner) readBackend(backend string) bool {
+	if !pl.kv.full[backend] {
+		pl.needs.backends[backend] = true
+		return false
+	}
+	return true
+}
+
+func (pl *planner) dep(k KVKey) { pl.deps[k.Key] = k }
+
+func (pl *planner) selector(sel Selector, individual *[]Selector) error {
+	literal := !globbed(sel.Backend) && (sel.Server == state.Wildcard || !globbed(sel.Server))
+	if !literal && pl.fleet == nil {
+		return fmt.Errorf("%w: %s needs the servers the cluster knows, and no replica answered; name servers one by one", ErrCannotConfirm, sel)
+	}
+	if pl.o.Migration && sel.Server == state.Wildcard && pl.fleet == nil {
+		return fmt.Errorf("%w: a migration from the per-node agent is marked, so %s expands to per-server keys, which needs the servers the cluster knows, and no replica answered; name servers one by one", ErrCannotConfirm, sel)
+	}
 	switch {
+	case literal && sel.Server == state.Wildcard:
+		if pl.fleet != nil && !pl.in.clear && !pl.ix.known(sel.Backend) {
+			err := noMatch(sel, pl.rows)
+			if !pl.o.Allow.Unknown {
+				return fmt.Errorf("%w (%s)", err, GuardUnknown.advice(pl.o.Allow))
+			}
+			pl.lift(GuardUnknown, err.Error())
+		}
+		if pl.o.Migration {
+			pl.perServer(sel, sel.Backend)
+			break
+		}
+		pl.backendWide(sel.Backend)
+	case literal:
+		if err := pl.polled(sel); err != nil {
+			return err
+		}
+		pl.server(sel.Backend, sel.Server, true)
+		*individual = append(*individual, sel)
+	case sel.Server == state.Wildcard:
+		if !pl.kv.listed() {
+			pl.needs.list = true
+		}
+		n := 0
+		for _, b := range pl.backends() {
+			if sel.Match(b, state.Wildcard) {
+				n++
+				if pl.o.Migration {
+					pl.perServer(sel, b)
+					continue
+				}
+				pl.backendWide(b)
+			}
+		}
+		if n == 0 && pl.kv.listed() {
+			return noMatch(sel, pl.rows)
+		}
+	default:
+		n := 0
+		for _, r := range pl.rows {
+			if r.Server == state.Wildcard || !sel.Match(r.Backend, r.Server) {
+				continue
+			}
+			n++
+			if pl.server(r.Backend, r.Server, false) {
+				*individual = append(*individual, Selector{r.Backend, r.Server})
+			}
+		}
+		if n == 0 {
+			return noMatch(sel, pl.rows)
+		}
+	}
+	return nil
+}
+
+// backends are the known backends: the fleet's and those with keys in
+// Consul.
+func (pl *planner) backends() []string {
+	set := map[string]bool{}
+	for _, b := range pl.ix.backends {
+		set[b] = true
+	}
+	for _, b := range pl.kv.backends {
+		set[b] = true
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// server plans the operation on one server's own key, from what Consul
+// holds. ready deletes the key unless a backend-wide key covers the server
+// (or the value carries a ramp, which lives in the key), so that the
+// server follows backend-wide keys again. literal: the operator named the
+// server (a clear of an absent key then says so). It reports whether the
+// server is written.
+func (pl *planner) server(backend, srv string, literal bool) bool {
+	o, in := pl.o, pl.in
+	k, ok := pl.read(backend, srv)
+	if !ok {
+		if in.ready {
+			pl.read(backend, state.Wildcard)
+		}
+		return true
+	}
+	pl.dep(k)
+	switch {
+	case in.clear && !k.Present:
+		if literal {
+			pl.note("nothing to clear: %s does not exist", k.Key)
+		}
+		return false
 	case in.clear:
-		return Op{Delete: true, Key: key}
+		pl.add(Op{Delete: true, Key: k.Key})
+		return true
 	case !in.ready:
-		return Op{Key: key, Value: o.Value}
-	case !known:
-		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: no replica answered, so ready writes its key (a backend-wide key may cover it); "+
-			"it then stays out of backend-wide drains until `hastate clear %s/%s`", backend, srv, backend, srv))
-		return Op{Key: key, Value: o.Value}
+		pl.add(Op{Key: k.Key, Value: o.Value})
+		return true
 	}
-	if w, ok := ix.wild[backend]; ok && w.Kind != api.KindReady {
-		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: written as ready under %s/* (%s), so it now stays out of backend-wide drains and maints; "+
-			"`hastate clear %s/%s` makes it follow %s/* again", backend, srv, backend, orInvalid(w), backend, srv, backend))
-		return Op{Key: key, Value: o.Value}
+	w, ok := pl.read(backend, state.Wildcard)
+	if !ok {
+		return true
 	}
-	if in.value.RampSet {
-		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: written as ready because --ramp lives in its key; `hastate clear %s/%s` once it has ramped, "+
-			"so that backend-wide drains reach it again", backend, srv, backend, srv))
-		return Op{Key: key, Value: o.Value}
+	pl.dep(w)
+	switch {
+	case covers(w):
+		pl.note("%s/%s: written as ready under %s/* (%s), so it now stays out of backend-wide drains and maints; "+
+			"`hastate clear %s/%s` makes it follow %s/* again", backend, srv, backend, w.short(), backend, srv, backend)
+		pl.add(Op{Key: k.Key, Value: o.Value})
+	case in.value.RampSet:
+		pl.note("%s/%s: written as ready because --ramp lives in its key; `hastate clear %s/%s` once it has ramped, "+
+			"so that backend-wide drains reach it again", backend, srv, backend, srv)
+		pl.add(Op{Key: k.Key, Value: o.Value})
+	case !k.Present:
+		pl.note("already ready: %s does not exist (no key means ready)", k.Key)
+		return false
+	default:
+		if in.value.Reason != "" || !in.value.Until.IsZero() {
+			pl.note("%s/%s: its key is deleted (no key means ready), so --reason and --for are not kept", backend, srv)
+		}
+		pl.add(Op{Delete: true, Key: k.Key})
 	}
-	if in.value.Reason != "" || !in.value.Until.IsZero() {
-		p.Notes = append(p.Notes, fmt.Sprintf("%s/%s: its key is deleted (no key means ready), so --reason and --for are not kept", backend, srv))
+	return true
+}
+
+// backendWide plans the backend-wide key of backend, and deals with the
+// servers whose own key it does not reach (as Consul holds them): Override
+// deletes those keys in the same transaction; a drain, maint or 0% that
+// some would escape (they keep serving, or stay out of a maint) is refused
+// without Override or KeepOwn; the others are named in a note.
+func (pl *planner) backendWide(backend string) {
+	o, in := pl.o, pl.in
+	w, ok := pl.read(backend, state.Wildcard)
+	full := in.clear || pl.readBackend(backend)
+	if !ok || !full {
+		return
 	}
-	return Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)", Covered: o.Value}
+	pl.dep(w)
+	switch {
+	case in.clear && !w.Present:
+		pl.note("nothing to clear: %s does not exist", w.Key)
+		return
+	case in.clear:
+		pl.add(Op{Delete: true, Key: w.Key})
+		return
+	case in.ready && !in.value.RampSet && !w.Present:
+		pl.note("already ready: %s does not exist (no key means ready)", w.Key)
+	case in.ready && !in.value.RampSet:
+		pl.add(Op{Delete: true, Key: w.Key}) // ready is what no key means
+	default:
+		pl.add(Op{Key: w.Key, Value: o.Value})
+	}
+	own := pl.kv.ownKeys(backend)
+	var kept, escape []string
+	for _, srv := range slices.Sorted(maps.Keys(own)) {
+		k := own[srv]
+		if o.Override {
+			pl.dep(k)
+			pl.add(Op{Delete: true, Key: k.Key})
+			continue
+		}
+		desc := fmt.Sprintf("%s keeps %s", srv, k.short())
+		if in.out && !o.KeepOwn {
+			pl.dep(k) // the write goes ahead because k does not escape
+		}
+		if in.out && escapes(k, in) {
+			escape = append(escape, desc)
+		} else {
+			kept = append(kept, desc)
+		}
+	}
+	if len(escape) > 0 && !o.KeepOwn {
+		pl.refuse(fmt.Errorf("refused, nothing was written: %s/* would not reach servers with their own key: %s; "+
+			"add --override to clear their keys in the same transaction, or --keep-own to leave them as they are (--force does not choose for you)",
+			backend, strings.Join(escape, ", ")))
+		return
+	}
+	if kept = append(escape, kept...); len(kept) > 0 {
+		advice := "; add --override to clear their keys in the same transaction"
+		if o.KeepOwn {
+			advice = " (--keep-own)"
+		}
+		pl.note("%s/* does not reach servers with their own key: %s%s", backend, strings.Join(kept, ", "), advice)
+	}
+}
+
+// refuse records a refusal decided from what Consul holds; PlanWrite
+// returns the first.
+func (pl *planner) refuse(err error) {
+	if pl.refusal == nil {
+		pl.refusal = err
+	}
+}
+
+// escapes reports whether a server's own key (as Consul holds it) keeps it
+// from what a backend-wide drain, maint or 0% means: it stays in rotation
+// (or its value is invalid: its answer is not the drain's), or, for a
+// maint, it is not in maint.
+func escapes(k KVKey, in intent) bool {
+	v, ok := k.parsed()
+	switch {
+	case !ok:
+		return true
+	case in.value.Admin == state.Maint:
+		return v.Admin != state.Maint
+	}
+	return v.Admin == state.Ready && !(v.WeightSet && v.Weight == 0)
 }
 
 // fleetIndex answers PlanWrite's questions about the fleet without a scan
-// per matched server (a glob can match 50,000): which targets have a key
-// of their own, each backend's own backend-wide key and servers, the
-// known backends.
+// per matched server (a glob can match 50,000): each backend's servers,
+// the known backends.
 type fleetIndex struct {
-	rows      []api.ServerState
-	own       map[[2]string]bool           // (backend, server or "*") with its own key
-	wild      map[string]api.ServerState   // backend -> the row of its own backend-wide key
 	byBackend map[string][]api.ServerState // backend -> its servers (not "*")
 	backends  []string                     // sorted
 }
 
 func indexFleet(rows []api.ServerState) *fleetIndex {
-	ix := &fleetIndex{rows: rows, own: map[[2]string]bool{}, wild: map[string]api.ServerState{}, byBackend: map[string][]api.ServerState{}}
+	ix := &fleetIndex{byBackend: map[string][]api.ServerState{}}
 	for _, r := range rows {
 		if _, ok := ix.byBackend[r.Backend]; !ok {
 			ix.byBackend[r.Backend] = nil
 			ix.backends = append(ix.backends, r.Backend)
-		}
-		if ownKey(r) {
-			ix.own[[2]string{r.Backend, r.Server}] = true
-			if r.Server == state.Wildcard {
-				ix.wild[r.Backend] = r
-			}
 		}
 		if r.Server != state.Wildcard {
 			ix.byBackend[r.Backend] = append(ix.byBackend[r.Backend], r)
@@ -315,107 +508,55 @@ func (ix *fleetIndex) known(backend string) bool {
 	return ok
 }
 
-// backendWide adds the backend-wide key of backend, and deals with the
-// servers whose own key it does not reach: Override deletes those keys in
-// the same transaction; a drain, maint or 0% that some would escape (they
-// keep serving, or stay out of a maint) is refused without Override or
-// KeepOwn; the others are named in a note.
-func (p *Plan) backendWide(ix *fleetIndex, backend string, o WriteOptions, in intent, add func(Op)) error {
-	key := Key(o.Prefix, backend, state.Wildcard)
-	switch {
-	case in.clear:
-		add(Op{Delete: true, Key: key})
-		return nil
-	case in.ready && !in.value.RampSet:
-		// ready is what no key means.
-		add(Op{Delete: true, Key: key, Absent: "already ready: " + key + " does not exist (no key means ready)"})
-	default:
-		add(Op{Key: key, Value: o.Value})
-	}
-	var kept, escape []string
-	for _, r := range ix.byBackend[backend] {
-		if !ownKey(r) {
-			continue
-		}
-		if o.Override {
-			add(Op{Delete: true, Key: Key(o.Prefix, r.Backend, r.Server)})
-			continue
-		}
-		desc := fmt.Sprintf("%s keeps %s", r.Server, orInvalid(r))
-		if in.out && escapes(r, in) {
-			escape = append(escape, desc)
-		} else {
-			kept = append(kept, desc)
-		}
-	}
-	if len(escape) > 0 && !o.KeepOwn {
-		return fmt.Errorf("refused, nothing was written: %s/* would not reach servers with their own key: %s; "+
-			"add --override to clear their keys in the same transaction, or --keep-own to leave them as they are",
-			backend, strings.Join(escape, ", "))
-	}
-	if kept = append(escape, kept...); len(kept) > 0 {
-		advice := "; add --override to clear their keys in the same transaction"
-		if o.KeepOwn {
-			advice = " (--keep-own)"
-		}
-		p.Notes = append(p.Notes, fmt.Sprintf("%s/* does not reach servers with their own key: %s%s", backend, strings.Join(kept, ", "), advice))
-	}
-	return nil
-}
-
-// escapes reports whether a server's own key keeps it from what a
-// backend-wide drain, maint or 0% means: it stays in rotation (or its
-// answer is withheld), or, for a maint, it is not in maint.
-func escapes(r api.ServerState, in intent) bool {
-	if in.value.Admin == state.Maint {
-		return r.Kind != api.KindMaint
-	}
-	return r.InRotation() || r.Kind == api.KindWithheld
-}
-
-func orInvalid(r api.ServerState) string {
-	if r.Desired == "" {
-		return "an invalid value"
-	}
-	return r.Desired
-}
-
-// ownKey reports whether the row's answer comes from the server's own key.
-func ownKey(r api.ServerState) bool {
-	return r.Key != "" && strings.HasSuffix(r.Key, state.StatePrefix+r.Backend+"/"+r.Server)
-}
-
-// polled refuses a write for a server no HAProxy has polled within
-// api.PollerTTL (a typo, or a server not in haproxy.cfg), naming the
-// servers the cluster knows in that backend: a server the cluster does not
-// know at all matched nothing (ErrNoMatch, and an unknown backend names the
-// known backends).
+// polled is the typo guard: it refuses a write for a server no HAProxy
+// has polled within api.PollerTTL (a typo, or a server not in
+// haproxy.cfg), naming the servers the cluster knows in that backend; a
+// server the cluster does not know at all matched nothing (ErrNoMatch,
+// and an unknown backend names the known backends). Allow.Unknown lifts
+// it, and the plan names what it would have said.
 //
-// While a migration is marked (migrating), a server with a key of its own
-// in Consul passes too: before any HAProxy node is moved, none polls
-// hastate, and the keys are what the per-node agents serve.
-func polled(ix *fleetIndex, known bool, sel Selector, force, migrating bool) error {
-	if force || !known {
+// While a migration is marked, a server with a key in Consul passes too:
+// before any HAProxy node is moved, none polls hastate, and the keys are
+// what the per-node agents serve.
+func (pl *planner) polled(sel Selector) error {
+	if pl.fleet == nil || pl.in.clear {
 		return nil
 	}
-	rows := ix.rows
+	if pl.o.Migration {
+		if k, ok := pl.read(sel.Backend, sel.Server); !ok || k.Present {
+			return nil // not read yet (planned again once it is), or in Consul
+		}
+	}
+	err := pl.unpolled(sel)
+	switch {
+	case err == nil:
+		return nil
+	case pl.o.Allow.Unknown:
+		pl.lift(GuardUnknown, err.Error())
+		return nil
+	}
+	return fmt.Errorf("%w; %s", err, GuardUnknown.advice(pl.o.Allow))
+}
+
+func (pl *planner) unpolled(sel Selector) error {
+	ix, rows := pl.ix, pl.rows
 	if !ix.known(sel.Backend) {
-		return fmt.Errorf("%w (add --force to write it anyway)", noMatch(sel, rows))
+		return noMatch(sel, rows)
 	}
 	for _, r := range ix.byBackend[sel.Backend] {
 		if r.Server == sel.Server {
-			if r.Polled > 0 || (migrating && ownKey(r)) {
+			if r.Polled > 0 {
 				return nil
 			}
-			return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?); known servers of %s: %s; add --force to write it anyway",
+			return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?); known servers of %s: %s",
 				sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
 		}
 	}
-	if migrating {
-		return fmt.Errorf("%w: no server matches '%s': no HAProxy that asks hastate has polled %s in the last %s and it has no key in Consul (a typo? HAProxy nodes still on the per-node agent are not seen); known servers of %s: %s; add --force to write it anyway",
+	if pl.o.Migration {
+		return fmt.Errorf("%w: no server matches '%s': no HAProxy that asks hastate has polled %s in the last %s and it has no key in Consul (a typo? HAProxy nodes still on the per-node agent are not seen); known servers of %s: %s",
 			ErrNoMatch, sel, sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
 	}
-	return fmt.Errorf("%w: no server matches '%s': no HAProxy has polled %s in the last %s and it has no key (a typo?); known servers of %s: %s; add --force to write it anyway",
+	return fmt.Errorf("%w: no server matches '%s': no HAProxy has polled %s in the last %s and it has no key (a typo?); known servers of %s: %s",
 		ErrNoMatch, sel, sel, api.PollerTTL, sel.Backend, knownServers(rows, sel.Backend))
 }
 
@@ -426,8 +567,10 @@ func minReady(rows []api.ServerState, out []Selector, min int) error {
 	type count struct{ before, after int }
 	counts := map[string]*count{}
 	affected := map[string]bool{}
+	outSet := map[Selector]bool{}
 	for _, s := range out {
 		affected[s.Backend] = true
+		outSet[s] = true
 	}
 	for _, r := range rows {
 		if !affected[r.Backend] || r.Server == state.Wildcard || r.Polled == 0 || !r.InRotation() {
@@ -439,7 +582,7 @@ func minReady(rows []api.ServerState, out []Selector, min int) error {
 			counts[r.Backend] = c
 		}
 		c.before++
-		if !containsSel(out, Selector{r.Backend, r.Server}) {
+		if !outSet[Selector{r.Backend, r.Server}] {
 			c.after++
 		}
 	}
@@ -457,124 +600,6 @@ func minReady(rows []api.ServerState, out []Selector, min int) error {
 		return nil
 	}
 	return fmt.Errorf("refused, nothing was written: %s, fewer than --min-ready %d (a server at 0%% is not ready: HAProxy shows it as DRAIN); "+
-		"drain the whole backend with <backend>/* if you mean to, or add --force",
+		"drain the whole backend with <backend>/* if you mean to",
 		strings.Join(bad, "; "), min)
-}
-
-// Writer writes desired state to Consul KV.
-type Writer struct {
-	Client *consul.Client
-	Prefix string
-	Addr   string // Consul's address, for messages
-}
-
-// NewWriter returns a Writer for the Consul at addr ("": CONSUL_HTTP_ADDR,
-// else 127.0.0.1:8500; see kvsync.ClientConfig) and the KV prefix.
-func NewWriter(addr, prefix string) (Writer, error) {
-	if !strings.HasSuffix(prefix, "/") {
-		return Writer{}, fmt.Errorf("%w: --kv-prefix %q must end with '/'", ErrUsage, prefix)
-	}
-	cfg := kvsync.ClientConfig(addr)
-	cl, err := consul.NewClient(cfg)
-	if err != nil {
-		return Writer{}, fmt.Errorf("consul client for %q: %w (check CONSUL_HTTP_ADDR / --consul-addr and the CONSUL_* TLS variables)", cfg.Address, err)
-	}
-	return Writer{Client: cl, Prefix: prefix, Addr: cfg.Address}, nil
-}
-
-// consulError explains a failed call to the Consul at addr; note (if
-// any) comes before the advice, e.g. "nothing was written".
-func consulError(ctx context.Context, addr string, err error, note string) error {
-	if addr == "" {
-		addr = "CONSUL_HTTP_ADDR"
-	}
-	if note != "" {
-		note += "; "
-	}
-	return callError(ctx, "consul", addr, err, note+"check CONSUL_HTTP_ADDR / --consul-addr and CONSUL_HTTP_TOKEN")
-}
-
-// DropAbsent removes the deletes of keys that do not exist from the plan,
-// with a note for each, so that clear says "nothing to clear" instead of
-// claiming a delete.
-func (w Writer) DropAbsent(ctx context.Context, p *Plan) error {
-	keys, _, err := w.Client.KV().Keys(w.Prefix+state.StatePrefix, "", (&consul.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return consulError(ctx, w.Addr, err, "nothing was written")
-	}
-	have := map[string]bool{}
-	for _, k := range keys {
-		have[k] = true
-	}
-	ops := p.Ops[:0]
-	for _, o := range p.Ops {
-		if wild := path.Dir(o.Key) + "/" + state.Wildcard; o.Delete && o.Covered != "" && !have[o.Key] && have[wild] {
-			// The replica's view showed no backend-wide key, Consul has
-			// one: ready must not silently leave the server under it.
-			p.Notes = append(p.Notes, fmt.Sprintf("%s: written as ready: Consul holds %s, which the replica had not shown yet", o.Key, wild))
-			ops = append(ops, Op{Key: o.Key, Value: o.Covered})
-			continue
-		}
-		if o.Delete && !have[o.Key] {
-			p.Notes = append(p.Notes, cmp.Or(o.Absent, "nothing to clear: "+o.Key+" does not exist"))
-			continue
-		}
-		ops = append(ops, o)
-	}
-	p.Ops = ops
-	return nil
-}
-
-// txnOps are the Consul transaction operations of one planned operation:
-// a state key with its meta key (see TxnOps).
-func (o Op) txnOps() consul.TxnOps {
-	var ops consul.TxnOps
-	for _, t := range TxnOps(o) {
-		op := &consul.KVTxnOp{Verb: consul.KVSet, Key: t.Key, Value: []byte(t.Value)}
-		if t.Delete {
-			op = &consul.KVTxnOp{Verb: consul.KVDelete, Key: t.Key}
-		}
-		ops = append(ops, &consul.TxnOp{KV: op})
-	}
-	return ops
-}
-
-// Apply writes the plan as one transaction.
-func (w Writer) Apply(ctx context.Context, p Plan) error {
-	ops := make(consul.TxnOps, 0, 2*len(p.Ops))
-	for _, o := range p.Ops {
-		ops = append(ops, o.txnOps()...)
-	}
-	if p.check != nil {
-		ops = append(ops, &consul.TxnOp{KV: p.check})
-	}
-	return w.txn(ctx, ops, "nothing was written", "running the command again is safe")
-}
-
-// txn runs one Consul transaction. unwritten says what a failure means
-// ("nothing was written"), again what to do when the request may have
-// reached Consul before the deadline. A rollback's reasons are in the
-// error; errCAS wraps it when an index check failed.
-func (w Writer) txn(ctx context.Context, ops consul.TxnOps, unwritten, again string) error {
-	ok, resp, _, err := w.Client.Txn().Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		note := unwritten
-		if ctx.Err() != nil {
-			// The request may have reached Consul before the deadline.
-			note = "the transaction may or may not have been applied (all or nothing); " + again
-		}
-		return consulError(ctx, w.Addr, err, note)
-	}
-	if !ok {
-		var msgs []string
-		for _, e := range resp.Errors {
-			msgs = append(msgs, e.What)
-		}
-		what := strings.Join(msgs, "; ")
-		if strings.Contains(what, "index") {
-			return fmt.Errorf("%w: %s", errCAS, what)
-		}
-		return fmt.Errorf("consul rolled back the transaction, %s: %s (check the token's KV write permission on the prefix)", unwritten, what)
-	}
-	return nil
 }
