@@ -32,7 +32,7 @@ which scrapes HAProxy's built-in exporter (http-request use-service
 prometheus-exporter) on every HAProxy: haproxy_server_current_sessions,
 haproxy_server_status and haproxy_server_weight, labelled by proxy (the
 backend), server and instance (the HAProxy). A sample older than
---max-sample-age proves nothing: "cannot confirm", exit 1.`
+--max-sample-age proves nothing: "cannot confirm", exit 4.`
 
 func (p *promFlags) add(c *cobra.Command) {
 	f := c.Flags()
@@ -114,8 +114,9 @@ does not reach hastate, one not told yet, a scrape too old to tell.
 The exporter does not publish a server's configured weight, so "ready N%"
 is checked as UP with a weight above 0, "ready 0%" as weight 0.
 
-Exit 0 when every HAProxy agrees; 1 naming every disagreement or what it
-cannot confirm; 3 when the selector matches no server.`,
+Exit 0 when every HAProxy agrees; 1 naming every disagreement; 4 when all it
+finds is what it cannot confirm (Prometheus or a replica unreadable, samples
+too old); 3 when the selector matches no server.`,
 		Example: `  HASTATE_PROMETHEUS_URL=http://prometheus:9090 hastate verify 'canary_*/*'
   hastate verify main_web/gke-cny-web --prometheus prometheus:9090 -o json`,
 		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 )
 
 // WriteRequest is one write command (drain, maint, ready, weight, clear)
@@ -117,6 +118,13 @@ func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 		return Plan{Command: w.req.Command, Lifted: w.lifted}, err
 	}
 	var needs *kvNeeds
+	if literal(w.req.Selectors) {
+		// What literal selectors depend on does not depend on the fleet:
+		// read it first, so that one index read and one wait cover it.
+		o := w.req.WriteOptions
+		o.Allow.NoReplica = true
+		_, needs, _ = PlanWrite(nil, kv, w.req.Selectors, o)
+	}
 	var fleet *api.StateView
 	var at uint64 // the index fleet was read at
 	for range maxRounds {
@@ -149,6 +157,16 @@ func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 		needs = more
 	}
 	return Plan{Command: w.req.Command, Lifted: w.lifted}, fmt.Errorf("%w: the keys this write depends on kept moving while it read them (%d rounds); nothing was written, run it again", ErrCannotConfirm, maxRounds)
+}
+
+// literal reports whether no selector has a glob (backend/* aside).
+func literal(sels []Selector) bool {
+	for _, sel := range sels {
+		if globbed(sel.Backend) || (sel.Server != state.Wildcard && globbed(sel.Server)) {
+			return false
+		}
+	}
+	return true
 }
 
 // fleetAt waits until the replica has applied Consul index index, then
