@@ -123,6 +123,7 @@ func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 		// read it first, so that one index read and one wait cover it.
 		o := w.req.WriteOptions
 		o.Allow.NoReplica = true
+		o.Migration, o.MigrationKey = marker.Present, marker.Key
 		_, needs, _ = PlanWrite(nil, kv, w.req.Selectors, o)
 	}
 	var fleet *api.StateView
