@@ -51,7 +51,8 @@ type CompareResult struct {
 // while it compared (a write in flight is not a difference).
 const compareTries = 3
 
-// Compare waits until the replica holds every write made to Consul before
+// Compare checks that the replica reads this prefix of this Consul (as a
+// write does), waits until it holds every write made to Consul before
 // it started, reads the servers the cluster knows, asks the agent about
 // each one (sending "<backend>/<server>\n" and the manual probe's marker,
 // which an agent that reads one line ignores), and compares: equal lines,
@@ -70,6 +71,11 @@ func Compare(ctx context.Context, o CompareOptions) (CompareResult, error) {
 	}
 	if len(o.Gate.Selectors) == 0 {
 		o.Gate.Selectors = []Selector{{"*", "*"}}
+	}
+	// hastate's side must be the replica that serves this prefix of this
+	// Consul, or every "same" means nothing.
+	if err := CheckReplica(ctx, o.Gate.Consul, o.Gate.ConsulAddr, o.Gate.Prefix, o.Gate.Replica); err != nil {
+		return CompareResult{}, err
 	}
 	for try := 1; ; try++ {
 		index, err := o.Gate.consulIndex(ctx)

@@ -1,8 +1,14 @@
 package ctl
 
 import (
+	"bufio"
+	"context"
+	"errors"
+	"maps"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hastate/hastate/api"
 )
@@ -128,5 +134,66 @@ func TestSameAnswer(t *testing.T) {
 		if got := sameAnswer(tt.row, tt.line); got != tt.want {
 			t.Errorf("sameAnswer(%s %q, %q) = %v", tt.row.Kind, tt.row.Answer, tt.line, got)
 		}
+	}
+}
+
+// TestCompare: compare asks the agent about every known server (never a
+// backend-wide key) and names each difference; a server it cannot ask
+// in time cannot be confirmed.
+func TestCompare(t *testing.T) {
+	agent := func(t *testing.T, answers map[string]string) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					req, err := bufio.NewReader(c).ReadString('\n')
+					if err != nil {
+						return
+					}
+					switch line, ok := answers[strings.TrimSuffix(req, "\n")]; {
+					case line == "hang":
+						time.Sleep(time.Second)
+					case ok && line != "":
+						_, _ = c.Write([]byte(line + "\n"))
+					case !ok:
+						_, _ = c.Write([]byte("ready 100%\n"))
+					}
+				}()
+			}
+		}()
+		return ln.Addr().String()
+	}
+	f := fleet()
+	same := map[string]string{"canary_api/api-1": "drain", "canary_web/web-2": "ready 50%", "main_web/m-3": "maint"}
+	g := fakeGate(t, f, nil)
+	res, err := Compare(context.Background(), CompareOptions{Agent: agent(t, same), Gate: g})
+	if err != nil || len(res.Differ) != 0 || len(res.Unconfirmed) != 0 || res.Checked != 10 {
+		t.Fatalf("the same agent: %+v, %v; want 10 servers, no difference", res, err)
+	}
+	odd := maps.Clone(same)
+	odd["canary_api/api-1"] = "ready 100%" // an agent that ignores canary_api/*
+	odd["main_web/m-1"] = ""               // answers nothing
+	odd["main_web/m-2"] = "hang"
+	res, err = Compare(context.Background(), CompareOptions{Agent: agent(t, odd), Gate: g, CheckTimeout: 200 * time.Millisecond})
+	if err != nil || len(res.Differ) != 2 || len(res.Unconfirmed) != 1 {
+		t.Fatalf("an agent that differs: %+v, %v", res, err)
+	}
+	if !strings.Contains(res.Differ[0], `canary_api/api-1: the agent answers "ready 100%", hastate "drain" (from the backend-wide key canary_api/*, which the per-node agent ignores)`) ||
+		!strings.Contains(res.Differ[1], "main_web/m-1: the agent answers nothing (HAProxy keeps its state)") ||
+		!strings.Contains(res.Unconfirmed[0], "main_web/m-2: agent at") {
+		t.Errorf("differ %q, unconfirmed %q", res.Differ, res.Unconfirmed)
+	}
+	g.Selectors = []Selector{{"canary_wbe", "*"}}
+	if _, err := Compare(context.Background(), CompareOptions{Agent: agent(t, same), Gate: g}); !errors.Is(err, ErrNoMatch) {
+		t.Errorf("a selector that matches nothing: %v, want ErrNoMatch", err)
 	}
 }
