@@ -106,15 +106,15 @@ func Compare(ctx context.Context, o CompareOptions) (CompareResult, error) {
 }
 
 // compareRows are the servers (not backend-wide keys) the selectors
-// match, from a confirmed cluster-wide view; a literal backend/server the
+// match, from a confirmed cluster-wide view (see confirmedFleet); a literal backend/server the
 // cluster does not know is read on its own (a server no moved HAProxy
 // polls and without a key is still answered by both).
 func compareRows(ctx context.Context, g GateOptions) ([]api.ServerState, error) {
-	fleet, err := g.Replica.Fleet(ctx)
+	// As precheck: a replica that holds no state yet, or whose leader has
+	// not reported a KV sync since it started (an election), is read again
+	// until ctx ends.
+	fleet, err := g.confirmedFleet(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
-	}
-	if err := confirmable(fleet); err != nil {
 		return nil, err
 	}
 	var servers []api.ServerState
