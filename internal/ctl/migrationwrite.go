@@ -38,7 +38,8 @@ func migrationRefuses(o WriteOptions, in intent) error {
 // keys, so each server of backend gets its own key instead (the servers
 // the cluster knows, and those with a key in Consul), and the output says
 // so. ready and clear delete every key the backend has in Consul (its
-// backend-wide key too): no key is ready for both. drain, maint and a
+// backend-wide key too): no key is ready for both; ready leaves a
+// server's own maint unless Override. drain, maint and a
 // weight treat the servers' own keys as a backend-wide write does
 // (--override writes over them, --keep-own leaves them, one that would
 // escape a drain or maint is refused without either). A backend of which
@@ -85,6 +86,11 @@ func (pl *planner) perServer(sel Selector, backend string) {
 		k, _ := pl.kv.key(backend, srv) // the backend was read whole
 		pl.dep(k)
 		switch {
+		case in.ready && k.Present && !o.Override && isMaint(k):
+			// A backend's undrain does not take a server out of a maint
+			// of its own (as ready of <backend>/* would not).
+			kept = append(kept, fmt.Sprintf("%s keeps maint (--override makes it ready too)", srv))
+			continue
 		case in.clear || in.ready:
 			if k.Present {
 				pl.add(Op{Delete: true, Key: k.Key})
@@ -135,4 +141,10 @@ func (w Writer) readMigration(ctx context.Context) (KVKey, error) {
 		return KVKey{Key: key}, nil
 	}
 	return KVKey{Key: key, Present: true, Value: string(p.Value), Index: p.ModifyIndex}, nil
+}
+
+// isMaint reports whether a key holds maint.
+func isMaint(k KVKey) bool {
+	v, ok := k.parsed()
+	return ok && v.Admin == state.Maint
 }
