@@ -195,8 +195,9 @@ func compareCmd(stdout io.Writer) *cobra.Command {
 		Short: "Ask an agent (a per-node agent) about every server as HAProxy would, and compare with hastate",
 		Long: `Ask an agent (a per-node agent) about every server as HAProxy would, and compare with hastate.
 
-compare waits until the replica (--addr) holds every write made to Consul
-before it started, then asks the agent at --agent about every server the
+compare checks that the replica (--addr) reads this --kv-prefix of this
+Consul, waits until it holds every write made to Consul before it started,
+then asks the agent at --agent about every server the
 cluster knows (KV keys and what HAProxy polled, over every replica; or those
 the selectors match, a literal backend/server even when unknown): it sends
 "<backend>/<server>\n" and reads one line, as HAProxy's agent-check does.
