@@ -19,14 +19,6 @@ import (
 // KV returns a copy of the mirrored KV content (keys relative to the prefix).
 func (n *Node) KV() map[string]string { return n.fsm.kv() }
 
-// Raw returns one mirrored KV key's value (key relative to the prefix),
-// without copying the whole mirror as KV does.
-func (n *Node) Raw(key string) (string, bool) {
-	n.fsm.mu.Lock()
-	defer n.fsm.mu.Unlock()
-	return n.fsm.mirror.Raw(key)
-}
-
 // ApplyKV makes the replicated mirror equal kv, a full read of the prefix at
 // Consul index index, as one raft entry holding only the differences. It
 // writes nothing when nothing differs and the mirror already holds state.
@@ -116,18 +108,6 @@ func (n *Node) rampPolicy(raw string, ok bool) state.RampPolicy {
 	}
 	n.metrics.rampPolicyInvalid.Set(0)
 	n.lastBadPolicy.Store(nil)
-	return p
-}
-
-// noRampWhile returns p without undrain ramps (duration 0) while a
-// migration from the per-node agent is marked (state.MigrationKey): the
-// agent restores full weight at once, and both must serve an undrain the
-// same way (rampLoop ends the ramps in progress). The policy travels in the raft entry, so every replica (of
-// any release) applies what the leader decided.
-func noRampWhile(migrating bool, p state.RampPolicy) state.RampPolicy {
-	if migrating {
-		p.Duration = 0
-	}
 	return p
 }
 
