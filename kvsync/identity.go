@@ -28,10 +28,20 @@ func (i Identity) String() string {
 	return fmt.Sprintf("datacenter %s, servers %s", i.Datacenter, i.Cluster)
 }
 
-// Same reports whether two identities name the same cluster: the same
-// servers, and the same datacenter where both know it.
+// Same reports whether two identities name the same cluster: they share a
+// server (two clusters never do; a server being replaced can make the
+// lists differ for a moment), and the same datacenter where both know it.
 func (i Identity) Same(o Identity) bool {
-	return i.Cluster != "" && i.Cluster == o.Cluster && (i.Datacenter == "" || o.Datacenter == "" || i.Datacenter == o.Datacenter)
+	if i.Datacenter != "" && o.Datacenter != "" && i.Datacenter != o.Datacenter {
+		return false
+	}
+	theirs := strings.Split(o.Cluster, ",")
+	for _, s := range strings.Split(i.Cluster, ",") {
+		if s != "" && slices.Contains(theirs, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // ReadIdentity reads the identity of the Consul cluster c talks to.

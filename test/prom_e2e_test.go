@@ -258,10 +258,10 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 		t.Fatalf("after the interrupted maint --drain-first, status:\n%s", sout)
 	}
 
-	// 4. An unreachable Prometheus cannot confirm anything.
+	// 4. An unreachable Prometheus cannot confirm anything: exit 4.
 	dead := "http://" + freeAddr(t)
 	for _, args := range [][]string{{"verify", "be_hold/hold1"}, {"wait", "be_hold/hold1", "--idle"}} {
-		out := run(1, append(args, "--prometheus", dead)...)
+		out := run(4, append(args, "--prometheus", dead)...)
 		if !strings.Contains(out, "cannot confirm") || !strings.Contains(out, "Prometheus at "+dead) {
 			t.Fatalf("hastate %s with Prometheus unreachable:\n%s", strings.Join(args, " "), out)
 		}
@@ -270,12 +270,12 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	// its newest sample ages past --max-sample-age.
 	haps[1].Signal(t, syscall.SIGSTOP)
 	t.Cleanup(func() { _ = syscall.Kill(haps[1].proc.Pid(), syscall.SIGCONT) })
-	out = run(1, "wait", "be_hold/hold1", "--idle", "--max-sample-age", "3s", "--timeout", "30s")
+	out = run(4, "wait", "be_hold/hold1", "--idle", "--max-sample-age", "3s", "--timeout", "30s")
 	if !strings.Contains(out, "cannot confirm") || !strings.Contains(out, instances[1]+" (newest sample") {
 		t.Fatalf("wait --idle with a stale scrape:\n%s", out)
 	}
 	t.Logf("wait --idle with a stale scrape: %s", lastLine(out))
-	out = run(1, "verify", "be_hold/hold1", "--max-sample-age", "3s")
+	out = run(4, "verify", "be_hold/hold1", "--max-sample-age", "3s")
 	if !strings.Contains(out, "cannot confirm") || !strings.Contains(out, "be_hold/hold1 on HAProxy "+instances[1]+": cannot confirm: its newest sample is") {
 		t.Fatalf("verify with a stale scrape:\n%s", out)
 	}

@@ -125,6 +125,12 @@ func TestE2EQuorumLostForGood(t *testing.T) {
 	for _, h := range hs {
 		h.WaitReady(t)
 	}
+	// Ready means caught up with the leader, not that the leader has read
+	// Consul since: the write made while the cluster was down arrives with
+	// its first sync.
+	if _, err := waitAllAnswer(hs, "be_q/web3", "maint", 10*time.Second); err != nil {
+		t.Errorf("step 1: the write made while the cluster was down: %v", err)
+	}
 	for _, h := range hs {
 		got := h.Answers(t, "be_q/web1", "be_q/web2", "be_q/web3")
 		if got["be_q/web2"] != "drain" || got["be_q/web3"] != "maint" || got["be_q/web1"] == "ready 100%" || got["be_q/web1"] == "" {

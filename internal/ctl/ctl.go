@@ -32,6 +32,10 @@ var (
 	// is not in sync or down), so it fails closed (exit 4, so that a
 	// pipeline tells "blocked on purpose" from "hastate is broken").
 	ErrCannotConfirm = errors.New("cannot confirm")
+	// ErrWrongReplica: the replica asked reads another KV prefix, or
+	// another Consul cluster, than the command: a write there is one
+	// nobody serves, so it is refused (exit 1), whatever the flags.
+	ErrWrongReplica = errors.New("the replica reads something else")
 	// ErrTruncated: a replica cut a list; no command acts on a partial
 	// list (exit 4: cannot confirm).
 	ErrTruncated = api.ErrTruncated

@@ -889,3 +889,38 @@ func TestWriteOrchestration(t *testing.T) {
 		t.Fatalf("ready under a backend-wide key the replica did not show: %+v %v, keys %q", p, err, keys())
 	}
 }
+
+// Issue 22.2: a write that a concurrent write overtakes between its read
+// and its transaction is read and planned again, never applied on what it
+// read: ready of a server with its own drain would delete the key, but a
+// backend-wide drain written meanwhile makes it write ready.
+func TestWriteReplansAfterAConcurrentWrite(t *testing.T) {
+	kv, wr := realConsul(t)
+	ctx := context.Background()
+	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/main_web/m-1", Value: []byte("drain")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var concurrent int
+	p, err := Write(ctx, WriteRequest{WriteOptions: WriteOptions{Command: "ready", Value: "ready", MinReady: 1},
+		Selectors: []Selector{{"main_web", "m-1"}}, Writer: wr,
+		Replica: scriptedReplicaOf(t, identityOf(t, wr), 1<<50, nil, func(int) *api.StateView { return fleet() }),
+		beforeApply: func(attempt int) {
+			if attempt == 0 {
+				concurrent++
+				if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/main_web/*", Value: []byte("drain")}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}})
+	if err != nil || !p.Written || p.Retried != 1 || concurrent != 1 {
+		t.Fatalf("ready overtaken by a backend-wide drain: %+v %v", p, err)
+	}
+	if got, _, _ := kv.Get("hastate/state/main_web/m-1", nil); got == nil || string(got.Value) != "ready" {
+		t.Fatalf("main_web/m-1 = %v after ready under a backend-wide drain written meanwhile; want ready (a delete leaves it drained)", got)
+	}
+	var out strings.Builder
+	p.Report(&out)
+	if !strings.Contains(out.String(), "read Consul and planned again once") || !strings.Contains(out.String(), "written as ready under main_web/* (drain)") {
+		t.Errorf("report: %s", out.String())
+	}
+}

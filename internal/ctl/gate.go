@@ -68,12 +68,17 @@ func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []strin
 // had no leader report since it started) is read again until ctx ends;
 // anything else fails at once.
 func (o GateOptions) confirmedFleet(ctx context.Context) (api.StateView, error) {
+	var last error // the start-up state seen last
 	for {
 		fleet, err := o.Replica.Fleet(ctx)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil && last != nil:
+			return fleet, fmt.Errorf("%w (still so when --timeout ran out)", last) // the deadline, not the replica
+		case err != nil:
 			return fleet, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
 		}
 		err = confirmable(fleet)
+		last = err
 		if err == nil || !startingUp(fleet) {
 			return fleet, err
 		}

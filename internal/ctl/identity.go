@@ -2,17 +2,11 @@ package ctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/kvsync"
 )
-
-// ErrWrongReplica: the replica asked reads another KV prefix, or another
-// Consul cluster, than the command: a write there is one nobody serves,
-// so it is refused (exit 1), whatever the flags.
-var ErrWrongReplica = errors.New("the replica reads something else")
 
 // errReplicaUnknown: the replica could not be asked, or cannot say what
 // it reads (it predates kv_prefix in /v1/cluster, or has not read its

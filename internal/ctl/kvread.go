@@ -118,17 +118,27 @@ func covers(w KVKey) bool {
 	return !ok || v.Admin != state.Ready || v.WeightSet || v.RampSet
 }
 
-// coverage is where the state of backend/server comes from; both its key
-// and the backend-wide key must have been read.
-func (r *KVRead) coverage(backend, server string) Coverage {
-	if k, _ := r.key(backend, server); k.Present {
+// ServerKeys are the two keys a server's state can come from, as Consul
+// holds them: its own and its backend's backend-wide key.
+type ServerKeys struct {
+	Own, Backend KVKey
+}
+
+// Coverage is where the server's state comes from: its own key wins over
+// the backend-wide key, which wins over none.
+func (k ServerKeys) Coverage() Coverage {
+	switch {
+	case k.Own.Present:
 		return CoverOwn
-	}
-	if w, _ := r.key(backend, state.Wildcard); covers(w) {
+	case covers(k.Backend):
 		return CoverBackend
 	}
 	return CoverAbsent
 }
+
+// UnderBackend reports whether a backend-wide key holds something for the
+// server's backend (not ready): without its own key the server follows it.
+func (k ServerKeys) UnderBackend() bool { return covers(k.Backend) }
 
 // kvNeeds is what a plan needs read from Consul before it can decide.
 type kvNeeds struct {

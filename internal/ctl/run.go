@@ -22,6 +22,8 @@ type WriteRequest struct {
 	Replica *Replica
 	// Warn receives warnings; nil: none.
 	Warn io.Writer
+	// beforeApply, for tests, runs between the plan and each transaction.
+	beforeApply func(attempt int)
 }
 
 // maxConflicts bounds how often a write is read and planned again after
@@ -66,6 +68,9 @@ func Write(ctx context.Context, req WriteRequest) (Plan, error) {
 		plan.Retried = retried
 		if err != nil || len(plan.Ops) == 0 || req.DryRun {
 			return plan, err
+		}
+		if req.beforeApply != nil {
+			req.beforeApply(retried)
 		}
 		err = req.Writer.Apply(ctx, plan)
 		if err == nil {

@@ -68,8 +68,11 @@ func (p Plan) Print(w io.Writer) {
 	for _, l := range p.Lifted {
 		fmt.Fprintln(w, "guard lifted: "+l.String())
 	}
-	if p.Retried > 0 {
-		fmt.Fprintf(w, "note: read Consul again %d times: a concurrent write changed a key this write depended on\n", p.Retried)
+	switch {
+	case p.Retried == 1:
+		fmt.Fprintln(w, "note: read Consul and planned again once: a concurrent write changed a key this write depended on")
+	case p.Retried > 1:
+		fmt.Fprintf(w, "note: read Consul and planned again %d times: concurrent writes changed keys this write depended on\n", p.Retried)
 	}
 	for _, n := range p.Notes {
 		fmt.Fprintln(w, "note: "+n)
@@ -179,6 +182,9 @@ func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions
 			}
 			pl.lift(GuardNoReplica, err.Error())
 		}
+	}
+	if fleet == nil {
+		pl.note("no replica was asked: neither the unknown-server guard nor --min-ready could be checked; which keys exist and what covers them still come from Consul")
 	}
 	pl.ix = indexFleet(pl.rows)
 	var individual []Selector // servers the write takes out one by one
@@ -374,8 +380,9 @@ func (pl *planner) server(backend, srv string, literal bool) bool {
 		return true
 	}
 	pl.dep(w)
+	keys := ServerKeys{Own: k, Backend: w}
 	switch {
-	case covers(w):
+	case keys.UnderBackend():
 		pl.note("%s/%s: written as ready under %s/* (%s), so it now stays out of backend-wide drains and maints; "+
 			"`hastate clear %s/%s` makes it follow %s/* again", backend, srv, backend, w.short(), backend, srv, backend)
 		pl.add(Op{Key: k.Key, Value: o.Value})
@@ -383,10 +390,10 @@ func (pl *planner) server(backend, srv string, literal bool) bool {
 		pl.note("%s/%s: written as ready because --ramp lives in its key; `hastate clear %s/%s` once it has ramped, "+
 			"so that backend-wide drains reach it again", backend, srv, backend, srv)
 		pl.add(Op{Key: k.Key, Value: o.Value})
-	case !k.Present:
+	case keys.Coverage() == CoverAbsent:
 		pl.note("already ready: %s does not exist (no key means ready)", k.Key)
 		return false
-	default:
+	default: // CoverOwn: deleting its key makes it ready
 		if in.value.Reason != "" || !in.value.Until.IsZero() {
 			pl.note("%s/%s: its key is deleted (no key means ready), so --reason and --for are not kept", backend, srv)
 		}
