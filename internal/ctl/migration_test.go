@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +200,32 @@ func TestCompare(t *testing.T) {
 	g.Selectors = []Selector{{"canary_wbe", "*"}}
 	if _, err := Compare(context.Background(), CompareOptions{Agent: agent(t, same), Gate: g}); !errors.Is(err, ErrNoMatch) {
 		t.Errorf("a selector that matches nothing: %v, want ErrNoMatch", err)
+	}
+}
+
+// TestMarkerIsADependency: every write's transaction checks the migration
+// marker as it was read, and counts that check against Consul's limit.
+func TestMarkerIsADependency(t *testing.T) {
+	f := fleet()
+	sels, _ := ParseSelectors([]string{"canary_web/web-1"})
+	absent := KVKey{Key: "hastate/config/migration"}
+	p, err := planAll(t, f, kvOf(f, nil), sels, WriteOptions{Command: "drain", Value: "drain", Prefix: "hastate/", MinReady: 1, Marker: &absent})
+	if err != nil || !slices.Contains(p.Deps, absent) {
+		t.Fatalf("deps %v, %v: want the absent marker among them", p.Deps, err)
+	}
+	var big []string
+	for i := range MaxTxnKeys / 2 { // each key and its meta key fill the transaction
+		s := fmt.Sprintf("s%02d", i)
+		f.Servers = append(f.Servers, api.ServerState{Backend: "big", Server: s, Polled: 1, Answer: "ready 100%", Kind: api.KindReady, Weight: 100})
+		big = append(big, "big/"+s)
+	}
+	sels, _ = ParseSelectors(big)
+	o := WriteOptions{Command: "weight 50%", Value: "50%", Prefix: "hastate/", MinReady: 1}
+	if _, err := planAll(t, f, kvOf(f, nil), sels, o); err != nil {
+		t.Fatalf("%d keys, %d operations: %v", len(big), MaxTxnKeys, err)
+	}
+	o.Marker = &absent
+	if _, err := planAll(t, f, kvOf(f, nil), sels, o); err == nil || !strings.Contains(err.Error(), "more than one Consul transaction holds") {
+		t.Fatalf("with the marker's check: %v", err)
 	}
 }

@@ -149,11 +149,10 @@ func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 			at = index
 		}
 		opts := w.req.WriteOptions
-		opts.Migration, opts.MigrationKey = marker.Present, marker.Key
+		opts.Migration, opts.MigrationKey, opts.Marker = marker.Present, marker.Key, &marker
 		plan, more, err := PlanWrite(fleet, kv, w.req.Selectors, opts)
 		plan.Lifted = append(append([]Lifted(nil), w.lifted...), plan.Lifted...)
 		if err != nil || !more.any() {
-			plan.Deps = append(plan.Deps, marker)
 			lifted := plan.liftedNames()
 			for i := range plan.Ops {
 				plan.Ops[i].Lifted = lifted

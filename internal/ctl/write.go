@@ -102,6 +102,9 @@ type WriteOptions struct {
 	// a server that has a key in Consul (see perServer).
 	Migration    bool
 	MigrationKey string
+	// Marker is the migration marker as Consul held it (nil: not read):
+	// a dependency of the transaction, counted in its operations.
+	Marker *KVKey
 }
 
 // intent is what a write does to the servers it reaches, decided once from
@@ -198,6 +201,9 @@ func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions
 	}
 	if pl.needs.any() {
 		return pl.p, pl.needs, nil
+	}
+	if o.Marker != nil {
+		pl.dep(*o.Marker)
 	}
 	for _, k := range slices.Sorted(maps.Keys(pl.deps)) {
 		pl.p.Deps = append(pl.p.Deps, pl.deps[k])
