@@ -97,7 +97,7 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 	if err != nil {
 		return err
 	}
-	req.Value, req.Warn = value, c.ErrOrStderr()
+	req.Value = value
 	plan, err := ctl.Write(c.Context(), req)
 	if err != nil {
 		return err

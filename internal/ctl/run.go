@@ -20,8 +20,6 @@ type WriteRequest struct {
 	DryRun  bool
 	Writer  Writer
 	Replica *Replica
-	// Warn receives warnings; nil: none.
-	Warn io.Writer
 	// beforeApply, for tests, runs between the plan and each transaction.
 	beforeApply func(attempt int)
 }

@@ -214,7 +214,7 @@ func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions
 	}
 	if n := txnLen(pl.p.Ops) + len(pl.checks()); n > MaxTxnKeys {
 		return pl.p, nil, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, and %d checks of keys the plan read are %d operations, more than one Consul transaction holds (%d); "+
-			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command", len(pl.p.Ops), len(pl.checks()), n, MaxTxnKeys)
+			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command (a backend-wide drain checks every own key of the backend unless --keep-own)", len(pl.p.Ops), len(pl.checks()), n, MaxTxnKeys)
 	}
 	if in.out && fleet != nil {
 		if err := minReady(pl.rows, individual, o.MinReady); err != nil {
