@@ -104,6 +104,10 @@ type StateView struct {
 	Servers     []ServerState `json:"servers"`
 	InvalidKeys []ServerState `json:"invalid_keys"`
 	KV          KVStatus      `json:"kv"`
+	// Migration is set while a migration from the runbook's per-node
+	// agent is marked (<prefix>config/migration): every CLI write keeps
+	// to what the per-node agent serves the same way.
+	Migration *Migration `json:"migration,omitempty"`
 	// Replicas says, for a cluster view, which replicas answered; a
 	// missing one means the view may lack what only it saw.
 	Replicas []ReplicaAnswer `json:"replicas,omitempty"`
@@ -113,6 +117,33 @@ type StateView struct {
 	Total        int  `json:"total"`
 	InvalidTotal int  `json:"invalid_total"`
 	Truncated    bool `json:"truncated"`
+}
+
+// Migration is the migration marker as a replica mirrors it. Error says
+// why its value could not be read (it still marks a migration).
+type Migration struct {
+	Started *time.Time `json:"started,omitempty"`
+	By      string     `json:"by,omitempty"`
+	Reason  string     `json:"reason,omitempty"`
+	Error   string     `json:"error,omitempty"`
+}
+
+// String says what the marker means, in one line for status and the page.
+func (m *Migration) String() string {
+	l := "migration from the per-node agent marked"
+	if m.Started != nil {
+		l += " since " + m.Started.UTC().Format("2006-01-02 15:04:05 UTC")
+	}
+	if m.By != "" {
+		l += " by " + m.By
+	}
+	if m.Reason != "" {
+		l += ": " + m.Reason
+	}
+	if m.Error != "" {
+		l += " (" + m.Error + ")"
+	}
+	return l + "; writes keep to what the per-node agent serves: per-server keys, no --for, no --ramp, no undrain ramp"
 }
 
 // ReplicaAnswer is whether one replica answered a cluster-wide query.

@@ -40,7 +40,8 @@ func (n *Node) ApplyRead(ctx context.Context, r state.KVRead) error {
 		return nil
 	}
 	raw, ok := kv[RampConfigKey]
-	policy := n.rampPolicy(raw, ok)
+	_, migrating := kv[state.MigrationKey]
+	policy := noRampWhile(migrating, n.rampPolicy(raw, ok))
 	res, raftIndex, err := n.apply(ctx, command{Type: cmdKV, KVIndex: index, Change: change, At: n.now(), Ramp: policy})
 	if err != nil {
 		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)

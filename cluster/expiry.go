@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
 
@@ -30,7 +31,8 @@ func (n *Node) expiryLoop(ctx context.Context) {
 		if len(keys) == 0 {
 			continue
 		}
-		res, raftIndex, err := n.apply(ctx, command{Type: cmdExpire, Expire: keys, At: now, Ramp: n.rampPolicy(raw, ok)})
+		_, migrating := n.Raw(state.MigrationKey)
+		res, raftIndex, err := n.apply(ctx, command{Type: cmdExpire, Expire: keys, At: now, Ramp: noRampWhile(migrating, n.rampPolicy(raw, ok))})
 		if err != nil {
 			n.log.Warn("expiring states not applied; retrying", zap.Strings("keys", keys), zap.Error(err))
 			continue

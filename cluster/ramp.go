@@ -42,6 +42,14 @@ func (n *Node) rampLoop(ctx context.Context) {
 			continue
 		}
 		steps := state.NextSteps(ramps, n.now())
+		if _, migrating := n.Raw(state.MigrationKey); migrating {
+			// The per-node agent has no ramps: during a migration from
+			// it, a ramp in progress ends at full weight at once.
+			steps = state.RampSteps{}
+			for _, r := range ramps {
+				steps.Done = append(steps.Done, r.Target)
+			}
+		}
 		if steps.Empty() {
 			continue
 		}

@@ -42,6 +42,9 @@ type HTTPOptions struct {
 	// the name its polls carry in /v1/pollers.
 	Pollers *Pollers
 	NodeID  string
+	// Raw reads one mirrored KV key (relative to the prefix) that is not a
+	// state key, such as the migration marker; nil: none.
+	Raw func(key string) (string, bool)
 	// now is the status page's clock (nil: time.Now); tests set it.
 	now func() time.Time
 }
@@ -162,7 +165,8 @@ func rowFor(r state.Resolution) api.ServerState {
 // from an HAProxy that was told something else).
 func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState, told map[string]string)) api.StateView {
 	snap := h.o.Replica.Snapshot()
-	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus()}
+	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus(),
+		Migration: h.migration()}
 	polls := h.localPolls()
 	if cluster {
 		v.Scope = "cluster"
@@ -379,4 +383,24 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// migration is the migration marker the replica mirrors, nil when none.
+func (h *httpAPI) migration() *api.Migration {
+	if h.o.Raw == nil {
+		return nil
+	}
+	raw, ok := h.o.Raw(state.MigrationKey)
+	if !ok {
+		return nil
+	}
+	m, err := state.ParseMigration(raw)
+	if err != nil {
+		return &api.Migration{Error: err.Error()}
+	}
+	out := &api.Migration{By: m.By, Reason: m.Reason}
+	if !m.Started.IsZero() {
+		out.Started = &m.Started
+	}
+	return out
 }

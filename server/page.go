@@ -49,6 +49,7 @@ type pageData struct {
 	Members             []pageMember
 	KV                  pageKV
 	Banners             []pageBanner // red: the view may be stale or partial
+	Migration           string       // a migration from the per-node agent is marked: since when, by whom
 	Headline            pageHeadline
 	Backends            []pageBackend
 	Invalid             []pageInvalid
@@ -225,6 +226,7 @@ func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.Clu
 	}
 	d.KV = kvLine(v.KV)
 	d.Banners = banners(v, ci, ready, readyDetail)
+	d.Migration = migrationLine(v.Migration)
 
 	var all pageCounts
 	byName := map[string]int{}
@@ -636,4 +638,12 @@ func titleAndIcon(d pageData) (string, template.URL) {
 	icon := "data:image/svg+xml," + "%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E%3Ccircle cx='8' cy='8' r='7' fill='" +
 		colour + "'/%3E%3C/svg%3E"
 	return title, template.URL(icon)
+}
+
+// migrationLine is the header's line for a marked migration ("": none).
+func migrationLine(m *api.Migration) string {
+	if m == nil {
+		return ""
+	}
+	return m.String()
 }

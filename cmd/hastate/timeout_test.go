@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -110,5 +111,31 @@ func TestTimeoutMustBePositive(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"status", "--timeout", "0s"}, &out, &out); code != 2 || !strings.Contains(out.String(), "positive duration") {
 		t.Fatalf("--timeout 0s: exit %d %q, want a usage error", code, out.String())
+	}
+}
+
+// A write whose Consul transaction hangs (Consul answered the reads) may
+// have been applied: no false comfort, and exit 4 (cannot confirm).
+func TestHungTransactionMayHaveBeenApplied(t *testing.T) {
+	consul := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/txn" {
+			// Read the body, so that the server sees the client close,
+			// then hang until the client gives up.
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+			return
+		}
+		w.Header().Set("X-Consul-Index", "7")
+		http.NotFound(w, r) // no key, as Consul answers a missing key
+	}))
+	t.Cleanup(consul.Close)
+	refused := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	for _, args := range [][]string{{"drain", "web/a"}, {"maint", "web/a"}, {"weight", "50%", "web/a"}} {
+		args = append(args, "--force", "--addr", refused, "--consul-addr", strings.TrimPrefix(consul.URL, "http://"), "--timeout", "1s")
+		var out bytes.Buffer
+		code := run(args, &out, &out)
+		if code != 4 || !strings.Contains(out.String(), "may or may not have been applied") {
+			t.Errorf("hastate %s: exit %d, %q; want exit 4 (cannot confirm) saying the write may have been applied", strings.Join(args, " "), code, out.String())
+		}
 	}
 }

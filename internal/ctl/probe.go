@@ -18,6 +18,10 @@ const DefaultAgentAddr = "127.0.0.1:9777"
 // maxAnswer bounds the answer Probe reads; a real one is about 12 bytes.
 const maxAnswer = 256
 
+// errNoAnswer: the agent closed the connection without a line (an empty
+// reply, HAProxy's L7RSP): HAProxy keeps the server's state.
+var errNoAnswer = errors.New("no answer")
+
 // Probe performs one agent check as HAProxy does: connect to the agent port
 // at addr, send "backend/server\n" (then state.ProbeMarker: a manual probe is
 // never counted as an HAProxy), read one LF-terminated line. It returns
@@ -46,8 +50,8 @@ func Probe(ctx context.Context, addr string, t Selector) (string, error) {
 	case ctx.Err() != nil:
 		return "", callError(ctx, "agent", addr, err, advice)
 	case errors.Is(err, io.EOF) && line == "":
-		return "", fmt.Errorf("agent at %s closed the connection without an answer for %s: HAProxy keeps its current state; "+
-			"`hastate status %s` shows whether the key is invalid (then its answer is withheld)", addr, t, t)
+		return "", &explained{fmt.Sprintf("agent at %s closed the connection without an answer for %s: HAProxy keeps its current state; "+
+			"`hastate status %s` shows whether the key is invalid (then its answer is withheld)", addr, t, t), errNoAnswer}
 	case errors.Is(err, io.EOF):
 		return "", fmt.Errorf("agent at %s answered %q for %s without a line feed (HAProxy ignores such an answer): %s", addr, line, t, advice)
 	default:

@@ -116,12 +116,20 @@ const maxRounds = 4
 // every key it depends on.
 func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 	kv := NewKVRead(w.req.Prefix)
+	// --force or not, a write during a migration is one the per-node
+	// agent serves the same way; the marker is a dependency of the
+	// transaction like every key the plan read.
+	marker, err := w.req.Writer.readMigration(ctx)
+	if err != nil {
+		return Plan{Command: w.req.Command, Lifted: w.lifted}, err
+	}
 	var needs *kvNeeds
 	if literal(w.req.Selectors) {
 		// What literal selectors depend on does not depend on the fleet:
 		// read it first, so that one index read and one wait cover it.
 		o := w.req.WriteOptions
 		o.Allow.NoReplica = true
+		o.Migration, o.MigrationKey = marker.Present, marker.Key
 		_, needs, _ = PlanWrite(nil, kv, w.req.Selectors, o)
 	}
 	var fleet *api.StateView
@@ -142,6 +150,7 @@ func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 			at = index
 		}
 		opts := w.req.WriteOptions
+		opts.Migration, opts.MigrationKey, opts.Marker = marker.Present, marker.Key, &marker
 		plan, more, err := PlanWrite(fleet, kv, w.req.Selectors, opts)
 		plan.Lifted = append(append([]Lifted(nil), w.lifted...), plan.Lifted...)
 		if err != nil || !more.any() {

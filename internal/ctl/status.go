@@ -41,6 +41,8 @@ type StatusReport struct {
 	// Prefix is the KV prefix the replica reads ("" when it did not say):
 	// the delete hint of a key no selector can name has it.
 	Prefix string
+	// Migration is the migration marker the replica mirrors (nil: none).
+	Migration *api.Migration
 }
 
 // Status reads the cluster's view through the replica, says on Warn what
@@ -71,7 +73,7 @@ func Status(ctx context.Context, o StatusOptions) (StatusReport, error) {
 	} else if err := Matched(v.Servers, sels); err != nil {
 		return StatusReport{}, err
 	}
-	rep := StatusReport{Rows: Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys}
+	rep := StatusReport{Rows: Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
 	if ci, err := o.Replica.Cluster(ctx); err == nil {
 		rep.Prefix = ci.KVPrefix
 	}
@@ -256,6 +258,9 @@ func (rep StatusReport) WriteTable(w io.Writer) error {
 	}
 	if grammar {
 		fmt.Fprintf(w, "valid values: %s\n", state.ValidForms)
+	}
+	if rep.Migration != nil {
+		fmt.Fprintln(w, rep.Migration)
 	}
 	return nil
 }

@@ -98,6 +98,16 @@ type WriteOptions struct {
 	// MinReady is the fewest ready servers (among those HAProxy polls) a
 	// drain, maint or 0% of individual servers may leave in a backend.
 	MinReady int
+	// Migration: a migration from the per-node agent is marked (read
+	// from Consul; MigrationKey names the marker). The write is then one
+	// both serve the same way: backend selectors expand to per-server
+	// keys, --for and --ramp are refused, and the typo guard also accepts
+	// a server that has a key in Consul (see perServer).
+	Migration    bool
+	MigrationKey string
+	// Marker is the migration marker as Consul held it (nil: not read):
+	// a dependency of the transaction, counted in its operations.
+	Marker *KVKey
 }
 
 // intent is what a write does to the servers it reaches, decided once from
@@ -165,6 +175,9 @@ func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions
 	if err != nil {
 		return Plan{Command: o.Command}, nil, err
 	}
+	if err := migrationRefuses(o, in); err != nil {
+		return Plan{Command: o.Command}, nil, err
+	}
 	pl := &planner{o: o, in: in, kv: kv, fleet: fleet, p: Plan{Command: o.Command}, seen: map[string]bool{}, deps: map[string]KVKey{},
 		needs: &kvNeeds{backends: map[string]bool{}, keys: map[string]bool{}}}
 	if fleet != nil {
@@ -194,8 +207,15 @@ func PlanWrite(fleet *api.StateView, kv *KVRead, sels []Selector, o WriteOptions
 	if pl.refusal != nil {
 		return pl.p, nil, pl.refusal
 	}
+	if o.Marker != nil {
+		pl.dep(*o.Marker)
+	}
 	for _, k := range slices.Sorted(maps.Keys(pl.deps)) {
 		pl.p.Deps = append(pl.p.Deps, pl.deps[k])
+	}
+	if n := txnLen(pl.p.Ops) + len(pl.checks()); n > MaxTxnKeys && o.Migration {
+		return pl.p, nil, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, and %d checks of keys the plan read are %d operations, more than one Consul transaction holds (%d); "+
+			"a migration from the per-node agent is marked, so backend-wide keys are not an option: split the command (a backend, or a zone of one backend, at a time)", len(pl.p.Ops), len(pl.checks()), n, MaxTxnKeys)
 	}
 	if n := txnLen(pl.p.Ops) + len(pl.checks()); n > MaxTxnKeys {
 		return pl.p, nil, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, and %d checks of keys the plan read are %d operations, more than one Consul transaction holds (%d); "+
@@ -265,6 +285,9 @@ func (pl *planner) selector(sel Selector, individual *[]Selector) error {
 	if !literal && pl.fleet == nil {
 		return fmt.Errorf("%w: %s needs the servers the cluster knows, and no replica answered; name servers one by one", ErrCannotConfirm, sel)
 	}
+	if pl.o.Migration && sel.Server == state.Wildcard && pl.fleet == nil {
+		return fmt.Errorf("%w: a migration from the per-node agent is marked, so %s expands to per-server keys, which needs the servers the cluster knows, and no replica answered; name servers one by one", ErrCannotConfirm, sel)
+	}
 	switch {
 	case literal && sel.Server == state.Wildcard:
 		if pl.fleet != nil && !pl.in.clear && !pl.ix.known(sel.Backend) {
@@ -273,6 +296,10 @@ func (pl *planner) selector(sel Selector, individual *[]Selector) error {
 				return fmt.Errorf("%w (%s)", err, GuardUnknown.advice(pl.o.Allow))
 			}
 			pl.lift(GuardUnknown, err.Error())
+		}
+		if pl.o.Migration {
+			pl.perServer(sel, sel.Backend)
+			break
 		}
 		pl.backendWide(sel.Backend)
 	case literal:
@@ -289,6 +316,10 @@ func (pl *planner) selector(sel Selector, individual *[]Selector) error {
 		for _, b := range pl.backends() {
 			if sel.Match(b, state.Wildcard) {
 				n++
+				if pl.o.Migration {
+					pl.perServer(sel, b)
+					continue
+				}
 				pl.backendWide(b)
 			}
 		}
@@ -540,9 +571,18 @@ func (ix *fleetIndex) known(backend string) bool {
 // server the cluster does not know at all matched nothing (ErrNoMatch,
 // and an unknown backend names the known backends). Allow.Unknown lifts
 // it, and the plan names what it would have said.
+//
+// While a migration is marked, a server with a key in Consul passes too:
+// before any HAProxy node is moved, none polls hastate, and the keys are
+// what the per-node agents serve.
 func (pl *planner) polled(sel Selector) error {
 	if pl.fleet == nil || pl.in.clear {
 		return nil
+	}
+	if pl.o.Migration {
+		if k, ok := pl.read(sel.Backend, sel.Server); !ok || k.Present {
+			return nil // not read yet (planned again once it is), or in Consul
+		}
 	}
 	err := pl.unpolled(sel)
 	switch {
@@ -568,6 +608,10 @@ func (pl *planner) unpolled(sel Selector) error {
 			return fmt.Errorf("refused, nothing was written: no HAProxy has polled %s in the last %s (a typo?)%s; known servers of %s: %s",
 				sel, api.PollerTTL, suggestPolled(sel, rows), sel.Backend, knownServers(rows, sel.Backend))
 		}
+	}
+	if pl.o.Migration {
+		return fmt.Errorf("%w: no server matches '%s': no HAProxy that asks hastate has polled %s in the last %s and it has no key in Consul (a typo? HAProxy nodes still on the per-node agent are not seen)%s; known servers of %s: %s",
+			ErrNoMatch, sel, sel, api.PollerTTL, suggest(sel, rows), sel.Backend, knownServers(rows, sel.Backend))
 	}
 	return fmt.Errorf("%w: no server matches '%s': no HAProxy has polled %s in the last %s and it has no key (a typo?)%s; known servers of %s: %s",
 		ErrNoMatch, sel, sel, api.PollerTTL, suggest(sel, rows), sel.Backend, knownServers(rows, sel.Backend))
