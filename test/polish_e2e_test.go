@@ -1,10 +1,7 @@
 package test
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -56,25 +53,12 @@ func TestE2EInvalidRampPolicyIsVisibleOnEveryReplica(t *testing.T) {
 }
 
 // polishRun runs `hastate args...` as an operator would, pointed at the
-// replica h and at consul, and returns its combined output and exit code.
-// It uses only what every release's harness has (no Operator), so that the
-// tests below run unchanged against an older tree.
+// replica h and at consul, with no flag added, and returns its combined
+// output and exit code.
 func polishRun(t *testing.T, h *Hastate, consulAddr string, args ...string) (string, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, hastateBin, args...)
-	cmd.Env = hermeticEnv("CONSUL_HTTP_ADDR="+consulAddr, "HASTATE_ADDR="+h.HTTPAddr, "HASTATE_KV_PREFIX="+kvPrefix)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return string(out), 0
-	case errors.As(err, &ee) && ctx.Err() == nil:
-		return string(out), ee.ExitCode()
-	}
-	t.Fatalf("hastate %s: %v\n%s", strings.Join(args, " "), err, out)
-	return "", -1
+	op := Operator{ConsulAddr: consulAddr, Addr: h.HTTPAddr, Env: []string{"HASTATE_KV_PREFIX=" + kvPrefix}}
+	return op.RunCode(t, args...)
 }
 
 // waitRow waits until the replica's row of backend/server satisfies ok.
