@@ -220,37 +220,38 @@ func (m *Model) Check(answers []Answer) []Violation {
 					at, atBy = idx, a
 				}
 			case !held:
-				out = append(out, Violation{Kind: NeverHeld, Answer: a, Detail: fmt.Sprintf("no write of %s ever meant it (its writes: %s)", a.Server, m.describe(a.Server))})
+				out = append(out, Violation{Kind: NeverHeld, Answer: a, Detail: fmt.Sprintf("no write of %s ever meant it (%d writes)", a.Server, len(m.spans[a.Server])-1)})
 			default:
 				if _, okAny, _ := m.explain(a, 0); !okAny {
-					out = append(out, Violation{Kind: NeverHeld, Answer: a, Detail: fmt.Sprintf("only writes that began after the answer arrived meant it (its writes: %s)", m.describe(a.Server))})
+					out = append(out, Violation{Kind: NeverHeld, Answer: a, Detail: fmt.Sprintf("only writes that began after the answer arrived meant it (held at Consul index %s)", m.describe(a.Server, a.Line))})
 					continue
 				}
-				out = append(out, Violation{Kind: StepBack, Answer: a, Detail: fmt.Sprintf("older than Consul index %d, which the poller's answer %q for %s at %s had shown (writes of %s: %s)",
-					at, atBy.Line, atBy.Server, atBy.Began.Format("15:04:05.000"), a.Server, m.describe(a.Server))})
+				out = append(out, Violation{Kind: StepBack, Answer: a, Detail: fmt.Sprintf("%s held it at Consul index %s, older than %d, which the poller had been shown by %q for %s at %s",
+					a.Server, m.describe(a.Server, a.Line), at, atBy.Line, atBy.Server, atBy.Began.Format("15:04:05.000"))})
 			}
 		}
 	}
 	return out
 }
 
-// describe lists a key's writes for messages: answer@index.
-func (m *Model) describe(server string) string {
-	var b strings.Builder
-	for i, s := range m.spans[server] {
-		if i > 0 {
-			b.WriteString(", ")
+// describe lists the index intervals during which server may have held
+// answer ("none" if it never did), for messages.
+func (m *Model) describe(server, answer string) string {
+	var parts []string
+	for _, s := range m.spans[server] {
+		if s.w.Answer != answer {
+			continue
 		}
-		if s.w.MaxIndex > s.w.Index {
-			fmt.Fprintf(&b, "%q@%d..%d", s.w.Answer, s.w.Index, s.w.MaxIndex)
-		} else {
-			fmt.Fprintf(&b, "%q@%d", s.w.Answer, s.w.Index)
+		hi := "now"
+		if s.hi != math.MaxUint64 {
+			hi = fmt.Sprint(s.hi - 1)
 		}
-		if s.w.By != "" {
-			fmt.Fprintf(&b, "(%s)", s.w.By)
-		}
+		parts = append(parts, fmt.Sprintf("%d..%s (%s)", s.lo, hi, cmp.Or(s.w.By, "?")))
 	}
-	return b.String()
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // CheckConverged judges samples taken once the faults and writes were
