@@ -30,6 +30,9 @@ import (
 //
 //	HASTATE_NEMESIS_SEED=<n>        repeat a run's schedule (the seed is logged)
 //	HASTATE_NEMESIS_DURATION=10m    longer than the default (make soak)
+//	HASTATE_NEMESIS_REPLICAS=1      a control: one replica behind the load
+//	                                balancer (no raft links to cut) cannot
+//	                                step back, so any violation is the checker's
 
 const (
 	nemesisBackend = "be_nem"
@@ -57,7 +60,13 @@ func TestE2ENemesis(t *testing.T) {
 	}
 	plan := nemesis.Plan(seed, nemesis.Options{Duration: d})
 	t.Logf("nemesis seed %d (from HASTATE_NEMESIS_SEED: %v; rerun with HASTATE_NEMESIS_SEED=%d): %d faults over %s", seed, fromEnv, seed, len(plan), d)
-	runNemesis(t, seed, plan)
+	replicas := 3
+	if s := os.Getenv("HASTATE_NEMESIS_REPLICAS"); s != "" {
+		if _, err := fmt.Sscan(s, &replicas); err != nil || replicas < 1 {
+			t.Fatalf("HASTATE_NEMESIS_REPLICAS=%q: want a number of replicas", s)
+		}
+	}
+	runNemesis(t, seed, replicas, plan)
 }
 
 // TestE2EHistoryCheck is issue 23's history check: a fixed schedule of the
@@ -70,7 +79,7 @@ func TestE2EHistoryCheck(t *testing.T) {
 		{Kind: nemesis.Cut, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 6 * time.Second},
 		{Kind: nemesis.Consul, Target: nemesis.None, Gap: 2 * time.Second, Hold: 3 * time.Second},
 	}
-	runNemesis(t, 1, plan)
+	runNemesis(t, 1, 3, plan)
 }
 
 // nemesisRun is the shared state of one run: what was written and told.
@@ -79,6 +88,7 @@ type nemesisRun struct {
 	kv      *api.KV
 	hs      []*Hastate
 	servers []string // backend/server
+	pick    *rand.Rand // which follower a fault hits (seeded; used by the test's goroutine only)
 
 	mu      sync.Mutex
 	writes  []history.Write
@@ -102,14 +112,14 @@ func (r *nemesisRun) fail(format string, args ...any) {
 	r.mu.Unlock()
 }
 
-func runNemesis(t *testing.T, seed uint64, plan []nemesis.Fault) {
+func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
-	hs := NewCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
+	hs := NewCluster(t, replicas, HastateOptions{ConsulAddr: consul.Addr()})
 	mesh := newRaftMesh(t, newFaultNet(), hs)
 	StartAll(t, hs...)
 	lb := StartAgentLB(t, hs, LBOptions{Inter: 500 * time.Millisecond, Fall: 2, Rise: 2})
 	be := Backend{Name: nemesisBackend}
-	r := &nemesisRun{consul: consul, kv: consul.Client(t).KV(), hs: hs, counts: map[string]int{}}
+	r := &nemesisRun{consul: consul, kv: consul.Client(t).KV(), hs: hs, counts: map[string]int{}, pick: rand.New(rand.NewPCG(seed, 3))}
 	for i := range nemesisServers {
 		be.Servers = append(be.Servers, fmt.Sprintf("s%02d", i+1))
 		r.servers = append(r.servers, fmt.Sprintf("%s/s%02d", nemesisBackend, i+1))
@@ -265,7 +275,10 @@ func (r *nemesisRun) target(t *testing.T, role nemesis.Target) (*Hastate, string
 		return leader, " " + leader.NodeID + " (leader)"
 	}
 	fs := others(r.hs, leader)
-	h := fs[rand.IntN(len(fs))]
+	if len(fs) == 0 {
+		return leader, " " + leader.NodeID + " (the only replica)"
+	}
+	h := fs[r.pick.IntN(len(fs))]
 	return h, " " + h.NodeID + " (follower)"
 }
 
