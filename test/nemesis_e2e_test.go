@@ -156,7 +156,11 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	// The faults, one at a time, each ended and the cluster ready again
 	// before the next one's gap.
 	faults := map[nemesis.Kind]int{}
-	var windows [][2]time.Time // from each fault's start until all were ready again
+	type window struct {
+		kind       nemesis.Kind
+		from, till time.Time // from the fault's start until all replicas were ready again
+	}
+	var windows []window
 	began := time.Now()
 	var lastEnd time.Time
 	for i, f := range plan {
@@ -191,7 +195,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 		for _, x := range hs {
 			x.WaitReady(t)
 		}
-		windows = append(windows, [2]time.Time{injected, time.Now()})
+		windows = append(windows, window{f.Kind, injected, time.Now()})
 		t.Logf("fault %d/%d at +%s: %s%s; ended after %s; all ready %s later", i+1, len(plan), injected.Sub(began).Round(time.Millisecond), f.Kind, what,
 			lastEnd.Sub(injected).Round(time.Millisecond), time.Since(lastEnd).Round(time.Millisecond))
 	}
@@ -232,7 +236,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 		violations = append(violations, history.Violation{Kind: history.NotConverged, Answer: history.Answer{Poller: "haproxy fleet"},
 			Detail: fmt.Sprintf("show stat not as written by the deadline: %s", fleetLast)})
 	}
-	judged, byKind, inFault := 0, map[history.Kind]int{}, 0
+	judged, byKind, byFault := 0, map[history.Kind]int{}, map[string]int{}
 	for _, a := range r.answers {
 		if a.Line != "" {
 			judged++
@@ -240,9 +244,13 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	}
 	for i, v := range violations {
 		byKind[v.Kind]++
-		if slices.ContainsFunc(windows, func(w [2]time.Time) bool { return !v.Answer.Began.Before(w[0]) && !v.Answer.Began.After(w[1]) }) {
-			inFault++
+		during := "no fault"
+		for _, w := range windows {
+			if !v.Answer.Began.Before(w.from) && !v.Answer.Began.After(w.till) {
+				during = string(w.kind)
+			}
 		}
+		byFault[during]++
 		if i < 20 {
 			t.Errorf("violation: %s", v)
 		}
@@ -250,9 +258,9 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	if len(violations) > 20 {
 		t.Errorf("... and %d more violations", len(violations)-20)
 	}
-	t.Logf("figures: seed %d: faults %d %v over %s; writes %d recorded (cli %d ok, %d failed; consul api %d ok, %d failed); checks through the load balancer %d, judged %d, unanswered %d; violations %d %v (%d of them from a fault's start until all replicas were ready again)",
+	t.Logf("figures: seed %d: faults %d %v over %s; writes %d recorded (cli %d ok, %d failed; consul api %d ok, %d failed); checks through the load balancer %d, judged %d, unanswered %d; violations %d %v, by the fault they fell in (from its start until all replicas were ready again) %v",
 		seed, len(plan), faults, writesDone.Sub(began).Round(time.Second), len(r.writes), r.counts["cli"], r.counts["cli failed"], r.counts["consul"], r.counts["consul failed"],
-		len(r.answers), judged, len(r.answers)-judged, len(violations), byKind, inFault)
+		len(r.answers), judged, len(r.answers)-judged, len(violations), byKind, byFault)
 	t.Logf("figures: converged: replicas %s after the last fault ended, fleet %s (bound %s after the later of the last fault and the last write)",
 		sinceOrNever(convergedAt, lastEnd), sinceOrNever(fleetAt, lastEnd), convergeBound)
 }
