@@ -87,7 +87,7 @@ type nemesisRun struct {
 	consul  *testenv.Consul
 	kv      *api.KV
 	hs      []*Hastate
-	servers []string // backend/server
+	servers []string   // backend/server
 	pick    *rand.Rand // which follower a fault hits (seeded; used by the test's goroutine only)
 
 	mu      sync.Mutex
