@@ -2,9 +2,11 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -366,13 +368,20 @@ func (r *nemesisRun) cliWriter(rng *rand.Rand, servers []string, stop <-chan str
 		default:
 			args = []string{"weight", fmt.Sprintf("%d%%", 1+rng.IntN(256)), srv}
 		}
-		args = append(args, "--force", "--timeout", "5s", "--reason", "nemesis")
+		if args[0] != "clear" {
+			args = append(args, "--reason", "nemesis")
+		}
+		args = append(args, "--force", "--timeout", "5s")
 		o := op
 		o.Env = []string{"HASTATE_ADDR=http://" + r.hs[n%len(r.hs)].HTTPAddr}
 		began := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		out, err := o.command(ctx, args...).CombinedOutput()
 		cancel()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() == 2 {
+			r.fail("hastate %s: usage: %s", strings.Join(args, " "), out)
+		}
 		if err != nil {
 			// A fault may fail a write (Consul down, the replica asked
 			// killed or paused); whether it wrote is read back below.
