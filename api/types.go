@@ -225,6 +225,9 @@ type ClusterInfo struct {
 	Withholding []string `json:"withholding,omitempty"`
 	// KV is the cluster's view of the Consul sync (the leader's report).
 	KV KVView `json:"kv"`
+	// Confirm is how this replica confirms its answers with the leader
+	// (a read index per batch of checks) and why it answers nothing.
+	Confirm ConfirmInfo `json:"confirm"`
 	// LeaderlessSeconds is how long this replica has been without a known
 	// leader (0 with one); it keeps serving its last state meanwhile.
 	LeaderlessSeconds float64 `json:"leaderless_seconds"`
@@ -233,6 +236,29 @@ type ClusterInfo struct {
 	Level LevelInfo `json:"level"`
 	// Version is this replica's release (see hastate version).
 	Version string `json:"version,omitempty"`
+}
+
+// ConfirmInfo is /v1/cluster's confirm: an agent check is answered only
+// once a confirmation round that began after it arrived succeeded (the
+// leader's commit index, verified by a quorum, applied here).
+type ConfirmInfo struct {
+	// Answering is true while checks are answered: no withhold reason and
+	// the last round confirmed.
+	Answering bool `json:"answering"`
+	// NotAnswering says why this replica answers nothing, and for how
+	// long ("cannot confirm with the leader for 1.2s: ..."); empty while
+	// it answers.
+	NotAnswering string `json:"not_answering,omitempty"`
+	// LastConfirmedSeconds is how long ago the last round succeeded, and
+	// ConfirmedIndex the state index it confirmed.
+	LastConfirmedSeconds float64 `json:"last_confirmed_seconds"`
+	ConfirmedIndex       uint64  `json:"confirmed_index"`
+	// FailingSeconds is how long every round has failed (0: the last
+	// one succeeded); Error is the last failure.
+	FailingSeconds float64 `json:"failing_seconds,omitempty"`
+	Error          string  `json:"error,omitempty"`
+	// TimeoutSeconds is --confirm-timeout (negative: confirmation off).
+	TimeoutSeconds float64 `json:"timeout_seconds"`
 }
 
 // LevelInfo says which features of the replicated state are in force. A

@@ -108,6 +108,9 @@ type fsm struct {
 	// large is called after a restore or an entry that changed at least
 	// largeChange keys (see memory.go); may be nil.
 	large func()
+	// advanced is called after index moved (the confirmation loop waits
+	// on it); may be nil.
+	advanced func()
 
 	// maxLevel is the highest feature level this replica understands
 	// (state.MaxLevel; lower only in tests that play an older release).
@@ -265,6 +268,9 @@ func (f *fsm) advance(i uint64) {
 	// later entry exceeds.
 	if i > f.index.Load() {
 		f.index.Store(i)
+		if f.advanced != nil {
+			f.advanced()
+		}
 	}
 }
 
@@ -371,8 +377,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if f.large != nil {
 		defer f.large()
 	}
-	f.index.Store(d.Index)
 	f.publishLocked()
+	f.index.Store(d.Index) // after the snapshot that holds it is served
+	if f.advanced != nil {
+		f.advanced()
+	}
 	return nil
 }
 

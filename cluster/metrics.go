@@ -26,6 +26,9 @@ type metrics struct {
 	applyErrors       prometheus.Counter
 	dutyFailures      prometheus.Counter
 	withholds         *prometheus.CounterVec
+	confirmRounds     *prometheus.CounterVec
+	confirmRound      prometheus.Histogram
+	unconfirmedChecks prometheus.Counter
 	port              *portMetrics // the raft port's connections and TLS
 
 	rampsActive, serverWeight, serverState, serverSince, rampStepDue, rampInterval *prometheus.Desc
@@ -35,6 +38,8 @@ type metrics struct {
 	kvSyncAge, kvReachable, leaderless, withheld, contactAge *prometheus.Desc
 
 	level, levelWaiting, notUnderstood *prometheus.Desc
+
+	confirmAge, confirmFailing, grace *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -43,6 +48,8 @@ func newMetrics(n *Node) *metrics {
 		label, _ := r.info()
 		m.withholds.WithLabelValues(label) // every reason's series exists from the start, at 0
 	}
+	m.confirmRounds.WithLabelValues("confirmed")
+	m.confirmRounds.WithLabelValues("failed")
 	return m
 }
 
@@ -66,7 +73,20 @@ func newMetricsUnset(n *Node) *metrics {
 		dutyFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_leader_duty_failures_total", Help: "Per replica: times this replica, as leader, could not run its duty (building the Consul watch) and handed leadership over or retried."}),
 		withholds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hastate_withhold_starts_total", Help: "Per replica: times this replica began to withhold every agent answer (and fail readiness) for a reason: leaderless (no contact with a raft leader for longer than --leaderless-grace), catching_up (behind a leader after start or a cut-off; counted from a cut-off, not at start), not_understood (applied a raft entry of a newer release)."}, []string{"reason"}),
+			Name: "hastate_withhold_starts_total", Help: "Per replica: times this replica began to withhold every agent answer (and fail readiness) for a reason: leaderless (no contact with a raft leader for longer than --leaderless-grace), catching_up (behind a leader after start or a cut-off; counted from a cut-off, not at start), not_understood (applied a raft entry of a newer release), unconfirmed (no confirmation with the leader for longer than --leaderless-grace)."}, []string{"reason"}),
+		confirmRounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hastate_confirm_rounds_total", Help: "Per replica: confirmation rounds (read index: the leader's commit index, learned after the checks of the batch arrived and verified by a quorum, then applied here) by result: confirmed, failed (no leader, the leader unreachable or not verified, not applied within --confirm-timeout). One round serves every check that arrived while the one before was in flight."}, []string{"result"}),
+		confirmRound: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "hastate_confirm_round_seconds", Help: "Per replica: duration of each confirmation round (what a check waits at most for it, besides the round in flight when it arrived).",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
+		unconfirmedChecks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hastate_agent_unconfirmed_total", Help: "Per replica: agent checks answered nothing because no confirmation round succeeded within --confirm-timeout after they arrived (HAProxy keeps the server's state)."}),
+		confirmAge: prometheus.NewDesc("hastate_confirm_age_seconds",
+			"Per replica: seconds since this replica last confirmed with the raft leader that it serves every committed change (a confirmation round; idle replicas run one every 250ms). Past --leaderless-grace it withholds and fails readiness (hastate_withheld{reason=\"unconfirmed\"}).", nil, nil),
+		confirmFailing: prometheus.NewDesc("hastate_confirm_failing_seconds",
+			"Per replica: seconds for which every confirmation round has failed (0 after a success): for so long this replica has answered no agent check.", nil, nil),
+		grace: prometheus.NewDesc("hastate_leaderless_grace_seconds",
+			"Per replica: its --leaderless-grace, the age of the last leader contact (or of failing confirmations) past which it withholds and fails readiness. Alerts compare hastate_confirm_age_seconds with it.", nil, nil),
 		rampsActive: prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress (from raft: the same on every replica in sync).", nil, nil),
 		serverState: prometheus.NewDesc("hastate_server_state",
 			"Always 1: the effective state of each server (or backend wildcard, server \"*\") with a non-default state: drain, maint, weight (an explicit N%), ramping (an undrain ramp sets its weight) or withheld (invalid key without a last valid value: no answer). Servers answered ready 100% have no series. by is the writer named in the key's JSON value (cut to 64 bytes). From raft: the same on every replica in sync.",
@@ -107,7 +127,7 @@ func newMetricsUnset(n *Node) *metrics {
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
 			"Per replica: seconds this replica has been without a known raft leader (0 with one). Past --leaderless-grace since its last contact with a leader it withholds answers (see hastate_withheld).", nil, nil),
 		withheld: prometheus.NewDesc("hastate_withheld",
-			"Per replica: 1 for each reason this replica is withholding every agent answer and failing readiness (leaderless: no contact with a raft leader for longer than --leaderless-grace; catching_up: behind a leader since start or a cut-off; not_understood: applied a raft entry of a newer release, until upgraded), 0 otherwise. HAProxy keeps each server's last state for checks it sends here.", []string{"reason"}, nil),
+			"Per replica: 1 for each reason this replica is withholding every agent answer and failing readiness (leaderless: no contact with a raft leader for longer than --leaderless-grace; catching_up: behind a leader since start or a cut-off; not_understood: applied a raft entry of a newer release, until upgraded; unconfirmed: no confirmation with the leader for longer than --leaderless-grace), 0 otherwise. HAProxy keeps each server's last state for checks it sends here.", []string{"reason"}, nil),
 		contactAge: prometheus.NewDesc("hastate_raft_leader_contact_age_seconds",
 			"Per replica: seconds since this replica's last contact with a raft leader (a heartbeat or entry; about 0 on the leader). Past --leaderless-grace it withholds answers.", nil, nil),
 	}
@@ -115,7 +135,8 @@ func newMetricsUnset(n *Node) *metrics {
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures, m.withholds},
+	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.rampPolicyInvalid, m.applyErrors, m.dutyFailures, m.withholds,
+		m.confirmRounds, m.confirmRound, m.unconfirmedChecks},
 		m.port.collectors()...)
 }
 
@@ -126,7 +147,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.confirmAge, m.confirmFailing, m.grace} {
 		ch <- d
 	}
 }
@@ -174,6 +195,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.IsLeader() && m.n.levelWaiting.Load() != nil))
 	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.notUnderstood() != nil))
 	ch <- prometheus.MustNewConstMetric(m.contactAge, prometheus.GaugeValue, m.n.leaderContactAge().Seconds())
+	_, at := m.n.conf.lastConfirmed()
+	now := time.Now()
+	ch <- prometheus.MustNewConstMetric(m.confirmAge, prometheus.GaugeValue, max(now.Sub(at), 0).Seconds())
+	ch <- prometheus.MustNewConstMetric(m.confirmFailing, prometheus.GaugeValue, m.n.conf.failingFor(now).Seconds())
+	ch <- prometheus.MustNewConstMetric(m.grace, prometheus.GaugeValue, m.n.opts.LeaderlessGrace.Seconds())
 	for _, r := range withholdReasons() {
 		label, _ := r.info()
 		ch <- prometheus.MustNewConstMetric(m.withheld, prometheus.GaugeValue, boolGauge(m.n.withheld.has(r)), label)

@@ -110,6 +110,18 @@ type Options struct {
 	// readiness (see withhold.go); it answers again once it has a leader
 	// and has caught up. Keep it above a failover (about 2s).
 	LeaderlessGrace time.Duration
+	// ConfirmTimeout (0: DefaultConfirmTimeout) is how long a check waits
+	// for its confirmation (confirm.go) before it is answered nothing;
+	// negative turns confirmation off (answers from the last applied
+	// state, as releases before 0.15.0 did; see DESIGN.md).
+	ConfirmTimeout time.Duration
+	// ConfirmWindow (0: DefaultConfirmWindow) is how long the confirmation
+	// loop waits after the first check that wants a round before it starts
+	// it, so that more checks share it.
+	ConfirmWindow time.Duration
+	// legacyReadIndex (tests) plays a release before the read-index query:
+	// "readindex" is answered null.
+	legacyReadIndex bool
 	// HeartbeatTimeout and ElectionTimeout (0: 1s each) bound failover time.
 	HeartbeatTimeout time.Duration
 	ElectionTimeout  time.Duration
@@ -152,6 +164,10 @@ func (o *Options) validate() error {
 	o.HeartbeatTimeout = cmp.Or(o.HeartbeatTimeout, time.Second)
 	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
 	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
+	o.ConfirmTimeout = cmp.Or(o.ConfirmTimeout, DefaultConfirmTimeout)
+	if o.ConfirmWindow < 0 {
+		return fmt.Errorf("cluster: confirm window %s is negative: use 0 for none", o.ConfirmWindow)
+	}
 	if o.LeaderlessGrace < 0 {
 		return fmt.Errorf("cluster: leaderless grace %s is negative: set --leaderless-grace to a positive duration, e.g. %s", o.LeaderlessGrace, DefaultLeaderlessGrace)
 	}
@@ -166,6 +182,7 @@ type Node struct {
 	fsm       *fsm
 	store     *raftboltdb.BoltStore
 	transport *raft.NetworkTransport
+	logs      raft.LogStore // the log store behind raft (its cache included)
 	stream    *streamLayer
 	metrics   *metrics
 	observer  *raft.Observer
@@ -182,6 +199,10 @@ type Node struct {
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
+	// conf is the confirmation of answers (confirm.go); ri is the
+	// follower's open read-index connection to the leader (confirmLoop's).
+	conf confirmer
+	ri   readIndexConn
 	kvState
 
 	stop    chan struct{}
@@ -212,6 +233,7 @@ func New(o Options) (_ *Node, err error) {
 	n.started = time.Now()
 	n.leaderSeen.Store(n.started.UnixNano())
 	n.leaderContact.Store(n.started.UnixNano())
+	n.conf.init(n.started)
 	// Nothing is answered until the node has caught up with a leader.
 	n.withheld.set(withholdCatchingUp, true)
 	n.withheldSince[bitIndex(withholdCatchingUp)].Store(n.started.UnixNano())
@@ -225,6 +247,7 @@ func New(o Options) (_ *Node, err error) {
 	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
 	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
 	n.fsm.large = n.noteLarge
+	n.fsm.advanced = n.conf.advanced
 	n.fsm.notUnderstoodFn = func(err error) { n.withhold(withholdNotUnderstood, true, zap.Error(err)) }
 	n.fsm.rejected = func(err error) {
 		n.metrics.applyErrors.Inc()
@@ -243,7 +266,7 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
 	sl, err := newStreamLayer(streamConfig{
-		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries,
+		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries, ReadIndex: n.answerReadIndex, LegacyReadIndex: o.legacyReadIndex,
 		Log: o.Logger.Named("transport"), Metrics: n.metrics.port, Peers: len(o.Peers),
 		MaxConnsPerIP: o.MaxConnsPerIP, MaxConns: o.MaxConns, IdentifyTimeout: o.IdentifyTimeout,
 	})
@@ -281,6 +304,7 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
 	logs := newLogCache(logCacheEntries, store) // see logcache.go
+	n.logs = logs
 	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
@@ -324,7 +348,8 @@ func New(o Options) (_ *Node, err error) {
 	})
 
 	sl.serveQueries()
-	n.wg.Add(5)
+	n.wg.Add(6)
+	go n.confirmLoop()
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)
 	go n.contactLoop()
@@ -333,6 +358,7 @@ func New(o Options) (_ *Node, err error) {
 	n.stops.Add("node loops", func(context.Context) error {
 		close(n.stop)
 		n.wg.Wait()
+		n.ri.close()
 		return nil
 	})
 	// Registered last, so it runs first: a leader hands over leadership

@@ -4,6 +4,7 @@ package cluster
 // node's view of the cluster for /v1/cluster.
 
 import (
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -21,12 +22,76 @@ func (n *Node) Ready() (bool, string) {
 	case !synced:
 		return false, "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
 	case n.withheld.any():
-		return false, "holds state but withholds every answer: " + n.withheld.details()
+		return false, "holds state but withholds every answer: " + n.withheldDetails(time.Now())
+	}
+	d := "holds state and caught up with a leader"
+	if c := n.confirmTrouble(time.Now()); c != "" {
+		d += "; answers nothing: " + c
 	}
 	if w := n.KVView().Warning; w != "" {
-		return true, "holds state and caught up with a leader; " + w
+		d += "; " + w
 	}
-	return true, "holds state and caught up with a leader"
+	return true, d
+}
+
+// withheldDetails is the readiness detail of each reason in force, with
+// how long it has been (and the confirmation's trouble, if any).
+func (n *Node) withheldDetails(now time.Time) string {
+	var parts []string
+	for _, r := range withholdReasons() {
+		if n.withheld.has(r) {
+			_, d := r.info()
+			since := time.Unix(0, n.withheldSince[bitIndex(r)].Load())
+			parts = append(parts, d+" (for "+roundFor(now.Sub(since))+")")
+		}
+	}
+	if c := n.confirmTrouble(now); c != "" && !n.withheld.has(withholdLeaderless) {
+		parts = append(parts, c)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// confirmTrouble says for how long confirmation rounds have failed, and
+// why ("" while the last one succeeded).
+func (n *Node) confirmTrouble(now time.Time) string {
+	f := n.conf.failingFor(now)
+	if f == 0 {
+		return ""
+	}
+	s := "cannot confirm with the leader for " + roundFor(f)
+	if err := n.conf.lastError(); err != nil {
+		s += " (" + err.Error() + ")"
+	}
+	return s
+}
+
+// roundFor rounds a duration for people: 1.2s, 350ms.
+func roundFor(d time.Duration) string {
+	if d >= time.Second {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// confirmInfo is /v1/cluster's confirm.
+func (n *Node) confirmInfo(now time.Time) api.ConfirmInfo {
+	idx, at := n.conf.lastConfirmed()
+	ci := api.ConfirmInfo{
+		LastConfirmedSeconds: max(now.Sub(at), 0).Seconds(), ConfirmedIndex: idx,
+		FailingSeconds: n.conf.failingFor(now).Seconds(), TimeoutSeconds: n.opts.ConfirmTimeout.Seconds(),
+	}
+	if err := n.conf.lastError(); err != nil {
+		ci.Error = err.Error()
+	}
+	switch {
+	case n.withheld.any():
+		ci.NotAnswering = n.withheldDetails(now)
+	case ci.FailingSeconds > 0:
+		ci.NotAnswering = n.confirmTrouble(now)
+	default:
+		ci.Answering = true
+	}
+	return ci
 }
 
 // Info returns the node's view of the cluster.
@@ -37,7 +102,7 @@ func (n *Node) Info() api.ClusterInfo {
 		NodeID: n.opts.ID, State: stateName(n.raft.State()), LeaderID: string(lid), LeaderAddr: string(addr),
 		AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
 		KVIndex: kvIndex, KVKeys: keys, KVDigest: n.fsm.digest(), HoldsState: synced, CaughtUp: !n.withheld.has(withholdCatchingUp), Withholding: n.withheld.labels(),
-		KV: n.KVView(), LeaderlessSeconds: n.leaderless().Seconds(), Members: []api.MemberInfo{},
+		KV: n.KVView(), Confirm: n.confirmInfo(time.Now()), LeaderlessSeconds: n.leaderless().Seconds(), Members: []api.MemberInfo{},
 	}
 	if lc := n.raft.LastContact(); !lc.IsZero() && in.State != "leader" {
 		in.LastContact = time.Since(lc).Round(time.Millisecond).String()

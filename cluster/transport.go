@@ -9,7 +9,6 @@ import (
 	"io"
 	"maps"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -84,6 +83,9 @@ type streamLayer struct {
 	advertise advertiseAddr
 	tls       *tls.Config           // nil: plain TCP
 	queries   map[string]func() any // the wiring's and "status"
+	// readIndex answers the query "readindex" (confirm.go) on a
+	// connection that stays open; nil: answered null.
+	readIndex func() readIndexAnswer
 	log       *zap.Logger
 	identify  time.Duration
 	guard     *connGuard
@@ -110,6 +112,8 @@ type streamConfig struct {
 	TLS             *tls.Config
 	Status          func() api.PeerStatus
 	Queries         map[string]func() any
+	ReadIndex       func() readIndexAnswer
+	LegacyReadIndex bool // answer "readindex" null (tests)
 	Log             *zap.Logger
 	Metrics         *portMetrics
 	MaxConnsPerIP   int
@@ -134,8 +138,10 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	if _, _, err := net.SplitHostPort(c.Advertise); err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", c.Advertise, err)
 	}
-	if _, ok := c.Queries[statusQuery]; ok {
-		return nil, fmt.Errorf("peer query %q: the name is the node's own status query; name the query otherwise", statusQuery)
+	for _, q := range []string{statusQuery, readIndexQuery} {
+		if _, ok := c.Queries[q]; ok {
+			return nil, fmt.Errorf("peer query %q: the name is the node's own %s query; name the query otherwise", q, q)
+		}
 	}
 	queries := maps.Clone(c.Queries)
 	if c.Status != nil {
@@ -152,6 +158,9 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 		identify: c.IdentifyTimeout, guard: newConnGuard(c.MaxConnsPerIP, c.MaxConns, c.Metrics.open), metrics: c.Metrics,
 		rejects: newRejectLog(c.Log, time.Second), retries: ratelog.New(time.Second, nil), failed: make(chan error, 1),
 		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
+	if !c.LegacyReadIndex {
+		s.readIndex = c.ReadIndex
+	}
 	if c.TLS != nil {
 		c.Metrics.tlsEnabled.Set(1)
 	} else if c.Peers > 1 {
@@ -264,17 +273,39 @@ func (s *streamLayer) answer(c net.Conn, kind byte) {
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	name := statusQuery
 	if kind == connQuery {
-		line, err := bufio.NewReaderSize(io.LimitReader(c, 64), 64).ReadString('\n')
+		r := bufio.NewReaderSize(c, 64)
+		line, err := readLine(r, 64)
 		if err != nil {
 			return
 		}
-		name = strings.TrimSuffix(line, "\n")
+		name = line
+		if name == readIndexQuery && s.readIndex != nil {
+			s.serveReadIndex(c, r) // stays open for the next rounds
+			return
+		}
 	}
 	var v any
 	if q, ok := s.queries[name]; ok {
 		v = q()
 	}
 	_ = json.NewEncoder(c).Encode(v)
+}
+
+// readLine reads a line of at most limit bytes (LF included) from r,
+// without its LF.
+func readLine(r *bufio.Reader, limit int) (string, error) {
+	var b []byte
+	for len(b) < limit {
+		c, err := r.ReadByte()
+		if err != nil {
+			return "", err
+		}
+		if c == '\n' {
+			return string(b), nil
+		}
+		b = append(b, c)
+	}
+	return "", fmt.Errorf("query name longer than %d bytes", limit)
 }
 
 // Accept returns the next raft connection.

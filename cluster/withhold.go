@@ -37,6 +37,10 @@ const (
 	// it would serve what the others do not (gate.go). It stays until the
 	// replica runs a release that understands the entry.
 	withholdNotUnderstood
+	// withholdUnconfirmed: no confirmation round (confirm.go) has
+	// succeeded for longer than --leaderless-grace: the replica answered
+	// nothing for that long, although it may have contact.
+	withholdUnconfirmed
 
 	withholdEnd // one past the last reason
 )
@@ -50,6 +54,8 @@ func (r withholdReason) info() (label, detail string) {
 		return "leaderless", "no contact with a raft leader for longer than --leaderless-grace: it may have missed changes (check the raft port and the network to the peers)"
 	case withholdNotUnderstood:
 		return "not_understood", "applied a raft entry of a newer release that this one does not understand: upgrade this replica (/v1/cluster level.not_understood names the entry)"
+	case withholdUnconfirmed:
+		return "unconfirmed", "could not confirm with a raft leader for longer than --leaderless-grace that it serves every committed change (check the raft port to the leader; /v1/cluster confirm says why)"
 	}
 	return "unknown", "unknown reason"
 }
@@ -146,26 +152,91 @@ func (n *Node) Serving() *state.Snapshot {
 	return n.fsm.serving.Load()
 }
 
-// contactEvery is how often contactLoop looks at the leader contact.
+// contactEvery is how often contactLoop gathers the withhold inputs.
 const contactEvery = 50 * time.Millisecond
 
-// contactLoop keeps the leader-contact reasons: withholdLeaderless once the
-// last contact with a leader is older than the grace, and
-// withholdCatchingUp from start, and from every such cut-off, until the
-// node serves everything a leader served when this node asked it.
+// withholdInputs is everything the withhold decision depends on. The
+// loops only gather them (contactLoop: contact, catching up; confirmLoop:
+// the last confirmation; the FSM: an entry not understood);
+// decideWithhold is the one place that turns them into reasons.
+type withholdInputs struct {
+	Now time.Time
+	// LastContact is the last contact with a leader: a heartbeat or entry
+	// from one (raft's LastContact on a follower), or leading; start
+	// counts, so a replica has the grace to find its leader.
+	LastContact time.Time
+	Grace       time.Duration
+	// Was is the set of reasons in force before: catching_up, once set,
+	// stays until the catching-up rule holds.
+	Was uint32
+	// CaughtUp: the catching-up rule (caughtUp) holds now.
+	CaughtUp bool
+	// FailingSince is when the confirmation rounds (confirm.go) began to
+	// fail, every one since (zero: the last one confirmed: the FSM held
+	// at least the leader's commit index learned after the round began).
+	// ConfirmedIndex is the last confirmed round's index (0: none yet);
+	// StateIndex is what the FSM serves.
+	FailingSince   time.Time
+	ConfirmedIndex uint64
+	StateIndex     uint64
+	NotUnderstood  bool
+}
+
+// decideWithhold returns the reasons (bits of withholdReason) in force for
+// in. It is pure: time is an input.
 //
-// Contact is a heartbeat or entry from a leader (raft's LastContact on a
-// follower), or being the leader: a leader that lost its quorum steps down
-// after raft's LeaderLeaseTimeout and from then on ages like any follower.
-// Start counts as contact, so a replica has the grace to find its leader.
+//   - leaderless: the last contact with a leader is older than the grace;
+//   - catching_up: set from start and by every cut-off (leaderless), kept
+//     until the catching-up rule holds;
+//   - unconfirmed: not leaderless (that says more), but every confirmation
+//     round has failed for longer than the grace (measured from the first
+//     failure, which comes after the last contact when a cut-off is the
+//     cause, so a cut-off says leaderless first), or the FSM went back
+//     below the last confirmed index (a restore of an older snapshot): the
+//     replica has answered nothing for that long although it has contact;
+//     it fails readiness so that the load balancer sends checks elsewhere;
+//   - not_understood: an applied entry of a newer release.
+func decideWithhold(in withholdInputs) uint32 {
+	var out uint32
+	leaderless := in.Now.Sub(in.LastContact) > in.Grace
+	if leaderless {
+		out |= uint32(withholdLeaderless)
+	}
+	if leaderless || (in.Was&uint32(withholdCatchingUp) != 0 && !in.CaughtUp) {
+		out |= uint32(withholdCatchingUp)
+	}
+	failing := !in.FailingSince.IsZero() && in.Now.Sub(in.FailingSince) > in.Grace
+	if !leaderless && (failing || in.StateIndex < in.ConfirmedIndex) {
+		out |= uint32(withholdUnconfirmed)
+	}
+	if in.NotUnderstood {
+		out |= uint32(withholdNotUnderstood)
+	}
+	return out
+}
+
+// caughtUp is the catching-up rule: the leader is caught up after the
+// barrier of its term (leaderDuty records it); a follower once its FSM
+// serves at least the state index a leader reported over the raft port's
+// status query when asked (leaderStateIndex; 0: not known yet).
 //
-// Catching up compares the FSM's own index on both sides (the leader's
-// comes over the raft port's status query). The node's own commit index
-// cannot tell: a follower caps it at its last log index, so a follower
-// restarted behind the leader would look caught up before the leader sent
-// it the entries it missed; and raft's applied index counts entries still
-// queued for the FSM. The leader itself is caught up after the barrier of
-// its term (leaderDuty records it).
+// Why the FSM's own index on both sides: a follower caps its own commit
+// index at its last log index, so a follower restarted behind the leader
+// would look caught up before the leader sent it the entries it missed;
+// and raft's applied index counts entries still queued for the FSM.
+func caughtUp(leading, barrierDone bool, stateIndex, leaderStateIndex uint64) bool {
+	if leading {
+		return barrierDone
+	}
+	return leaderStateIndex != 0 && stateIndex >= leaderStateIndex
+}
+
+// contactLoop gathers the withhold inputs every contactEvery and applies
+// decideWithhold's reasons: the leader contact, the catching-up target
+// (the leader's state index, asked over the raft port's status query
+// while catching up), the last confirmation. It also asks the
+// confirmation loop for a round when none ran for a while, so that a
+// replica without checks still knows whether it could answer.
 func (n *Node) contactLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(contactEvery)
@@ -194,42 +265,65 @@ func (n *Node) contactLoop() {
 			}
 		}
 		n.leaderContact.Store(contact.UnixNano())
-		if age := now.Sub(contact); age > n.opts.LeaderlessGrace {
-			if !n.withheld.has(withholdLeaderless) {
-				n.withhold(withholdLeaderless, true, zap.Duration("last_contact_ago", age.Round(time.Millisecond)),
-					zap.Duration("leaderless_grace", n.opts.LeaderlessGrace), zap.String("raft_state", stateName(n.raft.State())))
-			}
-			n.withhold(withholdCatchingUp, true)
-			leader, target = "", 0
-			continue
-		}
-		n.withhold(withholdLeaderless, false, zap.String("leader_id", string(id)))
-		if !n.withheld.has(withholdCatchingUp) {
-			continue
-		}
-		if leading {
-			if term := n.barrierTerm.Load(); term != 0 && term == n.raft.CurrentTerm() {
-				n.withhold(withholdCatchingUp, false, zap.Uint64("state_index", n.fsm.index.Load()), zap.String("leader_id", n.opts.ID))
-			}
-			continue
-		}
-		if id == "" || string(id) == n.opts.ID {
-			continue // no leader known yet
-		}
 		if id != leader {
 			leader, target = id, 0
 		}
-		if target == 0 {
+		was := n.withheld.bits.Load()
+		barrierDone := leading && n.barrierTerm.Load() != 0 && n.barrierTerm.Load() == n.raft.CurrentTerm()
+		if !leading && was&uint32(withholdCatchingUp) != 0 && target == 0 && id != "" && string(id) != n.opts.ID &&
+			now.Sub(contact) <= n.opts.LeaderlessGrace {
 			st, err := n.stream.queryStatus(n.dialAddress(raft.Server{ID: id, Address: addr}), 500*time.Millisecond)
-			if err != nil || st.ID != string(id) || st.State != stateName(raft.Leader) || st.StateIndex == 0 {
-				continue
+			if err == nil && st.ID == string(id) && st.State == stateName(raft.Leader) && st.StateIndex != 0 {
+				target = st.StateIndex
 			}
-			target = st.StateIndex
 		}
-		if n.fsm.index.Load() >= target {
-			n.withhold(withholdCatchingUp, false, zap.Uint64("state_index", n.fsm.index.Load()), zap.Uint64("leader_state_index", target),
-				zap.String("leader_id", string(leader)))
+		ci, cat := n.conf.lastConfirmed()
+		var failing time.Time
+		if fs := n.conf.failSince.Load(); fs != 0 && !n.confirmOff() {
+			failing = time.Unix(0, fs)
 		}
+		in := withholdInputs{
+			Now: now, LastContact: contact, Grace: n.opts.LeaderlessGrace, Was: was,
+			CaughtUp:     caughtUp(leading, barrierDone, n.fsm.index.Load(), target),
+			FailingSince: failing, ConfirmedIndex: ci, StateIndex: n.fsm.index.Load(),
+			NotUnderstood: n.fsm.notUnderstood() != nil,
+		}
+		next := decideWithhold(in)
+		if next&uint32(withholdLeaderless) != 0 {
+			target = 0 // from a cut-off, ask the leader again
+		}
+		n.applyWithhold(was, next, in, leader, target)
+		if now.Sub(cat) > confirmRefresh && !n.confirmOff() {
+			n.conf.wake()
+		}
+	}
+}
+
+// applyWithhold turns the reasons of next on and off (logged and counted
+// by withhold) with the fields that say why.
+func (n *Node) applyWithhold(was, next uint32, in withholdInputs, leader raft.ServerID, target uint64) {
+	for _, r := range withholdReasons() {
+		on := next&uint32(r) != 0
+		if on == (was&uint32(r) != 0) {
+			continue
+		}
+		var fields []zap.Field
+		switch {
+		case r == withholdLeaderless && on:
+			fields = []zap.Field{zap.Duration("last_contact_ago", in.Now.Sub(in.LastContact).Round(time.Millisecond)),
+				zap.Duration("leaderless_grace", in.Grace), zap.String("raft_state", stateName(n.raft.State()))}
+		case r == withholdLeaderless:
+			fields = []zap.Field{zap.String("leader_id", string(leader))}
+		case r == withholdCatchingUp && !on:
+			fields = []zap.Field{zap.Uint64("state_index", in.StateIndex), zap.Uint64("leader_state_index", target), zap.String("leader_id", string(leader))}
+		case r == withholdUnconfirmed:
+			fields = []zap.Field{zap.Duration("confirm_failing_for", n.conf.failingFor(in.Now).Round(time.Millisecond)),
+				zap.Uint64("confirmed_index", in.ConfirmedIndex), zap.Uint64("state_index", in.StateIndex)}
+			if err := n.conf.lastError(); err != nil && on {
+				fields = append(fields, zap.Error(err))
+			}
+		}
+		n.withhold(r, on, fields...)
 	}
 }
 

@@ -33,3 +33,30 @@ func TestServingAllocs(t *testing.T) {
 	}
 	n.withheld.set(testReason, false)
 }
+
+// TestConfirmWaitAllocs: a check's side of the confirmation (take the
+// round's notifier, ask for a round, wait with a pooled timer) allocates
+// nothing; rounds allocate per batch, in the loop.
+func TestConfirmWaitAllocs(t *testing.T) {
+	var c confirmer
+	c.init(time.Now())
+	done := newReadNotifier()
+	close(done.done)
+	c.next.Store(done)
+	if allocs := testing.AllocsPerRun(1000, func() {
+		if !c.await(time.Second) {
+			t.Fatal("a confirmed round reads as not confirmed")
+		}
+	}); allocs != 0 {
+		t.Errorf("await allocates %v times per check, want 0", allocs)
+	}
+	pending := newReadNotifier()
+	c.next.Store(pending)
+	if allocs := testing.AllocsPerRun(100, func() {
+		if c.await(time.Microsecond) {
+			t.Fatal("a round in flight reads as confirmed")
+		}
+	}); allocs != 0 {
+		t.Errorf("await that times out allocates %v times per check, want 0", allocs)
+	}
+}

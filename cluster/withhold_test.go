@@ -114,6 +114,12 @@ func (p *cutProxy) setCut(cut bool) {
 // per ordered pair: proxies[i][j] carries i's dials to j.
 func meshCluster(t *testing.T, grace time.Duration) ([]*testNode, [3][3]*cutProxy) {
 	t.Helper()
+	return meshClusterWith(t, grace, nil)
+}
+
+// meshClusterWith is meshCluster with tweak applied to each node's options.
+func meshClusterWith(t *testing.T, grace time.Duration, tweak func(i int, o *Options)) ([]*testNode, [3][3]*cutProxy) {
+	t.Helper()
 	var peers []Peer
 	for i := range 3 {
 		peers = append(peers, Peer{ID: fmt.Sprintf("n%d", i), Address: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))})
@@ -128,8 +134,12 @@ func meshCluster(t *testing.T, grace time.Duration) ([]*testNode, [3][3]*cutProx
 				dial[peers[j].ID] = proxies[i][j].addr()
 			}
 		}
-		nodes[i] = startNode(t, Options{ID: peers[i].ID, BindAddr: peers[i].Address, Advertise: peers[i].Address, Peers: peers,
-			DataDir: t.TempDir(), DialOverride: dial, LeaderlessGrace: grace})
+		o := Options{ID: peers[i].ID, BindAddr: peers[i].Address, Advertise: peers[i].Address, Peers: peers,
+			DataDir: t.TempDir(), DialOverride: dial, LeaderlessGrace: grace}
+		if tweak != nil {
+			tweak(i, &o)
+		}
+		nodes[i] = startNode(t, o)
 	}
 	return nodes, proxies
 }

@@ -39,8 +39,11 @@ var (
 	ErrInvalidOptions = errors.New("invalid options")
 )
 
-// SnapshotSource returns the current serving snapshot. It must not block
-// (an atomic load): the agent server calls it once per probe.
+// SnapshotSource returns the snapshot a probe is answered from (nil:
+// answer nothing). The agent server calls it once per probe, once the
+// request has arrived. It must not allocate; it may block for a bounded
+// time (the cluster's confirmation of the answer: a round trip to the
+// raft leader per batch of probes, at most --confirm-timeout).
 type SnapshotSource interface {
 	Snapshot() *state.Snapshot
 }

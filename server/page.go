@@ -332,6 +332,8 @@ func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []p
 	}
 	if !ready {
 		out = append(out, pageBanner{Text: "replica " + ci.NodeID + " is NOT READY", Detail: detail})
+	} else if c := ci.Confirm.NotAnswering; c != "" {
+		out = append(out, pageBanner{Text: "replica " + ci.NodeID + " answers HAProxy nothing: " + c})
 	}
 	if !v.HoldsState {
 		out = append(out, pageBanner{Text: "replica " + ci.NodeID + " holds no state yet: it answers HAProxy nothing"})

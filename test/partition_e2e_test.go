@@ -11,18 +11,29 @@ import (
 	"github.com/hastate/hastate/internal/testenv"
 )
 
-// TestE2EPartitionBehindTheLoadBalancer is issue 16's setup: three
-// replicas behind a real HAProxy in TCP mode as the internal load balancer
-// (roundrobin, `option httpchk GET /-/readiness` every 500ms, fall 2), a
-// second real HAProxy with 20 servers whose agent checks go through it every
-// 500ms, and one follower's raft traffic cut (its dials and its peers' dials
-// to it go through proxies that are closed) while the load balancer still
-// reaches its agent and HTTP ports. Once the grace has passed, a
-// backend-wide drain is written. No check through the load balancer then
-// gets a stale answer, and no server goes from DRAIN (agent) back to UP.
-// After the heal the replica is back in the load balancer and answers the
-// drain.
+// TestE2EPartitionBehindTheLoadBalancer is issue 16's setup with issue
+// 23's window: three replicas behind a real HAProxy in TCP mode as the
+// internal load balancer (roundrobin, `option httpchk GET /-/readiness`
+// every 500ms, fall 2), a second real HAProxy with 20 servers whose agent
+// checks go through it every 500ms, and one follower's raft traffic cut
+// (its dials and its peers' dials to it go through proxies that are
+// closed) while the load balancer still reaches its agent and HTTP ports.
+// A backend-wide drain is written IN the window, 100ms, 500ms and 1s after
+// the cut, long before --leaderless-grace takes the cut-off replica out of
+// the load balancer (about 3.5-4s). From the first answer of drain on, no
+// check through the load balancer gets another answer (the cut-off
+// replica cannot confirm with the leader and answers nothing), and no
+// server goes from DRAIN (agent) back to UP. After the heal the replica is
+// back in the load balancer and answers the drain.
 func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
+	for _, after := range []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, time.Second} {
+		t.Run("drain "+after.String()+" after the cut", func(t *testing.T) { partitionRun(t, after) })
+	}
+}
+
+// partitionRun is one run of TestE2EPartitionBehindTheLoadBalancer with
+// the drain written after the cut.
+func partitionRun(t *testing.T, after time.Duration) {
 	const (
 		backend = "be_lb"
 		servers = 20
@@ -45,56 +56,70 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 	cutOff := hs[cutIdx]
 	lbRow := agentLBName + "/" + lbServerName(cutIdx)
 	majority := others(hs, cutOff)
+	for _, h := range hs {
+		h.WaitReady(t)
+	}
+	// The fleet sees every server UP (ready) before the cut.
+	samp := startStatSampler(fleet, backend, be.Servers)
+	defer samp.stop()
+	testenv.Eventually(t, 15*time.Second, func() error {
+		return testenv.Expect(samp.allUp(), "not every server UP before the cut: %s", samp)
+	})
 
 	// Checks through the load balancer, as the fleet's are, from before
-	// the cut to the end.
+	// the cut to the end. From the first one answered drain on, each must
+	// be answered drain or nothing.
 	lbp := startLBProbers(lb.Frontend, backend+"/s01")
 	defer lbp.stop()
 	lbp.waitProbes(t, 20)
+	lbp.expectFromFirst("drain")
 
 	cut := mesh.Isolate(cutOff)
 	cutAt := time.Now()
 	t.Logf("cut the %d raft links of follower %s (leader %s); the load balancer still reaches its agent and HTTP ports", len(cut), cutOff.NodeID, leader.NodeID)
 
-	// Time to withhold: the cut-off replica's own agent port stops
-	// answering (a connection closed without a reply).
-	var withheldAt time.Time
-	testenv.Eventually(t, grace+10*time.Second, func() error {
-		if kind, _, _ := probeAgent(cutOff.AgentAddr, backend+"/s01"); kind == probeUnanswered {
-			withheldAt = time.Now()
-			return nil
-		}
-		return fmt.Errorf("cut-off %s still answers: %+v", cutOff.NodeID, cutOff.Cluster(t))
-	})
-	toWithhold := withheldAt.Sub(cutAt)
-	if toWithhold < grace-contactSlack {
-		t.Errorf("cut-off %s withheld %s after the cut, before --leaderless-grace %s", cutOff.NodeID, toWithhold, grace)
-	}
-	code, rd := cutOff.Readiness(t)
-	if code != http.StatusServiceUnavailable || !strings.Contains(rd.Detail, "--leaderless-grace") {
-		t.Errorf("cut-off %s: /-/readiness %d %q; want 503 naming --leaderless-grace", cutOff.NodeID, code, rd.Detail)
-	}
-	if v := cutOff.Metric(t, `hastate_withheld{reason="leaderless"}`); v != 1 {
-		t.Errorf("cut-off %s: hastate_withheld{reason=\"leaderless\"} = %v, want 1", cutOff.NodeID, v)
-	}
-	// The drain, written as soon as the replica withholds, while the load
-	// balancer still sends it checks. The majority answers it; from then
-	// on every check through the load balancer must be answered drain or
-	// not at all (the cut-off replica's empty reply: HAProxy keeps its
-	// state).
+	// The drain, written in the window: the run's schedule, measured from
+	// the cut's own timestamp.
 	op := Operator{ConsulAddr: consul.Addr()}
+	time.Sleep(time.Until(cutAt.Add(after)))
 	wroteAt := time.Now()
 	op.Run(t, "drain", backend+"/*", "--reason", "partition test")
 	majorityAt, err := waitAllAnswer(majority, backend+"/s01", "drain", 10*time.Second)
 	if err != nil {
 		t.Fatalf("the majority did not follow the drain during the cut: %v", err)
 	}
-	lbp.expect("drain", majorityAt)
+	lbp.expectBy(majorityAt)
+	// The cut-off replica, still in the load balancer, answers nothing.
 	if kind, ans, _ := probeAgent(cutOff.AgentAddr, backend+"/s01"); kind != probeUnanswered {
-		t.Errorf("cut-off %s during the drain: %v %q; want no answer", cutOff.NodeID, kind, ans)
+		t.Errorf("cut-off %s during the drain (%s after the cut): %v %q; want no answer", cutOff.NodeID, time.Since(cutAt).Round(time.Millisecond), kind, ans)
+	}
+	inLB := lb.Server(t, lbRow).Status
+	var cutInfo string
+	if time.Since(cutAt) < grace-contactSlack {
+		code, rd := cutOff.Readiness(t)
+		cutInfo = fmt.Sprintf("readiness %d %q", code, rd.Detail)
+		if code != http.StatusOK || !strings.Contains(rd.Detail, "cannot confirm with the leader for") {
+			t.Errorf("cut-off %s within the grace: /-/readiness %d %q; want 200 saying it cannot confirm", cutOff.NodeID, code, rd.Detail)
+		}
 	}
 
-	// Time until the load balancer took it out.
+	// Readiness fails once the grace has passed; the load balancer then
+	// takes the replica out.
+	var notReadyAt time.Time
+	testenv.Eventually(t, grace+10*time.Second, func() error {
+		if code, rd := cutOff.Readiness(t); code != http.StatusServiceUnavailable || !strings.Contains(rd.Detail, "--leaderless-grace") {
+			return fmt.Errorf("cut-off %s: /-/readiness %d %q", cutOff.NodeID, code, rd.Detail)
+		}
+		notReadyAt = time.Now()
+		return nil
+	})
+	toNotReady := notReadyAt.Sub(cutAt)
+	if toNotReady < grace-contactSlack {
+		t.Errorf("cut-off %s failed readiness %s after the cut, before --leaderless-grace %s", cutOff.NodeID, toNotReady, grace)
+	}
+	if v := cutOff.Metric(t, `hastate_withheld{reason="leaderless"}`); v != 1 {
+		t.Errorf("cut-off %s: hastate_withheld{reason=\"leaderless\"} = %v, want 1", cutOff.NodeID, v)
+	}
 	var lbOutAt time.Time
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if r := lb.Server(t, lbRow); !strings.HasPrefix(r.Status, "DOWN") {
@@ -106,13 +131,11 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 	toLBOut := lbOutAt.Sub(cutAt)
 
 	// HAProxy: every server reaches DRAIN (agent); none ever goes back to UP.
-	samp := startStatSampler(fleet, backend, be.Servers)
-	defer samp.stop()
 	testenv.Eventually(t, 15*time.Second, func() error {
 		return testenv.Expect(samp.allDrained(), "not every server shows DRAIN (agent): %s", samp)
 	})
 	allDrainedAt := time.Now()
-	samp.waitSamples(t, 60) // 6s more of the cut, at 100ms a sample
+	samp.waitSamples(t, 30) // 3s more of the cut, at 100ms a sample
 
 	// Heal: the replica catches up, is ready again, the load balancer
 	// takes it back, and it answers the drain.
@@ -147,16 +170,17 @@ func TestE2EPartitionBehindTheLoadBalancer(t *testing.T) {
 		t.Errorf("%d times a server went from DRAIN (agent) back to UP (%d samples of show stat)", flips, samples)
 	}
 	if res.stale != 0 {
-		t.Errorf("%d checks through the load balancer got a stale answer after the majority answered drain (first: %v)", res.stale, res.firstStale)
+		t.Errorf("%d checks through the load balancer got a stale answer after the first drain answer (first: %v)", res.stale, res.firstStale)
 	}
 	if !samp.allDrained() {
 		t.Errorf("after the heal not every server shows DRAIN (agent): %s", samp)
 	}
-	t.Logf("figures: cut -> cut-off replica withholds %s (grace %s); cut -> load balancer took it out %s (withhold -> out %s; check every %s, fall %d)",
-		toWithhold.Round(time.Millisecond), grace, toLBOut.Round(time.Millisecond), lbOutAt.Sub(withheldAt).Round(time.Millisecond), lbInter, lbFall)
-	t.Logf("figures: drain write -> both majority replicas answer %s; -> 20/20 servers DRAIN (agent) %s; flips DRAIN (agent) -> UP: %d over %d show-stat samples (%d samples with fewer than %d drained, all before the first 20/20)",
-		majorityAt.Sub(wroteAt).Round(time.Millisecond), allDrainedAt.Sub(wroteAt).Round(time.Millisecond), flips, samples, partial, servers)
-	t.Logf("figures: heal -> cut-off replica ready %s, back in the load balancer %s; checks through the load balancer: %d answered drain after the majority did, %d stale, %d unanswered, %d other before the drain",
+	t.Logf("figures (drain %s after the cut): the cut-off replica was %s in the load balancer when the majority answered drain; %s", after, inLB, cutInfo)
+	t.Logf("figures: cut -> cut-off replica fails readiness %s (grace %s); cut -> load balancer took it out %s (check every %s, fall %d)",
+		toNotReady.Round(time.Millisecond), grace, toLBOut.Round(time.Millisecond), lbInter, lbFall)
+	t.Logf("figures: cut -> drain written %s; write -> both majority replicas answer %s; -> 20/20 servers DRAIN (agent) %s; flips DRAIN (agent) -> UP: %d over %d show-stat samples (%d samples with fewer than %d drained, all before the first 20/20)",
+		wroteAt.Sub(cutAt).Round(time.Millisecond), majorityAt.Sub(wroteAt).Round(time.Millisecond), allDrainedAt.Sub(wroteAt).Round(time.Millisecond), flips, samples, partial, servers)
+	t.Logf("figures: heal -> cut-off replica ready %s, back in the load balancer %s; checks through the load balancer: %d answered drain from the first drain answer on, %d stale, %d unanswered, %d before",
 		readyAt.Sub(healAt).Round(time.Millisecond), lbInAt.Sub(healAt).Round(time.Millisecond), res.ok, res.stale, res.unanswered, res.before)
 }
 
@@ -173,10 +197,11 @@ type lbProbers struct {
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
 
-	mu    sync.Mutex
-	want  string
-	since time.Time
-	res   lbResult
+	mu        sync.Mutex
+	want      string
+	since     time.Time // checks that begin after it are judged (zero: none yet)
+	fromFirst bool      // since is set by the first check answered want
+	res       lbResult
 }
 
 type lbResult struct {
@@ -202,8 +227,11 @@ func (p *lbProbers) judge(began time.Time, kind probeKind, ans string, err error
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.res.total++
+	if p.fromFirst && p.since.IsZero() && kind == probeAnswered && ans == p.want {
+		p.since = time.Now() // this check ended after the change was committed
+	}
 	switch {
-	case p.want == "" || began.Before(p.since):
+	case p.want == "" || p.since.IsZero() || began.Before(p.since):
 		p.res.before++
 	case kind == probeAnswered && ans == p.want:
 		p.res.ok++
@@ -217,11 +245,25 @@ func (p *lbProbers) judge(began time.Time, kind probeKind, ans string, err error
 	}
 }
 
-// expect makes every check that begins after since be answered want.
-func (p *lbProbers) expect(want string, since time.Time) {
+// expectFromFirst makes every check that begins after the first check
+// answered want ended be answered want (or nothing): once any HAProxy was
+// told want, none is told otherwise (see also expectBy).
+func (p *lbProbers) expectFromFirst(want string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.want, p.since = want, since
+	p.want, p.since = want, time.Time{}
+	p.fromFirst = true
+}
+
+// expectBy makes every check that begins after at be judged too, if no
+// check was answered want before it (at: when a replica was seen
+// answering want).
+func (p *lbProbers) expectBy(at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.since.IsZero() || at.Before(p.since) {
+		p.since = at
+	}
 }
 
 func (p *lbProbers) total() int {
@@ -300,6 +342,17 @@ func (s *statSampler) record(st map[string]Row, err error) {
 	} else if s.seenAll {
 		s.partial++
 	}
+}
+
+func (s *statSampler) allUp() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, srv := range s.servers {
+		if s.last[srv] != "UP" {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *statSampler) allDrained() bool {

@@ -219,6 +219,8 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&o.Ramp.FromMaint, "ramp-from-maint", false, "also ramp servers that leave maint")
 	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
 	f.DurationVar(&o.LeaderlessGrace, "leaderless-grace", cluster.DefaultLeaderlessGrace, "a replica whose last contact with a raft leader is older than this stops answering agent checks (HAProxy keeps its state) and fails readiness, until it has a leader again and has caught up")
+	f.DurationVar(&o.ConfirmTimeout, "confirm-timeout", cluster.DefaultConfirmTimeout, "a check is answered only once this replica confirmed with the raft leader that it serves every change committed before the check arrived (a read index, batched); a check not confirmed within this is answered nothing (HAProxy keeps its state). Keep it well under HAProxy's agent-check timeout")
+	f.DurationVar(&o.ConfirmWindow, "confirm-window", cluster.DefaultConfirmWindow, "how long a confirmation round waits for more checks to share it (0: none; see cluster/DESIGN.md for the measurements)")
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")

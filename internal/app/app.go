@@ -61,6 +61,13 @@ type Options struct {
 	// LeaderlessGrace: a replica whose last contact with a raft leader is
 	// older than this withholds every answer and fails readiness (0: 3s).
 	LeaderlessGrace time.Duration
+	// ConfirmTimeout: a check that no confirmation round (a read index from
+	// the raft leader) confirms within this is answered nothing (0:
+	// cluster.DefaultConfirmTimeout; negative: confirmation off).
+	// ConfirmWindow: how long a round waits for more checks to share it
+	// (0: none). See cluster/DESIGN.md.
+	ConfirmTimeout time.Duration
+	ConfirmWindow  time.Duration
 	// SnapshotInterval and SnapshotThreshold tune raft snapshots (0: 2m, 1024 entries).
 	SnapshotInterval  time.Duration
 	SnapshotThreshold uint64
@@ -159,6 +166,12 @@ func (o *Options) validate() error {
 	o.HTTPMaxHeaderBytes = cmp.Or(o.HTTPMaxHeaderBytes, 64<<10)
 	if o.LeaderlessGrace < 0 {
 		return fmt.Errorf("--leaderless-grace %s is negative: set a positive duration, or leave it unset for %s", o.LeaderlessGrace, cluster.DefaultLeaderlessGrace)
+	}
+	if o.ConfirmWindow < 0 {
+		return fmt.Errorf("--confirm-window %s is negative: set 0 (no wait) or a positive duration", o.ConfirmWindow)
+	}
+	if o.ConfirmTimeout > 0 && o.ConfirmTimeout < time.Millisecond {
+		return fmt.Errorf("--confirm-timeout %s is too short for a round trip to the raft leader: set at least 1ms, e.g. %s", o.ConfirmTimeout, cluster.DefaultConfirmTimeout)
 	}
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
@@ -289,7 +302,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}},
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
-		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace,
+		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace, ConfirmTimeout: a.o.ConfirmTimeout, ConfirmWindow: a.o.ConfirmWindow,
 	})
 	if err != nil {
 		return err
@@ -489,12 +502,13 @@ type replica struct{ a *App }
 
 func (r replica) Snapshot() *state.Snapshot { return r.a.node.Snapshot() }
 
-// agentSource is what the agent answers from: the node's Serving snapshot,
-// nil (no answer: HAProxy keeps its state) while the node withholds (no
-// contact with a leader for longer than the grace, catching up).
+// agentSource is what the agent answers from: the node's Confirmed
+// snapshot, once a confirmation round that began after the check arrived
+// succeeded; nil (no answer: HAProxy keeps its state) while the node
+// withholds or cannot confirm within --confirm-timeout.
 type agentSource struct{ a *App }
 
-func (s agentSource) Snapshot() *state.Snapshot { return s.a.node.Serving() }
+func (s agentSource) Snapshot() *state.Snapshot { return s.a.node.Confirmed() }
 func (r replica) Ready() (bool, string) {
 	if r.a.stopping.Load() {
 		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"

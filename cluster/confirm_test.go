@@ -1,0 +1,170 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// confirmedAnswer is the answer a check arriving now gets: confirmed first.
+func confirmedAnswer(n *Node, req string) string {
+	i := strings.IndexByte(req, '/')
+	return string(n.Confirmed().Lookup([]byte(req), i))
+}
+
+// startMesh starts meshCluster and waits until every node answers, with
+// the leader and one follower.
+func startMesh(t *testing.T, grace time.Duration, tweak func(i int, o *Options)) (nodes []*testNode, proxies [3][3]*cutProxy, l, f *testNode) {
+	t.Helper()
+	nodes, proxies = meshClusterWith(t, grace, tweak)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(leaderOf(nodes) != nil, "no leader")
+	})
+	l = leaderOf(nodes)
+	if err := l.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "1%"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		testenv.Eventually(t, 5*time.Second, func() error {
+			ok, d := n.Ready()
+			return testenv.Expect(ok && confirmedAnswer(n.Node, "web/a") == "ready 1%\n", "%s not ready: %s", n.opts.ID, d)
+		})
+		if n != l && f == nil {
+			f = n
+		}
+	}
+	return nodes, proxies, l, f
+}
+
+// TestConfirmedSeesEveryCommittedWrite: a check on a follower that arrives
+// after a write was committed on the leader is answered with that write,
+// every time, although the follower learns of the commit only later
+// (CommitTimeout); its unconfirmed snapshot at that instant often is older.
+func TestConfirmedSeesEveryCommittedWrite(t *testing.T) {
+	_, _, l, f := startMesh(t, time.Second, nil)
+	ctx := context.Background()
+	staleUnconfirmed := 0
+	const writes = 100
+	for i := range writes {
+		w := i%99 + 2
+		if err := l.ApplyKV(ctx, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)}); err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("ready %d%%\n", w)
+		if answer(f.Node, "web/a") != want {
+			staleUnconfirmed++
+		}
+		if got := confirmedAnswer(f.Node, "web/a"); got != want {
+			t.Fatalf("write %d: follower %s answered %q after the leader committed %q", i, f.opts.ID, got, want)
+		}
+		if got := confirmedAnswer(l.Node, "web/a"); got != want {
+			t.Fatalf("write %d: leader %s answered %q after it committed %q", i, l.opts.ID, got, want)
+		}
+	}
+	t.Logf("%d of %d writes: the follower's unconfirmed state right after the commit was older than the write; every confirmed answer was current", staleUnconfirmed, writes)
+	if v := metricOf(t, f, "hastate_confirm_rounds_total", "result=confirmed"); v < writes {
+		t.Errorf("hastate_confirm_rounds_total{confirmed} = %v on %s, want at least %d", v, f.opts.ID, writes)
+	}
+}
+
+// TestCutOffFollowerAnswersNothingAtOnce: from the instant its raft links
+// are cut, a follower answers no check (every confirmation fails), long
+// before --leaderless-grace; it stays ready within the grace, saying it
+// cannot confirm, and the majority follows a write made meanwhile.
+func TestCutOffFollowerAnswersNothingAtOnce(t *testing.T) {
+	const grace = 3 * time.Second
+	nodes, proxies, l, f := startMesh(t, grace, func(_ int, o *Options) { o.ConfirmTimeout = 200 * time.Millisecond })
+	isolate(proxies, indexOf(nodes, f), true)
+	cut := time.Now()
+	if err := l.ApplyKV(context.Background(), 2, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if got := confirmedAnswer(f.Node, "web/a"); got != "" {
+			t.Fatalf("cut-off %s answered %q %s after the cut; want nothing", f.opts.ID, got, time.Since(cut))
+		}
+	}
+	if time.Since(cut) < grace {
+		ok, d := f.Ready()
+		if !ok || !strings.Contains(d, "cannot confirm with the leader for") {
+			t.Errorf("cut-off %s within the grace: Ready %v %q; want ready, saying it cannot confirm", f.opts.ID, ok, d)
+		}
+		if ci := f.Info().Confirm; ci.Answering || !strings.Contains(ci.NotAnswering, "cannot confirm with the leader for") {
+			t.Errorf("cut-off %s: /v1/cluster confirm %+v; want not answering, saying why", f.opts.ID, ci)
+		}
+	}
+	if v := metricOf(t, f, "hastate_agent_unconfirmed_total", ""); v < 5 {
+		t.Errorf("hastate_agent_unconfirmed_total = %v, want at least 5", v)
+	}
+	if v := metricOf(t, f, "hastate_confirm_failing_seconds", ""); v <= 0 {
+		t.Errorf("hastate_confirm_failing_seconds = %v, want > 0", v)
+	}
+	for _, n := range nodes {
+		if n != f {
+			if got := confirmedAnswer(n.Node, "web/a"); got != "drain\n" {
+				t.Errorf("majority %s answers %q, want drain", n.opts.ID, got)
+			}
+		}
+	}
+	isolate(proxies, indexOf(nodes, f), false)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(confirmedAnswer(f.Node, "web/a") == "drain\n", "healed %s does not answer drain: %+v", f.opts.ID, f.Info().Confirm)
+	})
+}
+
+// TestConfirmAgainstAnOlderLeader: a leader of a release before the
+// read-index query answers it null; the follower then confirms with the
+// leader's status (its state index) and still answers every write the
+// leader applied before the check.
+func TestConfirmAgainstAnOlderLeader(t *testing.T) {
+	_, _, l, f := startMesh(t, time.Second, func(_ int, o *Options) { o.legacyReadIndex = true })
+	ctx := context.Background()
+	for i := range 20 {
+		w := i + 2
+		if err := l.ApplyKV(ctx, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := confirmedAnswer(f.Node, "web/a"), fmt.Sprintf("ready %d%%\n", w); got != want {
+			t.Fatalf("write %d: follower %s of an older leader answered %q, want %q", i, f.opts.ID, got, want)
+		}
+	}
+	if f.conf.legacy == "" {
+		t.Errorf("follower %s did not note that its leader is older", f.opts.ID)
+	}
+}
+
+// TestConfirmBatches: checks that arrive together share rounds: many
+// concurrent checks cost far fewer rounds than checks.
+func TestConfirmBatches(t *testing.T) {
+	_, _, _, f := startMesh(t, time.Second, nil)
+	before := metricOf(t, f, "hastate_confirm_rounds_total", "result=confirmed")
+	const workers, each = 32, 50
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	bad := 0
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				if confirmedAnswer(f.Node, "web/a") != "ready 1%\n" {
+					mu.Lock()
+					bad++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	rounds := metricOf(t, f, "hastate_confirm_rounds_total", "result=confirmed") - before
+	if bad != 0 {
+		t.Errorf("%d of %d checks not answered", bad, workers*each)
+	}
+	if rounds >= workers*each/4 {
+		t.Errorf("%d checks took %v rounds; want them batched (fewer than a quarter)", workers*each, rounds)
+	}
+	t.Logf("%d concurrent checks: %v rounds", workers*each, rounds)
+}

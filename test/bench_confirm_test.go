@@ -1,0 +1,289 @@
+package test
+
+import (
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// BenchmarkAgentCheckConfirmed is the cost of confirmed answers (issue
+// 23: every check waits for a read-index round), measured in one run
+// beside the bare responder of BenchmarkAgentCheckRatio: a three-replica
+// cluster of real hastate processes serving benchKV from Consul, loaded
+// as BenchmarkAgentCheckRatio loads its servers, alternating rounds of
+// the bare responder, hastate's agent server without a cluster (static:
+// what the agent itself costs), a follower and the leader. For each
+// --confirm-window in confirmWindows it reports the throughput ratio to
+// the bare responder, the p50/p99 latency added, and each replica's
+// raft-port traffic (bytes per second, both directions, through counting
+// proxies on every raft link) idle and under 10,000 checks/s on the
+// follower.
+//
+//	go test -run '^$' -bench AgentCheckConfirmed -benchtime 1x ./test/
+func BenchmarkAgentCheckConfirmed(b *testing.B) {
+	kv, reqs, answers := benchKV()
+	consul := testenv.StartConsul(b, testenv.ConsulOptions{})
+	putKV(b, consul, kv)
+	baseAddr := startBaselineResponder(b, kv)
+	staticAddr := startHastateAgent(b, kv)
+	for _, w := range confirmWindows {
+		b.Run("window="+w.String(), func(b *testing.B) {
+			hs := NewCluster(b, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{"--confirm-window", w.String()}})
+			mesh := newCountingMesh(b, hs)
+			StartAll(b, hs...)
+			leader := WaitLeader(b, 10*time.Second, hs...)
+			for _, h := range hs {
+				h.WaitReady(b)
+			}
+			follower := others(hs, leader)[0]
+			targets := []struct{ name, addr string }{{"baseline", baseAddr}, {"static", staticAddr}, {"follower", follower.AgentAddr}, {"leader", leader.AgentAddr}}
+			for _, tg := range targets {
+				runAgentLoad(b, tg.addr, 2*benchWorkers, reqs, answers) // warm up (and every replica answers benchKV)
+			}
+			res := make([][]loadResult, len(targets))
+			b.ResetTimer()
+			for range b.N {
+				for range ratioRounds {
+					for i, tg := range targets {
+						res[i] = append(res[i], runAgentLoad(b, tg.addr, ratioChecks, reqs, answers))
+					}
+				}
+			}
+			b.StopTimer()
+			base := merge(res[0]...)
+			for i, tg := range targets {
+				m := merge(res[i]...)
+				m.report(b, tg.name+"_")
+				if i == 0 {
+					continue
+				}
+				b.ReportMetric(m.rate()/base.rate(), tg.name+"_throughput_ratio")
+				b.ReportMetric(float64(m.quantile(0.50)-base.quantile(0.50))/float64(time.Microsecond), tg.name+"_added_p50_us")
+				b.ReportMetric(float64(m.quantile(0.99)-base.quantile(0.99))/float64(time.Microsecond), tg.name+"_added_p99_us")
+			}
+			rounds0 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
+			idle := mesh.rates()
+			time.Sleep(trafficFor) // the idle measure is the time itself
+			idleB := idle()
+			rounds1 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
+			load := mesh.rates()
+			rate := pacedLoad(b, follower.AgentAddr, 10000, trafficFor, reqs, answers)
+			loadB := load()
+			rounds2 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
+			for i, h := range hs {
+				role := "follower"
+				switch h {
+				case leader:
+					role = "leader"
+				case follower:
+					role = "loaded_follower"
+				}
+				b.ReportMetric(idleB[i], role+"_raft_idle_B/s")
+				b.ReportMetric(loadB[i], role+"_raft_10k_B/s")
+			}
+			b.ReportMetric(rate, "paced_checks/s")
+			b.ReportMetric((rounds2-rounds1)/trafficFor.Seconds(), "follower_rounds/s_at_10k")
+			b.ReportMetric((rounds1-rounds0)/trafficFor.Seconds(), "follower_rounds/s_idle")
+			b.Logf("window %s: paced load %.0f checks/s on %s; raft bytes/s idle %v, at load %v (replicas %v)", w, rate, follower.NodeID, idleB, loadB, nodeIDs(hs))
+			for i := range res[0] {
+				b.Logf("round %d: baseline %.0f/s p99 %v; static %.0f/s; follower %.0f/s p50 %v p99 %v; leader %.0f/s p50 %v p99 %v", i+1,
+					res[0][i].rate(), res[0][i].quantile(0.99), res[1][i].rate(), res[2][i].rate(), res[2][i].quantile(0.5), res[2][i].quantile(0.99),
+					res[3][i].rate(), res[3][i].quantile(0.5), res[3][i].quantile(0.99))
+			}
+		})
+	}
+}
+
+// confirmWindows are the --confirm-window values measured.
+var confirmWindows = []time.Duration{0, 200 * time.Microsecond, time.Millisecond}
+
+// trafficFor is how long raft traffic is measured, idle and under load.
+const trafficFor = 5 * time.Second
+
+// putKV writes kv to Consul in transactions of 64 keys.
+func putKV(tb testing.TB, consul *testenv.Consul, kv map[string]string) {
+	tb.Helper()
+	var ops consulapi.KVTxnOps
+	flush := func() {
+		if len(ops) == 0 {
+			return
+		}
+		ok, resp, _, err := consul.Client(tb).KV().Txn(ops, nil)
+		if err != nil || !ok {
+			tb.Fatalf("consul txn: %v %+v", err, resp)
+		}
+		ops = ops[:0]
+	}
+	for k, v := range kv {
+		ops = append(ops, &consulapi.KVTxnOp{Verb: consulapi.KVSet, Key: kvPrefix + k, Value: []byte(v)})
+		if len(ops) == 64 {
+			flush()
+		}
+	}
+	flush()
+}
+
+// pacedLoad sends rate checks a second to addr for d, from benchWorkers
+// workers, and returns the rate achieved.
+func pacedLoad(tb testing.TB, addr string, rate int, d time.Duration, reqs, answers [][]byte) float64 {
+	tb.Helper()
+	var done atomic.Int64
+	var bad atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	every := time.Duration(benchWorkers) * time.Second / time.Duration(rate)
+	for w := range benchWorkers {
+		wg.Go(func() {
+			var buf [64]byte
+			next := start.Add(time.Duration(w) * every / benchWorkers)
+			for i := w; time.Since(start) < d; i += benchWorkers {
+				time.Sleep(time.Until(next)) // the pace of the load
+				next = next.Add(every)
+				line, err := agentCheck(addr, reqs[i%len(reqs)], buf[:])
+				if err != nil || string(line) != string(answers[i%len(reqs)]) {
+					bad.Add(1)
+					continue
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := bad.Load(); n > 0 {
+		tb.Errorf("paced load on %s: %d checks failed or got a wrong answer", addr, n)
+	}
+	return float64(done.Load()) / time.Since(start).Seconds()
+}
+
+// countingMesh routes each replica's raft dials to each peer through a
+// proxy that counts the bytes both ways, as raftMesh does with toxiproxy.
+type countingMesh struct {
+	hs    []*Hastate
+	links map[[2]int]*countingProxy
+}
+
+func newCountingMesh(tb testing.TB, hs []*Hastate) *countingMesh {
+	tb.Helper()
+	m := &countingMesh{hs: hs, links: map[[2]int]*countingProxy{}}
+	for i, from := range hs {
+		var dial []string
+		for j, to := range hs {
+			if i == j {
+				continue
+			}
+			p := newCountingProxy(tb, to.RaftAddr)
+			m.links[[2]int{i, j}] = p
+			dial = append(dial, to.NodeID+"="+p.addr())
+		}
+		from.AddArgs("--raft-dial", strings.Join(dial, ","))
+	}
+	return m
+}
+
+// bytesOf is every byte on the links from and to replica i.
+func (m *countingMesh) bytesOf(i int) int64 {
+	var n int64
+	for k, l := range m.links {
+		if k[0] == i || k[1] == i {
+			n += l.bytes.Load()
+		}
+	}
+	return n
+}
+
+// rates starts a measure; the function it returns ends it and gives each
+// replica's bytes per second since.
+func (m *countingMesh) rates() func() []float64 {
+	start := time.Now()
+	before := make([]int64, len(m.hs))
+	for i := range m.hs {
+		before[i] = m.bytesOf(i)
+	}
+	return func() []float64 {
+		s := time.Since(start).Seconds()
+		out := make([]float64, len(m.hs))
+		for i := range m.hs {
+			out[i] = float64(m.bytesOf(i)-before[i]) / s
+		}
+		return out
+	}
+}
+
+// countingProxy forwards TCP connections to upstream and counts the bytes.
+type countingProxy struct {
+	ln       net.Listener
+	upstream string
+	bytes    atomic.Int64
+}
+
+func newCountingProxy(tb testing.TB, upstream string) *countingProxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &countingProxy{ln: ln, upstream: upstream}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				u, err := net.DialTimeout("tcp", upstream, time.Second)
+				if err != nil {
+					c.Close()
+					return
+				}
+				mu.Lock()
+				conns = append(conns, c, u)
+				mu.Unlock()
+				done := make(chan struct{}, 2)
+				go func() { p.copy(u, c); done <- struct{}{} }()
+				go func() { p.copy(c, u); done <- struct{}{} }()
+				<-done
+				c.Close()
+				u.Close()
+				<-done
+			})
+		}
+	})
+	tb.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return p
+}
+
+func (p *countingProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *countingProxy) copy(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.bytes.Add(int64(n))
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
