@@ -32,6 +32,9 @@ import (
 //
 //	HASTATE_NEMESIS_SEED=<n>        repeat a run's schedule (the seed is logged)
 //	HASTATE_NEMESIS_DURATION=10m    longer than the default (make soak)
+//	HASTATE_NEMESIS_SERVE_ARGS=...  extra `hastate serve` flags, e.g.
+//	                                --confirm-timeout=-1s (answers without
+//	                                confirmation: the checker must reject it)
 //	HASTATE_NEMESIS_REPLICAS=1      a control: one replica behind the load
 //	                                balancer (no raft links to cut) cannot
 //	                                step back, so any violation is the checker's
@@ -116,7 +119,7 @@ func (r *nemesisRun) fail(format string, args ...any) {
 
 func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
-	hs := NewCluster(t, replicas, HastateOptions{ConsulAddr: consul.Addr()})
+	hs := NewCluster(t, replicas, HastateOptions{ConsulAddr: consul.Addr(), Args: strings.Fields(os.Getenv("HASTATE_NEMESIS_SERVE_ARGS"))})
 	mesh := newRaftMesh(t, newFaultNet(), hs)
 	StartAll(t, hs...)
 	lb := StartAgentLB(t, hs, LBOptions{Inter: 500 * time.Millisecond, Fall: 2, Rise: 2})
