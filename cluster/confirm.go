@@ -9,7 +9,9 @@ package cluster
 //     follows it (raft's VerifyLeader: one heartbeat round);
 //   - a follower asks the leader for that index over the raft port (the
 //     named query "readindex", on a connection kept open), so the index is
-//     learned after the check arrived;
+//     learned after the check arrived; its request, in the term it follows
+//     the leader, is itself an acknowledgement, so in a cluster of three
+//     the leader answers it at once (answerReadIndex);
 //   - either then waits until its FSM serves at least that index.
 //
 // The confirmation is batched: every check that arrives while a round is
@@ -326,13 +328,17 @@ func (n *Node) readIndexTarget(commit uint64) uint64 {
 // what that release's leader served (weaker: it is not verified against a
 // quorum; see DESIGN.md, mixed releases).
 func (n *Node) followerReadIndex(deadline time.Time) (uint64, error) {
+	term := n.raft.CurrentTerm()
 	addr, id := n.raft.LeaderWithID()
+	if n.raft.CurrentTerm() != term {
+		return 0, fmt.Errorf("term changed from %d while asking who leads", term)
+	}
 	if id == "" || string(id) == n.opts.ID {
 		return 0, errNoLeader
 	}
 	dial := n.dialAddress(raft.Server{ID: id, Address: addr})
 	if n.conf.legacy != id {
-		ans, err := n.ri.ask(n.stream, dial, deadline)
+		ans, err := n.ri.ask(n.stream, dial, readIndexRequest{ID: n.opts.ID, Term: term}, deadline)
 		switch {
 		case errors.Is(err, errReadIndexUnknown):
 			n.conf.legacy = id
@@ -386,11 +392,39 @@ type readIndexAnswer struct {
 	Error string `json:"error,omitempty"`
 }
 
-// answerReadIndex is the leader's side: the read index of its next round
-// (shared with its own checks), which began after the request arrived.
-func (n *Node) answerReadIndex() readIndexAnswer {
-	if n.raft.State() != raft.Leader {
+// readIndexRequest is a follower's read-index request: who asks, and the
+// term in which it follows the leader it asks (read after its check
+// arrived; it has voted in no later term).
+type readIndexRequest struct {
+	ID   string
+	Term uint64
+}
+
+// answerReadIndex is the leader's side. The follower's request is itself
+// an acknowledgement of this leader in its term, given after the checks
+// it confirms arrived: no leader of a later term can have committed
+// anything before it without the follower's vote. With this leader's own
+// vote that is a quorum when the configuration has at most three voters,
+// so the leader answers its commit index at once (one round trip for
+// the follower, no heartbeat round). In a larger configuration it answers
+// the read index of its next round (VerifyLeader, shared with its own
+// checks), which began after the request arrived.
+func (n *Node) answerReadIndex(req readIndexRequest) readIndexAnswer {
+	term := n.raft.CurrentTerm()
+	switch {
+	case n.raft.State() != raft.Leader:
 		return readIndexAnswer{ID: n.opts.ID, Error: "not the leader"}
+	case req.Term != term:
+		return readIndexAnswer{ID: n.opts.ID, Error: fmt.Sprintf("term %d, not the follower's %d", term, req.Term)}
+	case n.barrierTerm.Load() != term:
+		return readIndexAnswer{ID: n.opts.ID, Error: errLeaderNotReady.Error()}
+	}
+	if n.ackIsQuorum(req.ID) {
+		commit := n.raft.CommitIndex()
+		if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+			return readIndexAnswer{ID: n.opts.ID, Error: "lost leadership"}
+		}
+		return readIndexAnswer{ID: n.opts.ID, Index: n.readIndexTarget(commit)}
 	}
 	nr := n.conf.next.Load()
 	n.conf.wake()
@@ -407,18 +441,45 @@ func (n *Node) answerReadIndex() readIndexAnswer {
 	return readIndexAnswer{ID: n.opts.ID, Index: nr.index}
 }
 
-// serveReadIndex answers read-index requests on one connection: the
-// first came with the query's name; each further LF asks again. It ends
-// when the peer closes or stays idle for readIndexIdle.
+// ackIsQuorum reports whether this leader's vote and the acknowledgement
+// of the voter id make a quorum of the latest configuration.
+func (n *Node) ackIsQuorum(id string) bool {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	voters, self, peer := 0, false, false
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		self = self || string(s.ID) == n.opts.ID
+		peer = peer || (string(s.ID) == id && id != n.opts.ID)
+	}
+	return self && peer && 2 >= voters/2+1
+}
+
+// serveReadIndex answers read-index requests on one connection, one line
+// each ("<id> <term>"), until the peer closes or stays idle for
+// readIndexIdle.
 func (s *streamLayer) serveReadIndex(c net.Conn, r *bufio.Reader) {
 	enc := json.NewEncoder(c)
 	for {
-		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if err := enc.Encode(s.readIndex()); err != nil {
+		_ = c.SetReadDeadline(time.Now().Add(readIndexIdle))
+		line, err := readLine(r, 128)
+		if err != nil {
 			return
 		}
-		_ = c.SetReadDeadline(time.Now().Add(readIndexIdle))
-		if _, err := r.ReadByte(); err != nil {
+		var req readIndexRequest
+		var ans readIndexAnswer
+		if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
+			ans.Error = fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)
+		} else {
+			ans = s.readIndex(req)
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if err := enc.Encode(ans); err != nil {
 			return
 		}
 	}
@@ -438,28 +499,24 @@ type readIndexConn struct {
 
 // ask sends one read-index request to addr, reusing the open connection
 // when it goes there, and reads the answer.
-func (ri *readIndexConn) ask(s *streamLayer, addr string, deadline time.Time) (readIndexAnswer, error) {
+func (ri *readIndexConn) ask(s *streamLayer, addr string, req readIndexRequest, deadline time.Time) (readIndexAnswer, error) {
 	var ans readIndexAnswer
 	if ri.c != nil && ri.addr != addr {
 		ri.close()
 	}
+	line := fmt.Sprintf("%s %d\n", req.ID, req.Term)
 	if ri.c == nil {
 		c, err := s.dial(addr, connQuery, time.Until(deadline))
 		if err != nil {
 			return ans, err
 		}
-		ri.c, ri.addr, ri.dec = c, addr, json.NewDecoder(io.LimitReader(c, 1<<40))
-		_ = c.SetWriteDeadline(deadline)
-		if _, err := io.WriteString(c, readIndexQuery+"\n"); err != nil {
-			ri.close()
-			return ans, err
-		}
-	} else {
-		_ = ri.c.SetWriteDeadline(deadline)
-		if _, err := ri.c.Write([]byte{'\n'}); err != nil {
-			ri.close()
-			return ans, err
-		}
+		ri.c, ri.addr, ri.dec = c, addr, json.NewDecoder(c)
+		line = readIndexQuery + "\n" + line
+	}
+	_ = ri.c.SetWriteDeadline(deadline)
+	if _, err := io.WriteString(ri.c, line); err != nil {
+		ri.close()
+		return ans, err
 	}
 	_ = ri.c.SetReadDeadline(deadline)
 	var raw json.RawMessage

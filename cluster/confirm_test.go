@@ -25,10 +25,7 @@ func startMesh(t *testing.T, grace time.Duration, tweak func(i int, o *Options))
 	testenv.Eventually(t, 10*time.Second, func() error {
 		return testenv.Expect(leaderOf(nodes) != nil, "no leader")
 	})
-	l = leaderOf(nodes)
-	if err := l.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "1%"}); err != nil {
-		t.Fatal(err)
-	}
+	l = applyOnLeader(t, nodes, 1, map[string]string{"state/web/a": "1%"})
 	for _, n := range nodes {
 		testenv.Eventually(t, 5*time.Second, func() error {
 			ok, d := n.Ready()
@@ -41,34 +38,68 @@ func startMesh(t *testing.T, grace time.Duration, tweak func(i int, o *Options))
 	return nodes, proxies, l, f
 }
 
+// applyOnLeader applies kv on the leader, again on the next one if an
+// election (a loaded machine) takes leadership away meanwhile, and returns
+// the leader that committed it.
+func applyOnLeader(t *testing.T, nodes []*testNode, index uint64, kv map[string]string) *testNode {
+	t.Helper()
+	var l *testNode
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if l = leaderOf(nodes); l == nil {
+			return fmt.Errorf("no leader")
+		}
+		return l.ApplyKV(context.Background(), index, kv)
+	})
+	return l
+}
+
+// followerOf is a node of nodes other than l.
+func followerOf(nodes []*testNode, l *testNode) *testNode {
+	for _, n := range nodes {
+		if n != l {
+			return n
+		}
+	}
+	return nil
+}
+
 // TestConfirmedSeesEveryCommittedWrite: a check on a follower that arrives
 // after a write was committed on the leader is answered with that write,
 // every time, although the follower learns of the commit only later
 // (CommitTimeout); its unconfirmed snapshot at that instant often is older.
 func TestConfirmedSeesEveryCommittedWrite(t *testing.T) {
-	_, _, l, f := startMesh(t, time.Second, nil)
-	ctx := context.Background()
-	staleUnconfirmed := 0
+	nodes, _, _, _ := startMesh(t, time.Second, nil)
+	staleUnconfirmed, unanswered := 0, 0
 	const writes = 100
 	for i := range writes {
 		w := i%99 + 2
-		if err := l.ApplyKV(ctx, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)}); err != nil {
-			t.Fatal(err)
-		}
+		l := applyOnLeader(t, nodes, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)})
+		f := followerOf(nodes, l)
 		want := fmt.Sprintf("ready %d%%\n", w)
 		if answer(f.Node, "web/a") != want {
 			staleUnconfirmed++
 		}
-		if got := confirmedAnswer(f.Node, "web/a"); got != want {
-			t.Fatalf("write %d: follower %s answered %q after the leader committed %q", i, f.opts.ID, got, want)
-		}
-		if got := confirmedAnswer(l.Node, "web/a"); got != want {
-			t.Fatalf("write %d: leader %s answered %q after it committed %q", i, l.opts.ID, got, want)
+		// Nothing (an election on a loaded machine) is allowed, older is not.
+		for _, n := range []*testNode{f, l} {
+			switch got := confirmedAnswer(n.Node, "web/a"); got {
+			case want:
+			case "":
+				unanswered++
+			default:
+				t.Fatalf("write %d: %s answered %q after the leader %s committed %q", i, n.opts.ID, got, l.opts.ID, want)
+			}
 		}
 	}
-	t.Logf("%d of %d writes: the follower's unconfirmed state right after the commit was older than the write; every confirmed answer was current", staleUnconfirmed, writes)
-	if v := metricOf(t, f, "hastate_confirm_rounds_total", "result=confirmed"); v < writes {
-		t.Errorf("hastate_confirm_rounds_total{confirmed} = %v on %s, want at least %d", v, f.opts.ID, writes)
+	if unanswered > writes/4 {
+		t.Errorf("%d of %d checks unanswered", unanswered, 2*writes)
+	}
+	t.Logf("%d of %d writes: a follower's unconfirmed state right after the commit was older than the write; every confirmed answer was current", staleUnconfirmed, writes)
+	var rounds float64
+	for _, n := range nodes {
+		rounds += metricOf(t, n, "hastate_confirm_rounds_total", "result=confirmed")
+	}
+	if rounds < 2*writes {
+		t.Errorf("hastate_confirm_rounds_total{confirmed} = %v over the nodes, want at least %d", rounds, 2*writes)
 	}
 }
 
@@ -82,7 +113,7 @@ func TestCutOffFollowerAnswersNothingAtOnce(t *testing.T) {
 	isolate(proxies, indexOf(nodes, f), true)
 	cut := time.Now()
 	if err := l.ApplyKV(context.Background(), 2, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
+		t.Fatal(err) // the majority still has its leader
 	}
 	for range 5 {
 		if got := confirmedAnswer(f.Node, "web/a"); got != "" {
@@ -122,13 +153,11 @@ func TestCutOffFollowerAnswersNothingAtOnce(t *testing.T) {
 // leader's status (its state index) and still answers every write the
 // leader applied before the check.
 func TestConfirmAgainstAnOlderLeader(t *testing.T) {
-	_, _, l, f := startMesh(t, time.Second, func(_ int, o *Options) { o.legacyReadIndex = true })
-	ctx := context.Background()
+	nodes, _, _, _ := startMesh(t, time.Second, func(_ int, o *Options) { o.legacyReadIndex = true })
+	var f *testNode
 	for i := range 20 {
 		w := i + 2
-		if err := l.ApplyKV(ctx, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)}); err != nil {
-			t.Fatal(err)
-		}
+		f = followerOf(nodes, applyOnLeader(t, nodes, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)}))
 		if got, want := confirmedAnswer(f.Node, "web/a"), fmt.Sprintf("ready %d%%\n", w); got != want {
 			t.Fatalf("write %d: follower %s of an older leader answered %q, want %q", i, f.opts.ID, got, want)
 		}
@@ -167,4 +196,29 @@ func TestConfirmBatches(t *testing.T) {
 		t.Errorf("%d checks took %v rounds; want them batched (fewer than a quarter)", workers*each, rounds)
 	}
 	t.Logf("%d concurrent checks: %v rounds", workers*each, rounds)
+}
+
+// TestAnswerReadIndexRefuses: the leader answers a read-index request only
+// in the follower's term, after its barrier; a requester that is not a
+// voter is no acknowledgement (its request waits for a VerifyLeader round,
+// which a one-node leader passes at once).
+func TestAnswerReadIndexRefuses(t *testing.T) {
+	n := startLeader(t, Options{})
+	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(n.barrierTerm.Load() == n.raft.CurrentTerm(), "barrier not done")
+	})
+	term := n.raft.CurrentTerm()
+	if a := n.answerReadIndex(readIndexRequest{ID: "n2", Term: term + 1}); a.Error == "" || !strings.Contains(a.Error, "term") {
+		t.Errorf("a request of another term: %+v, want refused naming the term", a)
+	}
+	if n.ackIsQuorum("stranger") || n.ackIsQuorum(n.opts.ID) {
+		t.Errorf("a non-voter or the leader itself counts as an acknowledgement")
+	}
+	a := n.answerReadIndex(readIndexRequest{ID: "stranger", Term: term})
+	if a.Error != "" || a.Index != n.fsm.index.Load() || a.ID != n.opts.ID {
+		t.Errorf("a request in the leader's term: %+v, want the state index %d", a, n.fsm.index.Load())
+	}
 }

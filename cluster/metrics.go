@@ -82,7 +82,7 @@ func newMetricsUnset(n *Node) *metrics {
 		unconfirmedChecks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_agent_unconfirmed_total", Help: "Per replica: agent checks answered nothing because no confirmation round succeeded within --confirm-timeout after they arrived (HAProxy keeps the server's state)."}),
 		confirmAge: prometheus.NewDesc("hastate_confirm_age_seconds",
-			"Per replica: seconds since this replica last confirmed with the raft leader that it serves every committed change (a confirmation round; idle replicas run one every 250ms). Past --leaderless-grace it withholds and fails readiness (hastate_withheld{reason=\"unconfirmed\"}).", nil, nil),
+			"Per replica: seconds since this replica last confirmed with the raft leader that it serves every committed change (a confirmation round; an idle replica runs one every 250ms). Every check waits for such a round; above --leaderless-grace the replica has answered nothing for that long (alert HastateReplicaUnconfirmed) and fails readiness (hastate_withheld reason unconfirmed or leaderless).", nil, nil),
 		confirmFailing: prometheus.NewDesc("hastate_confirm_failing_seconds",
 			"Per replica: seconds for which every confirmation round has failed (0 after a success): for so long this replica has answered no agent check.", nil, nil),
 		grace: prometheus.NewDesc("hastate_leaderless_grace_seconds",

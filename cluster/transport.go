@@ -85,7 +85,7 @@ type streamLayer struct {
 	queries   map[string]func() any // the wiring's and "status"
 	// readIndex answers the query "readindex" (confirm.go) on a
 	// connection that stays open; nil: answered null.
-	readIndex func() readIndexAnswer
+	readIndex func(readIndexRequest) readIndexAnswer
 	log       *zap.Logger
 	identify  time.Duration
 	guard     *connGuard
@@ -112,7 +112,7 @@ type streamConfig struct {
 	TLS             *tls.Config
 	Status          func() api.PeerStatus
 	Queries         map[string]func() any
-	ReadIndex       func() readIndexAnswer
+	ReadIndex       func(readIndexRequest) readIndexAnswer
 	LegacyReadIndex bool // answer "readindex" null (tests)
 	Log             *zap.Logger
 	Metrics         *portMetrics

