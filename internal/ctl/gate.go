@@ -68,15 +68,22 @@ func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []strin
 // had no leader report since it started) is read again until ctx ends;
 // anything else fails at once.
 func (o GateOptions) confirmedFleet(ctx context.Context) (api.StateView, error) {
+	var startUp error // the start-up state read last
 	for {
 		fleet, err := o.Replica.Fleet(ctx)
 		if err != nil {
+			if startUp != nil && ctx.Err() != nil {
+				// --timeout ran out during a read again: the replica
+				// answered, and what it said is the reason.
+				return fleet, fmt.Errorf("%w (still so when --timeout ran out)", startUp)
+			}
 			return fleet, fmt.Errorf("%w: %w", ErrCannotConfirm, err)
 		}
 		err = confirmable(fleet)
 		if err == nil || !startingUp(fleet) {
 			return fleet, err
 		}
+		startUp = err
 		select {
 		case <-ctx.Done():
 			return fleet, fmt.Errorf("%w (still so when --timeout ran out)", err)
@@ -122,18 +129,22 @@ func (o GateOptions) consulIndex(ctx context.Context) (uint64, error) {
 // synced waits until the replica has applied Consul index index, or ctx
 // ends (then it cannot confirm).
 func (o GateOptions) synced(ctx context.Context, index uint64) error {
+	var behind error // what the replica said last
 	for {
 		ci, err := o.Replica.Cluster(ctx)
-		if err != nil {
+		switch {
+		case err != nil && behind != nil && ctx.Err() != nil:
+			return behind // ctx ended during a read again: the replica answered, behind
+		case err != nil:
 			return fmt.Errorf("%w: %w", ErrCannotConfirm, err)
-		}
-		if ci.KV.SyncedIndex >= index {
+		case ci.KV.SyncedIndex >= index:
 			return nil
 		}
+		behind = fmt.Errorf("%w: replica %s has applied Consul index %d, not yet %d (the writes made before this command): %s",
+			ErrCannotConfirm, ci.NodeID, ci.KV.SyncedIndex, index, cmp.Or(ci.KV.Warning, "is the leader syncing?"))
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: replica %s has applied Consul index %d, not yet %d (the writes made before this command): %s",
-				ErrCannotConfirm, ci.NodeID, ci.KV.SyncedIndex, index, cmp.Or(ci.KV.Warning, "is the leader syncing?"))
+			return behind
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
