@@ -113,7 +113,7 @@ type Options struct {
 	// ConfirmTimeout (0: DefaultConfirmTimeout) is how long a check waits
 	// for its confirmation (confirm.go) before it is answered nothing;
 	// negative turns confirmation off (answers from the last applied
-	// state, as releases before 0.15.0 did; see DESIGN.md).
+	// state, as 0.13.0 did; see DESIGN.md).
 	ConfirmTimeout time.Duration
 	// ConfirmWindow (0: DefaultConfirmWindow) is how long the confirmation
 	// loop waits after the first check that wants a round before it starts

@@ -142,9 +142,11 @@ func bitIndex(r withholdReason) int { return bits.TrailingZeros32(uint32(r)) }
 // maxWithholdReasons bounds the reasons (withheldSince's size).
 const maxWithholdReasons = 8
 
-// Serving returns the serving snapshot for agent answers: nil (withhold)
-// while any withhold reason is in force, else the same as Snapshot. It
-// never blocks and never allocates.
+// Serving returns the serving snapshot unless a withhold reason is in
+// force (nil then), without confirming it with the leader: what a replica
+// would answer from its applied state alone. The agent answers from
+// Confirmed (confirm.go), which adds the confirmation. It never blocks and
+// never allocates.
 func (n *Node) Serving() *state.Snapshot {
 	if n.withheld.any() {
 		return nil
