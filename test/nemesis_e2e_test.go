@@ -136,8 +136,12 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	// at each replica in turn with HASTATE_ADDR), the second half through
 	// the Consul API; one writer per key, so that each write's index is
 	// known.
-	stopWrites := make(chan struct{})
-	var writers sync.WaitGroup
+	stopWrites, stopPolls := make(chan struct{}), make(chan struct{})
+	var writers, pollers sync.WaitGroup
+	stopWriters, stopPollers := sync.OnceFunc(func() { close(stopWrites); writers.Wait() }), sync.OnceFunc(func() { close(stopPolls); pollers.Wait() })
+	// A failed wait below ends the test: the goroutines stop first.
+	defer stopPollers()
+	defer stopWriters()
 	half := len(r.servers) / 2
 	writers.Add(2)
 	go func() {
@@ -148,8 +152,6 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 		defer writers.Done()
 		r.consulWriter(rand.New(rand.NewPCG(seed, 2)), r.servers[half:], stopWrites)
 	}()
-	stopPolls := make(chan struct{})
-	var pollers sync.WaitGroup
 	for i := range nemesisPollers {
 		pollers.Add(1)
 		go func() {
@@ -204,8 +206,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 		t.Logf("fault %d/%d at +%s: %s%s; ended after %s; all ready %s later", i+1, len(plan), injected.Sub(began).Round(time.Millisecond), f.Kind, what,
 			lastEnd.Sub(injected).Round(time.Millisecond), time.Since(lastEnd).Round(time.Millisecond))
 	}
-	close(stopWrites)
-	writers.Wait()
+	stopWriters()
 	writesDone := time.Now()
 	deadline := slices.MaxFunc([]time.Time{lastEnd, writesDone}, time.Time.Compare).Add(convergeBound)
 
@@ -224,8 +225,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 		}
 		<-time.After(200 * time.Millisecond)
 	}
-	close(stopPolls)
-	pollers.Wait()
+	stopPollers()
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
