@@ -121,7 +121,7 @@ bench: deps
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp' -benchtime 1x -timeout 30m ./test/
 
 # soak: the fault-injection test (test/nemesis_e2e_test.go) for SOAK
-# (default 10m) of faults instead of make test's 70s, on a fresh seed
+# (default 10m) of faults instead of make test's 60s, on a fresh seed
 # (logged); HASTATE_NEMESIS_SEED=<n> repeats a run's schedule.
 SOAK ?= 10m
 soak: deps

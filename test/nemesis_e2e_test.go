@@ -57,7 +57,7 @@ func TestE2ENemesis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := 70 * time.Second
+	d := 60 * time.Second // of faults: with set-up and convergence about 2 minutes on two loaded cores
 	if s := os.Getenv("HASTATE_NEMESIS_DURATION"); s != "" {
 		if d, err = time.ParseDuration(s); err != nil {
 			t.Fatalf("HASTATE_NEMESIS_DURATION=%q: %v", s, err)
