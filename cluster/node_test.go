@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,12 +33,8 @@ type testNode struct {
 func startNode(t *testing.T, o Options) *testNode {
 	t.Helper()
 	o.Registerer = prometheus.NewRegistry()
-	// The product's defaults (1s; the leader lease is half of it). With
-	// 300ms a -race build on two loaded cores missed heartbeats and the
-	// leader stepped down in the middle of a test's ApplyKV ("leadership
-	// lost while committing log").
-	o.HeartbeatTimeout = cmp.Or(o.HeartbeatTimeout, time.Second)
-	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
+	o.HeartbeatTimeout = 300 * time.Millisecond
+	o.ElectionTimeout = 300 * time.Millisecond
 	n, err := New(o)
 	if err != nil {
 		t.Fatalf("start node %s: %v", o.ID, err)
