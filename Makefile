@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy
+.PHONY: demo test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell cat VERSION 2>/dev/null || echo dev)
@@ -119,6 +119,14 @@ test-deploy: chart-files build
 # servers' latency before and during). About 2.5 minutes on two cores.
 bench: deps
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp' -benchtime 1x -timeout 30m ./test/
+
+# soak: the fault-injection test (test/nemesis_e2e_test.go) for SOAK
+# (default 10m) of faults instead of make test's 60s, on a fresh seed
+# (logged); HASTATE_NEMESIS_SEED=<n> repeats a run's schedule.
+SOAK ?= 10m
+soak: deps
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) HASTATE_NEMESIS_DURATION=$(SOAK) \
+	  $(GO) test -race -count=1 -v -run '^TestE2ENemesis$$' -timeout 3h ./test/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseValue -fuzztime 30s ./state

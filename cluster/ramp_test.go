@@ -34,7 +34,13 @@ func TestRampContinuesAcrossLeaderChange(t *testing.T) {
 	if err := l.ApplyKV(ctx, 2, map[string]string{}); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
+	// The ramp's clock is the entry's own timestamp (the leader's time when
+	// it wrote the entry), not the test's: ApplyKV returns a moment later.
+	ramps := l.Snapshot().Ramps()
+	if len(ramps) != 1 {
+		t.Fatalf("ramps after the undrain: %+v, want one", ramps)
+	}
+	start := ramps[0].Started
 	last := map[*testNode]int{}
 	for _, n := range nodes {
 		last[n] = -1 // drain, or no answer yet

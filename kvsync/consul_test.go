@@ -229,9 +229,10 @@ func TestConsulDownAtStartThenUp(t *testing.T) {
 		"data reached the sink %s after Consul answered",
 		up.Sub(started).Round(time.Millisecond), logs.FilterLevelExact(zapcore.ErrorLevel).Len(),
 		time.Since(up).Round(time.Millisecond))
-	if st := w.Status(); !st.Reachable || st.ConsecutiveErrors != 0 || st.LastSuccess.IsZero() {
-		t.Errorf("after recovery: status %+v", st)
-	}
+	testenv.Eventually(t, deliveryTimeout, func() error { // reset once the delivery returned
+		st := w.Status()
+		return testenv.Expect(st.Reachable && st.ConsecutiveErrors == 0 && !st.LastSuccess.IsZero(), "after recovery: status %+v", st)
+	})
 	if logs.FilterMessageSnippet("recovered").Len() != 1 {
 		t.Errorf("no recovery log line")
 	}
@@ -264,9 +265,12 @@ func TestConsulKilledAndRestarted(t *testing.T) {
 	if n := len(sink.all()); n != 2 {
 		t.Errorf("%d sink calls, want 2 (the KV survived, so no re-delivery of equal data): %v", n, sink.all())
 	}
-	if st := w.Status(); !st.Reachable || st.ConsecutiveErrors != 0 {
-		t.Errorf("after recovery: status %+v", st)
-	}
+	// The watcher resets its error streak once the delivery returned,
+	// a moment after the sink saw the data.
+	testenv.Eventually(t, deliveryTimeout, func() error {
+		st := w.Status()
+		return testenv.Expect(st.Reachable && st.ConsecutiveErrors == 0, "after recovery: status %+v", st)
+	})
 }
 
 func TestConsulSinkErrorRetried(t *testing.T) {

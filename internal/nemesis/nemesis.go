@@ -1,0 +1,98 @@
+// Package nemesis draws the fault schedule of the fault-injection test
+// (test/nemesis_e2e_test.go) from a seed: which fault, on which replica,
+// when and for how long. The same seed gives the same schedule, so a run
+// that found a violation can be repeated (HASTATE_NEMESIS_SEED).
+package nemesis
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// Kind is a kind of fault.
+type Kind string
+
+const (
+	Kill   Kind = "kill"   // SIGKILL a replica; start it again when the fault ends
+	Pause  Kind = "pause"  // SIGSTOP a replica; SIGCONT when the fault ends
+	Cut    Kind = "cut"    // cut every raft link from and to a replica; heal them when the fault ends
+	Consul Kind = "consul" // SIGKILL Consul; start it again (same data) when the fault ends
+)
+
+// Kinds are the kinds Plan draws from, equally likely.
+var Kinds = []Kind{Kill, Pause, Cut, Consul}
+
+// Target says which replica a fault hits. The roles are resolved when the
+// fault starts (which replica leads depends on the run).
+type Target string
+
+const (
+	Leader   Target = "leader"
+	Follower Target = "follower"
+	None     Target = "" // Consul faults
+)
+
+// Fault is one step of a schedule: wait Gap, inject the fault, hold it for
+// Hold, end it.
+type Fault struct {
+	Kind   Kind
+	Target Target
+	Gap    time.Duration
+	Hold   time.Duration
+}
+
+func (f Fault) String() string {
+	if f.Target == None {
+		return fmt.Sprintf("%s for %s (after %s)", f.Kind, f.Hold, f.Gap)
+	}
+	return fmt.Sprintf("%s %s for %s (after %s)", f.Kind, f.Target, f.Hold, f.Gap)
+}
+
+// Options bound a schedule.
+type Options struct {
+	// Duration is the sum of the gaps and holds to fill, at least.
+	Duration time.Duration
+	// MinHold and MaxHold bound a fault's hold; MinGap and MaxGap the
+	// pause before it. Zero: 1s..6s and 1s..3s.
+	MinHold, MaxHold, MinGap, MaxGap time.Duration
+}
+
+// Plan draws faults from seed until their gaps and holds fill o.Duration.
+func Plan(seed uint64, o Options) []Fault {
+	if o.MaxHold == 0 {
+		o.MinHold, o.MaxHold = time.Second, 6*time.Second
+	}
+	if o.MaxGap == 0 {
+		o.MinGap, o.MaxGap = time.Second, 3*time.Second
+	}
+	r := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
+	between := func(lo, hi time.Duration) time.Duration {
+		return (lo + time.Duration(r.Int64N(int64(hi-lo)+1))).Round(100 * time.Millisecond)
+	}
+	var out []Fault
+	var total time.Duration
+	for total < o.Duration {
+		f := Fault{Kind: Kinds[r.IntN(len(Kinds))], Gap: between(o.MinGap, o.MaxGap), Hold: between(o.MinHold, o.MaxHold)}
+		if f.Kind != Consul {
+			f.Target = []Target{Leader, Follower}[r.IntN(2)]
+		}
+		out = append(out, f)
+		total += f.Gap + f.Hold
+	}
+	return out
+}
+
+// Seed returns the seed named by env (a decimal uint64) or, when env is
+// empty, one drawn from the clock; fromEnv says which.
+func Seed(env string) (seed uint64, fromEnv bool, err error) {
+	if env == "" {
+		return uint64(time.Now().UnixNano()), false, nil
+	}
+	s, err := strconv.ParseUint(env, 10, 64)
+	if err != nil {
+		return 0, true, fmt.Errorf("nemesis: seed %q is not a decimal number: %w", env, err)
+	}
+	return s, true, nil
+}

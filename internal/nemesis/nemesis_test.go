@@ -1,0 +1,48 @@
+package nemesis
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestPlanRepeatsForASeed(t *testing.T) {
+	o := Options{Duration: 2 * time.Minute}
+	a, b := Plan(42, o), Plan(42, o)
+	if !slices.Equal(a, b) {
+		t.Fatalf("seed 42 gave two schedules:\n%v\n%v", a, b)
+	}
+	if slices.Equal(a, Plan(43, o)) {
+		t.Fatal("seeds 42 and 43 gave the same schedule")
+	}
+	var total time.Duration
+	seen := map[Kind]bool{}
+	for _, f := range a {
+		total += f.Gap + f.Hold
+		seen[f.Kind] = true
+		if f.Hold < time.Second || f.Hold > 6*time.Second || f.Gap < time.Second || f.Gap > 3*time.Second {
+			t.Errorf("%v: outside the default bounds", f)
+		}
+		if (f.Kind == Consul) != (f.Target == None) {
+			t.Errorf("%v: a replica fault needs a target, a Consul fault has none", f)
+		}
+	}
+	if total < o.Duration || total > o.Duration+9*time.Second {
+		t.Errorf("schedule fills %s, want %s (plus one fault at most)", total, o.Duration)
+	}
+	if len(seen) != len(Kinds) {
+		t.Errorf("two minutes of faults drew only %v", seen)
+	}
+}
+
+func TestSeed(t *testing.T) {
+	if s, env, err := Seed("12345"); err != nil || !env || s != 12345 {
+		t.Fatalf("Seed(12345) = %d, %v, %v", s, env, err)
+	}
+	if _, env, err := Seed(""); err != nil || env {
+		t.Fatalf("Seed(\"\") = %v, %v", env, err)
+	}
+	if _, _, err := Seed("x"); err == nil {
+		t.Fatal("Seed(x): no error")
+	}
+}

@@ -1,0 +1,532 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/internal/history"
+	"github.com/hastate/hastate/internal/nemesis"
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// The fault-injection test, in the spirit of etcd's tests/robustness and
+// Jepsen: three replicas behind a real HAProxy load balancer (TCP,
+// health-checking /-/readiness), a real HAProxy fleet polling through it,
+// writes from the CLI and from the Consul API, HAProxy-like pollers
+// through the load balancer, and a seeded schedule of faults: SIGKILL,
+// SIGSTOP/SIGCONT, raft links cut, Consul killed. internal/history judges
+// what the pollers were told: no answer a key never held, no step back for
+// any poller (across keys and replicas, by Consul index), and every replica
+// and the fleet converged a bounded time after the last fault.
+//
+//	HASTATE_NEMESIS_SEED=<n>        repeat a run's schedule (the seed is logged)
+//	HASTATE_NEMESIS_DURATION=10m    longer than the default (make soak)
+//	HASTATE_NEMESIS_SERVE_ARGS=...  extra `hastate serve` flags, e.g.
+//	                                --confirm-timeout=-1s (answers without
+//	                                confirmation: the checker must reject it)
+//	HASTATE_NEMESIS_REPLICAS=1      a control: one replica behind the load
+//	                                balancer (no raft links to cut) cannot
+//	                                step back, so any violation is the checker's
+
+const (
+	nemesisBackend = "be_nem"
+	nemesisServers = 8
+	// nemesisPollers is how many HAProxy-like pollers check through the
+	// load balancer, each one check at a time, 10ms apart.
+	nemesisPollers = 4
+	// convergeBound is how long after the last fault ended (and the last
+	// write returned) every replica and the fleet must show the last
+	// written state: a restarted -race replica catching up, the load
+	// balancer's rise, the fleet's agent-inter, on two busy cores.
+	convergeBound = 30 * time.Second
+)
+
+func TestE2ENemesis(t *testing.T) {
+	seed, fromEnv, err := nemesis.Seed(os.Getenv("HASTATE_NEMESIS_SEED"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := 60 * time.Second // of faults: with set-up and convergence about 2 minutes on two loaded cores
+	if s := os.Getenv("HASTATE_NEMESIS_DURATION"); s != "" {
+		if d, err = time.ParseDuration(s); err != nil {
+			t.Fatalf("HASTATE_NEMESIS_DURATION=%q: %v", s, err)
+		}
+	}
+	plan := nemesis.Plan(seed, nemesis.Options{Duration: d})
+	t.Logf("nemesis seed %d (from HASTATE_NEMESIS_SEED: %v; rerun with HASTATE_NEMESIS_SEED=%d): %d faults over %s", seed, fromEnv, seed, len(plan), d)
+	replicas := 3
+	if s := os.Getenv("HASTATE_NEMESIS_REPLICAS"); s != "" {
+		if _, err := fmt.Sscan(s, &replicas); err != nil || replicas < 1 {
+			t.Fatalf("HASTATE_NEMESIS_REPLICAS=%q: want a number of replicas", s)
+		}
+	}
+	runNemesis(t, seed, replicas, plan)
+}
+
+// TestE2EHistoryCheck is issue 23's history check: a fixed schedule of the
+// nemesis (the leader killed, a follower cut, Consul restarted) with
+// HAProxy-like pollers through the load balancer, judged by the same
+// checker.
+func TestE2EHistoryCheck(t *testing.T) {
+	plan := []nemesis.Fault{
+		{Kind: nemesis.Kill, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: 3 * time.Second},
+		{Kind: nemesis.Cut, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 6 * time.Second},
+		{Kind: nemesis.Consul, Target: nemesis.None, Gap: 2 * time.Second, Hold: 3 * time.Second},
+	}
+	runNemesis(t, 1, 3, plan)
+}
+
+// nemesisRun is the shared state of one run: what was written and told.
+type nemesisRun struct {
+	consul  *testenv.Consul
+	kv      *api.KV
+	hs      []*Hastate
+	servers []string   // backend/server
+	pick    *rand.Rand // which follower a fault hits (seeded; used by the test's goroutine only)
+
+	mu      sync.Mutex
+	writes  []history.Write
+	answers []history.Answer
+	counts  map[string]int // figures: "cli", "cli failed", "consul", ...
+	errs    []string       // harness errors from goroutines (reported by the test)
+	cliErrs []string       // the first failed CLI writes, for the log
+}
+
+func (r *nemesisRun) count(what string) {
+	r.mu.Lock()
+	r.counts[what]++
+	r.mu.Unlock()
+}
+
+func (r *nemesisRun) fail(format string, args ...any) {
+	r.mu.Lock()
+	if len(r.errs) < 10 {
+		r.errs = append(r.errs, fmt.Sprintf(format, args...))
+	}
+	r.mu.Unlock()
+}
+
+func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
+	hs := NewCluster(t, replicas, HastateOptions{ConsulAddr: consul.Addr(), Args: strings.Fields(os.Getenv("HASTATE_NEMESIS_SERVE_ARGS"))})
+	mesh := newRaftMesh(t, newFaultNet(), hs)
+	StartAll(t, hs...)
+	lb := StartAgentLB(t, hs, LBOptions{Inter: 500 * time.Millisecond, Fall: 2, Rise: 2})
+	be := Backend{Name: nemesisBackend}
+	r := &nemesisRun{consul: consul, kv: consul.Client(t).KV(), hs: hs, counts: map[string]int{}, pick: rand.New(rand.NewPCG(seed, 3))}
+	for i := range nemesisServers {
+		be.Servers = append(be.Servers, fmt.Sprintf("s%02d", i+1))
+		r.servers = append(r.servers, fmt.Sprintf("%s/s%02d", nemesisBackend, i+1))
+	}
+	fleet := StartHAProxy(t, lb.Frontend, be)
+	WaitLeader(t, 30*time.Second, hs...)
+
+	// Writers: the first half of the servers written by the CLI (pointed
+	// at each replica in turn with HASTATE_ADDR), the second half through
+	// the Consul API; one writer per key, so that each write's index is
+	// known.
+	stopWrites, stopPolls := make(chan struct{}), make(chan struct{})
+	var writers, pollers sync.WaitGroup
+	stopWriters, stopPollers := sync.OnceFunc(func() { close(stopWrites); writers.Wait() }), sync.OnceFunc(func() { close(stopPolls); pollers.Wait() })
+	// A failed wait below ends the test: the goroutines stop first.
+	defer stopPollers()
+	defer stopWriters()
+	half := len(r.servers) / 2
+	writers.Add(2)
+	go func() {
+		defer writers.Done()
+		r.cliWriter(rand.New(rand.NewPCG(seed, 1)), r.servers[:half], stopWrites)
+	}()
+	go func() {
+		defer writers.Done()
+		r.consulWriter(rand.New(rand.NewPCG(seed, 2)), r.servers[half:], stopWrites)
+	}()
+	for i := range nemesisPollers {
+		pollers.Add(1)
+		go func() {
+			defer pollers.Done()
+			r.poller(fmt.Sprintf("poller%d", i+1), lb.Frontend, rand.New(rand.NewPCG(seed, uint64(10+i))), stopPolls)
+		}()
+	}
+
+	// The faults, one at a time, each ended and the cluster ready again
+	// before the next one's gap.
+	faults := map[nemesis.Kind]int{}
+	type window struct {
+		kind       nemesis.Kind
+		from, till time.Time // from the fault's start until all replicas were ready again
+	}
+	var windows []window
+	began := time.Now()
+	var lastEnd time.Time
+	for i, f := range plan {
+		<-time.After(f.Gap)
+		h, what := r.target(t, f.Target)
+		injected := time.Now()
+		switch f.Kind {
+		case nemesis.Kill:
+			h.Kill()
+			<-time.After(f.Hold)
+			lastEnd = time.Now()
+			h.Start(t)
+		case nemesis.Pause:
+			h.Signal(t, syscall.SIGSTOP)
+			<-time.After(f.Hold)
+			lastEnd = time.Now()
+			h.Signal(t, syscall.SIGCONT)
+		case nemesis.Cut:
+			cut := mesh.Isolate(h)
+			<-time.After(f.Hold)
+			lastEnd = time.Now()
+			for _, l := range cut {
+				l.Heal(t)
+			}
+		case nemesis.Consul:
+			consul.Kill()
+			<-time.After(f.Hold)
+			lastEnd = time.Now()
+			consul.Restart(t)
+		}
+		faults[f.Kind]++
+		for _, x := range hs {
+			x.WaitReady(t)
+		}
+		windows = append(windows, window{f.Kind, injected, time.Now()})
+		t.Logf("fault %d/%d at +%s: %s%s; ended after %s; all ready %s later", i+1, len(plan), injected.Sub(began).Round(time.Millisecond), f.Kind, what,
+			lastEnd.Sub(injected).Round(time.Millisecond), time.Since(lastEnd).Round(time.Millisecond))
+	}
+	stopWriters()
+	writesDone := time.Now()
+	deadline := slices.MaxFunc([]time.Time{lastEnd, writesDone}, time.Time.Compare).Add(convergeBound)
+
+	// Convergence: every replica directly, and the fleet, show the last
+	// written state by the deadline.
+	r.mu.Lock()
+	model := history.NewModel(r.writes)
+	r.mu.Unlock()
+	samples, convergedAt := r.sampleConvergence(model, deadline)
+	var fleetAt time.Time
+	var fleetLast string
+	for time.Now().Before(deadline.Add(5 * time.Second)) {
+		if fleetLast = fleetMismatch(fleet, model, r.servers); fleetLast == "" {
+			fleetAt = time.Now()
+			break
+		}
+		<-time.After(200 * time.Millisecond)
+	}
+	stopPollers()
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.errs {
+		t.Errorf("harness: %s", e)
+	}
+	for _, e := range r.cliErrs {
+		t.Logf("a failed write (during a fault): %s", e)
+	}
+	violations := model.Check(r.answers)
+	violations = append(violations, model.CheckConverged(nodeIDs(hs), samples, deadline)...)
+	if fleetAt.IsZero() || fleetAt.After(deadline) {
+		violations = append(violations, history.Violation{Kind: history.NotConverged, Answer: history.Answer{Poller: "haproxy fleet"},
+			Detail: fmt.Sprintf("show stat not as written by the deadline: %s", fleetLast)})
+	}
+	judged, byKind, byFault := 0, map[history.Kind]int{}, map[string]int{}
+	for _, a := range r.answers {
+		if a.Line != "" {
+			judged++
+		}
+	}
+	for i, v := range violations {
+		byKind[v.Kind]++
+		during := "no fault"
+		for _, w := range windows {
+			if !v.Answer.Began.Before(w.from) && !v.Answer.Began.After(w.till) {
+				during = string(w.kind)
+			}
+		}
+		byFault[during]++
+		if i < 20 {
+			t.Errorf("violation: %s", v)
+		}
+	}
+	if len(violations) > 20 {
+		t.Errorf("... and %d more violations", len(violations)-20)
+	}
+	t.Logf("figures: seed %d: faults %d %v over %s; writes %d recorded (cli %d ok, %d failed; consul api %d ok, %d failed); checks through the load balancer %d, judged %d, unanswered %d; violations %d %v, by the fault they fell in (from its start until all replicas were ready again) %v",
+		seed, len(plan), faults, writesDone.Sub(began).Round(time.Second), len(r.writes), r.counts["cli"], r.counts["cli failed"], r.counts["consul"], r.counts["consul failed"],
+		len(r.answers), judged, len(r.answers)-judged, len(violations), byKind, byFault)
+	t.Logf("figures: converged: replicas %s after the last fault ended, fleet %s (bound %s after the later of the last fault and the last write)",
+		sinceOrNever(convergedAt, lastEnd), sinceOrNever(fleetAt, lastEnd), convergeBound)
+}
+
+func sinceOrNever(at, from time.Time) string {
+	if at.IsZero() {
+		return "never"
+	}
+	return at.Sub(from).Round(time.Millisecond).String()
+}
+
+// target resolves a fault's role to a replica (none for Consul faults).
+func (r *nemesisRun) target(t *testing.T, role nemesis.Target) (*Hastate, string) {
+	t.Helper()
+	if role == nemesis.None {
+		return nil, ""
+	}
+	leader := WaitLeader(t, 30*time.Second, r.hs...)
+	if role == nemesis.Leader {
+		return leader, " " + leader.NodeID + " (leader)"
+	}
+	fs := others(r.hs, leader)
+	if len(fs) == 0 {
+		return leader, " " + leader.NodeID + " (the only replica)"
+	}
+	h := fs[r.pick.IntN(len(fs))]
+	return h, " " + h.NodeID + " (follower)"
+}
+
+// record appends a write found in Consul for server after a writer's
+// attempt, if the key changed. last is the writer's previous knowledge of
+// the key (index 0: absent).
+func (r *nemesisRun) learn(server string, began time.Time, by string, last *keyState) {
+	giveUp := time.Now().Add(60 * time.Second)
+	for {
+		pair, meta, err := r.kv.Get(stateKey(server), &api.QueryOptions{RequireConsistent: true})
+		if err != nil {
+			// Consul is down (a fault): ask again once it is back.
+			if time.Now().After(giveUp) {
+				r.fail("%s: could not read %s back from Consul: %v", by, server, err)
+				return
+			}
+			<-time.After(200 * time.Millisecond)
+			continue
+		}
+		w := history.Write{Server: server, Began: began, By: by}
+		switch {
+		case pair == nil && last.present:
+			// A delete: its index is after the key's last write and at or
+			// before the index Consul has now.
+			w.Answer, w.Index, w.MaxIndex = history.Absent, last.index+1, meta.LastIndex
+			last.present = false
+		case pair == nil:
+			return // still absent
+		case last.present && pair.ModifyIndex == last.index:
+			return // not written
+		default:
+			a, ok := history.AnswerFor(string(pair.Value))
+			if !ok {
+				r.fail("%s wrote %q to %s: not a value the checker knows", by, pair.Value, server)
+				return
+			}
+			w.Answer, w.Index = a, pair.ModifyIndex
+			last.present, last.index = true, pair.ModifyIndex
+		}
+		r.mu.Lock()
+		r.writes = append(r.writes, w)
+		r.mu.Unlock()
+		return
+	}
+}
+
+type keyState struct {
+	present bool
+	index   uint64 // ModifyIndex of the last write, while present
+}
+
+// cliWriter runs `hastate drain|maint|weight|ready|clear` on its servers,
+// pointed at each replica in turn, until stop is closed.
+func (r *nemesisRun) cliWriter(rng *rand.Rand, servers []string, stop <-chan struct{}) {
+	keys := map[string]*keyState{}
+	for _, s := range servers {
+		keys[s] = &keyState{}
+	}
+	op := Operator{ConsulAddr: r.consul.Addr()}
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(100+rng.IntN(400)) * time.Millisecond):
+		}
+		srv := servers[rng.IntN(len(servers))]
+		var args []string
+		switch k := rng.IntN(10); {
+		case k < 2:
+			args = []string{"drain", srv}
+		case k < 3:
+			args = []string{"maint", srv}
+		case k < 4:
+			args = []string{"ready", srv}
+		case k < 5:
+			args = []string{"clear", srv}
+		default:
+			args = []string{"weight", fmt.Sprintf("%d%%", 1+rng.IntN(256)), srv}
+		}
+		if args[0] != "clear" {
+			args = append(args, "--reason", "nemesis")
+		}
+		args = append(args, "--force", "--timeout", "5s")
+		o := op
+		o.Env = []string{"HASTATE_ADDR=http://" + r.hs[n%len(r.hs)].HTTPAddr}
+		began := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		out, err := o.command(ctx, args...).CombinedOutput()
+		cancel()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() == 2 {
+			r.fail("hastate %s: usage: %s", strings.Join(args, " "), out)
+		}
+		if err != nil {
+			// A fault may fail a write (Consul down, the replica asked
+			// killed or paused); whether it wrote is read back below.
+			r.count("cli failed")
+			r.mu.Lock()
+			if r.counts["cli failed"] <= 3 {
+				r.cliErrs = append(r.cliErrs, fmt.Sprintf("hastate %s: %v: %.300s", strings.Join(args, " "), err, out))
+			}
+			r.mu.Unlock()
+		} else {
+			r.count("cli")
+		}
+		r.learn(srv, began, "cli", keys[srv])
+	}
+}
+
+// consulWriter writes its servers through the Consul API (as `consul kv
+// put` does) until stop is closed: N%, drain, maint, ready, or a delete.
+func (r *nemesisRun) consulWriter(rng *rand.Rand, servers []string, stop <-chan struct{}) {
+	keys := map[string]*keyState{}
+	for _, s := range servers {
+		keys[s] = &keyState{}
+	}
+	kv := r.kv
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(50+rng.IntN(250)) * time.Millisecond):
+		}
+		srv := servers[rng.IntN(len(servers))]
+		var value string
+		switch k := rng.IntN(10); {
+		case k < 2:
+			value = "drain"
+		case k < 3:
+			value = "maint"
+		case k < 4:
+			value = "ready"
+		default:
+			value = fmt.Sprintf("%d%%", 1+rng.IntN(256))
+		}
+		began := time.Now()
+		var err error
+		if rng.IntN(10) == 0 {
+			_, err = kv.Delete(stateKey(srv), nil)
+		} else {
+			_, err = kv.Put(&api.KVPair{Key: stateKey(srv), Value: []byte(value)}, nil)
+		}
+		if err != nil {
+			r.count("consul failed")
+		} else {
+			r.count("consul")
+		}
+		r.learn(srv, began, "consul", keys[srv])
+	}
+}
+
+// poller checks the servers through the load balancer as an HAProxy does
+// (connect, send "backend/server\n", read one line), one check at a time,
+// until stop is closed.
+func (r *nemesisRun) poller(name, addr string, rng *rand.Rand, stop <-chan struct{}) {
+	tickUntil(stop, 10*time.Millisecond, func() {
+		srv := r.servers[rng.IntN(len(r.servers))]
+		began := time.Now()
+		kind, ans, _ := probeAgent(addr, srv)
+		a := history.Answer{Poller: name, Server: srv, Began: began, Ended: time.Now()}
+		switch kind {
+		case probeAnswered:
+			a.Line = ans
+		case probeFailed:
+			if ans != "" {
+				a.Line = ans // malformed: judged (never held)
+			}
+		}
+		r.mu.Lock()
+		r.answers = append(r.answers, a)
+		r.mu.Unlock()
+	})
+}
+
+// sampleConvergence asks every replica directly for every server every
+// 100ms until all answer the last written state and keep it for a second,
+// or the deadline has passed by a few seconds. It returns the samples and
+// when all replicas first agreed (zero: never).
+func (r *nemesisRun) sampleConvergence(model *history.Model, deadline time.Time) ([]history.Answer, time.Time) {
+	var samples []history.Answer
+	var agreed time.Time
+	for {
+		all := true
+		for _, h := range r.hs {
+			for _, srv := range r.servers {
+				began := time.Now()
+				kind, ans, _ := probeAgent(h.AgentAddr, srv)
+				if kind != probeAnswered {
+					ans = ""
+				}
+				samples = append(samples, history.Answer{Poller: h.NodeID, Server: srv, Began: began, Ended: time.Now(), Line: ans})
+				all = all && ans == model.Final(srv)
+			}
+		}
+		switch {
+		case !all:
+			agreed = time.Time{}
+		case agreed.IsZero():
+			agreed = time.Now()
+		case time.Since(agreed) > time.Second:
+			return samples, agreed
+		}
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			return samples, agreed
+		}
+		<-time.After(100 * time.Millisecond)
+	}
+}
+
+// fleetMismatch compares the fleet's show stat with the last written
+// state; "" when every server shows it.
+func fleetMismatch(fleet *HAProxy, model *history.Model, servers []string) string {
+	st, err := fleet.stat()
+	if err != nil {
+		return err.Error()
+	}
+	var bad []string
+	for _, srv := range servers {
+		row := st[srv]
+		want := model.Final(srv)
+		ok := false
+		switch {
+		case want == "drain":
+			ok = row.Status == statDrainAgent
+		case want == "maint":
+			ok = row.Status == "MAINT"
+		default:
+			var w int
+			_, _ = fmt.Sscanf(want, "ready %d%%", &w)
+			ok = row.Status == "UP" && row.Weight == min(256, w*serverWeight/100)
+		}
+		if !ok {
+			bad = append(bad, fmt.Sprintf("%s: %s, want %q", srv, row, want))
+		}
+	}
+	slices.Sort(bad)
+	return strings.Join(bad, "; ")
+}
