@@ -84,6 +84,9 @@ func TestChartDefaults(t *testing.T) {
 	if !slices.Contains(c.Args, "--leaderless-grace=3s") {
 		t.Errorf("args %q lack --leaderless-grace=3s", c.Args)
 	}
+	if !slices.Contains(c.Args, "--confirm-timeout=500ms") {
+		t.Errorf("args %q lack --confirm-timeout=500ms", c.Args)
+	}
 	if c.LivenessProbe != nil {
 		t.Errorf("livenessProbe = %+v, want none by default", c.LivenessProbe)
 	}
