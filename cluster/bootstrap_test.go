@@ -20,14 +20,12 @@ import (
 func TestLostDiskRejoinsWithoutBootstrapping(t *testing.T) {
 	nodes := startCluster(t, nil)
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
-	l := leaderOf(nodes)
 	ctx := context.Background()
 	kv := map[string]string{}
+	var l *testNode
 	for i := range 50 {
 		kv[fmt.Sprintf("state/web/s%02d", i)] = "drain"
-		if err := l.ApplyKV(ctx, uint64(i+1), kv); err != nil {
-			t.Fatal(err)
-		}
+		l = applyOnLeader(t, nodes, uint64(i+1), kv)
 	}
 	var f *testNode
 	for _, n := range nodes {
@@ -74,11 +72,8 @@ func TestLostDiskRejoinsWithoutBootstrapping(t *testing.T) {
 func TestQuorumLostForGoodSurvivorLeadsTheEmptyReplicas(t *testing.T) {
 	nodes := startCluster(t, func(_ int, o *Options) { o.LeaderlessGrace = time.Second })
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
-	l := leaderOf(nodes)
 	ctx := context.Background()
-	if err := l.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 1, map[string]string{"state/web/a": "drain"})
 	for _, n := range nodes {
 		testenv.Eventually(t, 5*time.Second, func() error { ok, d := n.Ready(); return testenv.Expect(ok, "%s not ready: %s", n.opts.ID, d) })
 	}
@@ -119,9 +114,7 @@ func TestEmptyReplicasWaitForAPeerThatMayHoldTheCluster(t *testing.T) {
 	nodes := startCluster(t, nil)
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	ctx := context.Background()
-	if err := leaderOf(nodes).ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 1, map[string]string{"state/web/a": "drain"})
 	for _, n := range nodes {
 		testenv.Eventually(t, 5*time.Second, func() error { ok, d := n.Ready(); return testenv.Expect(ok, "%s not ready: %s", n.opts.ID, d) })
 	}

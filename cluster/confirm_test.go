@@ -38,21 +38,6 @@ func startMesh(t *testing.T, grace time.Duration, tweak func(i int, o *Options))
 	return nodes, proxies, l, f
 }
 
-// applyOnLeader applies kv on the leader, again on the next one if an
-// election (a loaded machine) takes leadership away meanwhile, and returns
-// the leader that committed it.
-func applyOnLeader(t *testing.T, nodes []*testNode, index uint64, kv map[string]string) *testNode {
-	t.Helper()
-	var l *testNode
-	testenv.Eventually(t, 10*time.Second, func() error {
-		if l = leaderOf(nodes); l == nil {
-			return fmt.Errorf("no leader")
-		}
-		return l.ApplyKV(context.Background(), index, kv)
-	})
-	return l
-}
-
 // followerOf is a node of nodes other than l.
 func followerOf(nodes []*testNode, l *testNode) *testNode {
 	for _, n := range nodes {
@@ -109,12 +94,10 @@ func TestConfirmedSeesEveryCommittedWrite(t *testing.T) {
 // cannot confirm, and the majority follows a write made meanwhile.
 func TestCutOffFollowerAnswersNothingAtOnce(t *testing.T) {
 	const grace = 3 * time.Second
-	nodes, proxies, l, f := startMesh(t, grace, func(_ int, o *Options) { o.ConfirmTimeout = 200 * time.Millisecond })
+	nodes, proxies, _, f := startMesh(t, grace, func(_ int, o *Options) { o.ConfirmTimeout = 200 * time.Millisecond })
 	isolate(proxies, indexOf(nodes, f), true)
 	cut := time.Now()
-	if err := l.ApplyKV(context.Background(), 2, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err) // the majority still has its leader
-	}
+	applyOnLeader(t, othersThan(nodes, f), 2, map[string]string{"state/web/a": "drain"}) // the majority still has a leader
 	for range 5 {
 		if got := confirmedAnswer(f.Node, "web/a"); got != "" {
 			t.Fatalf("cut-off %s answered %q %s after the cut; want nothing", f.opts.ID, got, time.Since(cut))

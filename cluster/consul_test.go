@@ -72,10 +72,7 @@ func TestKVViewIsTheSameOnEveryReplica(t *testing.T) {
 			return true
 		}
 	}
-	l := leaderOf(nodes)
-	if err := l.ApplyKV(context.Background(), 1, map[string]string{}); err != nil {
-		t.Fatal(err)
-	}
+	l := applyOnLeader(t, nodes, 1, map[string]string{})
 	testenv.Eventually(t, 5*time.Second, func() error {
 		return testenv.Expect(everywhere(func(v api.KVView) bool {
 			return v.Known && v.Reachable && v.Synced && v.Warning == "" && v.SyncAge < 3*time.Second && v.LeaderID == l.opts.ID

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -15,9 +14,7 @@ func TestLeaderExpiresStatesOnEveryReplica(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
 	until := time.Now().Add(time.Second).UTC().Format(time.RFC3339)
 	kv := map[string]string{"state/web/a": `{"state":"drain","until":"` + until + `"}`, "state/web/b": "maint"}
-	if err := leaderOf(nodes).ApplyKV(context.Background(), 1, kv); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 1, kv)
 	for _, n := range nodes {
 		testenv.Eventually(t, 5*time.Second, func() error {
 			return testenv.Expect(answer(n.Node, "web/a") == "drain\n", "%s never answered drain", n.opts.ID)

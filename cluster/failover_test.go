@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -63,6 +64,42 @@ func leaderOf(nodes []*testNode) *testNode {
 		}
 	}
 	return nil
+}
+
+// applyOnLeader applies kv through whichever of nodes leads now, and again
+// through the next leader when raft takes leadership away meanwhile (an
+// election on a loaded machine: ErrNotLeader, which also wraps
+// raft.ErrLeadershipLost). Retrying is safe: the entry sets the same keys
+// to the same values, so one that committed although leadership was lost
+// makes the retry an empty change (or a repeat of it). Any other error
+// fails the test at once, and so does no leader committing within 10s.
+// It returns the leader that committed kv; use it, not leaderOf, for what
+// the test checks on "the leader" afterwards.
+func applyOnLeader(t *testing.T, nodes []*testNode, index uint64, kv map[string]string) *testNode {
+	t.Helper()
+	var l *testNode
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if l = leaderOf(nodes); l == nil {
+			return errors.New("no leader")
+		}
+		err := l.ApplyKV(context.Background(), index, kv)
+		if err != nil && !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("apply kv index %d on leader %s: %v", index, l.opts.ID, err)
+		}
+		return err
+	})
+	return l
+}
+
+// othersThan is nodes without n.
+func othersThan(nodes []*testNode, n *testNode) []*testNode {
+	var rest []*testNode
+	for _, m := range nodes {
+		if m != n {
+			rest = append(rest, m)
+		}
+	}
+	return rest
 }
 
 func TestLeaderWithoutConsulHandsOverToAFollowerWithConsul(t *testing.T) {
@@ -161,9 +198,7 @@ func TestMutualTLSOnTheRaftPort(t *testing.T) {
 	}
 	nodes := startCluster(t, func(_ int, o *Options) { o.TLS = conf })
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader over TLS") })
-	if err := leaderOf(nodes).ApplyKV(context.Background(), 1, map[string]string{"state/a/b": "drain"}); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 1, map[string]string{"state/a/b": "drain"})
 	for _, n := range nodes {
 		testenv.Eventually(t, 5*time.Second, func() error {
 			return testenv.Expect(answer(n.Node, "a/b") == "drain\n", "%s did not replicate over TLS", n.opts.ID)
@@ -200,11 +235,8 @@ func TestMutualTLSOnTheRaftPort(t *testing.T) {
 func TestHandOverKeepsTheNodeFollowing(t *testing.T) {
 	nodes := startCluster(t, nil)
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
-	old := leaderOf(nodes)
 	ctx := context.Background()
-	if err := old.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
+	old := applyOnLeader(t, nodes, 1, map[string]string{"state/web/a": "drain"})
 	old.HandOver(ctx)
 	if old.IsLeader() {
 		t.Fatal("still the leader after HandOver")
@@ -213,9 +245,7 @@ func TestHandOverKeepsTheNodeFollowing(t *testing.T) {
 		l := leaderOf(nodes)
 		return testenv.Expect(l != nil && l != old, "no other node leads after HandOver")
 	})
-	if err := leaderOf(nodes).ApplyKV(ctx, 2, map[string]string{"state/web/a": "maint"}); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 2, map[string]string{"state/web/a": "maint"})
 	testenv.Eventually(t, 5*time.Second, func() error {
 		return testenv.Expect(answer(old.Node, "web/a") == "maint\n", "the node that handed over stopped following")
 	})

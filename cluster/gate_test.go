@@ -72,9 +72,7 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	ctx := context.Background()
 	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 	kv := map[string]string{"state/web/a": "drain", "meta/web/a": `{"state":"drain","by":"alice","until":"` + past + `","future":1}`}
-	if err := leaderOf(nodes).ApplyKV(ctx, 1, kv); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 1, kv)
 	testenv.Eventually(t, 10*time.Second, holdsf(func() bool {
 		for _, n := range nodes {
 			if answer(n.Node, "web/a") != "drain\n" {

@@ -173,9 +173,7 @@ func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
 			}
 		}
 	}
-	if err := l.ApplyKV(context.Background(), 3, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
+	l = applyOnLeader(t, nodes, 3, map[string]string{"state/web/a": "drain"})
 	for _, n := range nodes {
 		testenv.Eventually(t, 5*time.Second, func() error {
 			return testenv.Expect(answer(n.Node, "web/a") == "drain\n", "%s never answered drain", n.opts.ID)
@@ -193,19 +191,10 @@ func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
 	}
 	// Leadership was handed over before the old leader stopped: a survivor
 	// leads right away, without waiting for an election timeout.
-	var nl *testNode
 	testenv.Eventually(t, 2*time.Second, func() error {
-		for _, n := range nodes {
-			if n != old && n.IsLeader() {
-				nl = n
-				return nil
-			}
-		}
-		return errors.New("no survivor became leader")
+		return testenv.Expect(leaderOf(othersThan(nodes, old)) != nil, "no survivor became leader")
 	})
-	if err := nl.ApplyKV(context.Background(), 4, map[string]string{"state/web/a": "maint"}); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, othersThan(nodes, old), 4, map[string]string{"state/web/a": "maint"})
 	for _, n := range nodes {
 		if n != old {
 			testenv.Eventually(t, 5*time.Second, func() error {
@@ -315,12 +304,9 @@ func TestOptionsValidate(t *testing.T) {
 func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 	nodes := startCluster(t, nil)
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
-	l := leaderOf(nodes)
 	ctx := context.Background()
 	kv := map[string]string{}
-	if err := l.ApplyKV(ctx, 1, kv); err != nil {
-		t.Fatal(err)
-	}
+	l := applyOnLeader(t, nodes, 1, kv)
 	var f *testNode
 	for _, n := range nodes {
 		testenv.Eventually(t, 5*time.Second, func() error { ok, _ := n.Ready(); return testenv.Expect(ok, "%s not ready", n.opts.ID) })
@@ -333,9 +319,7 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 	}
 	for i := range 200 {
 		kv[fmt.Sprintf("state/web/s%03d", i%50)] = fmt.Sprintf("%d%%", i)
-		if err := l.ApplyKV(ctx, uint64(i+2), kv); err != nil {
-			t.Fatal(err)
-		}
+		l = applyOnLeader(t, othersThan(nodes, f), uint64(i+2), kv)
 	}
 	want, digest := l.fsm.index.Load(), l.Info().KVDigest
 

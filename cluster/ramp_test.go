@@ -26,14 +26,9 @@ func TestRampContinuesAcrossLeaderChange(t *testing.T) {
 	policy := state.RampPolicy{Start: 10, Duration: 3 * time.Second, Interval: 300 * time.Millisecond, Aggression: 1}
 	nodes := startCluster(t, func(_ int, o *Options) { o.Ramp = policy })
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
-	l := leaderOf(nodes)
 	ctx := context.Background()
-	if err := l.ApplyKV(ctx, 1, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.ApplyKV(ctx, 2, map[string]string{}); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 1, map[string]string{"state/web/a": "drain"})
+	l := applyOnLeader(t, nodes, 2, map[string]string{})
 	// The ramp's clock is the entry's own timestamp (the leader's time when
 	// it wrote the entry), not the test's: ApplyKV returns a moment later.
 	ramps := l.Snapshot().Ramps()
@@ -99,28 +94,18 @@ func TestRampPolicyFromKV(t *testing.T) {
 	base := state.RampPolicy{Start: 10, Duration: time.Hour, Interval: time.Minute, Aggression: 1}
 	nodes := startCluster(t, func(_ int, o *Options) { o.Ramp = base })
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
-	l := leaderOf(nodes)
-	ctx := context.Background()
 	kv := map[string]string{"state/web/a": "drain", RampConfigKey: `{"start":"50%","duration":"1h"}`}
-	if err := l.ApplyKV(ctx, 1, kv); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 1, kv)
 	delete(kv, "state/web/a")
-	if err := l.ApplyKV(ctx, 2, kv); err != nil {
-		t.Fatal(err)
-	}
+	l := applyOnLeader(t, nodes, 2, kv)
 	if w := weightOf(l.Node, "web/a"); w != 50 {
 		t.Fatalf("weight %d, want the KV policy's start 50", w)
 	}
 	// An invalid policy is ignored: the flags apply.
 	kv = map[string]string{"state/web/b": "drain", RampConfigKey: `{"start":"lots"}`}
-	if err := l.ApplyKV(ctx, 3, kv); err != nil {
-		t.Fatal(err)
-	}
+	applyOnLeader(t, nodes, 3, kv)
 	delete(kv, "state/web/b")
-	if err := l.ApplyKV(ctx, 4, kv); err != nil {
-		t.Fatal(err)
-	}
+	l = applyOnLeader(t, nodes, 4, kv)
 	if w := weightOf(l.Node, "web/b"); w != 10 {
 		t.Fatalf("weight %d, want the flags' start 10", w)
 	}
