@@ -143,7 +143,7 @@ func TestEmptyReplicasWaitForAPeerThatMayHoldTheCluster(t *testing.T) {
 		}
 		return nil
 	})
-	consistently(t, 3*time.Second, func() error {
+	testenv.Consistently(t, 3*time.Second, func() error {
 		for i, n := range empty {
 			if n.Info().Term != 0 || n.raft.LastIndex() != 0 || logs[i].FilterMessage("raft bootstrapped").Len() != 0 {
 				return fmt.Errorf("%s bootstrapped while a peer that may hold the cluster was down: %+v", n.opts.ID, n.Info())
@@ -173,16 +173,6 @@ func TestEmptyReplicasWaitForAPeerThatMayHoldTheCluster(t *testing.T) {
 	for i, n := range empty {
 		if logs[i].FilterMessage("raft bootstrapped").Len() != 0 {
 			t.Errorf("%s bootstrapped", n.opts.ID)
-		}
-	}
-}
-
-// consistently fails the test if cond fails at any point within d.
-func consistently(t *testing.T, d time.Duration, cond func() error) {
-	t.Helper()
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if err := cond(); err != nil {
-			t.Fatal(err)
 		}
 	}
 }
