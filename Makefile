@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak
+.PHONY: demo demo-reset test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell cat VERSION 2>/dev/null || echo dev)
@@ -40,8 +40,16 @@ deps:
 	@scripts/ensure-haproxy.sh
 	@scripts/ensure-consul.sh >/dev/null
 
+# demo: resumes the earlier demo's data in .demo (Consul, raft, logs);
+# demo-reset starts afresh. Prometheus (Debian's, from the same package as
+# promtool) is optional: without it the demo says what it cannot show.
 demo: build deps
+	@scripts/ensure-promtool.sh >/dev/null || echo "demo: continuing without Prometheus"
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) scripts/demo.sh
+
+demo-reset: build deps
+	@scripts/ensure-promtool.sh >/dev/null || echo "demo: continuing without Prometheus"
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) scripts/demo.sh --reset
 
 vet:
 	$(GO) vet ./...
