@@ -549,6 +549,24 @@ else
   say "demo: no Prometheus (sudo apt-get install -y prometheus, or scripts/ensure-promtool.sh as root): verify, wait --idle, maint --drain-first and status --haproxy cannot see HAProxy"
 fi
 
+# Ready to try: every HAProxy node polled every example server (HAProxy
+# spreads its first checks over one inter, 2s), and Prometheus scraped
+# every target once.
+if [ -n "$have_haproxy" ]; then
+  for _ in $(seq 75); do
+    [ "$(curl -fs --max-time 2 "$addr/v1/state?scope=cluster" 2>/dev/null | grep -c "\"polled\": ${#nodes[@]},")" -ge 4 ] && break
+    sleep 0.2
+  done
+fi
+if [ -n "$have_prom" ]; then
+  want=3
+  [ -n "$have_haproxy" ] && want=$((3 + ${#nodes[@]}))
+  for _ in $(seq 50); do
+    curl -fs --max-time 2 "http://$prom_addr/api/v1/query?query=count(up==1)" 2>/dev/null | grep -q "\"$want\"\]" && break
+    sleep 0.2
+  done
+fi
+
 # The printed commands, kept in $demo/commands.txt to read again.
 # scripts/demo.sh run from another shell finds this demo by these two.
 [ "$demo" = "$root/.demo" ] || demoenv=" HASTATE_DEMO_DIR=$demo"
