@@ -1,7 +1,6 @@
 package server
 
 import (
-	"cmp"
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
@@ -109,10 +108,6 @@ type pageRow struct {
 	api.ServerState
 	Class string // ready, weight, ramping, drain, maint or withheld
 	Label string // what the state cell says
-	// CountAs is the class the summaries count the row in: Class, but for
-	// a withheld server the class of what HAProxy keeps (withheld only
-	// when no HAProxy was ever told anything).
-	CountAs string
 	// Weight bar: shown for ready answers; BarPct is min(weight, 100)
 	// and Over marks weights above 100%.
 	HasWeight bool
@@ -228,7 +223,9 @@ func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.Clu
 	d.Banners = banners(v, ci, ready, readyDetail)
 	d.Migration = migrationLine(v.Migration)
 
-	var all pageCounts
+	var all api.Rotation
+	var counts []api.Rotation // by backend, as d.Backends
+	outBackends := 0          // backends with servers, none in rotation
 	byName := map[string]int{}
 	for _, s := range v.Servers {
 		i, ok := byName[s.Backend]
@@ -236,28 +233,26 @@ func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.Clu
 			i = len(d.Backends)
 			byName[s.Backend] = i
 			d.Backends = append(d.Backends, pageBackend{Name: s.Backend})
+			counts = append(counts, api.Rotation{})
 		}
 		row := pageRowOf(now, s, behind[s.Backend+"/"+s.Server])
 		d.Backends[i].Rows = append(d.Backends[i].Rows, row)
+		if !row.Wildcard {
+			counts[i].Add(s)
+		}
 	}
 	for i := range d.Backends {
-		b := &d.Backends[i]
-		var c pageCounts
-		for _, r := range b.Rows {
-			if !r.Wildcard {
-				c.add(r.CountAs, r.AtZero() || (r.Withheld && r.HasWeight && r.Weight == 0), r.Withheld)
-			}
-		}
-		all.merge(c)
-		b.Summary, b.Class = c.summary()
-		if c.servers > 0 && c.inRotation() == 0 {
-			all.outBackends++
+		c := counts[i]
+		all.Merge(c)
+		d.Backends[i].Summary, d.Backends[i].Class = summary(c)
+		if c.Servers > 0 && c.In == 0 {
+			outBackends++
 		}
 	}
 	for _, k := range v.InvalidKeys {
 		d.Invalid = append(d.Invalid, invalidOf(k))
 	}
-	d.Headline = all.headline(len(d.Banners) > 0, v.InvalidTotal)
+	d.Headline = headline(all, outBackends, len(d.Banners) > 0, v.InvalidTotal)
 	if len(v.Servers) < v.Total {
 		d.Cut = &pageCut{Shown: len(v.Servers), Total: v.Total, More: min(v.Total, api.MaxLimit), Max: api.MaxLimit}
 	}
@@ -348,123 +343,63 @@ func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []p
 	return out
 }
 
-// pageCounts counts rows by class, and (over the fleet) the backends with
-// no server in rotation.
-type pageCounts struct {
-	servers, ready, weight, ramping, drain, maint, withheld int
-	// kept counts the withheld servers also counted by what HAProxy
-	// keeps (the last answer it was told).
-	kept int
-	// zero counts the servers at 0% (a weight or a ramp; counted there
-	// only): HAProxy shows them as DRAIN, so they are out of rotation.
-	zero        int
-	outBackends int
-}
-
-// inRotation counts the servers HAProxy sends traffic to: ready, at a
-// weight or ramping, above 0%.
-func (c pageCounts) inRotation() int { return c.ready + c.weight + c.ramping }
-
-func (c *pageCounts) add(class string, atZero, withheld bool) {
-	c.servers++
-	if withheld && class != "withheld" {
-		c.kept++
-	}
-	if atZero {
-		c.zero++
-		return
-	}
-	switch class {
-	case "ready":
-		c.ready++
-	case "weight":
-		c.weight++
-	case "ramping":
-		c.ramping++
-	case "drain":
-		c.drain++
-	case "maint":
-		c.maint++
-	case "withheld":
-		c.withheld++
-	}
-}
-
-func (c *pageCounts) merge(o pageCounts) {
-	c.servers += o.servers
-	c.ready += o.ready
-	c.weight += o.weight
-	c.ramping += o.ramping
-	c.drain += o.drain
-	c.maint += o.maint
-	c.withheld += o.withheld
-	c.kept += o.kept
-	c.zero += o.zero
-	c.outBackends += o.outBackends
-}
-
-// summary is a backend's line: "3 of 5 ready", then each other state.
-// Servers at a set weight or ramping count as ready (HAProxy sends them
-// traffic), and are also named. A backend with servers but none in
-// rotation (a backend-wide drain, say) is classed bad and says that it
-// takes no traffic.
-func (c pageCounts) summary() ([]pageCount, string) {
-	inRotation := c.inRotation()
+// summary is a backend's line, in the words of every command
+// (api.Rotation): "3 of 5 in rotation", how many of those ramp or hold a
+// weight, then each server out of rotation by reason; the parts add up. A
+// backend with servers but none in rotation (a backend-wide drain, say)
+// is classed bad and says that it takes no traffic.
+func summary(c api.Rotation) ([]pageCount, string) {
 	class := "ok"
-	if inRotation < c.servers || c.weight+c.ramping > 0 {
+	if c.In < c.Servers || c.Ramping+c.Weighted > 0 {
 		class = "warn"
 	}
-	if c.servers == 0 {
+	if c.Servers == 0 {
 		return []pageCount{{"none", "no server known (only a backend-wide key)"}}, class
 	}
-	out := []pageCount{{"ready", fmt.Sprintf("%d of %d ready", inRotation, c.servers)}}
-	if inRotation == 0 {
-		class = "bad"
-		out = append(out, pageCount{"none", "no server in rotation: HAProxy sends this backend no traffic"})
-	}
-	for _, p := range []struct {
-		n           int
-		class, text string
-	}{
-		{c.drain, "drain", "draining"}, {c.maint, "maint", "in maint"}, {c.ramping, "ramping", "ramping"},
-		{c.weight, "weight", "at a set weight"}, {c.zero, "drain", "at 0% (DRAIN in HAProxy)"},
-		{c.kept, "withheld", "withheld (no answer: HAProxy keeps the last answer it was told, counted there)"},
-		{c.withheld, "withheld", "withheld and never told (HAProxy keeps its own state)"},
-	} {
-		if p.n > 0 {
-			out = append(out, pageCount{p.class, fmt.Sprintf("%d %s", p.n, p.text)})
+	var out []pageCount
+	for i, p := range c.Parts(false) {
+		out = append(out, pageCount{countClass(p.Class), p.Text})
+		if i == 0 && c.In == 0 {
+			class = "bad"
+			out = append(out, pageCount{"none", "no server in rotation: HAProxy sends this backend no traffic"})
 		}
 	}
 	return out, class
 }
 
-func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
-	var parts []string
-	for _, p := range []struct {
-		n    int
-		text string
-	}{{c.drain, "draining"}, {c.maint, "in maint"}, {c.ramping, "ramping"}, {c.weight, "at a set weight"}, {c.zero, "at 0% (DRAIN in HAProxy)"},
-		{c.kept, "withheld (HAProxy keeps the last answer it was told, counted there)"}, {c.withheld, "withheld and never told (HAProxy keeps its own state)"}} {
-		if p.n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.text))
-		}
+// countClass is the page's class for a part of an api.Rotation: a server
+// at 0% looks drained (HAProxy shows it as DRAIN), a withheld one that
+// HAProxy keeps at its last answer looks withheld.
+func countClass(c string) string {
+	switch c {
+	case "zero":
+		return "drain"
+	case "kept":
+		return "withheld"
 	}
-	if invalid > 0 {
-		parts = append(parts, plural(invalid, "invalid key", "invalid keys"))
-	}
-	if c.outBackends > 0 {
-		// First: it is what takes a service down.
-		parts = append([]string{plural(c.outBackends, "backend", "backends") + " with no server in rotation"}, parts...)
-	}
+	return c
+}
+
+// headline is the fleet's line at the top of the page: the rotation line
+// of `hastate status` (the same words, numbers that add up), after the
+// backends that take no traffic and before the invalid keys.
+func headline(all api.Rotation, outBackends int, banner bool, invalid int) pageHeadline {
 	h := pageHeadline{Class: "ok"}
 	switch {
-	case c.servers == 0:
+	case all.Servers == 0:
 		h.Text = "no servers known yet (none has a key, and no HAProxy has asked)"
-	case len(parts) == 0:
-		h.Text = fmt.Sprintf("all %s ready at full weight", plural(c.servers, "server", "servers"))
+	case all.Full() && invalid == 0:
+		h.Text = fmt.Sprintf("all %s in rotation at full weight", plural(all.Servers, "server", "servers"))
 	default:
 		h.Class = "warn"
-		h.Text = fmt.Sprintf("%d of %s ready: %s", c.inRotation(), plural(c.servers, "server", "servers"), strings.Join(parts, ", "))
+		h.Text = all.String()
+		if outBackends > 0 {
+			// First: it is what takes a service down.
+			h.Text = plural(outBackends, "backend", "backends") + " with no server in rotation; " + h.Text
+		}
+		if invalid > 0 {
+			h.Text += "; " + plural(invalid, "invalid key", "invalid keys")
+		}
 	}
 	if banner {
 		h.Class = "bad"
@@ -472,12 +407,7 @@ func (c pageCounts) headline(banner bool, invalid int) pageHeadline {
 	return h
 }
 
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return thousands(n) + " " + many
-}
+func plural(n int, one, many string) string { return api.Plural(n, one, many) }
 
 // pageRowOf classifies one server row and renders its times at now.
 // behind is how many of its HAProxy nodes are a ramp step behind.
@@ -485,18 +415,12 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 	r := pageRow{ServerState: s, Wildcard: s.Server == "*"}
 	switch s.Kind {
 	case api.KindWithheld:
-		// HAProxy keeps what it was last told: say it, and count it there.
-		r.Class, r.Label, r.CountAs = "withheld", "withheld: HAProxy keeps its own state (never told)", "withheld"
+		// HAProxy keeps what it was last told: say it (the counts count
+		// it there, api.Rotation).
+		r.Class, r.Label = "withheld", "withheld: HAProxy keeps its own state (never told)"
 		if s.Keeps != "" {
 			r.Label = "withheld: HAProxy keeps " + s.Keeps
-			switch k, w := s.KeptKind(); k {
-			case api.KindDrain, api.KindMaint:
-				r.CountAs = string(k)
-			default:
-				r.CountAs = string(api.KindReady)
-				if w != 100 {
-					r.CountAs = string(api.KindWeight)
-				}
+			if k, w := s.KeptKind(); k != api.KindDrain && k != api.KindMaint {
 				r.HasWeight, r.Weight, r.BarPct, r.Over = true, w, min(w, 100), w > 100
 			}
 		}
@@ -561,7 +485,6 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 		words = append(words, "expired")
 	}
 	r.Text = strings.ToLower(strings.Join(words, " "))
-	r.CountAs = cmp.Or(r.CountAs, r.Class)
 	return r
 }
 

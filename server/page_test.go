@@ -145,18 +145,20 @@ func TestPageRowsByState(t *testing.T) {
 	}
 }
 
-// Each backend says how many of its servers are ready and counts the
-// others by state; the headline counts the whole fleet.
+// Each backend says how many of its servers are in rotation and counts
+// the others by state; the headline counts the whole fleet.
 func TestPageSummaries(t *testing.T) {
 	_, body := get(t, pageShowcase(t, time.Now(), healthyCluster(), healthyKV()), "/")
 	for _, want := range []string{
-		`<span class="bname">web</span><span class="cnt ready">4 of 7 ready</span><span class="cnt drain">2 draining</span><span class="cnt maint">1 in maint</span><span class="cnt ramping">1 ramping</span><span class="cnt weight">1 at a set weight</span></th>`,
+		`<span class="bname">web</span><span class="cnt ready">4 of 7 in rotation</span><span class="cnt ramping">of which 1 ramping</span><span class="cnt weight">1 at a set weight</span><span class="cnt drain">out: 2 drain</span><span class="cnt maint">1 maint</span></th>`,
 		// api's withheld server is counted by what HAProxy keeps (issue 27.3): ready 100%, in rotation.
 		`<tbody class="backend warn" data-backend="api">`,
-		`<span class="bname">api</span><span class="cnt ready">1 of 2 ready</span><span class="cnt drain">1 draining</span><span class="cnt withheld">1 withheld (no answer: HAProxy keeps the last answer it was told, counted there)</span></th>`,
+		`<span class="bname">api</span><span class="cnt ready">1 of 2 in rotation</span><span class="cnt drain">out: 1 drain</span><span class="cnt withheld">1 withheld: HAProxy keeps the last answer it was told, counted there</span></th>`,
 		`<tbody class="backend warn" data-backend="web">`,
-		`<p class="headline warn" id="headline">5 of 9 servers ready: 3 draining, 1 in maint, 1 ramping, 1 at a set weight, 1 withheld (HAProxy keeps the last answer it was told, counted there), 2 invalid keys</p>`,
-		`<title>hastate: 5 of 9 servers ready: `,
+		// The headline is status's rotation line (issue 35): 5 in rotation,
+		// 3 drain and 1 maint add up to the 9 servers.
+		`<p class="headline warn" id="headline">5 of 9 servers in rotation (of which 1 ramping, 1 at a set weight); out: 3 drain, 1 maint; 1 withheld: HAProxy keeps the last answer it was told, counted there; 2 invalid keys</p>`,
+		`<title>hastate: 5 of 9 servers in rotation `,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("status page without %s", want)
@@ -320,8 +322,8 @@ func TestPageCountsZeroPercentAsOut(t *testing.T) {
 	}})
 	_, body := get(t, h, "/")
 	for _, want := range []string{
-		`id="headline">1 of 3 servers ready: 1 at a set weight, 2 at 0% (DRAIN in HAProxy)</p>`,
-		`<span class="cnt ready">1 of 3 ready</span>`,
+		`id="headline">1 of 3 servers in rotation (of which 1 at a set weight); out: 2 at 0% (HAProxy shows DRAIN)</p>`,
+		`<span class="cnt ready">1 of 3 in rotation</span>`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("status page without %s:\n%s", want, regexp.MustCompile(`(?s)<p class="headline.*?</p>|<span class="cnt ready">.*?</th>`).FindAllString(body, -1))

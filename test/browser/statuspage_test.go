@@ -105,7 +105,7 @@ func TestStatusPage(t *testing.T) {
 		!strings.Contains(got, "no server in rotation") {
 		t.Errorf("the api backend, drained whole: %s; want it classed bad, saying it has no server in rotation", got)
 	}
-	if got := b.eval(t, `document.getElementById('headline').textContent`); !strings.Contains(got, "ready: 1 backend with no server in rotation, ") {
+	if got := b.eval(t, `document.getElementById('headline').textContent`); !strings.HasPrefix(strings.Trim(got, `"`), "1 backend with no server in rotation; ") {
 		t.Errorf("headline %s, want the backend with no server in rotation named first", got)
 	}
 	if got := b.eval(t, `getComputedStyle(document.querySelector('tbody[data-backend="api"] tr.group th')).backgroundColor + ' ' + getComputedStyle(document.querySelector('tbody[data-backend="web"] tr.group th')).backgroundColor`); func() bool {
@@ -140,7 +140,7 @@ func TestStatusPage(t *testing.T) {
 	if got := b.eval(t, `document.getElementById('invalid').textContent`); !strings.Contains(got, "config/ramp") || !strings.Contains(got, "the --ramp-* flags apply") {
 		t.Errorf("the invalid config/ramp is not listed with the invalid keys: %q", got)
 	}
-	if got := b.eval(t, `document.getElementById('headline').textContent`); !strings.Contains(got, "1 withheld (HAProxy keeps the last answer it was told, counted there)") {
+	if got := b.eval(t, `document.getElementById('headline').textContent`); !strings.Contains(got, "1 withheld: HAProxy keeps the last answer it was told, counted there") {
 		t.Errorf("headline %s, want the withheld server counted where HAProxy keeps it", got)
 	}
 	b.shoot(t, shots, "status-withheld-and-config-desktop.png", 1280, 900)
