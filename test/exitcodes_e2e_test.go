@@ -1,0 +1,116 @@
+package test
+
+import (
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/internal/testenv"
+)
+
+// exitRow is one row of the README's exit-code table.
+type exitRow struct {
+	code             int
+	meaning, example string
+}
+
+// readmeExitCodes reads the README's table of exit codes: | exit |
+// meaning | for example |.
+func readmeExitCodes(t *testing.T) []exitRow {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(b), "| exit | meaning | for example |\n|---|---|---|\n")
+	if !ok {
+		t.Fatal("README.md has no table | exit | meaning | for example |")
+	}
+	row := regexp.MustCompile(`^\| (\d) \| (.+) \| (.+) \|$`)
+	var rows []exitRow
+	for _, l := range strings.Split(table, "\n") {
+		m := row.FindStringSubmatch(l)
+		if m == nil {
+			break
+		}
+		code, _ := strconv.Atoi(m[1])
+		rows = append(rows, exitRow{code, m[2], m[3]})
+	}
+	for i, r := range rows {
+		if r.code != i {
+			t.Fatalf("README's exit codes: row %d is code %d, want 0..4 in order: %v", i, r.code, rows)
+		}
+	}
+	if len(rows) != 5 {
+		t.Fatalf("README's exit codes: %d rows, want 0..4: %v", len(rows), rows)
+	}
+	return rows
+}
+
+// TestE2EExitCodes runs, for each code of the README's exit-code table,
+// the command the table gives as its example, against a real replica with
+// a real HAProxy polling canary_web/web-1 and web-2 (web-2 drained): each
+// exits with its code. An example that says "while no replica answers"
+// runs with the replica stopped. No other document says otherwise
+// (issue 35: "exits 1 with cannot confirm").
+func TestE2EExitCodes(t *testing.T) {
+	rows := readmeExitCodes(t)
+	docs := map[string]string{}
+	for _, f := range []string{"../README.md", "../docs/runbook.md", "../docs/deploy.md", "../docs/migration.md"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs[f] = string(b)
+	}
+	// What cannot be confirmed is 4, everywhere.
+	contradiction := regexp.MustCompile(`(?i)exits? ([0-35-9])\W{0,3}(with\s+|\(|:\s+)?"?cannot\s+confirm|\d failure \(including\s+"?cannot\s+confirm`)
+	for f, s := range docs {
+		for _, m := range contradiction.FindAllString(s, -1) {
+			t.Errorf("%s says %q: cannot confirm is exit 4 (README's table)", f, m)
+		}
+	}
+
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	hs := StartCluster(t, 1, HastateOptions{ConsulAddr: consul.Addr()})
+	StartHAProxyLB(t, hs, Backend{Name: "canary_web", Servers: []string{"web-1", "web-2"}})
+	op := hs[0].Operator()
+	// HAProxy asks after each server's first health check.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		var v stateView
+		hs[0].GetJSON(t, "/v1/state", &v)
+		n := 0
+		for _, r := range v.Servers {
+			if r.Backend == "canary_web" && r.Polled > 0 {
+				n++
+			}
+		}
+		return testenv.Expect(n == 2, "HAProxy polled %d of canary_web's 2 servers", n)
+	})
+	op.Run(t, "drain", "canary_web/web-2", "--reason", "exit codes")
+	op.Run(t, "wait", "canary_web/web-2")
+
+	example := regexp.MustCompile("^`hastate ([^`]+)`(.*)$")
+	for _, r := range rows {
+		m := example.FindStringSubmatch(r.example)
+		if m == nil {
+			t.Fatalf("exit %d: the example %q is not a `hastate ...` command", r.code, r.example)
+		}
+		args, when := strings.Fields(m[1]), strings.TrimSpace(m[2])
+		switch {
+		case when == "while no replica answers":
+			hs[0].Kill()
+		case strings.HasPrefix(when, "while"):
+			t.Fatalf("exit %d: the test does not know how to make %q", r.code, when)
+		}
+		out, code := op.RunCode(t, args...)
+		if code != r.code {
+			t.Errorf("README: exit %d (%s) for `hastate %s` %s; it exits %d:\n%s", r.code, r.meaning, m[1], when, code, out)
+			continue
+		}
+		t.Logf("exit %d: hastate %s %s: %s", code, m[1], when, lastLine(out))
+	}
+}
