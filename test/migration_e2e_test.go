@@ -369,7 +369,7 @@ func TestE2EMigrationRollout(t *testing.T) {
 
 	t.Run("finish", func(t *testing.T) {
 		out := op.Run(t, "migration", "finish")
-		if !strings.Contains(out, "HAProxy nodes poll hastate: [127.0.0.2]") || !strings.Contains(out, "config/migration deleted") {
+		if !strings.Contains(out, "1 HAProxy node polls hastate: [127.0.0.2]") || !strings.Contains(out, "config/migration deleted") {
 			t.Fatalf("migration finish:\n%s", out)
 		}
 		// The last node moves; the per-node agent is no longer asked.

@@ -161,7 +161,7 @@ can count them against the fleet.`,
 				if nodes, err := fleet.PollingHAProxies(c.Context(), r); err != nil {
 					fmt.Fprintf(c.ErrOrStderr(), "warning: cannot list the HAProxy nodes that poll hastate: %v\n", err)
 				} else {
-					fmt.Fprintf(stdout, "%d HAProxy nodes poll hastate: %s\n", len(nodes), nodes)
+					fmt.Fprintf(stdout, "%s hastate: %s\n", ctl.PluralN(len(nodes), "HAProxy node polls", "HAProxy nodes poll"), nodes)
 				}
 			}
 			m, wrote, err := migration.Finish(c.Context(), wr, migration.Options{DryRun: dryRun})
@@ -251,9 +251,9 @@ not be read well enough). The agent port of a replica (--agent
 			case err != nil:
 				return err
 			case len(res.Differ) > 0:
-				return fmt.Errorf("the agent at %s answers %d servers differently from hastate (listed above)", agent, len(res.Differ))
+				return fmt.Errorf("the agent at %s answers %s differently from hastate (listed above)", agent, ctl.PluralN(len(res.Differ), "server", "servers"))
 			case len(res.Unconfirmed) > 0:
-				return fmt.Errorf("%w: %d servers could not be asked at %s (listed above)", ctl.ErrCannotConfirm, len(res.Unconfirmed), agent)
+				return fmt.Errorf("%w: %s could not be asked at %s (listed above)", ctl.ErrCannotConfirm, ctl.PluralN(len(res.Unconfirmed), "server", "servers"), agent)
 			}
 			return nil
 		},

@@ -33,8 +33,9 @@ type IdleResult struct {
 }
 
 func (r IdleResult) String() string {
-	return fmt.Sprintf("%d %s on %d HAProxy %s; newest sample %s old; %d samples in %d reads",
-		r.Servers, ctl.Plural(r.Servers, "server"), r.Instances, ctl.Plural(r.Instances, "instance"), ctl.RoundAge(r.Newest), r.Samples, r.Reads)
+	return fmt.Sprintf("%d %s on %d HAProxy %s; newest sample %s old; %s in %s",
+		r.Servers, ctl.Plural(r.Servers, "server"), r.Instances, ctl.Plural(r.Instances, "instance"), ctl.RoundAge(r.Newest),
+		ctl.PluralN(r.Samples, "sample", "samples"), ctl.PluralN(r.Reads, "read", "reads"))
 }
 
 // WaitIdle waits until every HAProxy instance reports no current session

@@ -240,6 +240,10 @@ func (r CompareResult) Print(w io.Writer, agent, replica string) {
 	case len(r.Unconfirmed) > 0:
 		fmt.Fprintf(w, "compare: %d of %d servers could not be asked at %s; the others answer the same\n", len(r.Unconfirmed), r.Checked, agent)
 	default:
-		fmt.Fprintf(w, "compare: the agent at %s and hastate (replica %s, Consul index %d) answer the same for all %d servers (a ramp counts as ready)\n", agent, replica, r.Index, r.Checked)
+		all := fmt.Sprintf("all %d servers", r.Checked)
+		if r.Checked == 1 {
+			all = "the 1 server"
+		}
+		fmt.Fprintf(w, "compare: the agent at %s and hastate (replica %s, Consul index %d) answer the same for %s (a ramp counts as ready)\n", agent, replica, r.Index, all)
 	}
 }

@@ -132,8 +132,8 @@ func Start(ctx context.Context, w write.Writer, o Options) (Migration, bool, err
 		return m, false, err
 	}
 	if len(m.Unlike) > 0 && !o.Force {
-		return m, false, fmt.Errorf("refused, nothing was written: the per-node agent would serve %d keys differently from hastate:\n  %s\n"+
-			"fix them first (`hastate migration status` lists them again), or add --force to mark the migration anyway", len(m.Unlike), strings.Join(m.Unlike, "\n  "))
+		return m, false, fmt.Errorf("refused, nothing was written: the per-node agent would serve %s differently from hastate:\n  %s\n"+
+			"fix them first (`hastate migration status` lists them again), or add --force to mark the migration anyway", ctl.PluralN(len(m.Unlike), "key", "keys"), strings.Join(m.Unlike, "\n  "))
 	}
 	m.Marker = state.Migration{Started: o.Now, By: o.By, Reason: o.Reason}
 	if o.DryRun {
@@ -182,7 +182,7 @@ func (m Migration) Print(out io.Writer) {
 		fmt.Fprintln(out, "KV holds no key that the per-node agent serves differently from hastate")
 		return
 	}
-	fmt.Fprintf(out, "the per-node agent serves %d keys differently from hastate:\n", len(m.Unlike))
+	fmt.Fprintf(out, "the per-node agent serves %s differently from hastate:\n", ctl.PluralN(len(m.Unlike), "key", "keys"))
 	for _, u := range m.Unlike {
 		fmt.Fprintln(out, "  "+u)
 	}
