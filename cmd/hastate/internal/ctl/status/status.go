@@ -174,8 +174,7 @@ func (rep Report) WriteTable(w io.Writer) error {
 		}
 		return msg
 	}
-	var servers, in, kept int
-	out := map[string]int{}
+	var rot api.Rotation
 	for _, r := range rows {
 		ans := r.Answer
 		if r.Withheld {
@@ -215,40 +214,14 @@ func (rep Report) WriteTable(w io.Writer) error {
 		if r.Server == state.Wildcard {
 			continue
 		}
-		servers++
-		if r.Withheld && r.Keeps != "" {
-			kept++
-		}
-		switch k, w := r.KeptKind(); {
-		case r.InRotation():
-			in++
-		case w == 0 && (k == api.KindWeight || k == api.KindRamping):
-			out["at 0%"]++
-		default:
-			out[string(k)]++
-		}
+		rot.Add(r)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if servers > 0 {
-		var parts []string
-		for _, k := range []string{string(api.KindDrain), string(api.KindMaint), "at 0%"} {
-			if out[k] > 0 {
-				parts = append(parts, fmt.Sprintf("%d %s", out[k], k))
-			}
-		}
-		line := fmt.Sprintf("%d of %s in rotation", in, ctl.PluralN(servers, "server", "servers"))
-		if len(parts) > 0 {
-			line += "; out: " + strings.Join(parts, ", ")
-		}
-		if kept > 0 {
-			line += fmt.Sprintf("; %d withheld: HAProxy keeps the last answer it was told, counted there", kept)
-		}
-		if n := out[string(api.KindWithheld)]; n > 0 {
-			line += fmt.Sprintf("; %d withheld and never told: HAProxy keeps its own state", n)
-		}
-		fmt.Fprintln(w, line)
+	if rot.Servers > 0 {
+		// The status page's headline says the same line (api.Rotation).
+		fmt.Fprintln(w, rot.String())
 	}
 	for _, r := range rep.InvalidKeys {
 		if r.Backend == "" {

@@ -45,7 +45,7 @@ func TestStatusTable(t *testing.T) {
 		`(?m)^w +c .*invalid value "drian": not a known state`,
 		`(?m)^w +e .*at 0%: HAProxy shows it as DRAIN`,
 		`(?m)^w +f .*40% \(eta ` + regexp.QuoteMeta(until.Local().Format("15:04:05 MST")) + `\)`,
-		`(?m)^2 of 6 servers in rotation; out: 2 drain, 1 at 0%; 1 withheld and never told: HAProxy keeps its own state$`,
+		`(?m)^2 of 6 servers in rotation \(of which 1 ramping\); out: 2 drain, 1 at 0% \(HAProxy shows DRAIN\), 1 withheld and never told \(HAProxy keeps its own state\)$`,
 		`(?m)^w +d +\(withheld: HAProxy keeps its own state, never told\)`,
 	} {
 		if !regexp.MustCompile(want).MatchString(s) {
