@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -74,10 +75,26 @@ func TestE2EExitCodes(t *testing.T) {
 		}
 	}
 
+	// `hastate --help` lists the same codes in the same words, and no
+	// command's --help gives cannot confirm another code.
+	op := Operator{Addr: "127.0.0.1:1"} // --help asks no replica
+	help := strings.Join(strings.Fields(op.Run(t, "--help")), " ")
+	for _, r := range rows {
+		if want := strings.Join(strings.Fields(fmt.Sprintf("%d %s", r.code, r.meaning)), " "); !strings.Contains(help, want) {
+			t.Errorf("hastate --help does not say %q:\n%s", want, help)
+		}
+	}
+	for _, c := range []string{"drain", "maint", "ready", "weight", "clear", "status", "wait", "precheck", "verify", "probe", "compare", "migration", "migrate-kv"} {
+		out := op.Run(t, c, "--help")
+		for _, m := range contradiction.FindAllString(out, -1) {
+			t.Errorf("hastate %s --help says %q: cannot confirm is exit 4", c, m)
+		}
+	}
+
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 1, HastateOptions{ConsulAddr: consul.Addr()})
 	StartHAProxyLB(t, hs, Backend{Name: "canary_web", Servers: []string{"web-1", "web-2"}})
-	op := hs[0].Operator()
+	op = hs[0].Operator()
 	// HAProxy asks after each server's first health check.
 	testenv.Eventually(t, 20*time.Second, func() error {
 		var v stateView

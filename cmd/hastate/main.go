@@ -57,7 +57,19 @@ cluster and answers HAProxy agent-check probes for the whole fleet.
 
 A state key holds one plain word: ready | drain | maint | N% (0..256).
 Reason, expiry and ramp live beside it in <prefix>meta/<backend>/<server>,
-written by the same command (--reason, --for, --ramp).`,
+written by the same command (--reason, --for, --ramp).
+
+Exit codes, the same for every command (the README's table):
+  0  ok: done, written, or nothing blocks
+  1  refused, blocked or not done: a guard refused a write, precheck found
+     something drained, at 0% or ramping, wait timed out, verify or compare
+     found a disagreement
+  2  usage error: a flag, an argument, a value or a command that does not
+     exist
+  3  the selector matched nothing (a typo: the known backends are named)
+  4  cannot confirm: hastate, Consul or Prometheus could not be read well
+     enough to decide; gates and writes fail closed, so a pipeline tells
+     "drained on purpose" (1) from "hastate is broken" (4)`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
