@@ -35,6 +35,11 @@ func TestInvalidInputIsRefusedWithTheValidForms(t *testing.T) {
 		{[]string{"weight", "web/a"}, "want a weight"},
 		{[]string{"weight", "--bogus", "5%", "web/a"}, "unknown flag: --bogus"},
 		{[]string{"drain", "web/a", "--for", "soon"}, "invalid argument"},
+		// Issue 35: --for 0 is refused, naming the way to write without expiry.
+		{[]string{"drain", "web/a", "--for", "0"}, "leave --for out to write a state that stays until it is cleared"},
+		{[]string{"weight", "50%", "web/a", "--for", "0s"}, "--for 0 is no duration"},
+		{[]string{"maint", "web/a", "--drain-first", "--for", "0"}, "--for 0 is no duration"},
+		{[]string{"drain", "web/a", "--for", "-1h"}, "want a positive duration"},
 		{[]string{"precheck"}, "at least one"},
 		{[]string{"probe", "a/b", "c/d"}, "one <backend>/<server>"},
 		{[]string{"drain"}, "at least one"},

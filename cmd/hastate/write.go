@@ -71,7 +71,15 @@ func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 	f.BoolVar(&w.override, "override", false, "with <backend>/*: also clear the own keys of the backend's servers, so that the backend-wide key reaches them")
 	f.StringVar(&w.reason, "reason", "", "why, shown in status")
 	f.StringVar(&w.by, "by", osUser(), "who, shown in status")
-	f.DurationVar(&w.forDur, "for", 0, "the state expires after this long (e.g. 2h): hastate then treats the key as absent, through a ramp after a drain")
+	f.DurationVar(&w.forDur, "for", 0, "the state expires after this long (e.g. 2h): hastate then treats the key as absent, through a ramp after a drain; leave it out for a state that stays until cleared")
+	// --for 0 is no duration: refused, not taken as "no expiry" in
+	// silence (issue 35).
+	c.PreRunE = func(c *cobra.Command, _ []string) error {
+		if c.Flags().Changed("for") && w.forDur == 0 {
+			return usageError(c, errors.New("--for 0 is no duration: give one such as --for 2h, or leave --for out to write a state that stays until it is cleared (hastate clear)"))
+		}
+		return nil
+	}
 	if k.ramp {
 		f.StringVar(&w.ramp, "ramp", "", `undrain ramp duration for these keys, e.g. 10m ("0": no ramp)`)
 	}
