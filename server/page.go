@@ -476,7 +476,9 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 	if len(s.Value) <= 24 && !strings.HasPrefix(s.Value, "{") {
 		r.ShortValue = s.Value
 	}
-	r.Problem = r.Class != "ready" || !s.Valid || s.Expired != ""
+	// An expired key is no problem (its --for did what it was for): the
+	// row says "expired", and `hastate clear --expired` removes the key.
+	r.Problem = r.Class != "ready" || !s.Valid
 	words := []string{s.Backend + "/" + s.Server, r.Class, s.Answer, s.Reason, s.By, s.Key, s.Value, s.Note}
 	if !s.Valid {
 		words = append(words, "invalid", s.Error)

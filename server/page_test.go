@@ -116,7 +116,7 @@ func TestPageRowsByState(t *testing.T) {
 		"web/c": {"weight", []string{`<span class="badge">weight</span>`, `style="width:50%"`, "50%", `<span class="told warn"`, "told 1 of 2"}},
 		"web/d": {"ready", []string{`<span class="badge">ready</span>`, `style="width:100%"`, "told 1 of 1"}},
 		"web/e": {"drain", []string{">in 1h</span>"}},
-		"web/f": {"ready", []string{`<span class="tag" title="state/web/f expired: treated as absent">expired</span>`, `<span class="past" title="state/web/f expired`}},
+		"web/f": {"ready", []string{`<span class="tag" title="state/web/f expired: treated as absent; hastate clear --expired removes it">expired</span>`, `<span class="past" title="state/web/f expired`}},
 		"web/r": {"ramping", []string{`<span class="badge">ramping</span>`, `style="width:10%"`, `<span class="bar ramp"`, `style="width:20%"`, "→ 100% in 8m"}},
 		"api/*": {"drain", []string{"backend-wide key", "canary", "bob"}},
 		"api/y": {"drain", []string{"told 1 of 1"}},

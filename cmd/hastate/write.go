@@ -75,6 +75,9 @@ func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 	// --for 0 is no duration: refused, not taken as "no expiry" in
 	// silence (issue 35).
 	c.PreRunE = func(c *cobra.Command, _ []string) error {
+		if err := bindEnv(c.Flags()); err != nil { // HASTATE_FOR=0 too
+			return err
+		}
 		if c.Flags().Changed("for") && w.forDur == 0 {
 			return usageError(c, errors.New("--for 0 is no duration: give one such as --for 2h, or leave --for out to write a state that stays until it is cleared (hastate clear)"))
 		}
@@ -292,8 +295,9 @@ below --min-ready like a drain, precheck blocks on it, and a backend-wide
 
 func clearCmd(stdout io.Writer) *cobra.Command {
 	var w writeFlags
+	var expired bool
 	c := &cobra.Command{
-		Use:   "clear <selector>...",
+		Use:   "clear <selector>... | clear --expired [<selector>...]",
 		Short: "Delete servers' keys: they fall back to the backend-wide key, else ready",
 		Long: `Delete servers' keys: they fall back to the backend-wide key, else ready.
 
@@ -301,17 +305,62 @@ Keys that do not exist are left out ("nothing to clear"). A key that no
 selector can name (more than one '/', a control character) is removed with
 the consul CLI: consul kv delete '<kv-prefix>state/<the key>'.
 
+--expired deletes only the keys whose --for has passed (every such key of
+the prefix, or of the selectors; <backend>/* includes the backend-wide
+key), with their meta keys, in one Consul transaction conditional on each
+key's index: a key written again meanwhile is read again, never deleted.
+hastate already treats such keys as absent, so no answer changes; status
+stops listing them as expired, and migration start no longer refuses
+them. A key counts only when the cluster shows it expired too (the
+leader's clock decides, not this machine's).
+
 ` + selectorHelp + "\n\n" + guardHelp(false),
 		Example: `  hastate clear canary_web/gke-cny-web 'canary_web/*'
   hastate clear 'canary_web/web 3'                 # a server name with a space
-  hastate clear '*/gke-cny-web' --dry-run`,
-		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),
+  hastate clear '*/gke-cny-web' --dry-run
+  hastate clear --expired                          # every key whose --for has passed
+  hastate clear --expired 'canary_*/*' --dry-run`,
+		Args: func(c *cobra.Command, args []string) error {
+			if expired {
+				return nil
+			}
+			return argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector (or --expired)")(c, args)
+		},
 		RunE: func(c *cobra.Command, args []string) error {
+			if expired {
+				return w.clearExpired(c, stdout, args)
+			}
 			return w.run(c, stdout, "clear", "", args)
 		},
 	}
 	w.add(c, writeKind{})
+	c.Flags().BoolVar(&expired, "expired", false, "delete only the keys whose --for has passed (all of them, or those of the selectors), in one conditional transaction")
 	return c
+}
+
+// clearExpired runs clear --expired.
+func (w *writeFlags) clearExpired(c *cobra.Command, stdout io.Writer, args []string) error {
+	var sels []ctl.Selector // none: every key of the prefix
+	if len(args) > 0 {
+		var err error
+		if sels, err = ctl.ParseSelectorsIn(w.prefix, args); err != nil {
+			return err
+		}
+	}
+	wr, err := w.writer()
+	if err != nil {
+		return err
+	}
+	r, err := fleet.NewReplica(w.addr)
+	if err != nil {
+		return err
+	}
+	res, err := write.ClearExpired(c.Context(), write.ClearExpiredOptions{Writer: wr, Replica: r, Selectors: sels, Now: time.Now(), DryRun: w.dryRun})
+	if err != nil {
+		return err
+	}
+	res.Report(stdout)
+	return nil
 }
 
 // metaWaits says, when the cluster's feature level is below

@@ -58,15 +58,16 @@ func Read(ctx context.Context, w write.Writer) (Migration, error) {
 			m.Marker, m.Err = state.ParseMigration(string(p.Value))
 		}
 	}
-	m.Unlike = unlikeKeys(kv)
+	m.Unlike = unlikeKeys(kv, time.Now())
 	return m, nil
 }
 
 // unlikeKeys lists the state keys (relative to the prefix) that the
 // per-node agent serves differently from hastate: backend-wide keys other
 // than ready, values other than its four words, and keys whose meta key
-// makes them expire or ramp.
-func unlikeKeys(kv map[string]string) []string {
+// makes them expire or ramp (an expired one named as such, with the
+// command that removes it), at now.
+func unlikeKeys(kv map[string]string, now time.Time) []string {
 	var out []string
 	for k, raw := range kv {
 		rest, ok := strings.CutPrefix(k, state.StatePrefix)
@@ -92,10 +93,14 @@ func unlikeKeys(kv map[string]string) []string {
 			if err != nil || !state.IsJSONValue(meta) || v.String() != word.String() {
 				continue // ignored by hastate too ("set outside hastate")
 			}
-			if !v.Until.IsZero() {
+			switch {
+			case !v.Until.IsZero() && !v.Until.After(now):
+				out = append(out, fmt.Sprintf("%s = %q expired at %s (its meta key): hastate treats it as absent, the per-node agent would serve %q; "+
+					"`hastate clear --expired '%s'` removes it", rest, cutRaw(raw), v.Until.UTC().Format(time.RFC3339), cutRaw(raw), rest))
+			case !v.Until.IsZero():
 				out = append(out, fmt.Sprintf("%s = %q expires at %s (its meta key), which the per-node agent never does; "+
-					"write it again without --for, or wait until it has expired and clear it", rest, cutRaw(raw), v.Until.UTC().Format(time.RFC3339)))
-			} else if v.RampSet && v.Ramp > 0 {
+					"write it again without --for, or once it has expired remove it with `hastate clear --expired '%s'`", rest, cutRaw(raw), v.Until.UTC().Format(time.RFC3339), rest))
+			case v.RampSet && v.Ramp > 0:
 				out = append(out, fmt.Sprintf("%s = %q undrains with its own ramp (%s, its meta key), which the per-node agent does not; write it again without --ramp", rest, cutRaw(raw), v.Ramp))
 			}
 		}

@@ -30,20 +30,25 @@ func TestUnlikeKeys(t *testing.T) {
 		"meta/api/e":       `{"state":"maint","until":"2026-12-02T03:00:00Z"}`,
 		"state/api/f":      "drain",
 		"meta/api/f":       `{"state":"maint","until":"2026-12-02T03:00:00Z"}`, // describes another state: ignored by hastate too
+		"state/api/h":      "drain",
+		"meta/api/h":       `{"state":"drain","until":"2026-12-02T01:00:00Z"}`, // expired at now
 		"state/api/g":      "ready",
 		"meta/api/g":       `{"state":"ready","ramp":"10m"}`,
 		"config/migration": `{"started":"2026-12-02T01:00:00Z"}`,
 		"config/ramp":      `{"duration":"5m"}`,
 	}
-	got := strings.Join(unlikeKeys(kv), "\n")
+	now := time.Date(2026, 12, 2, 2, 0, 0, 0, time.UTC)
+	got := strings.Join(unlikeKeys(kv, now), "\n")
 	for _, want := range []string{`api/* = "drain": a backend-wide key`, `api/c = "{\"state\":\"drain\"}": not one of the per-node agent's four words`,
-		`api/d = "DRAIN": not one of`, `api/e = "maint" expires at 2026-12-02T03:00:00Z`, `api/g = "ready" undrains with its own ramp (10m0s`} {
+		`api/d = "DRAIN": not one of`, `api/e = "maint" expires at 2026-12-02T03:00:00Z`, `api/g = "ready" undrains with its own ramp (10m0s`,
+		// Issue 35: an expired key is named as expired, with the command that removes it.
+		"api/h = \"drain\" expired at 2026-12-02T01:00:00Z (its meta key): hastate treats it as absent, the per-node agent would serve \"drain\"; `hastate clear --expired 'api/h'` removes it"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in:\n%s", want, got)
 		}
 	}
-	if n := len(unlikeKeys(kv)); n != 5 {
-		t.Errorf("%d keys, want 5:\n%s", n, got)
+	if n := len(unlikeKeys(kv, now)); n != 6 {
+		t.Errorf("%d keys, want 6:\n%s", n, got)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -175,6 +177,7 @@ func (rep Report) WriteTable(w io.Writer) error {
 		return msg
 	}
 	var rot api.Rotation
+	expired := map[string]bool{}
 	for _, r := range rows {
 		ans := r.Answer
 		if r.Withheld {
@@ -185,13 +188,16 @@ func (rep Report) WriteTable(w io.Writer) error {
 		if r.Error != "" {
 			problems = append(problems, problem(r.Error))
 		}
+		// An expired key is no problem: its --for did what it was for.
+		// It is said where the time goes, and named once below the table
+		// with the command that removes it (issue 35).
 		switch {
 		case r.Expired != "" && r.ExpiredAt != nil:
 			until = "expired " + r.ExpiredAt.Local().Format(statusTime)
-			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
+			expired[r.Expired] = true
 		case r.Expired != "":
 			until = "expired"
-			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
+			expired[r.Expired] = true
 		case r.Until != nil:
 			until = r.Until.Local().Format(statusTime)
 		}
@@ -222,6 +228,16 @@ func (rep Report) WriteTable(w io.Writer) error {
 	if rot.Servers > 0 {
 		// The status page's headline says the same line (api.Rotation).
 		fmt.Fprintln(w, rot.String())
+	}
+	if len(expired) > 0 {
+		keys := slices.Sorted(maps.Keys(expired))
+		list := strings.Join(keys[:min(len(keys), 5)], ", ")
+		if len(keys) > 5 {
+			list += fmt.Sprintf(" and %d more", len(keys)-5)
+		}
+		fmt.Fprintf(w, "%s (--for passed: hastate treats %s as absent): %s; `hastate clear --expired` removes %s\n",
+			ctl.PluralN(len(keys), "expired key", "expired keys"), map[bool]string{true: "it", false: "them"}[len(keys) == 1], list,
+			map[bool]string{true: "it", false: "them"}[len(keys) == 1])
 	}
 	for _, r := range rep.InvalidKeys {
 		if r.Backend == "" {
