@@ -38,6 +38,8 @@ type ClearExpiredOptions struct {
 	Selectors []ctl.Selector
 	Now       time.Time
 	DryRun    bool
+	// beforeTxn, for tests, runs between the read and each transaction.
+	beforeTxn func(attempt int)
 }
 
 // ClearExpiredResult says what ClearExpired deleted (or, with DryRun,
@@ -83,6 +85,9 @@ func ClearExpired(ctx context.Context, o ClearExpiredOptions) (ClearExpiredResul
 		if len(ops) > MaxTxnKeys {
 			return res, fmt.Errorf("refused, nothing was deleted: %s with their meta keys are %d operations, more than one Consul transaction holds (%d); "+
 				"clear them by backend (hastate clear --expired '<backend>/*')", ctl.PluralN(len(keys), "expired key", "expired keys"), len(ops), MaxTxnKeys)
+		}
+		if o.beforeTxn != nil {
+			o.beforeTxn(attempt)
 		}
 		err = o.Writer.Txn(ctx, ops, "nothing was deleted", "`hastate status` shows whether they are gone")
 		if err == nil {
