@@ -100,6 +100,7 @@ func drainFirst(c *cobra.Command, w *writeFlags, pf *promFlags, idleTimeout time
 func verifyCmd(stdout io.Writer) *cobra.Command {
 	var addr, output string
 	var pf promFlags
+	var cf consulFlags
 	c := &cobra.Command{
 		Use:   "verify <selector>...",
 		Short: "Compare what HAProxy reports (through Prometheus) with what hastate told it",
@@ -116,9 +117,19 @@ does not reach hastate, one not told yet, a scrape too old to tell.
 The exporter does not publish a server's configured weight, so "ready N%"
 is checked as UP with a weight above 0, "ready 0%" as weight 0.
 
+It first waits until the replica has applied every write made to Consul
+before it started (as wait does), so it compares with the latest answers.
+Right after a write, an HAProxy that has not asked since, or a sample
+from before HAProxy applied the change, proves nothing either way: verify
+reads again until a sample newer than the change can tell, for at most one
+scrape interval past the change and the agent check that applies it
+(bounded by --timeout), and then calls what it still cannot tell "cannot
+confirm", never a disagreement.
+
 Exit 0 when every HAProxy agrees; 1 naming every disagreement; 4 when all it
 finds is what it cannot confirm (Prometheus or a replica unreadable, samples
-too old); 3 when the selector matches no server.`,
+too old, a change too new for the samples); 3 when the selector matches no
+server.`,
 		Example: `  HASTATE_PROMETHEUS_URL=http://prometheus:9090 hastate verify 'canary_*/*'
   hastate verify main_web/gke-cny-web --prometheus prometheus:9090 -o json`,
 		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),
@@ -126,11 +137,7 @@ too old); 3 when the selector matches no server.`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
 			}
-			sels, err := ctl.ParseSelectors(args)
-			if err != nil {
-				return err
-			}
-			r, err := fleet.NewReplica(addr)
+			g, err := gate(cf, addr, args)
 			if err != nil {
 				return err
 			}
@@ -138,7 +145,7 @@ too old); 3 when the selector matches no server.`,
 			if err != nil {
 				return err
 			}
-			rep, err := haproxy.Verify(c.Context(), haproxy.VerifyOptions{Prometheus: prom, Replica: r, Selectors: sels})
+			rep, err := haproxy.VerifyWait(c.Context(), haproxy.VerifyOptions{Prometheus: prom, Replica: g.Replica, Selectors: g.Selectors, Gate: &g})
 			if err != nil {
 				return err
 			}
@@ -159,6 +166,7 @@ too old); 3 when the selector matches no server.`,
 			return nil
 		},
 	}
+	cf.add(c)
 	replicaFlag(c, &addr)
 	pf.add(c)
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")

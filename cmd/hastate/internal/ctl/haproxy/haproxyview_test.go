@@ -195,24 +195,32 @@ func TestJudge(t *testing.T) {
 		since  *time.Time
 		age    time.Duration
 		want   string // substring of the problem; "" agrees
+		v      verdict
 	}{
-		{"drained", row("DRAIN", 100, "drain", "drain", time.Second), true, ago(time.Minute), time.Second, ""},
-		{"maint", row("MAINT", 100, "maint", "maint", time.Second), true, ago(time.Minute), time.Second, ""},
-		{"ready", row("UP", 50, "ready 50%", "ready 50%", time.Second), true, nil, time.Second, ""},
-		{"health check down", row("DOWN", 100, "drain", "drain", time.Second), true, ago(time.Minute), time.Second, ""},
-		{"agent disabled through a drain", row("UP", 100, "drain", "ready 100%", 20*time.Second), true, ago(20 * time.Second), time.Second, `last told "ready 100%" 20s ago`},
-		{"never reaches hastate", row("UP", 100, "drain", "", 0), false, ago(time.Minute), time.Second, "no agent check from this HAProxy reached hastate"},
-		{"silent but agreeing", row("UP", 100, "ready 100%", "ready 100%", 30*time.Second), true, nil, time.Second, "agrees for now, but its last agent check reached hastate 30s ago"},
-		{"socket maint", row("MAINT", 100, "ready 100%", "ready 100%", time.Second), true, ago(time.Minute), time.Second, "set over the admin socket"},
-		{"socket weight 0", row("UP", 0, "ready 100%", "ready 100%", time.Second), true, nil, time.Second, "set over the admin socket"},
-		{"weight 0% not applied", row("UP", 100, "ready 0%", "ready 0%", time.Second), true, ago(time.Minute), time.Second, "reports UP weight 100"},
-		{"just changed", row("UP", 100, "drain", "drain", 0), true, ago(time.Second), time.Second, "not applied yet"},
-		{"stale", row("DRAIN", 100, "drain", "drain", time.Second), true, nil, 40 * time.Second, "cannot confirm: its newest sample is 40s old"},
-		{"withheld", VerifyRow{Reported: Reported{State: "UP", Sample: now}, Withheld: true}, true, nil, 0, "withholds"},
+		{"drained", row("DRAIN", 100, "drain", "drain", time.Second), true, ago(time.Minute), time.Second, "", disagrees},
+		{"maint", row("MAINT", 100, "maint", "maint", time.Second), true, ago(time.Minute), time.Second, "", disagrees},
+		{"ready", row("UP", 50, "ready 50%", "ready 50%", time.Second), true, nil, time.Second, "", disagrees},
+		{"health check down", row("DOWN", 100, "drain", "drain", time.Second), true, ago(time.Minute), time.Second, "", disagrees},
+		{"agent disabled through a drain", row("UP", 100, "drain", "ready 100%", 20*time.Second), true, ago(20 * time.Second), time.Second, `last told "ready 100%" 20s ago`, disagrees},
+		{"never reaches hastate", row("UP", 100, "drain", "", 0), false, ago(time.Minute), time.Second, "no agent check from this HAProxy reached hastate", disagrees},
+		{"silent but agreeing", row("UP", 100, "ready 100%", "ready 100%", 30*time.Second), true, nil, time.Second, "agrees for now, but its last agent check reached hastate 30s ago", disagrees},
+		{"socket maint", row("MAINT", 100, "ready 100%", "ready 100%", time.Second), true, ago(time.Minute), time.Second, "set over the admin socket", disagrees},
+		{"socket weight 0", row("UP", 0, "ready 100%", "ready 100%", time.Second), true, nil, time.Second, "set over the admin socket", disagrees},
+		{"weight 0% not applied", row("UP", 100, "ready 0%", "ready 0%", time.Second), true, ago(time.Minute), time.Second, "reports UP weight 100", disagrees},
+		{"just changed", row("UP", 100, "drain", "drain", 0), true, ago(time.Second), time.Second, "cannot confirm yet: reports UP weight 100, hastate answers \"drain\" since 1s ago: the newest sample", pending},
+		{"stale", row("DRAIN", 100, "drain", "drain", time.Second), true, nil, 40 * time.Second, "cannot confirm: its newest sample is 40s old", unconfirmed},
+		// Issue 35: right after a write, an HAProxy not told yet, or a
+		// sample from before it applied the change, is not a disagreement.
+		{"not asked since the change", row("UP", 100, "drain", "ready 100%", 2*time.Second), true, ago(time.Second), time.Second, "cannot confirm yet: reports UP weight 100, hastate answers \"drain\" since 1s ago, and this HAProxy has not asked since", pending},
+		{"a ramp step not asked yet", row("UP", 40, "ready 50%", "ready 40%", 2*time.Second), true, ago(time.Second), time.Second, "cannot confirm yet", pending},
+		{"withheld", VerifyRow{Reported: Reported{State: "UP", Sample: now}, Withheld: true}, true, nil, 0, "withholds", disagrees},
 	} {
-		got, _, _ := judge(tc.r, tc.polled, tc.since, tc.age, maxAge)
+		got, _, v := judge(tc.r, tc.polled, tc.since, tc.age, maxAge)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("%s: problem %q, want %q", tc.name, got, tc.want)
+		}
+		if got != "" && v != tc.v {
+			t.Errorf("%s: verdict %d, want %d (%q)", tc.name, v, tc.v, got)
 		}
 	}
 }

@@ -50,6 +50,9 @@ type Reading struct {
 	Instances map[string]time.Time
 	// Samples counts the samples the read returned.
 	Samples int
+	// Interval is the smallest gap between two consecutive samples of one
+	// series: Prometheus' scrape interval; 0 when no series has two.
+	Interval time.Duration
 }
 
 // Age is how old the newest sample of instance is at the read.
@@ -129,6 +132,11 @@ func (p *Prometheus) Read(ctx context.Context, sels []ctl.Selector) (Reading, er
 		r := row(ss.Metric)
 		if r == nil || len(ss.Values) == 0 {
 			continue
+		}
+		for i := 1; i < len(ss.Values); i++ {
+			if gap := ss.Values[i].Timestamp.Sub(ss.Values[i-1].Timestamp); gap > 0 && (rd.Interval == 0 || gap < rd.Interval) {
+				rd.Interval = gap
+			}
 		}
 		last := ss.Values[len(ss.Values)-1]
 		n := int(last.Value)

@@ -1,6 +1,7 @@
 package haproxy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -24,6 +25,16 @@ type VerifyOptions struct {
 	// Fleet, when set, is the cluster's view already read (status); nil:
 	// Verify reads it.
 	Fleet *api.StateView
+	// Gate, when set, makes VerifyWait first wait until the replica has
+	// applied every write made to Consul before it started
+	// (GateOptions.WaitSynced): what HAProxy reports is compared with the
+	// answer of the latest write, not of the one before.
+	Gate *fleet.GateOptions
+	// changedBy, when set, stands for the time a server's answer took
+	// effect when the replica does not say (a server back to the default
+	// ready 100% has no since): VerifyWait's start, as a change made just
+	// before it may not be applied yet.
+	changedBy time.Time
 }
 
 // VerifyRow is one selected server on one HAProxy instance: what HAProxy
@@ -79,6 +90,15 @@ type VerifyReport struct {
 	// Disagreements counts the Problems where HAProxy disagrees; the
 	// others are what verify cannot confirm.
 	Disagreements int `json:"disagreements"`
+	// Pending counts the Problems that are an answer too new for the
+	// samples: HAProxy applies a change at its next agent check, and the
+	// scrape after that shows it (cannot confirm yet). changed is when the
+	// newest of those answers took effect.
+	Pending int `json:"pending"`
+	changed time.Time
+	// ScrapeInterval is Prometheus' scrape interval as the samples show it
+	// (0: not known).
+	ScrapeInterval time.Duration `json:"-"`
 }
 
 // Summary says what was compared: servers, instances, samples.
@@ -160,7 +180,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	rep.Samples, rep.Newest = rd.Samples, rd.Newest()
+	rep.Samples, rep.Newest, rep.ScrapeInterval = rd.Samples, rd.Newest(), rd.Interval
 	rep.NewestSeconds = max(rep.Newest.Seconds(), -1)
 	hosts := o.Prometheus.hosts(ctx, slices.Collect(maps.Keys(rd.Instances)))
 	instances := map[string]bool{}
@@ -184,12 +204,22 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 		if poll != nil {
 			row.Told, row.ToldAt = fleet.ToldAnswer(*poll), &poll.LastAsked
 		}
-		var unconfirmed bool
-		row.Problem, row.Note, unconfirmed = judge(row, poll != nil, cur.Since, rd.At.Sub(r.Sample), o.Prometheus.o.MaxSampleAge)
+		var v verdict
+		since := cur.Since
+		if since == nil && !o.changedBy.IsZero() {
+			since = &o.changedBy
+		}
+		row.Problem, row.Note, v = judge(row, poll != nil, since, rd.At.Sub(r.Sample), o.Prometheus.o.MaxSampleAge)
 		if row.Problem != "" {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s on HAProxy %s: %s", r.Name(), r.Instance, row.Problem))
-			if !unconfirmed {
+			switch v {
+			case disagrees:
 				rep.Disagreements++
+			case pending:
+				rep.Pending++
+				if since.After(rep.changed) {
+					rep.changed = *since
+				}
 			}
 		}
 		rep.Rows = append(rep.Rows, row)
@@ -218,21 +248,29 @@ const applyGrace = 3 * time.Second
 // reaches hastate (every agent-inter, 2s) before verify names it.
 const silentAgent = 10 * time.Second
 
+// verdict is what a problem of a row is.
+type verdict int
+
+const (
+	disagrees   verdict = iota // HAProxy disagrees with hastate (exit 1)
+	unconfirmed                // verify cannot confirm it (exit 4)
+	pending                    // an answer too new for the samples: cannot confirm yet
+)
+
 // judge compares one row: what HAProxy reports against what hastate
 // answers and told it. polled says an agent check of this HAProxy for the
 // server reached hastate within api.PollerTTL; since is when the answer
 // took effect (nil: not known); age is how old the row's newest sample is.
-// unconfirmed says the problem is what it cannot confirm, not a
-// disagreement.
-func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration) (problem, note string, unconfirmed bool) {
+// The verdict says what the problem is (nothing when problem is "").
+func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration) (problem, note string, v verdict) {
 	if r.Sample.IsZero() {
-		return fmt.Sprintf("cannot confirm: no sample of it within the last %s: is Prometheus still scraping it?", seenWindow), "", true
+		return fmt.Sprintf("cannot confirm: no sample of it within the last %s: is Prometheus still scraping it?", seenWindow), "", unconfirmed
 	}
 	if age > maxAge {
-		return fmt.Sprintf("cannot confirm: its newest sample is %s old (over --max-sample-age %s): is Prometheus still scraping it?", ctl.RoundAge(age), maxAge), "", true
+		return fmt.Sprintf("cannot confirm: its newest sample is %s old (over --max-sample-age %s): is Prometheus still scraping it?", ctl.RoundAge(age), maxAge), "", unconfirmed
 	}
 	if r.Withheld {
-		return "hastate withholds this server's answer (its key is invalid, see hastate status): HAProxy keeps whatever state it had", "", false
+		return "hastate withholds this server's answer (its key is invalid, see hastate status): HAProxy keeps whatever state it had", "", disagrees
 	}
 	wantState, wantWeight := expected(r.kind, r.weight)
 	got := r.State
@@ -247,6 +285,14 @@ func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration
 	case got == "UP" && wantWeight == 0 && r.Weight > 0, got == "UP" && wantWeight > 0 && r.Weight == 0:
 		agrees = false
 	}
+	// The answer changed a moment ago (a write, or a ramp's step: since
+	// is the ramp's start) and this HAProxy, which asked recently, has not
+	// asked since: it asks every agent-inter. Not a disagreement (yet).
+	changed := since != nil && r.ToldAt.Before(*since) || r.kind == api.KindRamping
+	if polled && r.Told != r.Answer && changed && time.Since(*r.ToldAt) < silentAgent {
+		return fmt.Sprintf("cannot confirm yet: reports %s, hastate answers %q since %s ago, and this HAProxy has not asked since (it asks every agent-inter)",
+			r.Reports(), r.Answer, ctl.RoundAge(time.Since(*since))), note, pending
+	}
 	told := ""
 	switch {
 	case !polled:
@@ -258,20 +304,66 @@ func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration
 	}
 	switch {
 	case agrees && told == "":
-		return "", note, false
+		return "", note, disagrees
 	case agrees:
-		return "agrees for now, but " + told, note, false
+		return "agrees for now, but " + told, note, disagrees
 	case told != "":
-		return fmt.Sprintf("reports %s, hastate answers %q: %s", r.Reports(), r.Answer, told), note, false
+		return fmt.Sprintf("reports %s, hastate answers %q: %s", r.Reports(), r.Answer, told), note, disagrees
 	case since != nil && r.Sample.Before(since.Add(applyGrace)):
-		return fmt.Sprintf("reports %s, hastate answers %q since %s ago: not applied yet in a sample %s old (HAProxy applies it at its next agent check; run again)",
-			r.Reports(), r.Answer, ctl.RoundAge(time.Since(*since)), ctl.RoundAge(age)), note, false
+		// Told, but the sample may predate HAProxy applying it.
+		return fmt.Sprintf("cannot confirm yet: reports %s, hastate answers %q since %s ago: the newest sample (%s old) may predate HAProxy applying it at its next agent check",
+			r.Reports(), r.Answer, ctl.RoundAge(time.Since(*since)), ctl.RoundAge(age)), note, pending
 	}
 	// Told the current answer after it took effect, and still showing
 	// another state: set over the admin socket (CLI and agent write the
 	// same flags, last writer wins) since HAProxy's last agent check.
 	return fmt.Sprintf("reports %s, hastate answers %q and told it so %s ago: a state or weight set over the admin socket since that check "+
-		"(the next agent check replaces it; if it stays, see `show servers state` on that HAProxy)", r.Reports(), r.Answer, ctl.RoundAge(time.Since(*r.ToldAt))), note, false
+		"(the next agent check replaces it; if it stays, see `show servers state` on that HAProxy)", r.Reports(), r.Answer, ctl.RoundAge(time.Since(*r.ToldAt))), note, disagrees
+}
+
+// defaultScrape is the scrape interval VerifyWait assumes when the
+// samples do not show it (Prometheus' default).
+const defaultScrape = 15 * time.Second
+
+// verifyPoll is how often VerifyWait reads again.
+const verifyPoll = 500 * time.Millisecond
+
+// VerifyWait is Verify for a state that may have changed a moment ago
+// (verify right after a write). With Gate, it first waits until the
+// replica has applied every write made before it. Then, while every problem is an answer too new
+// for the samples (Pending: HAProxy applies a change at its next agent
+// check, and the scrape after that shows it), it reads again, until a
+// sample newer than the change can tell. It waits at most one scrape
+// interval (as the samples show it) past the newest such change and the
+// agent check that applies it, and never past ctx (--timeout). A row
+// still pending then is what verify cannot confirm (exit 4), never a
+// disagreement (exit 1); a real disagreement returns at once.
+func VerifyWait(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
+	o.changedBy = time.Now()
+	if o.Gate != nil {
+		if err := o.Gate.WaitSynced(ctx); err != nil {
+			return VerifyReport{}, fmt.Errorf("%w; verify compares with the answers of every write made before it", err)
+		}
+	}
+	var deadline time.Time
+	for {
+		rep, err := Verify(ctx, o)
+		if err != nil || rep.Pending == 0 || rep.Disagreements > 0 || o.Fleet != nil {
+			return rep, err
+		}
+		if deadline.IsZero() { // fixed at the first read: a ramp that keeps stepping does not extend it
+			deadline = rep.changed.Add(applyGrace + cmp.Or(rep.ScrapeInterval, defaultScrape) + verifyPoll)
+		}
+		wait := min(verifyPoll, time.Until(deadline))
+		if wait <= 0 {
+			return rep, nil
+		}
+		select {
+		case <-ctx.Done():
+			return rep, nil
+		case <-time.After(wait):
+		}
+	}
 }
 
 // expected is the exporter's state, and the weight percentage (-1: any),
