@@ -52,14 +52,23 @@ prom_addr=$lb:9090
 # process group, Consul got the SIGINT too and exited first, and the demo
 # said "consul exited unexpectedly" before "stopping".
 
-# say: a line for the operator, also kept in $demo/demo.log. Under
-# `make demo | tee log` Ctrl-C kills tee at once, so a line the cleanup
-# writes to the dead pipe goes to the terminal instead (/dev/tty). A failed
+# say: a line for the operator, also kept in $demo/demo.log. A failed
 # write must not stop the cleanup (SIGPIPE is ignored there), or the
 # processes would be left running without a parent.
 say() {
-  printf '%s\n' "$*" 2>/dev/null || { [ -w /dev/tty ] && printf '%s\n' "$*" 2>/dev/null >/dev/tty; } || true
+  printf '%s\n' "$*" 2>/dev/null || true
   [ -d "$demo" ] && printf '%s %s\n' "$(date -u +%FT%TZ)" "$*" >>"$demo/demo.log" 2>/dev/null || true
+}
+
+# say_stopping: a line of the cleanup. Under `make demo | tee log` the
+# Ctrl-C that starts it kills tee too, so whatever goes to the pipe is
+# lost (written before tee died, or refused after): when the output is not
+# the terminal, the line also goes to the terminal the Ctrl-C came from.
+say_stopping() {
+  if [ ! -t 1 ] && { : >/dev/tty; } 2>/dev/null; then
+    printf '%s\n' "$*" >/dev/tty 2>/dev/null || true
+  fi
+  say "$*"
 }
 
 # log_header name what: a line that starts this run's part of a log (the
@@ -334,11 +343,8 @@ cleanup() {
   trap - INT TERM HUP PIPE EXIT
   trap '' PIPE INT
   set +e
-  # tee (if the output goes through one) got the same Ctrl-C: let it go
-  # first, so that say sees the broken pipe and writes to the terminal.
-  sleep 0.1
-  say ""
-  say "demo: stopping..."
+  say_stopping ""
+  say_stopping "demo: stopping..."
   local n p stop=()
   while read -r n p; do
     [ "$n" = consul ] || stop+=("$n:$p")
@@ -350,7 +356,7 @@ cleanup() {
   if p=$(pid_of consul); then stop_pid "$p"; fi
   wait 2>/dev/null
   rm -f "$demo/demo.pid"
-  say "demo: stopped (data and logs kept in $demo: make demo resumes, make demo-reset starts afresh)"
+  say_stopping "demo: stopped (data and logs kept in $demo: make demo resumes, make demo-reset starts afresh)"
   exit 0
 }
 trap cleanup INT TERM HUP PIPE EXIT

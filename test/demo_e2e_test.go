@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +175,15 @@ func TestE2EDemo(t *testing.T) {
 	}
 	if left := d.Processes(); len(left) > 0 {
 		t.Fatalf("processes left after the demo stopped:\n%s", strings.Join(left, "\n"))
+	}
+	// The logs of both runs were kept; a reset (make demo-reset's first
+	// step) removes the data, and says so.
+	if b, err := os.ReadFile(filepath.Join(d.Dir, "consul.log")); err != nil || strings.Count(string(b), "==> demo ") < 3 {
+		t.Errorf("consul.log does not hold the three starts of Consul (two demos and consul start): %v", err)
+	}
+	out, code = d.Script(t, "reset")
+	if _, err := os.Stat(d.Dir); code != 0 || !strings.Contains(out, "demo: removed "+d.Dir) || !os.IsNotExist(err) {
+		t.Fatalf("scripts/demo.sh reset: exit %d, %v:\n%s", code, err, out)
 	}
 }
 

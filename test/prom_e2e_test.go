@@ -22,9 +22,6 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/internal/testenv"
-	promapi "github.com/prometheus/client_golang/api"
-	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
-	"github.com/prometheus/common/model"
 )
 
 // The drain-for-maintenance runbook with HAProxy's own view: a real
@@ -359,21 +356,10 @@ func prometheusBin(t *testing.T) string {
 	return deb
 }
 
-// promUp counts the scrape targets Prometheus reports up.
+// promUp counts the HAProxy scrape targets Prometheus reports up.
 func promUp(t *testing.T, addr string) int {
 	t.Helper()
-	c, err := promapi.NewClient(promapi.Config{Address: "http://" + addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	v, _, _, err := promv1.NewAPI(c).Query(ctx, `up{job="haproxy"} == 1`, time.Time{})
-	if err != nil {
-		return 0
-	}
-	vec, _ := v.(model.Vector)
-	return len(vec)
+	return promCount(promClient(t, "http://"+addr), `up{job="haproxy"} == 1`)
 }
 
 // holdServer is a backend server that holds every connection open until
