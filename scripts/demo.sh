@@ -587,6 +587,7 @@ hastate demo is running. In another shell:
   hastate clear canary_web/web-2                   # undrain: the weight ramps 10% -> 100% over 60s (demo setting)
   hastate status canary_web                        # the ramp's progress and ETA
   hastate drain canary_web/web-1 --reason "try it" --for 2m   # back by itself in 2 minutes
+  hastate clear --expired                          # after those 2 minutes: status shows the key expired; this deletes it
   hastate wait canary_web/web-1 && $stat
   hastate precheck 'canary_*/*'                    # the deploy gate: exit 1, web-1 is drained
   hastate drain 'canary_*/*' --dry-run             # the canary drain: refused, api-1's own 50% would escape it (the dry run shows the transaction)
