@@ -149,10 +149,21 @@ func TestE2EDemo(t *testing.T) {
 	// verify right after a write: it waits for samples newer than the
 	// change, and every HAProxy agrees (issue 35: it said "not applied yet",
 	// exit 1, the code of a real disagreement).
+	// It may still not tell (exit 4) if an HAProxy's agent check comes
+	// later than one scrape interval after the write (a starved machine);
+	// a disagreement (exit 1) it must never claim.
 	hastate(0, "weight", "75%", "canary_api/api-2", "--reason", "demo test")
 	vstart := time.Now()
-	vout := hastate(0, "verify", "canary_*/*")
-	t.Logf("verify right after a write returned in %s", time.Since(vstart).Round(10*time.Millisecond))
+	vout, code := d.Hastate(t, "verify", "canary_*/*")
+	t.Logf("verify right after a write: exit %d in %s", code, time.Since(vstart).Round(10*time.Millisecond))
+	switch code {
+	case 0:
+	case 4:
+		t.Logf("verify could not tell within one scrape interval of the write:\n%s", vout)
+		vout = hastate(0, "verify", "canary_*/*")
+	default:
+		t.Fatalf("verify right after a write: exit %d, want 0 (or 4 while it cannot confirm), never a disagreement:\n%s", code, vout)
+	}
 	if !strings.Contains(vout, "4 servers on 3 HAProxy instances") {
 		t.Fatalf("verify did not compare 4 servers on 3 HAProxy instances:\n%s", vout)
 	}
