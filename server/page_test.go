@@ -136,6 +136,12 @@ func TestPageRowsByState(t *testing.T) {
 			}
 		}
 	}
+	// Issue 35: an expired key is no problem ("only not ready" hides it);
+	// a drained row is one.
+	if strings.Contains(rows["web/f"][1], "data-problem") || !strings.Contains(rows["web/a"][1], "data-problem") {
+		t.Errorf("data-problem: expired web/f %v, drained web/a %v; want only web/a",
+			strings.Contains(rows["web/f"][1], "data-problem"), strings.Contains(rows["web/a"][1], "data-problem"))
+	}
 	if len(rows) != 10 {
 		t.Errorf("%d rows, want 10", len(rows))
 	}
