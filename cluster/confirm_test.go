@@ -194,13 +194,13 @@ func TestAnswerReadIndexRefuses(t *testing.T) {
 		return testenv.Expect(n.barrierTerm.Load() == n.raft.CurrentTerm(), "barrier not done")
 	})
 	term := n.raft.CurrentTerm()
-	if a := n.answerReadIndex(readIndexRequest{ID: "n2", Term: term + 1}); a.Error == "" || !strings.Contains(a.Error, "term") {
+	if a := n.answerReadIndex(readIndexRequest{ID: "n2", Term: term + 1}, nil); a.Error == "" || !strings.Contains(a.Error, "term") {
 		t.Errorf("a request of another term: %+v, want refused naming the term", a)
 	}
 	if n.ackIsQuorum("stranger") || n.ackIsQuorum(n.opts.ID) {
 		t.Errorf("a non-voter or the leader itself counts as an acknowledgement")
 	}
-	a := n.answerReadIndex(readIndexRequest{ID: "stranger", Term: term})
+	a := n.answerReadIndex(readIndexRequest{ID: "stranger", Term: term}, nil)
 	if a.Error != "" || a.Index != n.fsm.index.Load() || a.ID != n.opts.ID {
 		t.Errorf("a request in the leader's term: %+v, want the state index %d", a, n.fsm.index.Load())
 	}
