@@ -110,7 +110,7 @@ func (n *Node) leaderDuty(ctx context.Context) {
 // is still the term after: a barrier that completes in term T proves
 // nothing about a later term T' in which this node leads again (its
 // no-op of T' may not be committed yet), and recording T' for it would let
-// the node answer before it knows T”s commit index. ctx ending returns
+// the node answer before it knows the commit index of T'. ctx ending returns
 // false.
 func (n *Node) barrier(ctx context.Context) bool {
 	for {
