@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync"
@@ -26,6 +25,21 @@ type cutProxy struct {
 	cut   bool
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
+	// held: the directions (up: from the dialler to the upstream; down:
+	// the replies) whose bytes are kept instead of forwarded, until
+	// released (hold); pending holds them, per destination connection, in
+	// order; heldBytes counts what was held in each direction.
+	held      [2]bool
+	pending   []*heldBytes
+	heldBytes [2]int
+}
+
+// heldBytes is what one direction (dir 1: up) of one connection holds
+// for dst.
+type heldBytes struct {
+	dst  net.Conn
+	dir  int
+	data []byte
 }
 
 func newCutProxy(t *testing.T, upstream string) *cutProxy {
@@ -71,14 +85,88 @@ func (p *cutProxy) accept() {
 			}
 			defer p.untrack(u)
 			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
+			go func() { p.forward(u, c, true); done <- struct{}{} }()
+			go func() { p.forward(c, u, false); done <- struct{}{} }()
 			<-done
 			c.Close()
 			u.Close()
 			<-done
 		}()
 	}
+}
+
+// forward copies src to dst (up: the dialler's direction) until either
+// fails, keeping the bytes while that direction is held.
+func (p *cutProxy) forward(dst, src net.Conn, up bool) {
+	dir := 0
+	if up {
+		dir = 1
+	}
+	hb := &heldBytes{dst: dst, dir: dir}
+	b := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(b)
+		if n > 0 {
+			p.mu.Lock()
+			if p.held[dir] {
+				if len(hb.data) == 0 {
+					p.pending = append(p.pending, hb)
+				}
+				hb.data = append(hb.data, b[:n]...)
+				p.heldBytes[dir] += n
+				p.mu.Unlock()
+			} else {
+				_, werr := dst.Write(b[:n])
+				p.mu.Unlock()
+				if werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// hold keeps (or, hold false, releases in order and forwards again) the
+// bytes of one direction of every connection: up is the dialler's
+// requests, down the upstream's replies. A held connection stays open, as
+// the sockets of a paused process do.
+func (p *cutProxy) hold(up, hold bool) {
+	dir := 0
+	if up {
+		dir = 1
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held[dir] = hold
+	if hold {
+		return
+	}
+	keep := p.pending[:0]
+	for _, hb := range p.pending {
+		if hb.data == nil {
+			continue
+		}
+		if hb.dir == dir {
+			_, _ = hb.dst.Write(hb.data)
+			hb.data = nil
+			continue
+		}
+		keep = append(keep, hb)
+	}
+	p.pending = keep
+}
+
+// heldSoFar is how many bytes of a direction were held since the start.
+func (p *cutProxy) heldSoFar(up bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if up {
+		return p.heldBytes[1]
+	}
+	return p.heldBytes[0]
 }
 
 func (p *cutProxy) track(c net.Conn) bool {

@@ -176,3 +176,18 @@ func maxTime(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// ArtifactsDir is where a test writes the visualisation of a failing
+// history: $HASTATE_ARTIFACTS, else artifacts/ in the test's package
+// directory (git-ignored), created if needed.
+func ArtifactsDir() (string, error) {
+	dir := cmp.Or(os.Getenv("HASTATE_ARTIFACTS"), "artifacts")
+	dir, err := filepath.Abs(dir)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		return "", fmt.Errorf("artifacts directory: %w", err)
+	}
+	return dir, nil
+}
