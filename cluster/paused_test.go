@@ -203,3 +203,104 @@ func TestPausedLeaderNeverConfirmsWithOldReplies(t *testing.T) {
 	t.Logf("held leader %s (term %d), new leader %s: %d checks queued at the held leader: %d stale, %d unanswered; replies held to L %d and %d bytes; history: %s",
 		l.opts.ID, term, x.opts.ID, checks, stale, empty, proxies[0][1].heldSoFar(false), proxies[0][2].heldSoFar(false), res)
 }
+
+// TestLeaderChangeInTheMiddleOfARound: the leader's round has asked its
+// voters (their "ack" query connections to it held, raft's own links
+// untouched), then leadership moves to another node, which commits a
+// drain, and only then do the requests reach the voters (requests held)
+// or their answers reach the old leader (answers held). Requests answered
+// after the change say the new term: the round fails and the checks get
+// nothing. Answers given before the change are acknowledgements of a
+// round that began before it, so the old state is a linearizable answer
+// to checks that arrived before the round. Either way the history
+// (porcupine) is linearizable, and a check arriving after the drain gets
+// the drain or nothing.
+func TestLeaderChangeInTheMiddleOfARound(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		up   bool // hold the requests (else the answers)
+	}{{"requests reach the voters after the change", true}, {"answers reach the old leader after the change", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			nodes, proxies := meshClusterWith(t, 5*time.Second, func(i int, o *Options) { o.ConfirmTimeout = 3 * time.Second })
+			testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
+			var rec recorder
+			l := rec.write(t, nodes, 1, "web/a", "maint")
+			for _, n := range nodes {
+				testenv.Eventually(t, 10*time.Second, func() error {
+					return testenv.Expect(rec.check(n, "before "+n.opts.ID, "web/a") == "maint", "%s does not answer maint", n.opts.ID)
+				})
+			}
+			li := indexOf(nodes, l)
+			term := l.raft.CurrentTerm()
+			for j := range 3 {
+				if j != li {
+					proxies[li][j].holdKind(c.up, true, connQuery)
+				}
+			}
+			released := false
+			release := func() {
+				if !released {
+					released = true
+					for j := range 3 {
+						if j != li {
+							proxies[li][j].holdKind(c.up, false, connQuery)
+						}
+					}
+				}
+			}
+			defer release()
+			const checks = 10
+			lines := make(chan string, checks)
+			var wg sync.WaitGroup
+			started := make(chan struct{}, checks)
+			for i := range checks {
+				wg.Go(func() {
+					started <- struct{}{}
+					lines <- rec.check(l, fmt.Sprintf("check %d at %s", i, l.opts.ID), "web/a")
+				})
+			}
+			for range checks {
+				<-started
+			}
+			queued := l.conf.next.Load()
+			testenv.Eventually(t, 5*time.Second, func() error {
+				return testenv.Expect(l.conf.next.Load() != queued, "no round began after the checks")
+			})
+			if !c.up {
+				// The voters answered in the old term before the change.
+				testenv.Eventually(t, 5*time.Second, func() error {
+					var held int
+					for j := range 3 {
+						if j != li {
+							held += proxies[li][j].heldSoFar(false)
+						}
+					}
+					return testenv.Expect(held > 0, "no answer held yet")
+				})
+			}
+			if err := l.raft.LeadershipTransfer().Error(); err != nil {
+				t.Fatalf("transfer leadership away from %s: %v", l.opts.ID, err)
+			}
+			x := rec.write(t, othersThan(nodes, l), 2, "web/a", "drain")
+			if x.raft.CurrentTerm() <= term {
+				t.Fatalf("new leader %s in term %d, not after %d", x.opts.ID, x.raft.CurrentTerm(), term)
+			}
+			release()
+			wg.Wait()
+			close(lines)
+			got := map[string]int{}
+			for line := range lines {
+				got[line]++
+			}
+			// A check after the drain, on every node: the drain or nothing.
+			for _, n := range nodes {
+				if a := rec.check(n, "after "+n.opts.ID, "web/a"); a != "drain" && a != "" {
+					t.Errorf("%s answered %q after the drain was committed", n.opts.ID, a)
+				}
+			}
+			res := rec.verdict(t)
+			t.Logf("old leader %s (term %d), new leader %s (term %d): the %d checks in the round got %v; history: %s",
+				l.opts.ID, term, x.opts.ID, x.raft.CurrentTerm(), checks, got, res)
+		})
+	}
+}

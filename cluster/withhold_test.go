@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,9 @@ type cutProxy struct {
 	held      [2]bool
 	pending   []*heldBytes
 	heldBytes [2]int
+	// holdOnly, when set, limits holding to the connections whose first
+	// byte (the stream layer's kind: connRaft, connQuery) it is.
+	holdOnly byte
 }
 
 // heldBytes is what one direction (dir 1: up) of one connection holds
@@ -85,8 +89,9 @@ func (p *cutProxy) accept() {
 			}
 			defer p.untrack(u)
 			done := make(chan struct{}, 2)
-			go func() { p.forward(u, c, true); done <- struct{}{} }()
-			go func() { p.forward(c, u, false); done <- struct{}{} }()
+			var kind atomic.Int32 // the connection's first byte, once read
+			go func() { p.forward(u, c, true, &kind); done <- struct{}{} }()
+			go func() { p.forward(c, u, false, &kind); done <- struct{}{} }()
 			<-done
 			c.Close()
 			u.Close()
@@ -97,7 +102,7 @@ func (p *cutProxy) accept() {
 
 // forward copies src to dst (up: the dialler's direction) until either
 // fails, keeping the bytes while that direction is held.
-func (p *cutProxy) forward(dst, src net.Conn, up bool) {
+func (p *cutProxy) forward(dst, src net.Conn, up bool, kind *atomic.Int32) {
 	dir := 0
 	if up {
 		dir = 1
@@ -107,8 +112,11 @@ func (p *cutProxy) forward(dst, src net.Conn, up bool) {
 	for {
 		n, err := src.Read(b)
 		if n > 0 {
+			if up {
+				kind.CompareAndSwap(0, int32(b[0]))
+			}
 			p.mu.Lock()
-			if p.held[dir] {
+			if p.held[dir] && (p.holdOnly == 0 || byte(kind.Load()) == p.holdOnly) {
 				if len(hb.data) == 0 {
 					p.pending = append(p.pending, hb)
 				}
@@ -133,7 +141,11 @@ func (p *cutProxy) forward(dst, src net.Conn, up bool) {
 // bytes of one direction of every connection: up is the dialler's
 // requests, down the upstream's replies. A held connection stays open, as
 // the sockets of a paused process do.
-func (p *cutProxy) hold(up, hold bool) {
+func (p *cutProxy) hold(up, hold bool) { p.holdKind(up, hold, 0) }
+
+// holdKind is hold for the connections of one kind (their first byte; 0:
+// all).
+func (p *cutProxy) holdKind(up, hold bool, kind byte) {
 	dir := 0
 	if up {
 		dir = 1
@@ -142,6 +154,7 @@ func (p *cutProxy) hold(up, hold bool) {
 	defer p.mu.Unlock()
 	p.held[dir] = hold
 	if hold {
+		p.holdOnly = kind
 		return
 	}
 	keep := p.pending[:0]
