@@ -70,6 +70,12 @@ var (
 	errConfirmStopped = errors.New("replica shutting down")
 )
 
+// legacyLeader is a leader of an older release, in the term it leads.
+type legacyLeader struct {
+	id   raft.ServerID
+	term uint64
+}
+
 // readNotifier is one round's result, shared by every reader that waits for
 // it: done is closed once err (nil: confirmed) and index are set.
 type readNotifier struct {
@@ -93,11 +99,10 @@ type confirmer struct {
 	failSince atomic.Int64  // unix ns of the first failed round since the last success; 0: none
 	lastErr   atomic.Pointer[error]
 	// legacy is the leader that answered "readindex" with null (an older
-	// release), asked for its status instead while it leads in legacyTerm:
+	// release), asked for its status instead while it leads in that term:
 	// an upgrade restarts it, so it leads again, if ever, in a later term,
-	// and is asked the new way again. Only confirmLoop uses them.
-	legacy     raft.ServerID
-	legacyTerm uint64
+	// and is asked the new way again. Only confirmLoop sets it.
+	legacy atomic.Pointer[legacyLeader]
 }
 
 func (c *confirmer) init(start time.Time) {
@@ -329,13 +334,13 @@ func (n *Node) followerReadIndex(deadline time.Time) (uint64, error) {
 		return 0, errNoLeader
 	}
 	dial := n.dialAddress(raft.Server{ID: id, Address: addr})
-	if n.conf.legacy != id || n.conf.legacyTerm != term {
-		n.conf.legacy, n.conf.legacyTerm = "", 0
+	if old := n.conf.legacy.Load(); old == nil || old.id != id || old.term != term {
+		n.conf.legacy.Store(nil)
 		var ans readIndexAnswer
 		err := n.ri.ask(n.stream, dial, readIndexQuery, fmt.Sprintf("%s %d\n", n.opts.ID, term), deadline, &ans)
 		switch {
 		case errors.Is(err, errReadIndexUnknown):
-			n.conf.legacy, n.conf.legacyTerm = id, term
+			n.conf.legacy.Store(&legacyLeader{id: id, term: term})
 			n.log.Info("the raft leader runs an older release without the read-index query; confirming with its status while it leads",
 				zap.String("leader_id", string(id)))
 		case err != nil:
@@ -478,18 +483,23 @@ func (n *Node) peerIs(cert *x509.Certificate, id string) bool {
 	if cf.Error() != nil {
 		return false
 	}
-	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) != id {
-			continue
-		}
-		err := certNamesHost(cert, string(s.Address))
-		if ok, _ := n.unboundLog.Allow(); err != nil && ok {
-			n.log.Warn("a read-index request names a member its TLS certificate is not for; it is not taken as that member's acknowledgement (the leader confirms with its own round): give each replica a certificate for the host of its --peers address",
-				zap.String("peer_id", id), zap.Error(err))
-		}
-		return err == nil
+	err := certIsFor(cf.Configuration().Servers, cert, id)
+	if ok, _ := n.unboundLog.Allow(); err != nil && ok {
+		n.log.Warn("a read-index request names a member its TLS certificate is not for; it is not taken as that member's acknowledgement (the leader confirms with its own round): give each replica a certificate for the host of its --peers address",
+			zap.String("peer_id", id), zap.Error(err))
 	}
-	return false
+	return err == nil
+}
+
+// certIsFor reports whether cert is valid for the host of id's address in
+// servers (nil), or why not.
+func certIsFor(servers []raft.Server, cert *x509.Certificate, id string) error {
+	for _, s := range servers {
+		if string(s.ID) == id {
+			return certNamesHost(cert, string(s.Address))
+		}
+	}
+	return fmt.Errorf("%q is not a member", id)
 }
 
 // certNamesHost reports whether cert is valid for the host of address (a

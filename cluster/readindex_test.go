@@ -1,7 +1,14 @@
 package cluster
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -179,5 +186,80 @@ func TestNoAnswerBeforeTheBarrier(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, func() error {
 			return testenv.Expect(confirmedAnswer(n.Node, "web/a") == "ready 1%\n", "%s does not answer after the barrier", n.opts.ID)
 		})
+	}
+}
+
+// certFor is a self-signed certificate with the given DNS and IP SANs
+// (certIsFor reads SANs only; the TLS handshake verified the chain).
+func certFor(t *testing.T, dns []string, ips ...string) *x509.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "peer"}, DNSNames: dns,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	for _, ip := range ips {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestReadIndexIDIsBoundToTheCertificate: a read-index request counts as
+// member id's acknowledgement only when the peer's certificate is valid
+// for the host of id's raft address (its SAN, as the README's certificates
+// carry); a certificate of another member, or of no member, is not.
+func TestReadIndexIDIsBoundToTheCertificate(t *testing.T) {
+	servers := []raft.Server{
+		{ID: "hastate-0", Address: "hastate-0.hastate.ops.svc:9779", Suffrage: raft.Voter},
+		{ID: "hastate-1", Address: "hastate-1.hastate.ops.svc:9779", Suffrage: raft.Voter},
+		{ID: "ip-2", Address: "10.1.2.3:9779", Suffrage: raft.Voter},
+	}
+	one := certFor(t, []string{"hastate-1.hastate.ops.svc"})
+	wild := certFor(t, []string{"*.hastate.ops.svc"})
+	ip := certFor(t, nil, "10.1.2.3")
+	for _, c := range []struct {
+		cert *x509.Certificate
+		id   string
+		ok   bool
+	}{
+		{one, "hastate-1", true},
+		{one, "hastate-0", false}, // another member's ID
+		{one, "stranger", false},
+		{wild, "hastate-0", true},
+		{wild, "ip-2", false},
+		{ip, "ip-2", true},
+		{ip, "hastate-1", false},
+	} {
+		if err := certIsFor(servers, c.cert, c.id); (err == nil) != c.ok {
+			t.Errorf("certificate %v %v for %s: %v, want ok %v", c.cert.DNSNames, c.cert.IPAddresses, c.id, err, c.ok)
+		}
+	}
+
+	// On a leader: an unbound ID is answered from the leader's own round
+	// (still the right index, one round more), a bound one at once.
+	_, _, l, f := startMesh(t, 3*time.Second, nil)
+	term := l.raft.CurrentTerm()
+	own := func() float64 { return metricOf(t, l, "hastate_confirm_rounds_total", "result=confirmed") }
+	bound := certFor(t, nil, "127.0.0.1")
+	unbound := certFor(t, []string{"elsewhere.example"})
+	before := own()
+	if a := l.answerReadIndex(readIndexRequest{ID: f.opts.ID, Term: term}, bound); a.Error != "" || a.Index == 0 {
+		t.Fatalf("bound request: %+v", a)
+	}
+	if d := own() - before; d > 1 { // at most a refresh round meanwhile
+		t.Errorf("a bound request cost %v rounds of the leader, want none", d)
+	}
+	a := l.answerReadIndex(readIndexRequest{ID: f.opts.ID, Term: term}, unbound)
+	if a.Error != "" || a.Index != l.fsm.index.Load() {
+		t.Fatalf("unbound request: %+v, want the index %d from the leader's round", a, l.fsm.index.Load())
 	}
 }
