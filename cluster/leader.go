@@ -39,6 +39,7 @@ func (n *Node) leadershipLoop(notify <-chan bool) {
 		case leader := <-notify:
 			switch {
 			case !leader:
+				n.ledUntil.Store(time.Now().UnixNano()) // contactLoop: led until now
 				n.log.Info("lost raft leadership")
 				stopDuty()
 			case cur == nil:

@@ -214,6 +214,9 @@ type Node struct {
 	// which this node, as leader, last completed its barrier.
 	leaderContact atomic.Int64
 	barrierTerm   atomic.Uint64
+	// ledUntil is when this node last lost leadership (unix nanoseconds,
+	// set by leadershipLoop; 0: never led).
+	ledUntil atomic.Int64
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
@@ -329,7 +332,11 @@ func New(o Options) (_ *Node, err error) {
 	cfg.LeaderLeaseTimeout = o.HeartbeatTimeout / 2
 	cfg.SnapshotInterval = o.SnapshotInterval
 	cfg.SnapshotThreshold = o.SnapshotThreshold
-	cfg.TrailingLogs = 4096
+	// Entries kept after a snapshot, for followers a little behind: four
+	// snapshots' worth (4096 at the default threshold of 1024). A
+	// follower further behind, or one whose disk was lost, installs the
+	// leader's snapshot (a test lowers the threshold to make that happen).
+	cfg.TrailingLogs = 4 * o.SnapshotThreshold
 	cfg.CommitTimeout = commitTimeout
 
 	hasState, err := raft.HasExistingState(store, store, snaps)

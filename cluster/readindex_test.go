@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -261,5 +262,71 @@ func TestReadIndexIDIsBoundToTheCertificate(t *testing.T) {
 	a := l.answerReadIndex(readIndexRequest{ID: f.opts.ID, Term: term}, unbound)
 	if a.Error != "" || a.Index != l.fsm.index.Load() {
 		t.Fatalf("unbound request: %+v, want the index %d from the leader's round", a, l.fsm.index.Load())
+	}
+}
+
+// TestWipedReplicaLeadsAfterASnapshotAtABarrier is issue 33's liveness
+// fault on a real cluster: the leader snapshots right after its barrier
+// (the snapshot's raft index is the barrier, the FSM's index the last
+// command before it), a replica whose disk was lost rejoins and installs
+// that snapshot, and then leads with only its own no-op and barrier in its
+// log. Every replica must go on answering without any write: the read
+// index is the FSM's, not the barrier's (before the fix every round timed
+// out and the whole fleet went unanswered until the next write).
+func TestWipedReplicaLeadsAfterASnapshotAtABarrier(t *testing.T) {
+	nodes, _, _, f := startMesh(t, 3*time.Second, func(_ int, o *Options) {
+		o.SnapshotThreshold, o.SnapshotInterval = 8, 100*time.Millisecond
+		o.ConfirmTimeout = 300 * time.Millisecond
+	})
+	for i := range 40 {
+		applyOnLeader(t, nodes, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", i+2)})
+	}
+	const want = "ready 41%\n"
+	// Leadership moves (a no-op and a barrier of the new term), then the
+	// new leader snapshots at its barrier.
+	m := leaderOf(nodes)
+	if err := m.raft.LeadershipTransfer().Error(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		m = leaderOf(nodes)
+		return testenv.Expect(m != nil && m.barrierTerm.Load() == m.raft.CurrentTerm(), "no new leader past its barrier")
+	})
+	if err := m.raft.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot on %s: %v", m.opts.ID, err)
+	}
+	snapIndex := m.raft.LastIndex()
+	if fi := m.fsm.index.Load(); fi >= snapIndex {
+		t.Fatalf("the snapshot at %d is at a command (FSM index %d): the scenario needs it past one", snapIndex, fi)
+	}
+
+	// f loses its disk and rejoins (the same ID and address).
+	if f == m {
+		f = followerOf(nodes, m)
+	}
+	if err := f.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	o := f.opts
+	o.DataDir = t.TempDir()
+	w := startNode(t, o)
+	nodes[indexOf(nodes, f)] = w
+	testenv.Eventually(t, 15*time.Second, func() error {
+		return testenv.Expect(answer(w.Node, "web/a") == want && w.raft.Stats()["last_snapshot_index"] != "0",
+			"wiped %s has not installed a snapshot (stats %v)", w.opts.ID, w.raft.Stats()["last_snapshot_index"])
+	})
+	if first, _ := w.logs.FirstIndex(); first != 0 && first <= snapIndex {
+		t.Fatalf("wiped %s's log starts at %d, at or before the snapshot %d: it did not start from the snapshot", w.opts.ID, first, snapIndex)
+	}
+	if err := m.raft.LeadershipTransferToServer(raft.ServerID(w.opts.ID), raft.ServerAddress(w.opts.Advertise)).Error(); err != nil {
+		t.Fatalf("transfer leadership to %s: %v", w.opts.ID, err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(w.IsLeader(), "%s does not lead", w.opts.ID) })
+	for _, n := range nodes {
+		testenv.Eventually(t, 5*time.Second, func() error {
+			got := confirmedAnswer(n.Node, "web/a")
+			return testenv.Expect(got == want, "%s answers %q with %s leading from its snapshot at %d (FSM %d); last round: %v",
+				n.opts.ID, got, w.opts.ID, snapIndex, n.fsm.index.Load(), n.conf.lastError())
+		})
 	}
 }
