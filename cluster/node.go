@@ -216,7 +216,7 @@ type Node struct {
 	barrierTerm   atomic.Uint64
 	// ledUntil is when this node last lost leadership (unix nanoseconds,
 	// set by leadershipLoop; 0: never led).
-	ledUntil atomic.Int64
+	ledUntil      atomic.Int64
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
