@@ -463,21 +463,24 @@ func longestWithheld(answers []history.Answer, from time.Time) (time.Duration, t
 }
 
 // quickClient asks replicas during faults: a stopped one must not hold a
-// writer for long.
-var quickClient = &http.Client{Timeout: time.Second}
+// writer for long. /v1/cluster asks every peer for its status (a stopped
+// one for up to 1s), so it gets 3s; /-/metrics answers at once.
+var (
+	quickClient   = &http.Client{Timeout: time.Second}
+	clusterClient = &http.Client{Timeout: 3 * time.Second}
+)
 
-// quickCluster is /v1/cluster with quickClient.
+// quickCluster is /v1/cluster with clusterClient.
 func quickCluster(h *Hastate) (ClusterInfo, error) {
 	var c ClusterInfo
-	resp, err := quickClient.Get("http://" + h.HTTPAddr + "/v1/cluster")
+	code, body, err := h.getWith(clusterClient, "/v1/cluster")
 	if err != nil {
 		return c, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return c, fmt.Errorf("GET /v1/cluster: HTTP %d", resp.StatusCode)
+	if code != http.StatusOK {
+		return c, fmt.Errorf("GET /v1/cluster: HTTP %d", code)
 	}
-	return c, json.NewDecoder(resp.Body).Decode(&c)
+	return c, json.Unmarshal(body, &c)
 }
 
 // served waits until a replica serves Consul index index of the prefix
@@ -512,7 +515,7 @@ func (r *nemesisRun) leaderAmong(hs []*Hastate, timeout time.Duration) (*Hastate
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		for _, h := range hs {
-			if ci, err := quickCluster(h); err == nil && ci.State == "leader" {
+			if st, err := h.raftStateWith(quickClient); err == nil && st == "leader" {
 				return h, nil
 			}
 		}
