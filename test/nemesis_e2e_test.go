@@ -75,7 +75,7 @@ const (
 	// through the load balancer per second of polling, over the whole run;
 	// minServedWrites the writes seen served. A thinner history proves too
 	// little, and the run fails.
-	minAnsweredPerSecond = 10
+	minAnsweredPerSecond = 40
 	minServedWrites      = 20
 	// nemesisSnapshotThreshold makes the replicas snapshot every 16
 	// entries and keep 64 after a snapshot (cluster: four snapshots'
