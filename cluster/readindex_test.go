@@ -330,3 +330,82 @@ func TestWipedReplicaLeadsAfterASnapshotAtABarrier(t *testing.T) {
 		})
 	}
 }
+
+// TestBarrierOfAnEarlierTermDoesNotCount: a barrier that returns after
+// the node lost leadership and led again in a later term proves nothing
+// about that term (its no-op may not be committed): the term is read
+// before the barrier and recorded only if unchanged, so the new term's
+// leader duty starts with its own barrier not yet recorded. (Before the
+// fix the term read after the barrier was recorded: the later term
+// looked done before its own barrier.)
+func TestBarrierOfAnEarlierTermDoesNotCount(t *testing.T) {
+	var armed atomic.Bool
+	var calls atomic.Int32
+	var premature atomic.Bool // barrierTerm said the new term was done before its barrier
+	var n0 *testNode
+	var hookErr atomic.Pointer[string]
+	var nodes []*testNode
+	nodes, _ = meshClusterWith(t, 3*time.Second, func(i int, o *Options) {
+		if i != 0 {
+			return
+		}
+		o.afterBarrier = func() {
+			if !armed.Load() {
+				return
+			}
+			switch calls.Add(1) {
+			case 1:
+				// Leadership goes away and comes back before this
+				// barrier's term is checked.
+				term := n0.raft.CurrentTerm()
+				if err := n0.raft.LeadershipTransfer().Error(); err != nil {
+					msg := "transfer away: " + err.Error()
+					hookErr.Store(&msg)
+					return
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for !(n0.IsLeader() && n0.raft.CurrentTerm() > term+1) && time.Now().Before(deadline) {
+					if x := leaderOf(nodes[1:]); x != nil {
+						_ = x.raft.LeadershipTransferToServer(raft.ServerID(n0.opts.ID), raft.ServerAddress(n0.opts.Advertise)).Error()
+					}
+					<-time.After(20 * time.Millisecond)
+				}
+				if !n0.IsLeader() {
+					msg := "leadership did not come back"
+					hookErr.Store(&msg)
+				}
+			case 2:
+				premature.Store(n0.barrierTerm.Load() == n0.raft.CurrentTerm())
+			}
+		}
+	})
+	n0 = nodes[0]
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader") })
+	if x := leaderOf(nodes); x == n0 {
+		if err := n0.raft.LeadershipTransfer().Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		x := leaderOf(nodes)
+		return testenv.Expect(x != nil && x != n0, "no leader other than %s", n0.opts.ID)
+	})
+	applyOnLeader(t, nodes, 1, map[string]string{"state/web/a": "drain"})
+	armed.Store(true)
+	x := leaderOf(nodes)
+	if err := x.raft.LeadershipTransferToServer(raft.ServerID(n0.opts.ID), raft.ServerAddress(n0.opts.Advertise)).Error(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		return testenv.Expect(calls.Load() >= 2, "%s's leader duty ran its barrier %d times, want 2", n0.opts.ID, calls.Load())
+	})
+	if e := hookErr.Load(); e != nil {
+		t.Fatalf("the scenario did not happen: %s", *e)
+	}
+	if premature.Load() {
+		t.Errorf("%s recorded the term it led again in as done with the barrier of the term before", n0.opts.ID)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(!n0.IsLeader() || n0.barrierTerm.Load() == n0.raft.CurrentTerm(), "%s never finished its own barrier", n0.opts.ID)
+	})
+}
