@@ -356,6 +356,8 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 	}
 	newL, newF := start("")
 	oldL, oldF := start(baseBin)
+	failed := func(h *Hastate) float64 { return h.Metric(b, `hastate_confirm_rounds_total{result="failed"}`) }
+	failed0 := []float64{failed(newL), failed(oldL)}
 	targets := []struct{ name, addr string }{
 		{"baseline", baseAddr}, {"ack_leader", newL.AgentAddr}, {"verify_leader", oldL.AgentAddr},
 		{"ack_follower", newF.AgentAddr}, {"verify_follower", oldF.AgentAddr},
@@ -373,6 +375,8 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	b.ReportMetric(failed(newL)-failed0[0], "ack_leader_failed_rounds")
+	b.ReportMetric(failed(oldL)-failed0[1], "verify_leader_failed_rounds")
 	bare := merge(res[0]...)
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	merged := make([]loadResult, len(targets))
