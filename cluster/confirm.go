@@ -5,8 +5,10 @@ package cluster
 // answers a check, it confirms that its FSM holds every change the cluster
 // committed before the check arrived:
 //
-//   - the leader reads its commit index, then verifies that a quorum still
-//     follows it (raft's VerifyLeader: one heartbeat round);
+//   - the leader reads its commit index, then confirms that a quorum of
+//     voters is still in its term with a round of its own, asked after
+//     the check arrived (ack.go; not raft's VerifyLeader, which replies to
+//     RPCs sent before the check can satisfy);
 //   - a follower asks the leader for that index over the raft port (the
 //     named query "readindex", on a connection kept open), so the index is
 //     learned after the check arrived; its request, in the term it follows
