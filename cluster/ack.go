@@ -32,7 +32,6 @@ package cluster
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"net"
 	"sync"
@@ -268,22 +267,14 @@ func (n *Node) verifyLeader(term uint64, deadline time.Time) error {
 
 // serveAck answers "ack" requests on one connection, one line each
 // ("<leader id> <term> <seq>"), until the peer closes or stays idle for
-// readIndexIdle.
+// readIndexIdle. A malformed request closes it: nothing anyone could take
+// for an acknowledgement is sent.
 func (s *streamLayer) serveAck(c net.Conn, r *bufio.Reader) {
-	enc := json.NewEncoder(c)
-	for {
-		_ = c.SetReadDeadline(time.Now().Add(readIndexIdle))
-		line, err := readLine(r, 128)
-		if err != nil {
-			return
-		}
+	serveLines(c, r, func(line string) (any, bool) {
 		var req ackRequest
 		if _, err := fmt.Sscanf(line, "%s %d %d", &req.ID, &req.Term, &req.Seq); err != nil {
-			return // not an answer anyone can take for an acknowledgement
+			return nil, false
 		}
-		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if err := enc.Encode(s.ack(req)); err != nil {
-			return
-		}
-	}
+		return s.ack(req), true
+	})
 }

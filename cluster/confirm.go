@@ -525,6 +525,19 @@ func (s *streamLayer) serveReadIndex(c net.Conn, r *bufio.Reader) {
 			peer = certs[0]
 		}
 	}
+	serveLines(c, r, func(line string) (any, bool) {
+		var req readIndexRequest
+		if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
+			return readIndexAnswer{Error: fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)}, true
+		}
+		return s.readIndex(req, peer), true
+	})
+}
+
+// serveLines answers each request line on a connection kept open with one
+// JSON value (answer's; false: close the connection instead), until the
+// peer closes or stays idle for readIndexIdle.
+func serveLines(c net.Conn, r *bufio.Reader, answer func(line string) (any, bool)) {
 	enc := json.NewEncoder(c)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(readIndexIdle))
@@ -532,15 +545,12 @@ func (s *streamLayer) serveReadIndex(c net.Conn, r *bufio.Reader) {
 		if err != nil {
 			return
 		}
-		var req readIndexRequest
-		var ans readIndexAnswer
-		if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
-			ans.Error = fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)
-		} else {
-			ans = s.readIndex(req, peer)
+		v, ok := answer(line)
+		if !ok {
+			return
 		}
 		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if err := enc.Encode(ans); err != nil {
+		if err := enc.Encode(v); err != nil {
 			return
 		}
 	}

@@ -74,6 +74,38 @@ func (r *recorder) verdict(t *testing.T) history.LinearResult {
 	return res
 }
 
+// queueChecks starts n checks at node l (recorded by rec) and returns
+// once a confirmation round began after all of them; answered waits for
+// their answers.
+func queueChecks(t *testing.T, rec *recorder, l *testNode, n int) (answered func() []string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	started := make(chan struct{}, n)
+	lines := make(chan string, n)
+	for i := range n {
+		wg.Go(func() {
+			started <- struct{}{}
+			lines <- rec.check(l, fmt.Sprintf("check %d at %s", i, l.opts.ID), "web/a")
+		})
+	}
+	for range n {
+		<-started
+	}
+	queued := l.conf.next.Load()
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Expect(l.conf.next.Load() != queued, "no round began after the checks")
+	})
+	return func() []string {
+		wg.Wait()
+		close(lines)
+		var out []string
+		for line := range lines {
+			out = append(out, line)
+		}
+		return out
+	}
+}
+
 // TestPausedLeaderNeverConfirmsWithOldReplies is issue 33's scenario with
 // its timing controlled: the leader L's links are held (every byte kept,
 // no connection closed, as the sockets of a stopped process), starting
@@ -164,27 +196,10 @@ func TestPausedLeaderNeverConfirmsWithOldReplies(t *testing.T) {
 
 	// Checks queued at L; once a round began after them, the release.
 	const checks = 20
-	var wg sync.WaitGroup
-	started := make(chan struct{}, checks)
-	lines := make(chan string, checks)
-	for i := range checks {
-		wg.Go(func() {
-			started <- struct{}{}
-			lines <- rec.check(l, fmt.Sprintf("check %d at %s", i, l.opts.ID), "web/a")
-		})
-	}
-	for range checks {
-		<-started
-	}
-	queued := l.conf.next.Load()
-	testenv.Eventually(t, 5*time.Second, func() error {
-		return testenv.Expect(l.conf.next.Load() != queued, "no round began after the checks")
-	})
+	answered := queueChecks(t, &rec, l, checks)
 	release()
-	wg.Wait()
-	close(lines)
 	stale, empty := 0, 0
-	for line := range lines {
+	for _, line := range answered() {
 		switch line {
 		case "":
 			empty++
@@ -250,22 +265,7 @@ func TestLeaderChangeInTheMiddleOfARound(t *testing.T) {
 			}
 			defer release()
 			const checks = 10
-			lines := make(chan string, checks)
-			var wg sync.WaitGroup
-			started := make(chan struct{}, checks)
-			for i := range checks {
-				wg.Go(func() {
-					started <- struct{}{}
-					lines <- rec.check(l, fmt.Sprintf("check %d at %s", i, l.opts.ID), "web/a")
-				})
-			}
-			for range checks {
-				<-started
-			}
-			queued := l.conf.next.Load()
-			testenv.Eventually(t, 5*time.Second, func() error {
-				return testenv.Expect(l.conf.next.Load() != queued, "no round began after the checks")
-			})
+			answered := queueChecks(t, &rec, l, checks)
 			if !c.up {
 				// The voters answered in the old term before the change.
 				testenv.Eventually(t, 5*time.Second, func() error {
@@ -286,10 +286,8 @@ func TestLeaderChangeInTheMiddleOfARound(t *testing.T) {
 				t.Fatalf("new leader %s in term %d, not after %d", x.opts.ID, x.raft.CurrentTerm(), term)
 			}
 			release()
-			wg.Wait()
-			close(lines)
 			got := map[string]int{}
-			for line := range lines {
+			for _, line := range answered() {
 				got[line]++
 			}
 			// A check after the drain, on every node: the drain or nothing.
