@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -278,7 +279,10 @@ func TestLeaderChangeInTheMiddleOfARound(t *testing.T) {
 					return testenv.Expect(held > 0, "no answer held yet")
 				})
 			}
-			if err := l.raft.LeadershipTransfer().Error(); err != nil {
+			switch err := l.raft.LeadershipTransfer().Error(); {
+			case errors.Is(err, raft.ErrNotLeader):
+				t.Logf("leadership had left %s already (an election on a loaded machine): the round is mid-change all the same", l.opts.ID)
+			case err != nil:
 				t.Fatalf("transfer leadership away from %s: %v", l.opts.ID, err)
 			}
 			x := rec.write(t, othersThan(nodes, l), 2, "web/a", "drain")
