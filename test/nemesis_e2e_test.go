@@ -420,8 +420,15 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 		t.Errorf("seed %d: the history is not linearizable: %s; porcupine's visualisation: %s (rerun with HASTATE_NEMESIS_SEED=%d)", seed, lin, path, seed)
 	}
 	longest, longestAt := longestWithheld(r.answers, pollStart)
+	overlapping := "no fault"
+	for _, w := range windows {
+		if !longestAt.Add(longest).Before(w.from) && !longestAt.After(w.till) {
+			overlapping = string(w.kind)
+			break
+		}
+	}
 	sum := nemesisSummary{Reads: lin.Reads, Writes: lin.Writes, Pending: lin.Pending, Violations: len(violations) + len(lin.Failing),
-		Linear: string(lin.Result), LongestWithheld: longest, WithheldDuring: fmt.Sprintf("at +%s, %s", longestAt.Sub(began).Round(time.Second), during(longestAt))}
+		Linear: string(lin.Result), LongestWithheld: longest, WithheldDuring: fmt.Sprintf("from +%s, overlapping %s", longestAt.Sub(began).Round(time.Second), overlapping)}
 
 	// The QPS floor: a thin history proves little.
 	if rate := float64(judged) / pollFor.Seconds(); rate < minAnsweredPerSecond {
