@@ -122,7 +122,7 @@ bench: deps
 
 # soak: the fault-injection test (test/nemesis_e2e_test.go) on SOAK_SEEDS
 # seeds (default 20, one after another from a fresh seed, each logged) of
-# SOAK (default 2m) of faults each, instead of make test's one seed of 45s;
+# SOAK (default 2m) of faults each, instead of make test's one seed of 30s;
 # each seed's history is judged by porcupine and its figures (operations
 # checked, violations, longest withheld stretch) end the log.
 # HASTATE_NEMESIS_SEED=<n> starts from seed n (SOAK_SEEDS=1 repeats one).

@@ -47,7 +47,7 @@ import (
 //
 //	HASTATE_NEMESIS_SEED=<n>        repeat a run's schedule (the seed is logged)
 //	HASTATE_NEMESIS_SEEDS=<k>       run k seeds one after another (make soak)
-//	HASTATE_NEMESIS_DURATION=10m    of faults per seed, instead of 45s
+//	HASTATE_NEMESIS_DURATION=10m    of faults per seed, instead of 30s
 //	HASTATE_NEMESIS_SERVE_ARGS=...  extra `hastate serve` flags
 //	HASTATE_NEMESIS_REPLICAS=1      a control: one replica behind the load
 //	                                balancer (no raft links to cut) cannot
@@ -88,7 +88,7 @@ func TestE2ENemesis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := 45 * time.Second // of faults: with set-up and convergence about 2 minutes on two loaded cores
+	d := 30 * time.Second // of faults: with set-up, the wipe's wait and convergence about 80s on two loaded cores
 	if s := os.Getenv("HASTATE_NEMESIS_DURATION"); s != "" {
 		if d, err = time.ParseDuration(s); err != nil {
 			t.Fatalf("HASTATE_NEMESIS_DURATION=%q: %v", s, err)
