@@ -128,13 +128,17 @@ test-deploy: chart-files build
 bench: deps
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp' -benchtime 1x -timeout 30m ./test/
 
-# soak: the fault-injection test (test/nemesis_e2e_test.go) for SOAK
-# (default 10m) of faults instead of make test's 60s, on a fresh seed
-# (logged); HASTATE_NEMESIS_SEED=<n> repeats a run's schedule.
-SOAK ?= 10m
+# soak: the fault-injection test (test/nemesis_e2e_test.go) on SOAK_SEEDS
+# seeds (default 20, one after another from a fresh seed, each logged) of
+# SOAK (default 2m) of faults each, instead of make test's one seed of 30s;
+# each seed's history is judged by porcupine and its figures (operations
+# checked, violations, longest withheld stretch) end the log.
+# HASTATE_NEMESIS_SEED=<n> starts from seed n (SOAK_SEEDS=1 repeats one).
+SOAK ?= 2m
+SOAK_SEEDS ?= 20
 soak: deps
-	CONSUL_BIN=$$(scripts/ensure-consul.sh) HASTATE_NEMESIS_DURATION=$(SOAK) \
-	  $(GO) test -race -count=1 -v -run '^TestE2ENemesis$$' -timeout 3h ./test/
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) HASTATE_NEMESIS_DURATION=$(SOAK) HASTATE_NEMESIS_SEEDS=$(SOAK_SEEDS) \
+	  $(GO) test -race -count=1 -v -run '^TestE2ENemesis$$' -timeout 6h ./test/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseValue -fuzztime 30s ./state

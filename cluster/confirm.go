@@ -5,8 +5,10 @@ package cluster
 // answers a check, it confirms that its FSM holds every change the cluster
 // committed before the check arrived:
 //
-//   - the leader reads its commit index, then verifies that a quorum still
-//     follows it (raft's VerifyLeader: one heartbeat round);
+//   - the leader reads its commit index, then confirms that a quorum of
+//     voters is still in its term with a round of its own, asked after
+//     the check arrived (ack.go; not raft's VerifyLeader, which replies to
+//     RPCs sent before the check can satisfy);
 //   - a follower asks the leader for that index over the raft port (the
 //     named query "readindex", on a connection kept open), so the index is
 //     learned after the check arrived; its request, in the term it follows
@@ -23,11 +25,14 @@ package cluster
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +72,12 @@ var (
 	errConfirmStopped = errors.New("replica shutting down")
 )
 
+// legacyLeader is a leader of an older release, in the term it leads.
+type legacyLeader struct {
+	id   raft.ServerID
+	term uint64
+}
+
 // readNotifier is one round's result, shared by every reader that waits for
 // it: done is closed once err (nil: confirmed) and index are set.
 type readNotifier struct {
@@ -90,9 +101,10 @@ type confirmer struct {
 	failSince atomic.Int64  // unix ns of the first failed round since the last success; 0: none
 	lastErr   atomic.Pointer[error]
 	// legacy is the leader that answered "readindex" with null (an older
-	// release), asked for its status instead while it leads; only
-	// confirmLoop uses it.
-	legacy raft.ServerID
+	// release), asked for its status instead while it leads in that term:
+	// an upgrade restarts it, so it leads again, if ever, in a later term,
+	// and is asked the new way again. Only confirmLoop sets it.
+	legacy atomic.Pointer[legacyLeader]
 }
 
 func (c *confirmer) init(start time.Time) {
@@ -254,55 +266,59 @@ func (n *Node) confirmRound(deadline time.Time) (uint64, error) {
 }
 
 // leaderReadIndex is the read index on the leader: the commit index read
-// now, confirmed by a quorum that still follows this node (VerifyLeader,
-// read after it), as the state index that holds it (readIndexTarget). A
-// leader that has not finished the barrier of its term may not yet know
-// the commit index of the terms before (raft's rule: a leader commits
-// nothing of an earlier term until an entry of its own is committed).
+// now, in a term in which this node leads and has finished its barrier,
+// confirmed by a quorum of voters that acknowledge that term after the
+// round began (confirmLeadership, ack.go), as the state index that holds
+// it (readIndexTarget). A leader that has not finished the barrier of its
+// term may not yet know the commit index of the terms before (raft's
+// rule: a leader commits nothing of an earlier term until an entry of its
+// own is committed).
 func (n *Node) leaderReadIndex(deadline time.Time) (uint64, error) {
 	term := n.raft.CurrentTerm()
 	if n.barrierTerm.Load() != term {
 		return 0, errLeaderNotReady
 	}
 	commit := n.raft.CommitIndex()
-	f := n.raft.VerifyLeader()
-	errc := make(chan error, 1)
-	go func() { errc <- f.Error() }()
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	select {
-	case err := <-errc:
-		if err != nil {
-			return 0, fmt.Errorf("verify leadership: %w", err)
-		}
-	case <-t.C:
-		return 0, fmt.Errorf("verify leadership: %w", errConfirmTimeout)
+	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+		return 0, fmt.Errorf("lost leadership in term %d", term)
 	}
-	if n.raft.CurrentTerm() != term {
-		return 0, fmt.Errorf("verify leadership: term changed from %d", term)
+	if err := n.confirmLeadership(term, deadline); err != nil {
+		return 0, err
 	}
-	return n.readIndexTarget(commit), nil
+	return n.readIndexTarget(commit)
 }
 
 // readIndexTarget is the state index (the FSM's: the raft index of the
 // last command entry applied) that a replica must serve to hold every entry
 // up to commit: the last command entry at or below commit. Raft's no-op,
 // barrier and configuration entries never reach the FSM, so the FSM's
-// index may stay below a commit index that ends with one of them. Entries
-// the log no longer holds (compacted into a snapshot) end the search: the
-// commit index itself is then the target, which can only wait longer.
-func (n *Node) readIndexTarget(commit uint64) uint64 {
+// index may stay below a commit index that ends with one of them.
+//
+// An entry the log no longer holds (below its first index: compacted into
+// a snapshot this node took or installed) was applied to this node's FSM
+// with everything before it, so the last command at or below it is at or
+// below the FSM's index, and the search ends there: the FSM's index is the
+// target. (A replica restored from a snapshot taken at a barrier leads
+// with a log of only its no-op and barrier after it; taking the commit
+// index then asked every replica for an index no command would reach
+// until the next write.) An entry missing above the log's first index is
+// a store fault: the round fails.
+func (n *Node) readIndexTarget(commit uint64) (uint64, error) {
 	have := n.fsm.index.Load()
 	var l raft.Log
 	for i := commit; i > have; i-- {
 		if err := n.logs.GetLog(i, &l); err != nil {
-			return commit
+			first, ferr := n.logs.FirstIndex()
+			if ferr == nil && (first == 0 || i < first) {
+				return have, nil
+			}
+			return 0, fmt.Errorf("read index: raft log entry %d (log from %d): %w", i, first, err)
 		}
 		if l.Type == raft.LogCommand {
-			return i
+			return i, nil
 		}
 	}
-	return min(commit, have)
+	return min(commit, have), nil
 }
 
 // followerReadIndex asks the leader for its read index (the leader's next
@@ -320,11 +336,13 @@ func (n *Node) followerReadIndex(deadline time.Time) (uint64, error) {
 		return 0, errNoLeader
 	}
 	dial := n.dialAddress(raft.Server{ID: id, Address: addr})
-	if n.conf.legacy != id {
-		ans, err := n.ri.ask(n.stream, dial, readIndexRequest{ID: n.opts.ID, Term: term}, deadline)
+	if old := n.conf.legacy.Load(); old == nil || old.id != id || old.term != term {
+		n.conf.legacy.Store(nil)
+		var ans readIndexAnswer
+		err := n.ri.ask(n.stream, dial, readIndexQuery, fmt.Sprintf("%s %d\n", n.opts.ID, term), deadline, &ans)
 		switch {
 		case errors.Is(err, errReadIndexUnknown):
-			n.conf.legacy = id
+			n.conf.legacy.Store(&legacyLeader{id: id, term: term})
 			n.log.Info("the raft leader runs an older release without the read-index query; confirming with its status while it leads",
 				zap.String("leader_id", string(id)))
 		case err != nil:
@@ -389,10 +407,12 @@ type readIndexRequest struct {
 // anything before it without the follower's vote. With this leader's own
 // vote that is a quorum when the configuration has at most three voters,
 // so the leader answers its commit index at once (one round trip for
-// the follower, no heartbeat round). In a larger configuration it answers
-// the read index of its next round (VerifyLeader, shared with its own
+// the follower, no round of its own). In a larger configuration, or when
+// the request's ID is not the one the peer's certificate names (peer is
+// the certificate of a mutual TLS connection, nil on plain TCP), it
+// answers the read index of its next round (ack.go, shared with its own
 // checks), which began after the request arrived.
-func (n *Node) answerReadIndex(req readIndexRequest) readIndexAnswer {
+func (n *Node) answerReadIndex(req readIndexRequest, peer *x509.Certificate) readIndexAnswer {
 	term := n.raft.CurrentTerm()
 	switch {
 	case n.raft.State() != raft.Leader:
@@ -402,12 +422,16 @@ func (n *Node) answerReadIndex(req readIndexRequest) readIndexAnswer {
 	case n.barrierTerm.Load() != term:
 		return readIndexAnswer{ID: n.opts.ID, Error: errLeaderNotReady.Error()}
 	}
-	if n.ackIsQuorum(req.ID) {
+	if n.ackIsQuorum(req.ID) && n.peerIs(peer, req.ID) {
 		commit := n.raft.CommitIndex()
 		if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
 			return readIndexAnswer{ID: n.opts.ID, Error: "lost leadership"}
 		}
-		return readIndexAnswer{ID: n.opts.ID, Index: n.readIndexTarget(commit)}
+		index, err := n.readIndexTarget(commit)
+		if err != nil {
+			return readIndexAnswer{ID: n.opts.ID, Error: err.Error()}
+		}
+		return readIndexAnswer{ID: n.opts.ID, Index: index}
 	}
 	nr := n.conf.next.Load()
 	n.conf.wake()
@@ -431,22 +455,89 @@ func (n *Node) ackIsQuorum(id string) bool {
 	if cf.Error() != nil {
 		return false
 	}
-	voters, self, peer := 0, false, false
-	for _, s := range cf.Configuration().Servers {
-		if s.Suffrage != raft.Voter {
-			continue
-		}
-		voters++
-		self = self || string(s.ID) == n.opts.ID
-		peer = peer || (string(s.ID) == id && id != n.opts.ID)
+	return ackIsQuorum(cf.Configuration().Servers, n.opts.ID, id)
+}
+
+// ackIsQuorum reports whether the acknowledgement of the voter id (another
+// voter than self) and self's vote make a quorum of servers.
+func ackIsQuorum(servers []raft.Server, self, id string) bool {
+	voter := func(x string) bool {
+		return slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == x && s.Suffrage == raft.Voter })
 	}
-	return self && peer && 2 >= voters/2+1
+	if id == self || !voter(id) || !voter(self) {
+		return false
+	}
+	return isQuorum(servers, map[raft.ServerID]bool{raft.ServerID(self): true, raft.ServerID(id): true})
+}
+
+// peerIs reports whether a read-index request that says it comes from id
+// may count as id's acknowledgement: on plain TCP (cert nil) the ID is
+// taken as given (anyone who reaches the port can send raft RPCs anyway);
+// with mutual TLS the certificate must be valid for the host of id's
+// address in the raft configuration (the name its peers dial, which the
+// README requires as its SAN). A request whose ID is not bound is still
+// answered, from the leader's own round; the mismatch is logged.
+func (n *Node) peerIs(cert *x509.Certificate, id string) bool {
+	if cert == nil {
+		return true
+	}
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	err := certIsFor(cf.Configuration().Servers, cert, id)
+	if ok, _ := n.unboundLog.Allow(); err != nil && ok {
+		n.log.Warn("a read-index request names a member its TLS certificate is not for; it is not taken as that member's acknowledgement (the leader confirms with its own round): give each replica a certificate for the host of its --peers address",
+			zap.String("peer_id", id), zap.Error(err))
+	}
+	return err == nil
+}
+
+// certIsFor reports whether cert is valid for the host of id's address in
+// servers (nil), or why not.
+func certIsFor(servers []raft.Server, cert *x509.Certificate, id string) error {
+	for _, s := range servers {
+		if string(s.ID) == id {
+			return certNamesHost(cert, string(s.Address))
+		}
+	}
+	return fmt.Errorf("%q is not a member", id)
+}
+
+// certNamesHost reports whether cert is valid for the host of address (a
+// DNS name or an IP, as x509's VerifyHostname matches SANs).
+func certNamesHost(cert *x509.Certificate, address string) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		host = address
+	}
+	return cert.VerifyHostname(host)
 }
 
 // serveReadIndex answers read-index requests on one connection, one line
 // each ("<id> <term>"), until the peer closes or stays idle for
-// readIndexIdle.
+// readIndexIdle. On a mutual TLS connection the peer's certificate goes
+// with each request (answerReadIndex binds the request's ID to it).
 func (s *streamLayer) serveReadIndex(c net.Conn, r *bufio.Reader) {
+	var peer *x509.Certificate
+	if tc, ok := c.(*tls.Conn); ok {
+		if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
+			peer = certs[0]
+		}
+	}
+	serveLines(c, r, func(line string) (any, bool) {
+		var req readIndexRequest
+		if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
+			return readIndexAnswer{Error: fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)}, true
+		}
+		return s.readIndex(req, peer), true
+	})
+}
+
+// serveLines answers each request line on a connection kept open with one
+// JSON value (answer's; false: close the connection instead), until the
+// peer closes or stays idle for readIndexIdle.
+func serveLines(c net.Conn, r *bufio.Reader, answer func(line string) (any, bool)) {
 	enc := json.NewEncoder(c)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(readIndexIdle))
@@ -454,15 +545,12 @@ func (s *streamLayer) serveReadIndex(c net.Conn, r *bufio.Reader) {
 		if err != nil {
 			return
 		}
-		var req readIndexRequest
-		var ans readIndexAnswer
-		if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
-			ans.Error = fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)
-		} else {
-			ans = s.readIndex(req)
+		v, ok := answer(line)
+		if !ok {
+			return
 		}
 		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if err := enc.Encode(ans); err != nil {
+		if err := enc.Encode(v); err != nil {
 			return
 		}
 	}
@@ -472,52 +560,52 @@ func (s *streamLayer) serveReadIndex(c net.Conn, r *bufio.Reader) {
 // (a release before it).
 var errReadIndexUnknown = errors.New("the peer does not know the read-index query")
 
-// readIndexConn is a follower's open read-index connection to the leader
-// (one round at a time: only confirmLoop uses it).
-type readIndexConn struct {
+// lineConn is a connection kept open for one named query answered line
+// by line (a follower's "readindex" to its leader, a leader's "ack" to a
+// voter); one request at a time.
+type lineConn struct {
 	addr string
 	c    net.Conn
 	dec  *json.Decoder
 }
 
-// ask sends one read-index request to addr, reusing the open connection
-// when it goes there, and reads the answer.
-func (ri *readIndexConn) ask(s *streamLayer, addr string, req readIndexRequest, deadline time.Time) (readIndexAnswer, error) {
-	var ans readIndexAnswer
-	if ri.c != nil && ri.addr != addr {
-		ri.close()
+// ask sends one request line to addr, reusing the open connection when it
+// goes there (a new one starts with the query's name), and decodes the
+// answer into v. An answer of null is errReadIndexUnknown: the peer runs a
+// release without the query.
+func (lc *lineConn) ask(s *streamLayer, addr, query, line string, deadline time.Time, v any) error {
+	if lc.c != nil && lc.addr != addr {
+		lc.close()
 	}
-	line := fmt.Sprintf("%s %d\n", req.ID, req.Term)
-	if ri.c == nil {
+	if lc.c == nil {
 		c, err := s.dial(addr, connQuery, time.Until(deadline))
 		if err != nil {
-			return ans, err
+			return err
 		}
-		ri.c, ri.addr, ri.dec = c, addr, json.NewDecoder(c)
-		line = readIndexQuery + "\n" + line
+		lc.c, lc.addr, lc.dec = c, addr, json.NewDecoder(c)
+		line = query + "\n" + line
 	}
-	_ = ri.c.SetWriteDeadline(deadline)
-	if _, err := io.WriteString(ri.c, line); err != nil {
-		ri.close()
-		return ans, err
+	_ = lc.c.SetWriteDeadline(deadline)
+	if _, err := io.WriteString(lc.c, line); err != nil {
+		lc.close()
+		return err
 	}
-	_ = ri.c.SetReadDeadline(deadline)
+	_ = lc.c.SetReadDeadline(deadline)
 	var raw json.RawMessage
-	if err := ri.dec.Decode(&raw); err != nil {
-		ri.close() // a late answer would be taken for the next round's
-		return ans, err
+	if err := lc.dec.Decode(&raw); err != nil {
+		lc.close() // a late answer would be taken for the next round's
+		return err
 	}
 	if string(raw) == "null" {
-		ri.close()
-		return ans, errReadIndexUnknown
+		lc.close()
+		return errReadIndexUnknown
 	}
-	err := json.Unmarshal(raw, &ans)
-	return ans, err
+	return json.Unmarshal(raw, v)
 }
 
-func (ri *readIndexConn) close() {
-	if ri.c != nil {
-		ri.c.Close()
+func (lc *lineConn) close() {
+	if lc.c != nil {
+		lc.c.Close()
 	}
-	ri.c, ri.dec, ri.addr = nil, nil, ""
+	lc.c, lc.dec, lc.addr = nil, nil, ""
 }

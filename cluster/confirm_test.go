@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/internal/testenv"
 )
 
@@ -134,20 +135,49 @@ func TestCutOffFollowerAnswersNothingAtOnce(t *testing.T) {
 // TestConfirmAgainstAnOlderLeader: a leader of a release before the
 // read-index query answers it null; the follower then confirms with the
 // leader's status (its state index) and still answers every write the
-// leader applied before the check.
+// leader applied before the check. Once that leader is upgraded (restarted
+// with this release) and leads again, the follower asks it the read index
+// again: the fallback holds only for the term the older leader led.
 func TestConfirmAgainstAnOlderLeader(t *testing.T) {
 	nodes, _, _, _ := startMesh(t, time.Second, func(_ int, o *Options) { o.legacyReadIndex = true })
-	var f *testNode
+	var f, l *testNode
 	for i := range 20 {
 		w := i + 2
-		f = followerOf(nodes, applyOnLeader(t, nodes, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)}))
+		l = applyOnLeader(t, nodes, uint64(i+2), map[string]string{"state/web/a": fmt.Sprintf("%d%%", w)})
+		f = followerOf(nodes, l)
 		if got, want := confirmedAnswer(f.Node, "web/a"), fmt.Sprintf("ready %d%%\n", w); got != want {
 			t.Fatalf("write %d: follower %s of an older leader answered %q, want %q", i, f.opts.ID, got, want)
 		}
 	}
-	if f.conf.legacy == "" {
-		t.Errorf("follower %s did not note that its leader is older", f.opts.ID)
+	if old := f.conf.legacy.Load(); old == nil || string(old.id) != l.opts.ID {
+		t.Fatalf("follower %s did not note that its leader %s is older: %+v", f.opts.ID, l.opts.ID, old)
 	}
+
+	// Upgrade the leader: stop it (it hands over), start it with this
+	// release on the same data, and give it leadership back.
+	if err := l.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	o := l.opts
+	o.legacyReadIndex = false
+	up := startNode(t, o)
+	nodes[indexOf(nodes, l)] = up
+	testenv.Eventually(t, 10*time.Second, func() error {
+		cur := leaderOf(nodes)
+		if cur == nil || cur == up {
+			return testenv.Expect(cur == up, "no leader")
+		}
+		if ok, _ := up.Ready(); !ok {
+			return fmt.Errorf("upgraded %s not ready yet", up.opts.ID)
+		}
+		_ = cur.raft.LeadershipTransferToServer(raft.ServerID(up.opts.ID), raft.ServerAddress(up.opts.Advertise)).Error()
+		return testenv.Expect(up.IsLeader(), "upgraded %s does not lead", up.opts.ID)
+	})
+	applyOnLeader(t, nodes, 30, map[string]string{"state/web/a": "drain"})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(confirmedAnswer(f.Node, "web/a") == "drain\n" && f.conf.legacy.Load() == nil,
+			"follower %s of the upgraded leader %s: answer %q, older leader noted %+v", f.opts.ID, up.opts.ID, confirmedAnswer(f.Node, "web/a"), f.conf.legacy.Load())
+	})
 }
 
 // TestConfirmBatches: checks that arrive together share rounds: many
@@ -194,13 +224,13 @@ func TestAnswerReadIndexRefuses(t *testing.T) {
 		return testenv.Expect(n.barrierTerm.Load() == n.raft.CurrentTerm(), "barrier not done")
 	})
 	term := n.raft.CurrentTerm()
-	if a := n.answerReadIndex(readIndexRequest{ID: "n2", Term: term + 1}); a.Error == "" || !strings.Contains(a.Error, "term") {
+	if a := n.answerReadIndex(readIndexRequest{ID: "n2", Term: term + 1}, nil); a.Error == "" || !strings.Contains(a.Error, "term") {
 		t.Errorf("a request of another term: %+v, want refused naming the term", a)
 	}
 	if n.ackIsQuorum("stranger") || n.ackIsQuorum(n.opts.ID) {
 		t.Errorf("a non-voter or the leader itself counts as an acknowledgement")
 	}
-	a := n.answerReadIndex(readIndexRequest{ID: "stranger", Term: term})
+	a := n.answerReadIndex(readIndexRequest{ID: "stranger", Term: term}, nil)
 	if a.Error != "" || a.Index != n.fsm.index.Load() || a.ID != n.opts.ID {
 		t.Errorf("a request in the leader's term: %+v, want the state index %d", a, n.fsm.index.Load())
 	}

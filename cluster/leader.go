@@ -5,6 +5,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -38,6 +39,7 @@ func (n *Node) leadershipLoop(notify <-chan bool) {
 		case leader := <-notify:
 			switch {
 			case !leader:
+				n.ledUntil.Store(time.Now().UnixNano()) // contactLoop: led until now
 				n.log.Info("lost raft leadership")
 				stopDuty()
 			case cur == nil:
@@ -72,19 +74,9 @@ func (d *runningDuty) stop() {
 func (n *Node) leaderDuty(ctx context.Context) {
 	// The FSM must hold every committed entry before the leader diffs
 	// against it.
-	for {
-		err := n.raft.Barrier(n.opts.ApplyTimeout).Error()
-		if err == nil {
-			break
-		}
-		n.log.Warn("raft barrier on new leader failed; retrying", zap.Error(err))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
+	if !n.barrier(ctx) {
+		return
 	}
-	n.barrierTerm.Store(n.raft.CurrentTerm()) // contactLoop: caught up
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() {
@@ -110,6 +102,38 @@ func (n *Node) leaderDuty(ctx context.Context) {
 		n.runLeaderDuty(ctx)
 	}
 	wg.Wait()
+}
+
+// barrier waits until the FSM holds every entry committed before this
+// node's leadership (raft's Barrier, retried until ctx ends) and records
+// the term it did so in (barrierTerm: confirmation rounds and contactLoop
+// read it). The term is read before the barrier and recorded only if it
+// is still the term after: a barrier that completes in term T proves
+// nothing about a later term T' in which this node leads again (its
+// no-op of T' may not be committed yet), and recording T' for it would let
+// the node answer before it knows the commit index of T'. ctx ending returns
+// false.
+func (n *Node) barrier(ctx context.Context) bool {
+	for {
+		term := n.raft.CurrentTerm()
+		err := n.raft.Barrier(n.opts.ApplyTimeout).Error()
+		if n.opts.afterBarrier != nil {
+			n.opts.afterBarrier()
+		}
+		if err == nil && n.raft.CurrentTerm() == term && n.raft.State() == raft.Leader {
+			n.barrierTerm.Store(term) // contactLoop: caught up
+			return true
+		}
+		if err == nil {
+			err = fmt.Errorf("the term moved from %d to %d during the barrier", term, n.raft.CurrentTerm())
+		}
+		n.log.Warn("raft barrier on new leader failed; retrying", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // leaderDutyRetry is the pause before a leader that could not hand over

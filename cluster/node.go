@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/hastate/hastate/internal/lifecycle"
+	"github.com/hastate/hastate/internal/ratelog"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -123,8 +124,11 @@ type Options struct {
 	// it, so that more checks share it.
 	ConfirmWindow time.Duration
 	// legacyReadIndex (tests) plays a release before the read-index query:
-	// "readindex" is answered null.
+	// "readindex" and "ack" are answered null.
 	legacyReadIndex bool
+	// afterBarrier (tests) runs in the leader duty when raft's Barrier
+	// returned, before its term is checked.
+	afterBarrier func()
 	// HeartbeatTimeout and ElectionTimeout (0: 1s each) bound failover time.
 	HeartbeatTimeout time.Duration
 	ElectionTimeout  time.Duration
@@ -210,13 +214,22 @@ type Node struct {
 	// which this node, as leader, last completed its barrier.
 	leaderContact atomic.Int64
 	barrierTerm   atomic.Uint64
+	// ledUntil is when this node last lost leadership (unix nanoseconds,
+	// set by leadershipLoop; 0: never led).
+	ledUntil      atomic.Int64
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
 	// conf is the confirmation of answers (confirm.go); ri is the
-	// follower's open read-index connection to the leader (confirmLoop's).
-	conf confirmer
-	ri   readIndexConn
+	// follower's open read-index connection to the leader (confirmLoop's);
+	// acks and ackSeq are the leader's "ack" connections to its voters and
+	// the number of its last round (ack.go); unboundLog limits the log of
+	// read-index requests whose ID their certificate does not name.
+	conf       confirmer
+	ri         lineConn
+	acks       ackConns
+	ackSeq     atomic.Uint64
+	unboundLog *ratelog.Limiter
 	kvState
 
 	// hadState: raft state was in --data-dir at start. bootDetail and
@@ -256,6 +269,7 @@ func New(o Options) (_ *Node, err error) {
 	n.leaderSeen.Store(n.started.UnixNano())
 	n.leaderContact.Store(n.started.UnixNano())
 	n.conf.init(n.started)
+	n.unboundLog = ratelog.New(10*time.Second, nil)
 	// Nothing is answered until the node has caught up with a leader.
 	n.withheld.set(withholdCatchingUp, true)
 	n.withheldSince[bitIndex(withholdCatchingUp)].Store(n.started.UnixNano())
@@ -288,7 +302,7 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
 	sl, err := newStreamLayer(streamConfig{
-		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries, ReadIndex: n.answerReadIndex, LegacyReadIndex: o.legacyReadIndex,
+		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries, ReadIndex: n.answerReadIndex, Ack: n.answerAck, LegacyReadIndex: o.legacyReadIndex,
 		Log: o.Logger.Named("transport"), Metrics: n.metrics.port, Peers: len(o.Peers),
 		MaxConnsPerIP: o.MaxConnsPerIP, MaxConns: o.MaxConns, IdentifyTimeout: o.IdentifyTimeout,
 	})
@@ -318,7 +332,11 @@ func New(o Options) (_ *Node, err error) {
 	cfg.LeaderLeaseTimeout = o.HeartbeatTimeout / 2
 	cfg.SnapshotInterval = o.SnapshotInterval
 	cfg.SnapshotThreshold = o.SnapshotThreshold
-	cfg.TrailingLogs = 4096
+	// Entries kept after a snapshot, for followers a little behind: four
+	// snapshots' worth (4096 at the default threshold of 1024). A
+	// follower further behind, or one whose disk was lost, installs the
+	// leader's snapshot (a test lowers the threshold to make that happen).
+	cfg.TrailingLogs = 4 * o.SnapshotThreshold
 	cfg.CommitTimeout = commitTimeout
 
 	hasState, err := raft.HasExistingState(store, store, snaps)
@@ -403,6 +421,7 @@ func New(o Options) (_ *Node, err error) {
 		close(n.stop)
 		n.wg.Wait()
 		n.ri.close()
+		n.acks.close()
 		return nil
 	})
 	// Registered last, so it runs first: a leader hands over leadership

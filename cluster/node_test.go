@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,8 +34,8 @@ type testNode struct {
 func startNode(t *testing.T, o Options) *testNode {
 	t.Helper()
 	o.Registerer = prometheus.NewRegistry()
-	o.HeartbeatTimeout = 300 * time.Millisecond
-	o.ElectionTimeout = 300 * time.Millisecond
+	o.HeartbeatTimeout = cmp.Or(o.HeartbeatTimeout, 300*time.Millisecond)
+	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, 300*time.Millisecond)
 	n, err := New(o)
 	if err != nil {
 		t.Fatalf("start node %s: %v", o.ID, err)

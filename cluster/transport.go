@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,13 +86,15 @@ type streamLayer struct {
 	queries   map[string]func() any // the wiring's and "status"
 	// readIndex answers the query "readindex" (confirm.go) on a
 	// connection that stays open; nil: answered null.
-	readIndex func(readIndexRequest) readIndexAnswer
-	log       *zap.Logger
-	identify  time.Duration
-	guard     *connGuard
-	metrics   *portMetrics
-	rejects   *rejectLog
-	retries   *ratelog.Limiter // accept retries logged
+	readIndex func(readIndexRequest, *x509.Certificate) readIndexAnswer
+	// ack answers the query "ack" (ack.go) likewise; nil: answered null.
+	ack      func(ackRequest) ackAnswer
+	log      *zap.Logger
+	identify time.Duration
+	guard    *connGuard
+	metrics  *portMetrics
+	rejects  *rejectLog
+	retries  *ratelog.Limiter // accept retries logged
 	// failed receives the Accept error that ended the accept loop (one at
 	// most); Node.ListenerFailed hands it to the wiring.
 	failed chan error
@@ -112,8 +115,9 @@ type streamConfig struct {
 	TLS             *tls.Config
 	Status          func() api.PeerStatus
 	Queries         map[string]func() any
-	ReadIndex       func(readIndexRequest) readIndexAnswer
-	LegacyReadIndex bool // answer "readindex" null (tests)
+	ReadIndex       func(readIndexRequest, *x509.Certificate) readIndexAnswer
+	Ack             func(ackRequest) ackAnswer
+	LegacyReadIndex bool // answer "readindex" and "ack" null (tests)
 	Log             *zap.Logger
 	Metrics         *portMetrics
 	MaxConnsPerIP   int
@@ -138,7 +142,7 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	if _, _, err := net.SplitHostPort(c.Advertise); err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", c.Advertise, err)
 	}
-	for _, q := range []string{statusQuery, readIndexQuery} {
+	for _, q := range []string{statusQuery, readIndexQuery, ackQuery} {
 		if _, ok := c.Queries[q]; ok {
 			return nil, fmt.Errorf("peer query %q: the name is the node's own %s query; name the query otherwise", q, q)
 		}
@@ -159,7 +163,7 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 		rejects: newRejectLog(c.Log, time.Second), retries: ratelog.New(time.Second, nil), failed: make(chan error, 1),
 		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
 	if !c.LegacyReadIndex {
-		s.readIndex = c.ReadIndex
+		s.readIndex, s.ack = c.ReadIndex, c.Ack
 	}
 	if c.TLS != nil {
 		c.Metrics.tlsEnabled.Set(1)
@@ -279,8 +283,12 @@ func (s *streamLayer) answer(c net.Conn, kind byte) {
 			return
 		}
 		name = line
-		if name == readIndexQuery && s.readIndex != nil {
+		switch {
+		case name == readIndexQuery && s.readIndex != nil:
 			s.serveReadIndex(c, r) // stays open for the next rounds
+			return
+		case name == ackQuery && s.ack != nil:
+			s.serveAck(c, r) // likewise
 			return
 		}
 	}

@@ -260,6 +260,11 @@ func (n *Node) contactLoop() {
 		if leading {
 			led = now
 		}
+		// The tick before a step-down may be late (a loaded machine):
+		// the moment leadership was lost is when this node last led.
+		if lu := time.Unix(0, n.ledUntil.Load()); lu.After(led) {
+			led = lu
+		}
 		contact := n.started
 		for _, c := range []time.Time{led, n.raft.LastContact()} {
 			if c.After(contact) {

@@ -1,8 +1,11 @@
 package test
 
 import (
+	"cmp"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -314,4 +317,114 @@ func (p *countingProxy) copy(dst io.Writer, src io.Reader) {
 			return
 		}
 	}
+}
+
+// leaderRoundBase is the revision whose leader confirmed with raft's
+// VerifyLeader (the last before issue 33's ack round); HASTATE_BENCH_BASE
+// names another.
+const leaderRoundBase = "c5d2ecb"
+
+// BenchmarkLeaderRoundCost is issue 33's cost of the leader's own
+// confirmation round (ack.go: a quorum of voters answering "ack" in its
+// term) beside the round it replaces (raft's VerifyLeader), in one run:
+// two three-replica clusters of real processes on one Consul, this build
+// and the base revision's (built from git), loaded in alternating rounds
+// with the bare Go responder of BenchmarkAgentCheckRatio. It reports, for
+// each cluster's leader and a follower, the throughput ratio to the bare
+// responder and the p50/p99 latency added to it, and the leader's p50/p99
+// difference between the two rounds.
+//
+//	go test -run '^$' -bench LeaderRoundCost -benchtime 1x ./test/
+func BenchmarkLeaderRoundCost(b *testing.B) {
+	base := cmp.Or(os.Getenv("HASTATE_BENCH_BASE"), leaderRoundBase)
+	baseBin := buildRevision(b, base)
+	kv, reqs, answers := benchKV()
+	consul := testenv.StartConsul(b, testenv.ConsulOptions{})
+	putKV(b, consul, kv)
+	baseAddr := startBaselineResponder(b, kv)
+	start := func(bin string) (leader, follower *Hastate) {
+		hs := NewCluster(b, 3, HastateOptions{ConsulAddr: consul.Addr()})
+		for _, h := range hs {
+			h.Use(bin)
+		}
+		StartAll(b, hs...)
+		leader = WaitLeader(b, 10*time.Second, hs...)
+		for _, h := range hs {
+			h.WaitReady(b)
+		}
+		return leader, others(hs, leader)[0]
+	}
+	newL, newF := start("")
+	oldL, oldF := start(baseBin)
+	failed := func(h *Hastate) float64 { return h.Metric(b, `hastate_confirm_rounds_total{result="failed"}`) }
+	failed0 := []float64{failed(newL), failed(oldL)}
+	targets := []struct{ name, addr string }{
+		{"baseline", baseAddr}, {"ack_leader", newL.AgentAddr}, {"verify_leader", oldL.AgentAddr},
+		{"ack_follower", newF.AgentAddr}, {"verify_follower", oldF.AgentAddr},
+	}
+	for _, tg := range targets {
+		runAgentLoad(b, tg.addr, 2*benchWorkers, reqs, answers) // warm up
+	}
+	res := make([][]loadResult, len(targets))
+	b.ResetTimer()
+	for range b.N {
+		for range ratioRounds {
+			for i, tg := range targets {
+				res[i] = append(res[i], runAgentLoadOf(b, tg.addr, ratioChecks, reqs, answers, i > 0))
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(failed(newL)-failed0[0], "ack_leader_failed_rounds")
+	b.ReportMetric(failed(oldL)-failed0[1], "verify_leader_failed_rounds")
+	bare := merge(res[0]...)
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	merged := make([]loadResult, len(targets))
+	for i, tg := range targets {
+		m := merge(res[i]...)
+		merged[i] = m
+		m.report(b, tg.name+"_")
+		if i == 0 {
+			continue
+		}
+		b.ReportMetric(m.rate()/bare.rate(), tg.name+"_throughput_ratio")
+		b.ReportMetric(us(m.quantile(0.50)-bare.quantile(0.50)), tg.name+"_added_p50_us")
+		b.ReportMetric(us(m.quantile(0.99)-bare.quantile(0.99)), tg.name+"_added_p99_us")
+		b.ReportMetric(float64(m.unanswered), tg.name+"_unanswered")
+	}
+	b.ReportMetric(us(merged[1].quantile(0.50)-merged[2].quantile(0.50)), "ack_vs_verify_leader_p50_us")
+	b.ReportMetric(us(merged[1].quantile(0.99)-merged[2].quantile(0.99)), "ack_vs_verify_leader_p99_us")
+	for i := range res[0] {
+		b.Logf("round %d: bare %.0f/s p50 %v p99 %v; ack leader %.0f/s p50 %v p99 %v; verify leader %.0f/s p50 %v p99 %v; ack follower %.0f/s; verify follower %.0f/s", i+1,
+			res[0][i].rate(), res[0][i].quantile(0.5), res[0][i].quantile(0.99), res[1][i].rate(), res[1][i].quantile(0.5), res[1][i].quantile(0.99),
+			res[2][i].rate(), res[2][i].quantile(0.5), res[2][i].quantile(0.99), res[3][i].rate(), res[4][i].rate())
+	}
+	b.Logf("base revision %s (VerifyLeader on the leader) beside this build (the ack round)", base)
+}
+
+// buildRevision builds cmd/hastate of the repository's revision rev (git
+// archive into a temporary directory; the module cache serves its
+// dependencies) and returns the binary.
+func buildRevision(tb testing.TB, rev string) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	var stderr strings.Builder
+	archive := exec.Command("git", "-C", "..", "archive", "--format=tar", rev)
+	archive.Stderr = &stderr
+	untar := exec.Command("tar", "-x", "-C", dir)
+	pipe, err := archive.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	untar.Stdin = pipe
+	if err := untar.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := archive.Run(); err != nil {
+		tb.Fatalf("git archive %s: %v: %s (set HASTATE_BENCH_BASE to a revision of this repository)", rev, err, stderr.String())
+	}
+	if err := untar.Wait(); err != nil {
+		tb.Fatalf("untar %s: %v", rev, err)
+	}
+	return testenv.BuildHastate(tb, dir)
 }

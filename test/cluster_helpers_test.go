@@ -68,8 +68,11 @@ func (h *Hastate) clusterInfo() (ClusterInfo, error) {
 // raftState reads hastate_raft_state from /-/metrics: "leader", "follower",
 // "candidate" or "shutdown". It is cheaper than /v1/cluster, which asks
 // every peer for its status.
-func (h *Hastate) raftState() (string, error) {
-	code, body, err := h.get("/-/metrics")
+func (h *Hastate) raftState() (string, error) { return h.raftStateWith(httpClient) }
+
+// raftStateWith is raftState with another client (a shorter timeout).
+func (h *Hastate) raftStateWith(c *http.Client) (string, error) {
+	code, body, err := h.getWith(c, "/-/metrics")
 	if err != nil {
 		return "", err
 	}

@@ -150,6 +150,11 @@ type LBOptions struct {
 	Inter      time.Duration // check interval
 	Fall, Rise int
 	Source     string // source address of the checks and the forwarded connections ("": any)
+	// Addrs, when set, gives replica i's agent and HTTP addresses as the
+	// load balancer reaches them (e.g. through fault links on 127.0.0.1;
+	// the health check goes to the HTTP address's port on the agent
+	// address's host). Nil: the replica's own.
+	Addrs func(i int) (agent, http string)
 }
 
 // writeAgentLB writes the `listen` section of the load balancer in front of
@@ -159,12 +164,16 @@ type LBOptions struct {
 func writeAgentLB(cfg *strings.Builder, addr string, replicas []*Hastate, o LBOptions) {
 	fmt.Fprintf(cfg, "\nlisten %s\n    bind %s\n    mode tcp\n    balance roundrobin\n    option httpchk GET /-/readiness\n", agentLBName, addr)
 	for i, r := range replicas {
-		_, httpPort, _ := net.SplitHostPort(r.HTTPAddr)
+		agent, httpAddr := r.AgentAddr, r.HTTPAddr
+		if o.Addrs != nil {
+			agent, httpAddr = o.Addrs(i)
+		}
+		_, httpPort, _ := net.SplitHostPort(httpAddr)
 		src := ""
 		if o.Source != "" {
 			src = " source " + o.Source
 		}
-		fmt.Fprintf(cfg, "    server %s %s check port %s inter %dms fall %d rise %d%s\n", lbServerName(i), r.AgentAddr, httpPort, o.Inter.Milliseconds(), o.Fall, o.Rise, src)
+		fmt.Fprintf(cfg, "    server %s %s check port %s inter %dms fall %d rise %d%s\n", lbServerName(i), agent, httpPort, o.Inter.Milliseconds(), o.Fall, o.Rise, src)
 	}
 }
 

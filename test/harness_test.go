@@ -304,8 +304,11 @@ func (h *Hastate) GetJSON(t testing.TB, path string, v any) {
 
 var httpClient = &http.Client{Timeout: 5 * time.Second}
 
-func (h *Hastate) get(path string) (int, []byte, error) {
-	resp, err := httpClient.Get("http://" + h.HTTPAddr + path)
+func (h *Hastate) get(path string) (int, []byte, error) { return h.getWith(httpClient, path) }
+
+// getWith is get with another client (a shorter timeout).
+func (h *Hastate) getWith(c *http.Client, path string) (int, []byte, error) {
+	resp, err := c.Get("http://" + h.HTTPAddr + path)
 	if err != nil {
 		return 0, nil, err
 	}

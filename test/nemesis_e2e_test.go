@@ -2,11 +2,14 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,23 +27,37 @@ import (
 // Jepsen: three replicas behind a real HAProxy load balancer (TCP,
 // health-checking /-/readiness), a real HAProxy fleet polling through it,
 // writes from the CLI and from the Consul API, HAProxy-like pollers
-// through the load balancer, and a seeded schedule of faults: SIGKILL,
-// SIGSTOP/SIGCONT, raft links cut, Consul killed. internal/history judges
-// what the pollers were told: no answer a key never held, no step back for
-// any poller (across keys and replicas, by Consul index), and every replica
-// and the fleet converged a bounded time after the last fault.
+// through the load balancer, and a seeded schedule of faults (package
+// nemesis): SIGKILL, SIGSTOP/SIGCONT, raft links cut, Consul killed, the
+// leader paused past the election timeout while a write is committed, a
+// follower's disk wiped (it rejoins from a snapshot) and then made leader,
+// a leadership hand-over, the load balancer cut from one replica.
+//
+// Judged: the whole history by porcupine (history.Linearizable: a register
+// per server; each write from its call until a replica was seen serving
+// it, pending when never seen; each answered check a read; no answer no
+// operation), plus internal/history's rules (no answer a key never held,
+// no step back for any poller) for their messages, and every replica and
+// the fleet converged a bounded time after the last fault. A failing
+// history is written as porcupine's HTML visualisation under
+// test/artifacts/ (or $HASTATE_ARTIFACTS); the seed is logged.
+//
+// Ramps are excluded, not modelled: the replicas run with
+// --ramp-duration 0, so a written weight is served as written.
 //
 //	HASTATE_NEMESIS_SEED=<n>        repeat a run's schedule (the seed is logged)
-//	HASTATE_NEMESIS_DURATION=10m    longer than the default (make soak)
-//	HASTATE_NEMESIS_SERVE_ARGS=...  extra `hastate serve` flags, e.g.
-//	                                --confirm-timeout=-1s (answers without
-//	                                confirmation: the checker must reject it)
+//	HASTATE_NEMESIS_SEEDS=<k>       run k seeds one after another (make soak)
+//	HASTATE_NEMESIS_DURATION=10m    of faults per seed, instead of 30s
+//	HASTATE_NEMESIS_SERVE_ARGS=...  extra `hastate serve` flags
 //	HASTATE_NEMESIS_REPLICAS=1      a control: one replica behind the load
 //	                                balancer (no raft links to cut) cannot
 //	                                step back, so any violation is the checker's
 
 const (
 	nemesisBackend = "be_nem"
+	// nemesisServers are written by the CLI and Consul writers (half
+	// each); one more, the last of r.servers, is written only by the
+	// long-pause fault.
 	nemesisServers = 8
 	// nemesisPollers is how many HAProxy-like pollers check through the
 	// load balancer, each one check at a time, 10ms apart.
@@ -50,6 +67,20 @@ const (
 	// written state: a restarted -race replica catching up, the load
 	// balancer's rise, the fleet's agent-inter, on two busy cores.
 	convergeBound = 30 * time.Second
+	// servedTimeout is how long a writer waits to see its write served
+	// (a replica's /v1/cluster kv.synced_index at or past it) before it
+	// counts as pending: it may take effect at any time after its call.
+	servedTimeout = 10 * time.Second
+	// minAnsweredPerSecond is the history's QPS floor: answered checks
+	// through the load balancer per second of polling, over the whole run;
+	// minServedWrites the writes seen served. A thinner history proves too
+	// little, and the run fails.
+	minAnsweredPerSecond = 40
+	minServedWrites      = 20
+	// nemesisSnapshotThreshold makes the replicas snapshot every 16
+	// entries and keep 64 after a snapshot (cluster: four snapshots'
+	// worth), so that a wiped replica rejoins from a snapshot.
+	nemesisSnapshotThreshold = 16
 )
 
 func TestE2ENemesis(t *testing.T) {
@@ -57,31 +88,55 @@ func TestE2ENemesis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := 60 * time.Second // of faults: with set-up and convergence about 2 minutes on two loaded cores
+	d := 30 * time.Second // of faults: with set-up, the wipe's wait and convergence about 80s on two loaded cores
 	if s := os.Getenv("HASTATE_NEMESIS_DURATION"); s != "" {
 		if d, err = time.ParseDuration(s); err != nil {
 			t.Fatalf("HASTATE_NEMESIS_DURATION=%q: %v", s, err)
 		}
 	}
-	plan := nemesis.Plan(seed, nemesis.Options{Duration: d})
-	t.Logf("nemesis seed %d (from HASTATE_NEMESIS_SEED: %v; rerun with HASTATE_NEMESIS_SEED=%d): %d faults over %s", seed, fromEnv, seed, len(plan), d)
 	replicas := 3
 	if s := os.Getenv("HASTATE_NEMESIS_REPLICAS"); s != "" {
 		if _, err := fmt.Sscan(s, &replicas); err != nil || replicas < 1 {
 			t.Fatalf("HASTATE_NEMESIS_REPLICAS=%q: want a number of replicas", s)
 		}
 	}
-	runNemesis(t, seed, replicas, plan)
+	seeds := 1
+	if s := os.Getenv("HASTATE_NEMESIS_SEEDS"); s != "" {
+		if _, err := fmt.Sscan(s, &seeds); err != nil || seeds < 1 {
+			t.Fatalf("HASTATE_NEMESIS_SEEDS=%q: want a number of seeds", s)
+		}
+	}
+	if seeds == 1 {
+		plan := nemesis.Plan(seed, nemesis.Options{Duration: d})
+		t.Logf("nemesis seed %d (from HASTATE_NEMESIS_SEED: %v; rerun with HASTATE_NEMESIS_SEED=%d): %d faults over %s", seed, fromEnv, seed, len(plan), d)
+		runNemesis(t, seed, replicas, plan)
+		return
+	}
+	var summary []string
+	for i := range seeds {
+		s := seed + uint64(i)
+		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
+			plan := nemesis.Plan(s, nemesis.Options{Duration: d})
+			t.Logf("nemesis seed %d (rerun with HASTATE_NEMESIS_SEED=%d): %d faults over %s", s, s, len(plan), d)
+			sum := runNemesis(t, s, replicas, plan)
+			summary = append(summary, fmt.Sprintf("seed %d: %s; failed %v", s, sum, t.Failed()))
+		})
+	}
+	t.Logf("figures: %d seeds of %s of faults:\n%s", seeds, d, strings.Join(summary, "\n"))
 }
 
-// TestE2EHistoryCheck is issue 23's history check: a fixed schedule of the
-// nemesis (the leader killed, a follower cut, Consul restarted) with
-// HAProxy-like pollers through the load balancer, judged by the same
-// checker.
+// TestE2EHistoryCheck is a fixed schedule of the nemesis (issue 23's
+// leader kill and follower cut, issue 33's long leader pause with a write,
+// a wiped follower that rejoins from a snapshot and is made leader, the
+// load balancer cut from a follower, Consul restarted), judged by the same
+// checks.
 func TestE2EHistoryCheck(t *testing.T) {
 	plan := []nemesis.Fault{
 		{Kind: nemesis.Kill, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: 3 * time.Second},
-		{Kind: nemesis.Cut, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 6 * time.Second},
+		{Kind: nemesis.PauseLong, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: nemesis.LongPause},
+		{Kind: nemesis.Wipe, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 2 * time.Second},
+		{Kind: nemesis.LBCut, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 3 * time.Second},
+		{Kind: nemesis.Cut, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 4 * time.Second},
 		{Kind: nemesis.Consul, Target: nemesis.None, Gap: 2 * time.Second, Hold: 3 * time.Second},
 	}
 	runNemesis(t, 1, 3, plan)
@@ -117,18 +172,44 @@ func (r *nemesisRun) fail(format string, args ...any) {
 	r.mu.Unlock()
 }
 
-func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
+// nemesisSummary is one run's figures, for make soak's table.
+type nemesisSummary struct {
+	Reads, Writes, Pending int
+	Violations             int
+	Linear                 string
+	LongestWithheld        time.Duration
+	WithheldDuring         string
+}
+
+func (s nemesisSummary) String() string {
+	return fmt.Sprintf("operations checked %d (%d reads, %d writes of which %d pending), violations %d (porcupine: %s), longest withheld stretch %s (%s)",
+		s.Reads+s.Writes, s.Reads, s.Writes, s.Pending, s.Violations, s.Linear, s.LongestWithheld.Round(time.Millisecond), s.WithheldDuring)
+}
+
+func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) nemesisSummary {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
-	hs := NewCluster(t, replicas, HastateOptions{ConsulAddr: consul.Addr(), Args: strings.Fields(os.Getenv("HASTATE_NEMESIS_SERVE_ARGS"))})
-	mesh := newRaftMesh(t, newFaultNet(), hs)
+	args := []string{"--snapshot-threshold", fmt.Sprint(nemesisSnapshotThreshold), "--snapshot-interval", "1s"}
+	args = append(args, strings.Fields(os.Getenv("HASTATE_NEMESIS_SERVE_ARGS"))...)
+	hs := NewCluster(t, replicas, HastateOptions{ConsulAddr: consul.Addr(), Args: args})
+	fnet := newFaultNet()
+	mesh := newRaftMesh(t, fnet, hs)
 	StartAll(t, hs...)
-	lb := StartAgentLB(t, hs, LBOptions{Inter: 500 * time.Millisecond, Fall: 2, Rise: 2})
+	// The load balancer reaches each replica through two links (agent
+	// port, health check port) that a fault cuts.
+	lbLinks := make([][2]*link, len(hs))
+	for i, h := range hs {
+		lbLinks[i] = [2]*link{fnet.Link(t, "lb-agent-"+h.NodeID, h.AgentAddr), fnet.Link(t, "lb-http-"+h.NodeID, h.HTTPAddr)}
+	}
+	lb := StartAgentLB(t, hs, LBOptions{Inter: 500 * time.Millisecond, Fall: 2, Rise: 2,
+		Addrs: func(i int) (string, string) { return lbLinks[i][0].Addr, lbLinks[i][1].Addr }})
 	be := Backend{Name: nemesisBackend}
 	r := &nemesisRun{consul: consul, kv: consul.Client(t).KV(), hs: hs, counts: map[string]int{}, pick: rand.New(rand.NewPCG(seed, 3))}
-	for i := range nemesisServers {
+	for i := range nemesisServers + 1 {
 		be.Servers = append(be.Servers, fmt.Sprintf("s%02d", i+1))
 		r.servers = append(r.servers, fmt.Sprintf("%s/s%02d", nemesisBackend, i+1))
 	}
+	faultServer := r.servers[nemesisServers]
+	faultKey := &keyState{}
 	fleet := StartHAProxy(t, lb.Frontend, be)
 	WaitLeader(t, 30*time.Second, hs...)
 
@@ -142,7 +223,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	// A failed wait below ends the test: the goroutines stop first.
 	defer stopPollers()
 	defer stopWriters()
-	half := len(r.servers) / 2
+	half := nemesisServers / 2
 	writers.Add(2)
 	go func() {
 		defer writers.Done()
@@ -150,8 +231,9 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	}()
 	go func() {
 		defer writers.Done()
-		r.consulWriter(rand.New(rand.NewPCG(seed, 2)), r.servers[half:], stopWrites)
+		r.consulWriter(rand.New(rand.NewPCG(seed, 2)), r.servers[half:nemesisServers], stopWrites)
 	}()
+	pollStart := time.Now()
 	for i := range nemesisPollers {
 		pollers.Add(1)
 		go func() {
@@ -168,11 +250,15 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 		from, till time.Time // from the fault's start until all replicas were ready again
 	}
 	var windows []window
+	var notes []string // what the faults did that the schedule does not say
 	began := time.Now()
 	var lastEnd time.Time
 	for i, f := range plan {
 		<-time.After(f.Gap)
 		h, what := r.target(t, f.Target)
+		if len(r.hs) == 1 && (f.Kind == nemesis.Wipe || f.Kind == nemesis.PauseLong || f.Kind == nemesis.Transfer) {
+			f.Kind = nemesis.Kill // one replica: nobody to take over or to rejoin from
+		}
 		injected := time.Now()
 		switch f.Kind {
 		case nemesis.Kill:
@@ -185,6 +271,20 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 			<-time.After(f.Hold)
 			lastEnd = time.Now()
 			h.Signal(t, syscall.SIGCONT)
+		case nemesis.PauseLong:
+			h.Signal(t, syscall.SIGSTOP)
+			// The others elect a leader and serve a write made meanwhile.
+			x, err := r.leaderAmong(others(r.hs, h), 15*time.Second)
+			if err == nil {
+				w := r.faultWrite(faultServer, faultKey, injected)
+				notes = append(notes, fmt.Sprintf("fault %d: %s led by %s while %s was stopped; wrote %s %q, served %v",
+					i+1, f.Kind, x.NodeID, h.NodeID, faultServer, w.Answer, !w.Ended.IsZero()))
+			} else {
+				notes = append(notes, fmt.Sprintf("fault %d: %s: no new leader while %s was stopped: %v", i+1, f.Kind, h.NodeID, err))
+			}
+			<-time.After(time.Until(injected.Add(f.Hold)))
+			lastEnd = time.Now()
+			h.Signal(t, syscall.SIGCONT)
 		case nemesis.Cut:
 			cut := mesh.Isolate(h)
 			<-time.After(f.Hold)
@@ -192,11 +292,47 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 			for _, l := range cut {
 				l.Heal(t)
 			}
+		case nemesis.LBCut:
+			ls := lbLinks[slices.Index(r.hs, h)]
+			for _, l := range ls {
+				l.Cut()
+			}
+			<-time.After(f.Hold)
+			lastEnd = time.Now()
+			for _, l := range ls {
+				l.Heal(t)
+			}
 		case nemesis.Consul:
 			consul.Kill()
 			<-time.After(f.Hold)
 			lastEnd = time.Now()
 			consul.Restart(t)
+		case nemesis.Transfer:
+			// SIGTERM: the leader hands leadership over, then exits.
+			h.Stop(t)
+			<-time.After(f.Hold)
+			lastEnd = time.Now()
+			h.Start(t)
+		case nemesis.Wipe:
+			h.Kill()
+			if err := os.RemoveAll(h.DataDir); err != nil {
+				t.Fatalf("wipe %s: %v", h.DataDir, err)
+			}
+			if err := os.MkdirAll(h.DataDir, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			<-time.After(f.Hold)
+			// Past the entries the others keep after a snapshot, so that
+			// the wiped replica rejoins from a snapshot.
+			commit := r.waitCommit(others(r.hs, h), 6*nemesisSnapshotThreshold, 60*time.Second)
+			lastEnd = time.Now()
+			h.Start(t)
+			h.WaitReady(t)
+			installed := h.LogContains(t, "Installed remote snapshot")
+			made, cycles := r.makeLeader(t, h)
+			lastEnd = time.Now()
+			notes = append(notes, fmt.Sprintf("fault %d: %s %s: rejoined at commit index %d from a snapshot %v; made leader %v after %d hand-overs",
+				i+1, f.Kind, h.NodeID, commit, installed, made, cycles))
 		}
 		faults[f.Kind]++
 		for _, x := range hs {
@@ -226,6 +362,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 		<-time.After(200 * time.Millisecond)
 	}
 	stopPollers()
+	pollFor := time.Since(pollStart)
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -235,11 +372,22 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	for _, e := range r.cliErrs {
 		t.Logf("a failed write (during a fault): %s", e)
 	}
+	for _, n := range notes {
+		t.Logf("%s", n)
+	}
 	violations := model.Check(r.answers)
 	violations = append(violations, model.CheckConverged(nodeIDs(hs), samples, deadline)...)
 	if fleetAt.IsZero() || fleetAt.After(deadline) {
 		violations = append(violations, history.Violation{Kind: history.NotConverged, Answer: history.Answer{Poller: "haproxy fleet"},
 			Detail: fmt.Sprintf("show stat not as written by the deadline: %s", fleetLast)})
+	}
+	during := func(at time.Time) string {
+		for _, w := range windows {
+			if !at.Before(w.from) && !at.After(w.till) {
+				return string(w.kind)
+			}
+		}
+		return "no fault"
 	}
 	judged, byKind, byFault := 0, map[history.Kind]int{}, map[string]int{}
 	for _, a := range r.answers {
@@ -249,13 +397,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	}
 	for i, v := range violations {
 		byKind[v.Kind]++
-		during := "no fault"
-		for _, w := range windows {
-			if !v.Answer.Began.Before(w.from) && !v.Answer.Began.After(w.till) {
-				during = string(w.kind)
-			}
-		}
-		byFault[during]++
+		byFault[during(v.Answer.Began)]++
 		if i < 20 {
 			t.Errorf("violation: %s", v)
 		}
@@ -263,11 +405,179 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) {
 	if len(violations) > 20 {
 		t.Errorf("... and %d more violations", len(violations)-20)
 	}
-	t.Logf("figures: seed %d: faults %d %v over %s; writes %d recorded (cli %d ok, %d failed; consul api %d ok, %d failed); checks through the load balancer %d, judged %d, unanswered %d; violations %d %v, by the fault they fell in (from its start until all replicas were ready again) %v",
-		seed, len(plan), faults, writesDone.Sub(began).Round(time.Second), len(r.writes), r.counts["cli"], r.counts["cli failed"], r.counts["consul"], r.counts["consul failed"],
-		len(r.answers), judged, len(r.answers)-judged, len(violations), byKind, byFault)
+
+	// The verdict on the whole history, in real time across pollers.
+	lin := history.Linearizable(r.writes, r.answers, 3*time.Minute)
+	if !lin.Ok() {
+		dir, err := history.ArtifactsDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, fmt.Sprintf("%s-seed-%d.html", strings.ReplaceAll(t.Name(), "/", "_"), seed))
+		if err := lin.Visualize(path); err != nil {
+			t.Errorf("visualise the history: %v", err)
+		}
+		t.Errorf("seed %d: the history is not linearizable: %s; porcupine's visualisation: %s (rerun with HASTATE_NEMESIS_SEED=%d)", seed, lin, path, seed)
+	}
+	longest, longestAt := longestWithheld(r.answers, pollStart)
+	overlapping := "no fault"
+	for _, w := range windows {
+		if !longestAt.Add(longest).Before(w.from) && !longestAt.After(w.till) {
+			overlapping = string(w.kind)
+			break
+		}
+	}
+	sum := nemesisSummary{Reads: lin.Reads, Writes: lin.Writes, Pending: lin.Pending, Violations: len(violations) + len(lin.Failing),
+		Linear: string(lin.Result), LongestWithheld: longest, WithheldDuring: fmt.Sprintf("from +%s, overlapping %s", longestAt.Sub(began).Round(time.Second), overlapping)}
+
+	// The QPS floor: a thin history proves little.
+	if rate := float64(judged) / pollFor.Seconds(); rate < minAnsweredPerSecond {
+		t.Errorf("the history is too thin: %d answered checks in %s (%.1f/s), below the floor of %d/s", judged, pollFor.Round(time.Second), rate, minAnsweredPerSecond)
+	}
+	if served := lin.Writes - lin.Pending; served < minServedWrites {
+		t.Errorf("the history is too thin: %d writes seen served, below the floor of %d", served, minServedWrites)
+	}
+	t.Logf("figures: seed %d: faults %d %v over %s; writes %d recorded (cli %d ok, %d failed; consul api %d ok, %d failed; %d pending: never seen served); checks through the load balancer %d, judged %d (%.1f/s), unanswered %d; violations %d %v, by the fault they fell in (from its start until all replicas were ready again) %v",
+		seed, len(plan), faults, writesDone.Sub(began).Round(time.Second), len(r.writes), r.counts["cli"], r.counts["cli failed"], r.counts["consul"], r.counts["consul failed"], lin.Pending,
+		len(r.answers), judged, float64(judged)/pollFor.Seconds(), len(r.answers)-judged, len(violations), byKind, byFault)
+	t.Logf("figures: seed %d: linearizability (porcupine): %s", seed, lin)
+	t.Logf("figures: seed %d: %s", seed, sum)
 	t.Logf("figures: converged: replicas %s after the last fault ended, fleet %s (bound %s after the later of the last fault and the last write)",
 		sinceOrNever(convergedAt, lastEnd), sinceOrNever(fleetAt, lastEnd), convergeBound)
+	return sum
+}
+
+// longestWithheld is the longest stretch, from the start of polling, with
+// no answered check through the load balancer (every poller told nothing),
+// and when it began.
+func longestWithheld(answers []history.Answer, from time.Time) (time.Duration, time.Time) {
+	var ends []time.Time
+	for _, a := range answers {
+		if a.Line != "" {
+			ends = append(ends, a.Ended)
+		}
+	}
+	slices.SortFunc(ends, time.Time.Compare)
+	var longest time.Duration
+	at, last := from, from
+	for _, e := range ends {
+		if d := e.Sub(last); d > longest {
+			longest, at = d, last
+		}
+		last = e
+	}
+	return longest, at
+}
+
+// quickClient asks replicas during faults: a stopped one must not hold a
+// writer for long. /v1/cluster asks every peer for its status (a stopped
+// one for up to 1s), so it gets 3s; /-/metrics answers at once.
+var (
+	quickClient   = &http.Client{Timeout: time.Second}
+	clusterClient = &http.Client{Timeout: 3 * time.Second}
+)
+
+// quickCluster is /v1/cluster with clusterClient.
+func quickCluster(h *Hastate) (ClusterInfo, error) {
+	var c ClusterInfo
+	code, body, err := h.getWith(clusterClient, "/v1/cluster")
+	if err != nil {
+		return c, err
+	}
+	if code != http.StatusOK {
+		return c, fmt.Errorf("GET /v1/cluster: HTTP %d", code)
+	}
+	return c, json.Unmarshal(body, &c)
+}
+
+// served waits until a replica serves Consul index index of the prefix
+// (its kv.synced_index: a follower's applied mirror, a leader's watch
+// once applied, so the raft entry holding it is committed), at most
+// servedTimeout, and returns when it saw that (zero: not seen, pending).
+func (r *nemesisRun) served(index uint64) time.Time {
+	deadline := time.Now().Add(servedTimeout)
+	for time.Now().Before(deadline) {
+		seen := make(chan bool, len(r.hs))
+		for _, h := range r.hs {
+			go func() {
+				ci, err := quickCluster(h)
+				seen <- err == nil && ci.KV.SyncedIndex >= index
+			}()
+		}
+		ok := false
+		for range r.hs {
+			ok = <-seen || ok
+		}
+		if ok {
+			return time.Now()
+		}
+		<-time.After(25 * time.Millisecond)
+	}
+	return time.Time{}
+}
+
+// leaderAmong waits until one of hs says it leads (quickly: a stopped
+// replica is not among them) and returns it.
+func (r *nemesisRun) leaderAmong(hs []*Hastate, timeout time.Duration) (*Hastate, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, h := range hs {
+			if st, err := h.raftStateWith(quickClient); err == nil && st == "leader" {
+				return h, nil
+			}
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("none of %v led within %s", nodeIDs(hs), timeout)
+}
+
+// waitCommit waits until one of hs knows at least n entries committed
+// (at most timeout) and returns the highest commit index seen.
+func (r *nemesisRun) waitCommit(hs []*Hastate, n uint64, timeout time.Duration) uint64 {
+	deadline := time.Now().Add(timeout)
+	var best uint64
+	for time.Now().Before(deadline) {
+		for _, h := range hs {
+			if ci, err := quickCluster(h); err == nil {
+				best = max(best, ci.CommitIndex)
+			}
+		}
+		if best >= n {
+			return best
+		}
+		<-time.After(200 * time.Millisecond)
+	}
+	return best
+}
+
+// makeLeader hands leadership over (SIGTERM of the leader, which transfers
+// it before it exits, then started again) until h leads, at most 6 times;
+// it reports whether h leads and how many hand-overs it took.
+func (r *nemesisRun) makeLeader(t *testing.T, h *Hastate) (bool, int) {
+	for cycle := range 6 {
+		l := WaitLeader(t, 30*time.Second, r.hs...)
+		if l == h {
+			return true, cycle
+		}
+		l.Stop(t)
+		l.Start(t)
+		l.WaitReady(t)
+	}
+	return WaitLeader(t, 30*time.Second, r.hs...) == h, 6
+}
+
+// faultWrite is the long pause's write: the other value of server than its
+// last (drain or ready) through the Consul API, learned and waited for
+// like the writers' writes.
+func (r *nemesisRun) faultWrite(server string, last *keyState, began time.Time) history.Write {
+	value := "drain"
+	if last.present {
+		value = "ready"
+	}
+	if _, err := r.kv.Put(&api.KVPair{Key: stateKey(server), Value: []byte(value)}, nil); err != nil {
+		r.count("fault write failed")
+	}
+	return r.learn(server, began, "fault", last)
 }
 
 func sinceOrNever(at, from time.Time) string {
@@ -295,10 +605,11 @@ func (r *nemesisRun) target(t *testing.T, role nemesis.Target) (*Hastate, string
 	return h, " " + h.NodeID + " (follower)"
 }
 
-// record appends a write found in Consul for server after a writer's
-// attempt, if the key changed. last is the writer's previous knowledge of
-// the key (index 0: absent).
-func (r *nemesisRun) learn(server string, began time.Time, by string, last *keyState) {
+// learn appends a write found in Consul for server after a writer's
+// attempt, if the key changed, once it was seen served (or servedTimeout
+// passed: then pending), and returns it (zero when nothing was written).
+// last is the writer's previous knowledge of the key (index 0: absent).
+func (r *nemesisRun) learn(server string, began time.Time, by string, last *keyState) history.Write {
 	giveUp := time.Now().Add(60 * time.Second)
 	for {
 		pair, meta, err := r.kv.Get(stateKey(server), &api.QueryOptions{RequireConsistent: true})
@@ -306,7 +617,7 @@ func (r *nemesisRun) learn(server string, began time.Time, by string, last *keyS
 			// Consul is down (a fault): ask again once it is back.
 			if time.Now().After(giveUp) {
 				r.fail("%s: could not read %s back from Consul: %v", by, server, err)
-				return
+				return history.Write{}
 			}
 			<-time.After(200 * time.Millisecond)
 			continue
@@ -319,22 +630,23 @@ func (r *nemesisRun) learn(server string, began time.Time, by string, last *keyS
 			w.Answer, w.Index, w.MaxIndex = history.Absent, last.index+1, meta.LastIndex
 			last.present = false
 		case pair == nil:
-			return // still absent
+			return history.Write{} // still absent
 		case last.present && pair.ModifyIndex == last.index:
-			return // not written
+			return history.Write{} // not written
 		default:
 			a, ok := history.AnswerFor(string(pair.Value))
 			if !ok {
 				r.fail("%s wrote %q to %s: not a value the checker knows", by, pair.Value, server)
-				return
+				return history.Write{}
 			}
 			w.Answer, w.Index = a, pair.ModifyIndex
 			last.present, last.index = true, pair.ModifyIndex
 		}
+		w.Ended = r.served(max(w.Index, w.MaxIndex))
 		r.mu.Lock()
 		r.writes = append(r.writes, w)
 		r.mu.Unlock()
-		return
+		return w
 	}
 }
 

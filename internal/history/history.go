@@ -28,6 +28,12 @@
 //     does not answer a key's last value by the deadline, or stops doing so
 //     after it did.
 //
+// These rules explain each wrong answer in Consul's terms. The verdict on
+// the whole history in real time, across pollers, is Linearizable
+// (linear.go: porcupine, a register per server): it also rejects a poller
+// told an older value after another poller was told a newer one, or after
+// a write had been served, which these rules cannot express.
+//
 // Ramps are out of this model (the test runs with --ramp-duration 0): a
 // ramp's weight is a leader's raft entry, not a Consul write.
 package history
@@ -55,9 +61,11 @@ type Write struct {
 	// MaxIndex the highest it can be (0: exactly Index).
 	Index, MaxIndex uint64
 	// Began is when the writer started it: an answer that had arrived
-	// before cannot show it.
-	Began time.Time
-	By    string // who wrote it ("cli", "consul"), for messages
+	// before cannot show it. Ended is when it was known to be served (the
+	// cluster held it); zero: not known (timed out, never seen served),
+	// so it may take effect at any time after Began (Linearizable).
+	Began, Ended time.Time
+	By           string // who wrote it ("cli", "consul"), for messages
 }
 
 func (w Write) hi() uint64 { return max(w.Index, w.MaxIndex) }

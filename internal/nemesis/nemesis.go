@@ -19,10 +19,32 @@ const (
 	Pause  Kind = "pause"  // SIGSTOP a replica; SIGCONT when the fault ends
 	Cut    Kind = "cut"    // cut every raft link from and to a replica; heal them when the fault ends
 	Consul Kind = "consul" // SIGKILL Consul; start it again (same data) when the fault ends
+	// PauseLong: SIGSTOP the leader for longer than the election timeout
+	// (at least LongPause) and commit a write meanwhile (the others elect a
+	// new leader and serve it); SIGCONT when the fault ends. The resumed
+	// leader must not answer from before that write (issue 33).
+	PauseLong Kind = "pause-long"
+	// Wipe: SIGKILL a follower and remove its data directory; start it
+	// empty once the others have moved on (it rejoins from the leader's
+	// snapshot), then make it leader by leadership transfer.
+	Wipe Kind = "wipe"
+	// Transfer: the leader hands leadership over (SIGTERM: a rolling
+	// restart's shutdown transfers it) and is started again when the
+	// fault ends.
+	Transfer Kind = "transfer"
+	// LBCut: cut the load balancer's links (agent and health check) to a
+	// replica; heal them when the fault ends. The replica stays in the
+	// cluster.
+	LBCut Kind = "lb-cut"
 )
 
-// Kinds are the kinds Plan draws from, equally likely.
-var Kinds = []Kind{Kill, Pause, Cut, Consul}
+// Kinds are the kinds Plan draws from, equally likely. (A Consul token
+// revoked and restored is not among them yet: it is the ACL work's.)
+var Kinds = []Kind{Kill, Pause, Cut, Consul, PauseLong, Wipe, Transfer, LBCut}
+
+// LongPause is the shortest hold of a PauseLong fault: above the replicas'
+// election timeout (1s) and a -race election on two busy cores.
+const LongPause = 3 * time.Second
 
 // Target says which replica a fault hits. The roles are resolved when the
 // fault starts (which replica leads depends on the run).
@@ -51,6 +73,9 @@ func (f Fault) String() string {
 }
 
 // Options bound a schedule.
+//
+// The seed decides the kinds, targets, gaps and holds; which replica a
+// role is, and what else happens (an election's outcome), is the run's.
 type Options struct {
 	// Duration is the sum of the gaps and holds to fill, at least.
 	Duration time.Duration
@@ -75,8 +100,17 @@ func Plan(seed uint64, o Options) []Fault {
 	var total time.Duration
 	for total < o.Duration {
 		f := Fault{Kind: Kinds[r.IntN(len(Kinds))], Gap: between(o.MinGap, o.MaxGap), Hold: between(o.MinHold, o.MaxHold)}
-		if f.Kind != Consul {
-			f.Target = []Target{Leader, Follower}[r.IntN(2)]
+		target := []Target{Leader, Follower}[r.IntN(2)]
+		switch f.Kind {
+		case Consul:
+		case PauseLong:
+			f.Target, f.Hold = Leader, max(f.Hold, LongPause)
+		case Transfer:
+			f.Target = Leader
+		case Wipe:
+			f.Target = Follower
+		default:
+			f.Target = target
 		}
 		out = append(out, f)
 		total += f.Gap + f.Hold

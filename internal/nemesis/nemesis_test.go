@@ -7,7 +7,7 @@ import (
 )
 
 func TestPlanRepeatsForASeed(t *testing.T) {
-	o := Options{Duration: 2 * time.Minute}
+	o := Options{Duration: 4 * time.Minute}
 	a, b := Plan(42, o), Plan(42, o)
 	if !slices.Equal(a, b) {
 		t.Fatalf("seed 42 gave two schedules:\n%v\n%v", a, b)
@@ -23,6 +23,20 @@ func TestPlanRepeatsForASeed(t *testing.T) {
 		if f.Hold < time.Second || f.Hold > 6*time.Second || f.Gap < time.Second || f.Gap > 3*time.Second {
 			t.Errorf("%v: outside the default bounds", f)
 		}
+		switch f.Kind {
+		case PauseLong:
+			if f.Target != Leader || f.Hold < LongPause {
+				t.Errorf("%v: a long pause is of the leader, for %s at least", f, LongPause)
+			}
+		case Transfer:
+			if f.Target != Leader {
+				t.Errorf("%v: a transfer is the leader's", f)
+			}
+		case Wipe:
+			if f.Target != Follower {
+				t.Errorf("%v: a wipe is a follower's", f)
+			}
+		}
 		if (f.Kind == Consul) != (f.Target == None) {
 			t.Errorf("%v: a replica fault needs a target, a Consul fault has none", f)
 		}
@@ -31,7 +45,7 @@ func TestPlanRepeatsForASeed(t *testing.T) {
 		t.Errorf("schedule fills %s, want %s (plus one fault at most)", total, o.Duration)
 	}
 	if len(seen) != len(Kinds) {
-		t.Errorf("two minutes of faults drew only %v", seen)
+		t.Errorf("four minutes of faults drew only %v", seen)
 	}
 }
 
