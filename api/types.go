@@ -211,6 +211,42 @@ type KVView struct {
 	// Warning says what is wrong, e.g. "Consul not synced for 42s"; empty
 	// when the sync is current.
 	Warning string `json:"warning,omitempty"`
+	// TokenProblem is set while the leader's Consul token may not read
+	// the prefix: the leader applies nothing (it holds the last state).
+	TokenProblem *TokenProblem `json:"token_problem,omitempty"`
+}
+
+// TokenProblem is a Consul token that may not read what the mirror needs:
+// Consul refused it (403) a direct read under the prefix or the listing.
+// Consul hides what a token may not read (for the anonymous token it lists
+// the prefix as empty and does not say so), so until the token is proven
+// able to read, an empty or shrunken listing is not applied.
+type TokenProblem struct {
+	Prefix string `json:"prefix"`
+	// AccessorID names the token (never its secret); Consul's anonymous
+	// token, used when none is set, is 00000000-0000-0000-0000-000000000002.
+	// "" when Consul has not named it (a deleted token).
+	AccessorID string `json:"accessor_id"`
+	// Refused is what Consul refused: "read hastate/meta/", "list hastate/".
+	Refused string `json:"refused"`
+	// Error is Consul's answer.
+	Error string    `json:"error"`
+	Since time.Time `json:"since"`
+}
+
+func (p *TokenProblem) String() string {
+	acc := p.AccessorID
+	switch acc {
+	case "":
+		acc = "accessor unknown: Consul does not know the token (deleted?)"
+	case "00000000-0000-0000-0000-000000000002":
+		acc = "anonymous: no token set"
+	default:
+		acc = "accessor " + acc
+	}
+	return fmt.Sprintf("the Consul token cannot read %s (%s): Consul refused to %s (%s); "+
+		"give it key_prefix %q { policy = \"list\" } or fix --consul-token-file / CONSUL_HTTP_TOKEN(_FILE) (docs/runbook.md, Consul token)",
+		p.Prefix, acc, p.Refused, p.Error, p.Prefix)
 }
 
 // KVStatus is the "kv" object of /-/readiness and /v1/state: the cluster's
@@ -255,6 +291,8 @@ type WatchStatus struct {
 	FailingSince      time.Time `json:"failing_since,omitzero"`
 	// Reachable is true when the last Consul read succeeded.
 	Reachable bool `json:"reachable"`
+	// TokenProblem is set while the watch's token may not read the prefix.
+	TokenProblem *TokenProblem `json:"token_problem,omitempty"`
 }
 
 // ClusterInfo is the /v1/cluster body: a replica's view of the cluster.

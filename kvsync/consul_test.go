@@ -484,6 +484,13 @@ func TestWatcherReadsUnorderedListingsInFull(t *testing.T) {
 	ordered := "[" + pair("state/web/a", "drain") + "," + pair("state/web/b", "maint") + "]"
 	unordered := "[" + pair("state/web/c", "drain") + "," + pair("state/web/a", "ready") + "]"
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if !r.URL.Query().Has("recurse") {
+			// CheckRead's direct reads (the unordered read removes
+			// state/web/b): the token may read, nothing there.
+			rw.Header().Set("X-Consul-Index", "10")
+			rw.WriteHeader(http.StatusNotFound)
+			return
+		}
 		rw.Header().Set("Content-Type", "application/json")
 		switch r.URL.Query().Get("index") {
 		case "", "0":

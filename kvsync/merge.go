@@ -103,6 +103,8 @@ type listing struct {
 	// changed lists the keys set, added or deleted against the held read
 	// it was compared with (nil when there was none).
 	changed []string
+	// removes: the read lacks keys the held read has.
+	removes bool
 }
 
 // walkFunc walks a listing: it calls f with the relative key and the value
@@ -154,10 +156,12 @@ func mergeListing(walk walkFunc, last held) (listing, error) {
 		return listing{count: n, unchanged: true}, nil
 	}
 	changed := make([]string, len(edits))
+	removes := false
 	for i, e := range edits {
 		changed[i] = e.key
+		removes = removes || e.op == editDel
 	}
-	return listing{count: n, edits: edits, changed: changed}, nil
+	return listing{count: n, edits: edits, changed: changed, removes: removes}, nil
 }
 
 // readListing reads a listing in full into a new held read, and compares
@@ -222,6 +226,7 @@ func compared(h held, last map[string]string) listing {
 	for k := range last {
 		if _, ok := h.kv[k]; !ok {
 			l.changed = append(l.changed, k)
+			l.removes = true
 		}
 	}
 	if len(l.changed) == 0 {

@@ -53,6 +53,9 @@ type Options struct {
 	Logger *zap.Logger
 	// Metrics; nil uses a private, unregistered set.
 	Metrics *Metrics
+	// Token is the token Client sends (NewTokenClient), for its accessor
+	// ID in errors and status; nil names no accessor.
+	Token *Token
 
 	// WaitTime is the blocking-query wait; 0 means DefaultWaitTime.
 	// Consul caps it at 10 minutes.

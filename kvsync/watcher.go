@@ -131,6 +131,22 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case l.unchanged:
 			index = got // the index moved, the data did not
 		default:
+			if last.kv == nil || l.count == 0 || l.removes {
+				// Consul leaves out what the token may not read, and says
+				// so only for some tokens: an empty listing, one that
+				// removes keys, or a first one (it may remove what raft
+				// holds) is applied only once the token is proven able
+				// to read the prefix. Until then the Sink keeps its state.
+				if err := CheckRead(ctx, w.o.Client, w.o.Prefix, w.accessor()); err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					failures, since = w.failed(failures, since, index,
+						fmt.Errorf("consul: %d keys listed at index %d, not applied: %w", l.count, got, err), true)
+					wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
+					continue
+				}
+			}
 			r := state.KVRead{Index: got, KV: l.full.kv}
 			if l.edits != nil {
 				// The held map becomes the read; its keys follow once
@@ -203,6 +219,11 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 		c, meta, err = list()
 	}
 	switch {
+	case refused(err):
+		// 403: with acl.enable_key_list_policy a listing the token may
+		// not make; for any token that Consul does not know.
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix,
+			&TokenError{Prefix: w.o.Prefix, AccessorID: w.accessor(), Refused: "list " + w.o.Prefix, Err: err})
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return 0, listing{}, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
 	case err != nil:
@@ -212,7 +233,8 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 	case meta.ResultsFilteredByACLs:
 		// Applying a partial read would clear the states the token
 		// cannot see.
-		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errFilteredByACLs)
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix,
+			&TokenError{Prefix: w.o.Prefix, AccessorID: w.accessor(), Refused: "read every key under " + w.o.Prefix, Err: errFilteredByACLs})
 	}
 	if !c.done {
 		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errNotNewClient)
@@ -234,7 +256,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 // errNotNewClient: the listing did not pass through listingTransport.
 var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewClient, which reads the listing (build it with NewClient)")
 
-var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix, refusing a partial read")
+var errFilteredByACLs = errors.New("Consul left keys out of the listing that the token may not read (X-Consul-Results-Filtered-By-ACLs), refusing a partial read")
 
 // failed records a failed attempt, logs one line for it and returns the new
 // streak. consul tells a Consul failure from a Sink one.
@@ -245,11 +267,21 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	}
 	now := w.o.Now()
 	w.m.errors.Inc()
+	var te *TokenError
 	w.mu.Lock()
 	w.st.LastError, w.st.LastErrorTime, w.st.ConsecutiveErrors = err.Error(), now, failures
 	if failures == 1 {
 		w.st.FailingSince = now
 	}
+	if errors.As(err, &te) {
+		since := now
+		if p := w.st.TokenProblem; p != nil {
+			since = p.Since
+		}
+		w.st.TokenProblem = te.Problem(since)
+	}
+	// Otherwise a token problem stands until a read succeeds: Consul
+	// could not be asked, or the Sink refused.
 	if consul {
 		w.st.Reachable = false
 	}
@@ -275,7 +307,10 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 // consulHint says what an operator should check for err.
 func consulHint(err error) string {
 	var se consul.StatusError
+	var te *TokenError
 	switch {
+	case errors.As(err, &te):
+		return "holding the last state until the token may read the prefix (check CONSUL_HTTP_TOKEN / --consul-token-file and the token's policy)"
 	case errors.Is(err, errFilteredByACLs):
 		return "give the token (CONSUL_HTTP_TOKEN) key_prefix read on the whole prefix"
 	case errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
@@ -287,12 +322,21 @@ func consulHint(err error) string {
 	}
 }
 
+// accessor names the token the Watcher's client sends ("" unknown).
+func (w *Watcher) accessor() string {
+	if w.o.Token == nil {
+		return ""
+	}
+	return w.o.Token.AccessorID()
+}
+
 // succeeded records that the Sink holds Consul's content at index.
 func (w *Watcher) succeeded(index uint64) {
 	now := w.o.Now()
 	w.m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
 	w.mu.Lock()
 	w.st.LastSuccess, w.st.ConsecutiveErrors, w.st.FailingSince = now, 0, time.Time{}
+	w.st.TokenProblem = nil
 	w.st.SyncedIndex = index
 	w.mu.Unlock()
 }

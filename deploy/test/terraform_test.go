@@ -71,7 +71,9 @@ func TestTerraformVariablesTypedAndDescribed(t *testing.T) {
 
 // The shipped policies, rendered for a prefix as Terraform renders them,
 // are exactly these rules. The read policy lets the replicas mirror the
-// prefix and read their agent's datacenter; the writer also writes state/,
+// prefix ("list": read, and the recursive read that
+// acl.enable_key_list_policy asks for separately) and read their agent's
+// datacenter; the writer also writes state/,
 // meta/ (every CLI write writes the meta key in the same transaction) and
 // config/ (ramp policy, migration marker). That each rule is enough, and
 // needed, is shown against a real Consul with ACLs on by the e2e tests
@@ -79,12 +81,12 @@ func TestTerraformVariablesTypedAndDescribed(t *testing.T) {
 func TestTerraformPoliciesGrantExactly(t *testing.T) {
 	for _, prefix := range []string{"hastate/", "gitlab-haproxy-agent/"} {
 		got := consulRules(t, "hastate", prefix)
-		want := []rule{{"key_prefix", prefix, "read"}, {"agent_prefix", "", "read"}}
+		want := []rule{{"key_prefix", prefix, "list"}, {"agent_prefix", "", "read"}}
 		if !slices.Equal(got, want) {
 			t.Errorf("hastate (read) policy for %s = %v, want %v", prefix, got, want)
 		}
 		got = consulRules(t, "writer", prefix)
-		want = []rule{{"key_prefix", prefix, "read"}, {"key_prefix", prefix + "state/", "write"},
+		want = []rule{{"key_prefix", prefix, "list"}, {"key_prefix", prefix + "state/", "write"},
 			{"key_prefix", prefix + "meta/", "write"}, {"key_prefix", prefix + "config/", "write"}, {"agent_prefix", "", "read"}}
 		if !slices.Equal(got, want) {
 			t.Errorf("writer policy for %s = %v, want %v", prefix, got, want)
