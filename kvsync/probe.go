@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	hapi "github.com/hastate/hastate/api"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
@@ -33,6 +34,10 @@ type ProbeHealth struct {
 	// Checked is when the last check ended, LastOK when the last
 	// successful one did.
 	Checked, LastOK time.Time
+	// Verdict is the mirror verdict of the last check: api.MirrorOK when
+	// it succeeded, else why this replica could not mirror (Consul
+	// unreachable, not Consul, the token), with the error as its detail.
+	Verdict hapi.MirrorVerdict
 }
 
 // ProbeOptions configure a Probe. Client and Prefix are required.
@@ -99,12 +104,15 @@ func (p *Probe) check(ctx context.Context) {
 			p.o.Logger.Info("Consul reachable again from this replica", zap.Duration("was_down_for", now.Sub(h.FailingSince).Round(time.Millisecond)))
 		}
 		h.Reachable, h.FailingSince, h.LastOK = true, time.Time{}, now
+		h.Verdict = hapi.MirrorVerdict{Reason: hapi.MirrorOK}
 		p.reachable.Set(1)
+		return
 	case h.Reachable || h.FailingSince.IsZero():
 		p.o.Logger.Warn("Consul not reachable from this replica (check CONSUL_HTTP_ADDR / --consul-addr, TLS and token)", zap.Error(err))
 		h.Reachable, h.FailingSince = false, now
 		p.reachable.Set(0)
 	}
+	h.Verdict = hapi.MirrorVerdict{Reason: MirrorReasonOf(err), Detail: err.Error() + "; " + consulHint(err), Since: h.FailingSince}
 }
 
 // Health reports the checks so far.

@@ -11,6 +11,7 @@ import (
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
+
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
@@ -234,6 +235,11 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 // errNotNewClient: the listing did not pass through listingTransport.
 var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewClient, which reads the listing (build it with NewClient)")
 
+// errNotConsul: the answer lacks what every Consul KV answer carries (see
+// checkConsulHeaders); what answered is a proxy, a load balancer or
+// another service, and its "nothing here" proves nothing.
+var errNotConsul = errors.New("the answer is not Consul's")
+
 var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix, refusing a partial read")
 
 // failed records a failed attempt, logs one line for it and returns the new
@@ -272,10 +278,27 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	return failures, since
 }
 
+// MirrorReasonOf types a failed read of Consul for the mirror verdict:
+// an answer that is not Consul's (errNotConsul) or one the token could not
+// vouch for (errFilteredByACLs, 401, 403) has its own reason; anything
+// else is Consul unreachable.
+func MirrorReasonOf(err error) api.MirrorReason {
+	var se consul.StatusError
+	switch {
+	case errors.Is(err, errNotConsul):
+		return api.MirrorNotConsul
+	case errors.Is(err, errFilteredByACLs), errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
+		return api.MirrorTokenCannotRead
+	}
+	return api.MirrorConsulUnreachable
+}
+
 // consulHint says what an operator should check for err.
 func consulHint(err error) string {
 	var se consul.StatusError
 	switch {
+	case errors.Is(err, errNotConsul):
+		return "what answers at CONSUL_HTTP_ADDR / --consul-addr is not Consul's KV endpoint (a proxy, a load balancer without a route, another service): point it at a Consul agent"
 	case errors.Is(err, errFilteredByACLs):
 		return "give the token (CONSUL_HTTP_TOKEN) key_prefix read on the whole prefix"
 	case errors.As(err, &se) && (se.Code == 401 || se.Code == 403):

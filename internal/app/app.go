@@ -427,7 +427,7 @@ func (a *App) sweepPollers(ctx context.Context) {
 // SyncedAt fresh while the watch waits and what notices a dead Consul fast.
 func (a *App) consulHealth() cluster.ConsulHealth {
 	p := a.probe.Health()
-	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked}
+	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p)}
 	w := a.watcher.Load()
 	if w == nil {
 		return h
@@ -448,6 +448,16 @@ func (a *App) consulHealth() cluster.ConsulHealth {
 		}
 	}
 	return h
+}
+
+// mirrorVerdict is this replica's answer to "could it mirror Consul into
+// raft?" (api.MirrorReason): the probe's verdict (Consul unreachable, not
+// Consul, the token) first, since nothing else can be known without it.
+func (a *App) mirrorVerdict(p kvsync.ProbeHealth) api.MirrorVerdict {
+	if p.Verdict.Reason == "" {
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Detail: "not checked yet"}
+	}
+	return p.Verdict
 }
 
 // AgentAddr and HTTPAddr are the bound addresses (useful with port 0).
