@@ -181,3 +181,10 @@ func orNone(s string) string {
 	}
 	return s
 }
+
+// MirrorError is an error that carries a mirror verdict: the cluster's
+// refusal to apply a read from another cluster or prefix, so that the
+// watch that got it reports the reason, not only its text.
+type MirrorError struct{ Verdict MirrorVerdict }
+
+func (e *MirrorError) Error() string { return "cannot mirror: " + e.Verdict.String() }

@@ -245,6 +245,9 @@ type WatchStatus struct {
 	// apply; they are kept after a recovery.
 	LastError     string    `json:"last_error,omitempty"`
 	LastErrorTime time.Time `json:"last_error_time"`
+	// LastErrorReason types LastError for the mirror verdict (see
+	// MirrorReason): not_consul, token_cannot_read, other_cluster, ...
+	LastErrorReason MirrorReason `json:"last_error_reason,omitempty"`
 	// Index is the Consul index of the last successful read, and
 	// SyncedIndex the one the mirror is known to hold.
 	Index       uint64 `json:"index"`

@@ -54,9 +54,10 @@ const (
 	// kvReportFresh is how old a follower's last report may be before it
 	// stops trusting it (the leader is gone or partitioned away).
 	kvReportFresh = 5 * time.Second
-	// kvStaleAfter is the sync age past which a reachable Consul still
-	// gets a warning (the watch is stuck, or the leader cannot apply).
-	kvStaleAfter = 15 * time.Second
+	// DefaultKVStaleAfter is Options.KVStaleAfter's default: the sync age
+	// past which a reachable Consul still gets a warning (the watch is
+	// stuck, or the leader cannot apply).
+	DefaultKVStaleAfter = 15 * time.Second
 )
 
 // kvReport is the last report a follower received from its leader.
@@ -101,11 +102,11 @@ func (n *Node) KVView() api.KVView {
 		v.SyncAge = now.Sub(n.started)
 	}
 	v.SyncAgeSeconds = v.SyncAge.Seconds()
-	v.Warning = kvWarning(v)
+	v.Warning = kvWarning(v, n.opts.KVStaleAfter)
 	return v
 }
 
-func kvWarning(v api.KVView) string {
+func kvWarning(v api.KVView, staleAfter time.Duration) string {
 	age := v.SyncAge.Round(time.Second)
 	switch {
 	case !v.Synced:
@@ -114,7 +115,7 @@ func kvWarning(v api.KVView) string {
 		return fmt.Sprintf("Consul not synced for %s: no raft leader is reporting (check the raft peers); serving the last state", age)
 	case !v.Reachable:
 		return fmt.Sprintf("Consul not synced for %s: the leader %s cannot read it (check Consul and the leader's logs); serving the last state", age, v.LeaderID)
-	case v.SyncAge > kvStaleAfter:
+	case v.SyncAge > staleAfter:
 		return fmt.Sprintf("Consul not synced for %s (check the leader %s's logs)", age, v.LeaderID)
 	}
 	return ""

@@ -87,9 +87,13 @@ func (p *Probe) Run(ctx context.Context) error {
 func (p *Probe) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, p.o.Timeout)
 	defer cancel()
-	// Reading one key under the prefix needs the same ACL as the watch; a
-	// missing key is a success (nil pair, nil error).
-	_, _, err := p.o.Client.KV().Get(p.o.Prefix+"state/", (&api.QueryOptions{AllowStale: true}).WithContext(ctx))
+	// The probe asks what the watch asks, so that it fails where the
+	// watch would: a consistent read (a Consul leader must answer), a
+	// listing of the prefix (the list policy, every key under it: a token
+	// that cannot read some is refused as filtered), and only Consul's
+	// own answer counts (checkConsulAnswer). Keys to the first "/" keep
+	// it small: the prefix's top folders, not its keys.
+	_, _, err := p.o.Client.KV().Keys(p.o.Prefix, "/", (&api.QueryOptions{RequireConsistent: true}).WithContext(withCheck(ctx)))
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return
 	}

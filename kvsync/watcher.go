@@ -253,6 +253,10 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	w.m.errors.Inc()
 	w.mu.Lock()
 	w.st.LastError, w.st.LastErrorTime, w.st.ConsecutiveErrors = err.Error(), now, failures
+	var me *api.MirrorError
+	if w.st.LastErrorReason = ""; consul || errors.As(err, &me) {
+		w.st.LastErrorReason = MirrorReasonOf(err)
+	}
 	if failures == 1 {
 		w.st.FailingSince = now
 	}
@@ -278,13 +282,19 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	return failures, since
 }
 
-// MirrorReasonOf types a failed read of Consul for the mirror verdict:
-// an answer that is not Consul's (errNotConsul) or one the token could not
-// vouch for (errFilteredByACLs, 401, 403) has its own reason; anything
+// MirrorReasonOf types a failed read or apply for the mirror verdict: a
+// refusal that carries one (*api.MirrorError, the cluster's for another
+// cluster or prefix), an answer that is not Consul's (errNotConsul), one
+// the token could not vouch for (errFilteredByACLs, 401, 403); anything
 // else is Consul unreachable.
 func MirrorReasonOf(err error) api.MirrorReason {
-	var se consul.StatusError
+	var (
+		se consul.StatusError
+		me *api.MirrorError
+	)
 	switch {
+	case errors.As(err, &me):
+		return me.Verdict.Reason
 	case errors.Is(err, errNotConsul):
 		return api.MirrorNotConsul
 	case errors.Is(err, errFilteredByACLs), errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
