@@ -281,6 +281,9 @@ type WatchStatus struct {
 	// apply; they are kept after a recovery.
 	LastError     string    `json:"last_error,omitempty"`
 	LastErrorTime time.Time `json:"last_error_time"`
+	// LastErrorReason types LastError for the mirror verdict (see
+	// MirrorReason): not_consul, token_cannot_read, other_cluster, ...
+	LastErrorReason MirrorReason `json:"last_error_reason,omitempty"`
 	// Index is the Consul index of the last successful read, and
 	// SyncedIndex the one the mirror is known to hold.
 	Index       uint64 `json:"index"`
@@ -333,6 +336,14 @@ type ClusterInfo struct {
 	// before anything else and refuses to write where no replica reads.
 	KVPrefix string          `json:"kv_prefix,omitempty"`
 	Consul   *ConsulIdentity `json:"consul,omitempty"`
+	// Mirror is whether this replica can mirror Consul into raft (its
+	// Consul answers, is the cluster and prefix recorded in raft, and its
+	// token may read the prefix), and why not.
+	Mirror *MirrorVerdict `json:"mirror,omitempty"`
+	// Source is the Consul cluster and prefix recorded in raft with the
+	// mirrored state (nil: none recorded yet, e.g. while a rolling
+	// upgrade from 0.14.0 waits for level 3).
+	Source *MirrorSource `json:"source,omitempty"`
 }
 
 // ConsulIdentity names the Consul cluster a replica reads: its datacenter
@@ -400,7 +411,11 @@ type PeerStatus struct {
 	ID              string    `json:"id"`
 	ConsulReachable bool      `json:"consul_reachable"`
 	ConsulChecked   time.Time `json:"consul_checked"`
-	State           string    `json:"state"`
+	// Mirror is whether this replica could mirror Consul into raft if it
+	// led, and why not; releases before 0.15.0 do not send it (nil: read
+	// ConsulReachable, see PeerStatus.Verdict).
+	Mirror *MirrorVerdict `json:"mirror,omitempty"`
+	State  string         `json:"state"`
 	// LastContact is how long ago this replica last heard from the leader
 	// (empty on the leader itself).
 	LastContact  string `json:"last_contact,omitempty"`

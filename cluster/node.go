@@ -97,6 +97,10 @@ type Options struct {
 	// KVFailoverAfter (0: 30s; negative: never) is how long the leader's
 	// Consul may be unreachable before it hands over leadership.
 	KVFailoverAfter time.Duration
+	// KVStaleAfter (0: DefaultKVStaleAfter) is the sync age past which the
+	// KV view warns although Consul is reachable. The leader's watch
+	// answers at least every blocking wait, so keep it above that.
+	KVStaleAfter time.Duration
 
 	// Version is this build's release, reported to peers and in
 	// /v1/cluster ("": not reported).
@@ -169,6 +173,7 @@ func (o *Options) validate() error {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	o.KVFailoverAfter = cmp.Or(o.KVFailoverAfter, 30*time.Second)
+	o.KVStaleAfter = cmp.Or(o.KVStaleAfter, DefaultKVStaleAfter)
 	o.ApplyTimeout = cmp.Or(o.ApplyTimeout, 5*time.Second)
 	o.SnapshotInterval = cmp.Or(o.SnapshotInterval, 2*time.Minute)
 	o.SnapshotThreshold = cmp.Or(o.SnapshotThreshold, 1024)

@@ -25,6 +25,8 @@ func (n *Node) peerStatus() api.PeerStatus {
 	if n.opts.ConsulHealth != nil {
 		h := n.opts.ConsulHealth()
 		st.ConsulReachable, st.ConsulChecked = h.Reachable, h.Checked
+		v := h.verdict()
+		st.Mirror = &v
 	}
 	if n.raft.State() == raft.Leader {
 		v := n.KVView()

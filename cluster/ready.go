@@ -34,6 +34,9 @@ func (n *Node) Ready() (bool, string) {
 	if w := n.KVView().Warning; w != "" {
 		d += "; " + w
 	}
+	if v := n.MirrorVerdict(); !v.CanMirror() {
+		d += "; cannot mirror Consul if it leads (" + v.String() + ")"
+	}
 	return true, d
 }
 
@@ -112,6 +115,8 @@ func (n *Node) Info() api.ClusterInfo {
 	}
 	statuses := n.PeerStatuses(time.Second)
 	in.Level, in.Version = n.levelInfo(statuses), n.opts.Version
+	v := n.MirrorVerdict()
+	in.Mirror = &v
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		for _, s := range f.Configuration().Servers {
 			m := api.MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid}

@@ -37,8 +37,11 @@ func (e *TokenError) Unwrap() error { return e.Err }
 func (e *TokenError) Problem(since time.Time) *hapi.TokenProblem {
 	msg := e.Err.Error()
 	var se api.StatusError
-	if errors.As(e.Err, &se) {
+	switch {
+	case errors.As(e.Err, &se):
 		msg = fmt.Sprintf("%d %s", se.Code, se.Body)
+	case errors.Is(e.Err, errFilteredByACLs):
+		msg = errFilteredByACLs.Error()
 	}
 	return &hapi.TokenProblem{Prefix: e.Prefix, AccessorID: e.AccessorID, Refused: e.Refused, Error: msg, Since: since}
 }
@@ -52,6 +55,15 @@ func refused(err error) bool {
 	return errors.As(err, &se) && (se.Code == http.StatusForbidden || se.Code == http.StatusUnauthorized)
 }
 
+// tokenError is the TokenError of err, Consul's refusal to do what.
+// Consul's filtering of a listing is refused "read every key under".
+func tokenError(prefix, accessor, what string, err error) *TokenError {
+	if errors.Is(err, errFilteredByACLs) {
+		what = "read every key under " + prefix
+	}
+	return &TokenError{Prefix: prefix, AccessorID: accessor, Refused: what, Err: err}
+}
+
 // ProbePaths are the keys CheckRead reads directly: the prefix itself and
 // the three trees the mirror reads (desired state, its meta keys, the
 // config keys). A key the token may not read answers 403; an absent one
@@ -60,31 +72,35 @@ func ProbePaths(prefix string) []string {
 	return []string{prefix, prefix + "state/", prefix + "meta/", prefix + "config/"}
 }
 
-// CheckRead proves that c's token may read prefix: a direct read of each
-// of ProbePaths, and one level of its listing (which Consul refuses only
-// with acl.enable_key_list_policy). It returns a *TokenError when Consul
+// CheckRead proves that c's token may read prefix: one level of its
+// listing (which Consul refuses only with acl.enable_key_list_policy, and
+// answers with X-Consul-Results-Filtered-By-ACLs for a non-anonymous token
+// that may not read a key), and a direct read of each of ProbePaths. It returns a *TokenError when Consul
 // refuses the token, another error when Consul could not be asked (no
 // proof either way), and nil when the token may read. accessor names the
 // token in the error.
 func CheckRead(ctx context.Context, c *api.Client, prefix, accessor string) error {
+	// Consistent: the Consul leader answers, and resolves the token, so a
+	// token just deleted or a policy just changed is what it answers.
+	// Checked (withCheck): a 404 proves something only when Consul says
+	// it, not a proxy or another service at the address.
+	q := (&api.QueryOptions{RequireConsistent: true}).WithContext(withCheck(ctx))
 	kv := c.KV()
+	_, _, err := kv.Keys(prefix, "/", q)
+	switch {
+	case refused(err), errors.Is(err, errFilteredByACLs):
+		return tokenError(prefix, accessor, "list "+prefix, err)
+	case err != nil:
+		return fmt.Errorf("consul: list the keys of %q to check the token: %w", prefix, err)
+	}
 	for _, p := range ProbePaths(prefix) {
-		// Consistent: the Consul leader resolves the token, so a token
-		// just deleted or a policy just changed is what it answers.
-		_, _, err := kv.Get(p, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+		_, _, err := kv.Get(p, q)
 		switch {
 		case refused(err):
 			return &TokenError{Prefix: prefix, AccessorID: accessor, Refused: "read " + p, Err: err}
 		case err != nil:
 			return fmt.Errorf("consul: read %q to check the token: %w", p, err)
 		}
-	}
-	_, _, err := kv.Keys(prefix, "/", (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
-	switch {
-	case refused(err):
-		return &TokenError{Prefix: prefix, AccessorID: accessor, Refused: "list " + prefix, Err: err}
-	case err != nil:
-		return fmt.Errorf("consul: list the keys of %q to check the token: %w", prefix, err)
 	}
 	return nil
 }

@@ -39,6 +39,10 @@ type ProbeHealth struct {
 	// what the mirror needs (CheckRead); a Consul that cannot be asked
 	// leaves it as it was.
 	TokenProblem *hapi.TokenProblem
+	// Verdict is the mirror verdict of the last check: api.MirrorOK when
+	// it succeeded, else why this replica could not mirror (Consul
+	// unreachable, not Consul, the token), with the error as its detail.
+	Verdict hapi.MirrorVerdict
 }
 
 // ProbeOptions configure a Probe. Client and Prefix are required.
@@ -93,8 +97,14 @@ func (p *Probe) Run(ctx context.Context) error {
 func (p *Probe) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, p.o.Timeout)
 	defer cancel()
-	// The reads that prove the token may read the prefix: a 403 names
-	// the token problem, a 404 is a success (nothing there).
+	// The probe asks what the watch asks, so that it fails where the
+	// watch would, and what the watch asks before it applies a listing
+	// that could hide keys (CheckRead): a consistent listing of the
+	// prefix (the list policy, every key under it: a token that cannot
+	// read some is refused as filtered), only Consul's own answer counts
+	// (checkConsulAnswer), and direct reads under the prefix that answer
+	// 403 where the token may not read (the anonymous token lists the
+	// prefix as empty). Keys to the first "/" keep it small.
 	accessor := ""
 	if p.o.Token != nil {
 		accessor = p.o.Token.AccessorID()
@@ -134,7 +144,9 @@ func (p *Probe) check(ctx context.Context) {
 			p.o.Logger.Info("Consul reachable again from this replica", zap.Duration("was_down_for", now.Sub(h.FailingSince).Round(time.Millisecond)))
 		}
 		h.Reachable, h.FailingSince, h.LastOK = true, time.Time{}, now
+		h.Verdict = hapi.MirrorVerdict{Reason: hapi.MirrorOK}
 		p.reachable.Set(1)
+		return
 	case h.Reachable || h.FailingSince.IsZero():
 		if te == nil {
 			p.o.Logger.Warn("Consul not reachable from this replica (check CONSUL_HTTP_ADDR / --consul-addr, TLS and token)", zap.Error(err))
@@ -142,6 +154,7 @@ func (p *Probe) check(ctx context.Context) {
 		h.Reachable, h.FailingSince = false, now
 		p.reachable.Set(0)
 	}
+	h.Verdict = hapi.MirrorVerdict{Reason: MirrorReasonOf(err), Detail: err.Error() + "; " + consulHint(err), Since: h.FailingSince}
 }
 
 // Health reports the checks so far.

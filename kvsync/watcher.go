@@ -11,6 +11,7 @@ import (
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
+
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
@@ -219,11 +220,12 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 		c, meta, err = list()
 	}
 	switch {
-	case refused(err):
+	case refused(err), errors.Is(err, errFilteredByACLs):
 		// 403: with acl.enable_key_list_policy a listing the token may
-		// not make; for any token that Consul does not know.
-		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix,
-			&TokenError{Prefix: w.o.Prefix, AccessorID: w.accessor(), Refused: "list " + w.o.Prefix, Err: err})
+		// not make; for any token that Consul does not know. Filtered:
+		// applying a partial read would clear the states the token
+		// cannot see.
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(), "list "+w.o.Prefix, err))
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return 0, listing{}, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
 	case err != nil:
@@ -231,10 +233,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 	case meta == nil:
 		return 0, listing{}, fmt.Errorf("consul: list %q: no query metadata in the answer", w.o.Prefix)
 	case meta.ResultsFilteredByACLs:
-		// Applying a partial read would clear the states the token
-		// cannot see.
-		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix,
-			&TokenError{Prefix: w.o.Prefix, AccessorID: w.accessor(), Refused: "read every key under " + w.o.Prefix, Err: errFilteredByACLs})
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(), "list "+w.o.Prefix, errFilteredByACLs))
 	}
 	if !c.done {
 		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errNotNewClient)
@@ -256,7 +255,12 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 // errNotNewClient: the listing did not pass through listingTransport.
 var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewClient, which reads the listing (build it with NewClient)")
 
-var errFilteredByACLs = errors.New("Consul left keys out of the listing that the token may not read (X-Consul-Results-Filtered-By-ACLs), refusing a partial read")
+// errNotConsul: the answer lacks what every Consul KV answer carries (see
+// checkConsulHeaders); what answered is a proxy, a load balancer or
+// another service, and its "nothing here" proves nothing.
+var errNotConsul = errors.New("the answer is not Consul's")
+
+var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix (X-Consul-Results-Filtered-By-ACLs), refusing a partial read")
 
 // failed records a failed attempt, logs one line for it and returns the new
 // streak. consul tells a Consul failure from a Sink one.
@@ -270,6 +274,10 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	var te *TokenError
 	w.mu.Lock()
 	w.st.LastError, w.st.LastErrorTime, w.st.ConsecutiveErrors = err.Error(), now, failures
+	var me *api.MirrorError
+	if w.st.LastErrorReason = ""; consul || errors.As(err, &me) {
+		w.st.LastErrorReason = MirrorReasonOf(err)
+	}
 	if failures == 1 {
 		w.st.FailingSince = now
 	}
@@ -304,6 +312,27 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	return failures, since
 }
 
+// MirrorReasonOf types a failed read or apply for the mirror verdict: a
+// refusal that carries one (*api.MirrorError, the cluster's for another
+// cluster or prefix), an answer that is not Consul's (errNotConsul), one
+// the token could not vouch for (errFilteredByACLs, 401, 403); anything
+// else is Consul unreachable.
+func MirrorReasonOf(err error) api.MirrorReason {
+	var (
+		se consul.StatusError
+		me *api.MirrorError
+	)
+	switch {
+	case errors.As(err, &me):
+		return me.Verdict.Reason
+	case errors.Is(err, errNotConsul):
+		return api.MirrorNotConsul
+	case errors.Is(err, errFilteredByACLs), errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
+		return api.MirrorTokenCannotRead
+	}
+	return api.MirrorConsulUnreachable
+}
+
 // consulHint says what an operator should check for err.
 func consulHint(err error) string {
 	var se consul.StatusError
@@ -311,6 +340,8 @@ func consulHint(err error) string {
 	switch {
 	case errors.As(err, &te):
 		return "holding the last state until the token may read the prefix (check CONSUL_HTTP_TOKEN / --consul-token-file and the token's policy)"
+	case errors.Is(err, errNotConsul):
+		return "what answers at CONSUL_HTTP_ADDR / --consul-addr is not Consul's KV endpoint (a proxy, a load balancer without a route, another service): point it at a Consul agent"
 	case errors.Is(err, errFilteredByACLs):
 		return "give the token (CONSUL_HTTP_TOKEN) key_prefix read on the whole prefix"
 	case errors.As(err, &se) && (se.Code == 401 || se.Code == 403):

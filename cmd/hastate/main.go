@@ -226,6 +226,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.Float64Var(&o.Ramp.Aggression, "ramp-aggression", o.Ramp.Aggression, "undrain ramp curve: 1 linear, >1 faster early, <1 slower early (Envoy's aggression)")
 	f.BoolVar(&o.Ramp.FromMaint, "ramp-from-maint", false, "also ramp servers that leave maint")
 	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
+	f.DurationVar(&o.KVWait, "kv-wait", app.DefaultKVWait, "the leader's Consul blocking-query wait, 1s to 10m (keep it below the idle timeout of any proxy between hastate and Consul; a quiet prefix shows a sync age up to about this)")
 	f.DurationVar(&o.LeaderlessGrace, "leaderless-grace", cluster.DefaultLeaderlessGrace, "a replica whose last contact with a raft leader is older than this stops answering agent checks (HAProxy keeps its state) and fails readiness, until it has a leader again and has caught up")
 	f.DurationVar(&o.ConfirmTimeout, "confirm-timeout", cluster.DefaultConfirmTimeout, "a check is answered only once this replica confirmed with the raft leader that it serves every change committed before the check arrived (a read index, batched); a check not confirmed within this is answered nothing (HAProxy keeps its state). Keep it well under HAProxy's agent-check timeout")
 	f.DurationVar(&o.ConfirmWindow, "confirm-window", cluster.DefaultConfirmWindow, "how long a confirmation round waits for more checks to share it (0: none; see cluster/DESIGN.md for the measurements)")

@@ -61,6 +61,11 @@ type Options struct {
 	// KVFailoverAfter: a leader that cannot reach Consul this long hands
 	// leadership to a follower that can (0: 30s; negative: never).
 	KVFailoverAfter time.Duration
+	// KVWait is the leader's blocking-query wait (0: DefaultKVWait; 1s to
+	// Consul's 10m). The mirror counts as in sync only as of the watch's
+	// last answer, so the sync age of a quiet prefix grows to about it;
+	// and a proxy whose idle timeout is shorter fails every quiet query.
+	KVWait time.Duration
 	// LeaderlessGrace: a replica whose last contact with a raft leader is
 	// older than this withholds every answer and fails readiness (0: 3s).
 	LeaderlessGrace time.Duration
@@ -104,6 +109,12 @@ type Options struct {
 	Registry *prometheus.Registry
 }
 
+// DefaultKVWait is the leader's Consul blocking-query wait: short enough
+// that a quiet prefix's sync age (the watch answers at least this often)
+// stays below the 15s past which the KV view warns, and below common proxy
+// idle timeouts (30-60s); each wait that ends costs one listing's bytes.
+const DefaultKVWait = 10 * time.Second
+
 // ErrInvalidOptions is what every error of New's validation Is: a flag
 // (an Options field) is wrong, and the message names it and what to set.
 // cmd/hastate exits 2 for it, as for any other usage error.
@@ -139,8 +150,12 @@ func (o *Options) validate() error {
 	if err := o.Ramp.Validate(); err != nil {
 		return fmt.Errorf("ramp flags: %w", err)
 	}
-	if o.KVPrefix[len(o.KVPrefix)-1] != '/' {
-		return fmt.Errorf("--kv-prefix %q must end with '/', e.g. hastate/", o.KVPrefix)
+	if err := kvsync.CheckPrefix(o.KVPrefix); err != nil {
+		return fmt.Errorf("--kv-prefix: %w", err)
+	}
+	o.KVWait = cmp.Or(o.KVWait, DefaultKVWait)
+	if o.KVWait < time.Second || o.KVWait > 10*time.Minute {
+		return fmt.Errorf("--kv-wait %s: want 1s to 10m (Consul's limit), e.g. %s", o.KVWait, DefaultKVWait)
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -308,7 +323,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},
-		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
+		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter, KVStaleAfter: max(cluster.DefaultKVStaleAfter, a.o.KVWait+a.o.KVWait/16+5*time.Second),
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
 		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace, ConfirmTimeout: a.o.ConfirmTimeout, ConfirmWindow: a.o.ConfirmWindow,
 	})
@@ -401,7 +416,7 @@ func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
 	return kvsync.New(kvsync.Options{
 		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm,
 		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
-		BackoffMax: 5 * time.Second,
+		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait,
 	})
 }
 
@@ -422,12 +437,13 @@ func (a *App) sweepPollers(ctx context.Context) {
 }
 
 // consulHealth is this replica's view of Consul: its probe's, and on the
-// leader also whether the watch is delivering. A blocking query only returns
-// every minute when nothing changes, so the probe (every 2s) is what keeps
-// SyncedAt fresh while the watch waits and what notices a dead Consul fast.
+// leader also whether the watch is delivering. SyncedAt is the watch's own
+// last answer (a blocking query answers at least every --kv-wait), never
+// the probe's: a probe that succeeds while the watch is stuck would hide
+// it. The probe (every 2s) is what notices a dead Consul fast.
 func (a *App) consulHealth() cluster.ConsulHealth {
 	p := a.probe.Health()
-	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked}
+	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p)}
 	w := a.watcher.Load()
 	if w == nil {
 		return h
@@ -443,11 +459,18 @@ func (a *App) consulHealth() cluster.ConsulHealth {
 		h.SyncedAt = st.LastSuccess
 	case !st.LastSuccess.IsZero():
 		h.SyncedAt, h.SyncedIndex = st.LastSuccess, st.SyncedIndex
-		if p.LastOK.After(h.SyncedAt) {
-			h.SyncedAt = p.LastOK
-		}
 	}
 	return h
+}
+
+// mirrorVerdict is this replica's answer to "could it mirror Consul into
+// raft?" (api.MirrorReason): the probe's verdict (Consul unreachable, not
+// Consul, the token) first, since nothing else can be known without it.
+func (a *App) mirrorVerdict(p kvsync.ProbeHealth) api.MirrorVerdict {
+	if p.Verdict.Reason == "" {
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Detail: "not checked yet"}
+	}
+	return p.Verdict
 }
 
 // AgentAddr and HTTPAddr are the bound addresses (useful with port 0).
