@@ -336,6 +336,9 @@ type ClusterInfo struct {
 	// before anything else and refuses to write where no replica reads.
 	KVPrefix string          `json:"kv_prefix,omitempty"`
 	Consul   *ConsulIdentity `json:"consul,omitempty"`
+	// ConsulToken is the Consul token this replica sends (never its
+	// secret) and whether Consul refuses it.
+	ConsulToken *ConsulToken `json:"consul_token,omitempty"`
 	// Mirror is whether this replica can mirror Consul into raft (its
 	// Consul answers, is the cluster and prefix recorded in raft, and its
 	// token may read the prefix), and why not.
@@ -344,6 +347,24 @@ type ClusterInfo struct {
 	// mirrored state (nil: none recorded yet, e.g. while a rolling
 	// upgrade from 0.14.0 waits for level 3).
 	Source *MirrorSource `json:"source,omitempty"`
+}
+
+// ConsulToken describes the Consul token a replica sends: where it comes
+// from, its accessor ID, since when it is in use, and Problem while Consul
+// refuses it what the mirror needs.
+type ConsulToken struct {
+	// Source is "file" (--consul-token-file, CONSUL_HTTP_TOKEN_FILE: read
+	// again when it changes), "env" (CONSUL_HTTP_TOKEN) or "none" (Consul's
+	// anonymous token).
+	Source string `json:"source"`
+	File   string `json:"file,omitempty"`
+	// AccessorID names the token; "" while Consul has not named it.
+	AccessorID string    `json:"accessor_id"`
+	Since      time.Time `json:"since"`
+	// FileError is the last problem reading the file (the last token read
+	// stays in use).
+	FileError string        `json:"file_error,omitempty"`
+	Problem   *TokenProblem `json:"problem,omitempty"`
 }
 
 // ConsulIdentity names the Consul cluster a replica reads: its datacenter
@@ -430,6 +451,8 @@ type PeerStatus struct {
 	KVSynced         bool    `json:"kv_synced,omitempty"`
 	KVSyncAgeSeconds float64 `json:"kv_sync_age_seconds,omitempty"`
 	KVSyncedIndex    uint64  `json:"kv_synced_index,omitempty"`
+	// KVTokenProblem is set while Consul refuses the leader's token.
+	KVTokenProblem *TokenProblem `json:"kv_token_problem,omitempty"`
 	// Level is the highest feature level this replica understands and
 	// Version its release; release 0.13.0 sends neither (level 0 is read
 	// as state.LevelBase).

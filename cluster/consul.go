@@ -28,6 +28,9 @@ type ConsulHealth struct {
 	// zero when it has not synced in this term.
 	SyncedAt    time.Time
 	SyncedIndex uint64
+	// TokenProblem is set while Consul refuses this node's token what the
+	// mirror needs (on the leader: its watch holds the last state).
+	TokenProblem *api.TokenProblem
 	// Verdict is whether this node could mirror Consul into raft if it
 	// led, and why not (mirror.go). The zero Reason is read from
 	// Reachable: MirrorOK or MirrorConsulUnreachable.
@@ -71,6 +74,8 @@ type kvReport struct {
 	// reported, and stateIndex the raft index of that state: a follower
 	// that serves stateIndex holds consulIndex.
 	consulIndex, stateIndex uint64
+	// tokenProblem: Consul refuses the leader's token.
+	tokenProblem *api.TokenProblem
 }
 
 // KVView returns the cluster's view of its Consul sync.
@@ -80,7 +85,7 @@ func (n *Node) KVView() api.KVView {
 	var v api.KVView
 	if n.raft.State() == raft.Leader {
 		h := n.consulHealth()
-		v = api.KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable, SyncedIndex: max(h.SyncedIndex, kvIndex)}
+		v = api.KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable, SyncedIndex: max(h.SyncedIndex, kvIndex), TokenProblem: h.TokenProblem}
 		if !h.SyncedAt.IsZero() {
 			v.Synced, v.SyncAge = true, max(now.Sub(h.SyncedAt), 0)
 		} else if r := n.kvReport.Load(); r != nil && r.synced {
@@ -97,6 +102,9 @@ func (n *Node) KVView() api.KVView {
 		}
 		v.Known = now.Sub(r.at) <= kvReportFresh
 		v.Reachable = v.Known && r.reachable
+		if v.Known {
+			v.TokenProblem = r.tokenProblem
+		}
 	}
 	if !v.Synced {
 		v.SyncAge = now.Sub(n.started)
@@ -109,6 +117,10 @@ func (n *Node) KVView() api.KVView {
 func kvWarning(v api.KVView, staleAfter time.Duration) string {
 	age := v.SyncAge.Round(time.Second)
 	switch {
+	case v.TokenProblem != nil && !v.Synced:
+		return fmt.Sprintf("Consul not synced: the leader %s applies nothing: %s; a replica without state answers nothing", v.LeaderID, v.TokenProblem)
+	case v.TokenProblem != nil:
+		return fmt.Sprintf("Consul not synced for %s: the leader %s holds the last state and applies nothing: %s", age, v.LeaderID, v.TokenProblem)
 	case !v.Synced:
 		return fmt.Sprintf("Consul not synced: no leader has mirrored KV in the %s since this replica started (check the leader's logs and Consul)", age)
 	case !v.Known:
@@ -163,7 +175,7 @@ func (n *Node) leaderReportLoop() {
 		}
 		n.kvReport.Store(&kvReport{leader: st.ID, reachable: st.ConsulReachable, synced: st.KVSynced,
 			age: time.Duration(st.KVSyncAgeSeconds * float64(time.Second)), at: time.Now(),
-			consulIndex: st.KVSyncedIndex, stateIndex: st.StateIndex})
+			consulIndex: st.KVSyncedIndex, stateIndex: st.StateIndex, tokenProblem: st.KVTokenProblem})
 	}
 }
 

@@ -30,7 +30,7 @@ func (n *Node) peerStatus() api.PeerStatus {
 	}
 	if n.raft.State() == raft.Leader {
 		v := n.KVView()
-		st.KVSynced, st.KVSyncAgeSeconds, st.KVSyncedIndex = v.Synced, v.SyncAgeSeconds, v.SyncedIndex
+		st.KVSynced, st.KVSyncAgeSeconds, st.KVSyncedIndex, st.KVTokenProblem = v.Synced, v.SyncAgeSeconds, v.SyncedIndex, v.TokenProblem
 		// Read after the synced index: the state that holds it is
 		// applied by the time the watch records it.
 		st.StateIndex = n.fsm.index.Load()

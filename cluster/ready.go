@@ -4,6 +4,7 @@ package cluster
 // node's view of the cluster for /v1/cluster.
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -23,7 +24,15 @@ func (n *Node) Ready() (bool, string) {
 		if d, _ := n.bootstrapWaiting(); d != "" {
 			return false, d
 		}
-		return false, "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
+		d := "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
+		kv := n.KVView()
+		if kv.TokenProblem != nil {
+			d = fmt.Sprintf("no state yet, answers nothing: the leader %s applies nothing from Consul: %s", kv.LeaderID, kv.TokenProblem)
+		}
+		if v := n.MirrorVerdict(); !v.CanMirror() && (kv.TokenProblem == nil || !n.IsLeader()) {
+			d += "; this replica cannot mirror Consul either (" + v.String() + ")"
+		}
+		return false, d
 	case n.withheld.any():
 		return false, "holds state but withholds every answer: " + n.withheldDetails(time.Now())
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	hapi "github.com/hastate/hastate/api"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
@@ -70,14 +71,9 @@ type Token struct {
 	fileErr  string // the last problem reading the file ("" none)
 }
 
-// TokenState is what status and /v1/cluster say about the token.
-type TokenState struct {
-	Source     string    `json:"source"`         // TokenFromFile, TokenFromEnv or TokenNone
-	File       string    `json:"file,omitempty"` // with TokenFromFile
-	AccessorID string    `json:"accessor_id"`    // "" while not known yet
-	Since      time.Time `json:"since"`          // when this token was first read
-	FileError  string    `json:"file_error,omitempty"`
-}
+// TokenState is what status and /v1/cluster say about the token (its
+// Problem is the probe's business).
+type TokenState = hapi.ConsulToken
 
 // NewToken reads the token (from its file, if there is one). A file that
 // cannot be read at start is an error: a replica must not quietly run with

@@ -220,6 +220,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/hastate", "raft log and snapshots")
 	f.StringVar(&o.KVPrefix, "kv-prefix", "hastate/", "Consul KV prefix; state lives under <prefix>state/")
 	f.StringVar(&o.ConsulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	f.StringVar(&o.ConsulTokenFile, "consul-token-file", "", "file holding the Consul token, read again every second so a rotated token needs no restart (default CONSUL_HTTP_TOKEN_FILE, else the token CONSUL_HTTP_TOKEN holds)")
 	f.StringVar(&rampStart, "ramp-start", "10%", "undrain ramp: weight of the first step")
 	f.DurationVar(&o.Ramp.Duration, "ramp-duration", o.Ramp.Duration, "undrain ramp: time from --ramp-start to 100% (0: no ramp)")
 	f.DurationVar(&o.Ramp.Interval, "ramp-interval", o.Ramp.Interval, "undrain ramp: time between steps (keep it >= HAProxy's agent-inter)")

@@ -47,6 +47,11 @@ type Options struct {
 	DataDir    string // required
 	KVPrefix   string // "": "hastate/"
 	ConsulAddr string // "": CONSUL_HTTP_ADDR, else 127.0.0.1:8500
+	// ConsulTokenFile is the Consul token's file, read again every second
+	// so that a rotated token (a Kubernetes Secret volume) needs no
+	// restart; "": CONSUL_HTTP_TOKEN_FILE, else CONSUL_HTTP_TOKEN, else no
+	// token (Consul's anonymous token).
+	ConsulTokenFile string
 
 	// BootstrapWithout: peers declared gone for good (cluster.Options).
 	BootstrapWithout []string
@@ -205,6 +210,7 @@ type App struct {
 	o      Options
 	log    *zap.Logger
 	consul *consul.Client
+	token  *kvsync.Token // the token consul sends, re-read from its file
 	kvm    *kvsync.Metrics
 	node   *cluster.Node
 	agent  *server.AgentServer
@@ -232,13 +238,17 @@ func New(o Options) (*App, error) {
 	if err := o.validate(); err != nil {
 		return nil, optionsError{err}
 	}
-	consul, err := kvsync.NewClient(o.ConsulAddr)
+	reg := o.Registry
+	token, err := kvsync.NewToken(kvsync.TokenOptions{File: o.ConsulTokenFile, Logger: o.Logger.Named("consul-token"), Registerer: reg})
+	if err != nil {
+		return nil, optionsError{err}
+	}
+	consul, err := kvsync.NewTokenClient(o.ConsulAddr, token)
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
-	a := &App{o: o, log: o.Logger, consul: consul, failed: make(chan error, 2)}
+	a := &App{o: o, log: o.Logger, consul: consul, token: token, failed: make(chan error, 2)}
 	a.newWatcher = a.defaultWatcher
-	reg := o.Registry
 	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
 		return nil, err
 	}
@@ -251,7 +261,7 @@ func New(o Options) (*App, error) {
 		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
 	}, func() float64 { return 1 })
 	a.kvm = kvsync.NewMetrics(reg)
-	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg})
+	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg, Token: token})
 	if err != nil {
 		return nil, err
 	}
@@ -285,6 +295,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 	go func() {
 		defer a.serveWG.Done()
 		_ = a.probe.Run(bgCtx)
+	}()
+	a.serveWG.Add(1)
+	go func() {
+		defer a.serveWG.Done()
+		_ = a.token.Run(bgCtx, a.consul)
 	}()
 	go func() {
 		defer a.serveWG.Done()
@@ -414,7 +429,7 @@ func (a *App) watchConsul(ctx context.Context) error {
 
 func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
 	return kvsync.New(kvsync.Options{
-		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm,
+		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
 		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
 		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait,
 	})
@@ -443,12 +458,17 @@ func (a *App) sweepPollers(ctx context.Context) {
 // it. The probe (every 2s) is what notices a dead Consul fast.
 func (a *App) consulHealth() cluster.ConsulHealth {
 	p := a.probe.Health()
-	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p)}
+	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p), TokenProblem: p.TokenProblem}
 	w := a.watcher.Load()
 	if w == nil {
 		return h
 	}
-	switch st := w.Status(); {
+	st := w.Status()
+	if st.TokenProblem != nil {
+		// The watch met it first (a listing it did not apply).
+		h.TokenProblem = st.TokenProblem
+	}
+	switch {
 	case st.ConsecutiveErrors > 0:
 		// Consul answers the probe, but the watch fails to read or to
 		// apply: the mirror is not in sync.
@@ -549,6 +569,9 @@ func (r replica) Ready() (bool, string) {
 func (r replica) ClusterInfo() api.ClusterInfo {
 	in := r.a.node.Info()
 	in.KVPrefix, in.Consul = r.a.o.KVPrefix, r.a.consulID.Load()
+	tok := r.a.token.State()
+	tok.Problem = r.a.probe.Health().TokenProblem
+	in.ConsulToken = &tok
 	return in
 }
 
