@@ -173,7 +173,14 @@ func waitTokenProblem(t *testing.T, h *Hastate, wantReady bool) string {
 	t.Helper()
 	var detail string
 	testenv.Eventually(t, 30*time.Second, func() error {
-		code, rd := h.Readiness(t)
+		code, body, err := h.get("/-/readiness")
+		if err != nil {
+			return fmt.Errorf("%s readiness: %v", h.NodeID, err)
+		}
+		var rd Readiness
+		if err := json.Unmarshal(body, &rd); err != nil {
+			return fmt.Errorf("%s readiness %q: %v", h.NodeID, body, err)
+		}
 		detail = rd.Detail
 		return testenv.Expect((code == 200) == wantReady && strings.Contains(rd.Detail, "the Consul token cannot read "+kvPrefix),
 			"%s readiness %d %q: want ready=%t naming the token", h.NodeID, code, rd.Detail, wantReady)
@@ -219,18 +226,28 @@ func TestE2EACLReplicasWithoutTokenNeverGuess(t *testing.T) {
 		t.Errorf("hastate_consul_token_denied = %v on the replica without a token", v)
 	}
 
-	// Make it leader: SIGTERM hands leadership over; retry until it lands
-	// on the replica without a token. It applies nothing, then hands
+	// Make it leader. A SIGTERM hands leadership only to a replica that
+	// can mirror, so the leader is killed instead, until the election
+	// falls on the replica without a token. It applies nothing, then hands
 	// leadership to a replica whose token can read.
+	if l := WaitLeader(t, 30*time.Second, hs...); l != bare {
+		l.Restart(t)
+		l.WaitReady(t)
+		if l := WaitLeader(t, 30*time.Second, hs...); l == bare {
+			t.Errorf("a SIGTERM handed leadership to %s, whose token cannot read", bare.NodeID)
+		}
+	}
 	for i := 0; ; i++ {
 		l := WaitLeader(t, 30*time.Second, hs...)
 		if l == bare {
 			break
 		}
-		if i == 6 {
+		if i == 12 {
 			t.Fatalf("leadership never moved to %s", bare.NodeID)
 		}
-		l.Restart(t)
+		l.Kill()
+		WaitLeader(t, 30*time.Second, others(hs, l)...)
+		l.Start(t)
 		l.WaitReady(t)
 	}
 	t.Logf("%s (no token) leads", bare.NodeID)
