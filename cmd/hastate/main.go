@@ -36,6 +36,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		switch {
 		case errors.Is(err, ctl.ErrUsage):
 			return 2
+		case errors.Is(err, ctl.ErrPermission):
+			return 5
 		case errors.Is(err, ctl.ErrNoMatch):
 			return 3
 		case errors.Is(err, ctl.ErrWrongReplica), errors.Is(err, ctl.ErrNotDone):
