@@ -10,6 +10,7 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -430,4 +431,107 @@ func TestE2EACLTokenRotation(t *testing.T) {
 		"old token revoked %s after the rotation; a weight written after it served by every replica %s after the revocation",
 		ok+wrong+withheld, wrong, withheld, polls.longest.Round(time.Millisecond), switched.Round(time.Millisecond),
 		revoked.Sub(rotated).Round(time.Millisecond), seen.Sub(revoked).Round(time.Millisecond))
+}
+
+// The shipped policies are enough and necessary: a replica with the read
+// token runs (ready, mirroring, its agent's datacenter read), every
+// documented command runs with the writer token, and a write with the
+// read token, with no token or with a token on another prefix exits 5
+// naming the rule that would allow it, writing nothing, meta keys
+// included.
+func TestE2EACLShippedPoliciesLetEveryCommandThrough(t *testing.T) {
+	consul, read, writerTok := aclConsul(t)
+	h := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{"--consul-token-file", tokenFile(t, read.SecretID)}})
+	var ci ClusterInfo
+	h.GetJSON(t, "/v1/cluster", &ci)
+	if ci.Mirror == nil || !ci.Mirror.CanMirror() || ci.ConsulToken == nil || ci.ConsulToken.Problem != nil {
+		t.Errorf("replica with the read token: mirror %+v, token %+v", ci.Mirror, ci.ConsulToken)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		h.GetJSON(t, "/v1/cluster", &ci)
+		return testenv.Expect(ci.Consul != nil && ci.Consul.Datacenter == "dc1" && ci.Consul.Error == "",
+			"the read token reads the agent's datacenter (agent_prefix read): %+v", ci.Consul)
+	})
+	w := writer(h, writerTok)
+	steps := []struct {
+		args []string
+		code int
+		want string // in Consul afterwards, "" nothing checked
+	}{
+		{[]string{"drain", "web/s1", "--reason", "acl", "--for", "1h"}, 0, "state/web/s1=drain"},
+		{[]string{"weight", "50%", "web/s2"}, 0, "state/web/s2=50%"},
+		{[]string{"maint", "web/s3"}, 0, "state/web/s3=maint"},
+		{[]string{"ready", "web/s3"}, 0, ""},
+		{[]string{"clear", "web/s2"}, 0, ""},
+		{[]string{"drain", "web/s4", "--ramp", "1m"}, 0, "state/web/s4=drain"},
+		{[]string{"drain", "api/*"}, 0, "state/api/*=drain"},
+		{[]string{"ready", "api/a1"}, 0, "state/api/a1=ready"},
+		{[]string{"drain", "api/*", "--override"}, 0, "state/api/*=drain"},
+		{[]string{"precheck", "web/s1"}, 1, ""},
+		{[]string{"weight", "100%", "web/s6"}, 0, "state/web/s6=100%"},
+		{[]string{"precheck", "web/s6"}, 0, ""},
+		{[]string{"wait", "web/s1", "--settled"}, 0, ""},
+		{[]string{"status"}, 0, ""},
+		{[]string{"status", "-o", "json"}, 0, ""},
+		{[]string{"clear", "web/s1"}, 0, ""},
+		{[]string{"clear", "web/s4"}, 0, ""},
+		{[]string{"clear", "api/*"}, 0, ""},
+		{[]string{"clear", "web/s6"}, 0, ""},
+		{[]string{"migration", "start", "--reason", "acl"}, 0, "config/migration"},
+		{[]string{"migration", "status"}, 0, ""},
+		{[]string{"drain", "web/s5"}, 0, "state/web/s5=drain"},
+		{[]string{"migration", "finish"}, 0, ""},
+	}
+	for _, s := range steps {
+		out := w.RunExit(t, s.code, s.args...)
+		if strings.Contains(out, "permission") {
+			t.Errorf("hastate %s with the writer token: %s", strings.Join(s.args, " "), out)
+		}
+		if s.want == "" {
+			continue
+		}
+		kv := consulKV(t, consul)
+		k, v, _ := strings.Cut(s.want, "=")
+		if got, ok := kv[k]; !ok || (v != "" && got != v) {
+			t.Errorf("after hastate %s: Consul %s = %q (present %t), want %q", strings.Join(s.args, " "), k, got, ok, v)
+		}
+		if strings.HasPrefix(k, "state/") {
+			if _, ok := kv["meta/"+strings.TrimPrefix(k, "state/")]; !ok && !strings.HasPrefix(s.args[0], "migration") {
+				t.Errorf("after hastate %s: no meta key beside %s", strings.Join(s.args, " "), k)
+			}
+		}
+	}
+
+	// Refused: one exit code, the rule named, nothing written.
+	consul.CreatePolicy(t, "other", `key_prefix "elsewhere/" { policy = "write" }`)
+	other := consul.CreateToken(t, "another prefix", "other")
+	before := consulKV(t, consul)
+	for _, tc := range []struct {
+		name, secret, rule string
+	}{
+		{"the read token", read.SecretID, `key_prefix "hastate/state/" { policy = "write" }`},
+		{"no token", "", `key_prefix "hastate/" { policy = "list" }`},
+		{"a token on another prefix", other.SecretID, `key_prefix "hastate/" { policy = "list" }`},
+	} {
+		op := h.Operator("--allow-unknown")
+		if tc.secret != "" {
+			op.Env = append(op.Env, "CONSUL_HTTP_TOKEN="+tc.secret)
+		}
+		for _, args := range [][]string{{"drain", "web/s3", "--reason", "refused"}, {"drain", "api/*"}, {"migration", "start"}} {
+			out := op.RunExit(t, 5, args...)
+			rule := tc.rule
+			if args[0] == "migration" && tc.secret == read.SecretID {
+				rule = `key_prefix "hastate/config/" { policy = "write" }`
+			}
+			if !strings.Contains(out, "permission denied") || !strings.Contains(out, rule) || !strings.Contains(out, "nothing was written") {
+				t.Errorf("%s: hastate %s: %s\nwant permission denied naming %s and nothing written", tc.name, strings.Join(args, " "), out, rule)
+			}
+			if tc.secret != "" && strings.Contains(out, tc.secret) {
+				t.Errorf("%s: the output names the secret", tc.name)
+			}
+		}
+	}
+	if after := consulKV(t, consul); !maps.Equal(before, after) {
+		t.Errorf("refused writes changed Consul: before %v, after %v", before, after)
+	}
 }
