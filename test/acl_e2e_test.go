@@ -284,6 +284,15 @@ func TestE2EACLReplicasWithoutTokenNeverGuess(t *testing.T) {
 	if !l.LogContains(t, "holding the last state until the token may read the prefix") {
 		t.Errorf("leader %s did not log that it holds the state for the token", l.NodeID)
 	}
+	for _, h := range hs {
+		// hastate status (its warning) and the status page name it too.
+		if out := h.Operator().Run(t, "status"); !strings.Contains(out, "the Consul token cannot read "+kvPrefix) {
+			t.Errorf("hastate status on %s does not name the token:\n%s", h.NodeID, out)
+		}
+		if code, page, err := h.get("/"); err != nil || code != 200 || !strings.Contains(string(page), "the Consul token cannot read "+kvPrefix) {
+			t.Errorf("status page of %s (HTTP %d, %v) does not name the token", h.NodeID, code, err)
+		}
+	}
 	testenv.Consistently(t, 3*time.Second, func() error {
 		_, wrong, _ := polls.Counts()
 		return testenv.Expect(wrong == 0, "wrong answers while no replica has a token")
