@@ -29,7 +29,8 @@ const levelEvery = time.Second
 
 // levelFeatures names what each level brings, for the operator.
 var levelFeatures = map[int]string{
-	state.LevelMeta: "meta keys give until (expiry) and ramp",
+	state.LevelMeta:     "meta keys give until (expiry) and ramp",
+	state.LevelRecorded: "the mirror records its Consul cluster and prefix and applies reads only from them",
 }
 
 // levelFeature returns what level brings.
