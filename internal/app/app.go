@@ -361,7 +361,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	})
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
-			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw}),
+			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw, Adopter: a}),
 		ReadHeaderTimeout: min(5*time.Second, a.o.HTTPReadTimeout),
 		ReadTimeout:       a.o.HTTPReadTimeout,
 		WriteTimeout:      a.o.HTTPWriteTimeout,
