@@ -75,15 +75,12 @@ func (n *Node) checkSource(ctx context.Context, r state.KVRead) error {
 	rec, held := n.fsm.recorded()
 	if rec == nil {
 		if n.fsm.level() < state.LevelRecorded {
-			return nil // 0.14.0 voters do not know the entry: as before
+			// 0.14.0 voters do not know the entry: as before, and the
+			// level gate records the source once it can.
+			n.readSource.Store(&termSource{src: *r.Source, term: n.raft.CurrentTerm()})
+			return nil
 		}
-		if _, idx, err := n.apply(ctx, command{Type: cmdSource, Source: r.Source, At: n.now()}); err != nil {
-			return fmt.Errorf("cluster: record the mirror's Consul source: %w", err)
-		} else {
-			n.log.Info("recorded the Consul cluster and prefix of the mirror: reads from any other are refused from now on",
-				zap.Stringer("source", r.Source), zap.Uint64("raft_index", idx))
-		}
-		return nil
+		return n.recordSource(ctx, r.Source)
 	}
 	if v := api.SourceVerdict(*r.Source, *rec); !v.CanMirror() {
 		return &api.MirrorError{Verdict: v}
@@ -92,6 +89,42 @@ func (n *Node) checkSource(ctx context.Context, r state.KVRead) error {
 		return fmt.Errorf("%w: Consul index %d, the mirror holds %d", state.ErrIndexBehind, r.Index, held)
 	}
 	return nil
+}
+
+// termSource is a read's source and the leader's term it was read in.
+type termSource struct {
+	src  state.MirrorSource
+	term uint64
+}
+
+// recordSource writes the source entry that ties the mirror to src.
+func (n *Node) recordSource(ctx context.Context, src *state.MirrorSource) error {
+	s := *src
+	_, idx, err := n.apply(ctx, command{Type: cmdSource, Source: &s, At: n.now()})
+	if err != nil {
+		return fmt.Errorf("cluster: record the mirror's Consul source: %w", err)
+	}
+	n.log.Info("recorded the Consul cluster and prefix of the mirror: reads from any other are refused from now on",
+		zap.Stringer("source", &s), zap.Uint64("raft_index", idx))
+	return nil
+}
+
+// recordReadSource records, once state.LevelRecorded is in force, the
+// source of the reads this leader applied before it was (a cluster that
+// formed, or was upgraded, below the level): without it nothing would be
+// recorded until the prefix next changes.
+func (n *Node) recordReadSource(ctx context.Context) {
+	ts := n.readSource.Load()
+	if ts == nil || ts.term != n.raft.CurrentTerm() || n.fsm.level() < state.LevelRecorded {
+		return // none read in this term: the term's next read records it
+	}
+	src := &ts.src
+	if rec, _ := n.fsm.recorded(); rec != nil {
+		return
+	}
+	if err := n.recordSource(ctx, src); err != nil {
+		n.log.Warn("recording the mirror's Consul source not applied; the next read records it", zap.Error(err))
+	}
 }
 
 // RecordedSource is the Consul cluster and prefix recorded with the

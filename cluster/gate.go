@@ -112,6 +112,7 @@ func (n *Node) levelLoop(ctx context.Context) {
 			} else {
 				n.log.Info("feature level raised: every replica understands it", zap.Int("level", next),
 					zap.String("feature", levelFeature(next)), zap.Uint64("raft_index", idx))
+				n.recordReadSource(ctx)
 				continue
 			}
 		}

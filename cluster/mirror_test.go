@@ -220,18 +220,27 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 }
 
 // While a voter runs 0.14.0 (level 2) no source entry is written: reads
-// apply as before, and nothing is recorded.
+// apply as before, and nothing is recorded. Once that voter runs this
+// release the level rises, and the leader records the source of the reads
+// it applied, with no change in Consul needed.
 func TestSourceWaitsForLevelRecorded(t *testing.T) {
 	nodes := startCluster(t, func(i int, o *Options) {
 		if i == 1 {
 			o.MaxLevel = state.LevelMeta
 		}
 	})
+	capped := nodes[1]
 	src := state.MirrorSource{ClusterID: "aaaa", Prefix: "hastate/"}
 	testenv.Eventually(t, 15*time.Second, func() error {
 		l := leaderOf(nodes)
-		if l == nil {
+		switch {
+		case l == nil:
 			return errors.New("no leader")
+		case l == capped:
+			// The leader that applied the read records its source
+			// later: keep it past the capped replica's restart.
+			_ = l.raft.LeadershipTransfer().Error()
+			return errors.New("the capped replica leads")
 		}
 		return l.ApplyRead(context.Background(), state.KVRead{Index: 5, KV: map[string]string{"state/web/s1": "drain"}, Source: &src})
 	})
@@ -246,6 +255,20 @@ func TestSourceWaitsForLevelRecorded(t *testing.T) {
 	if _, err := leaderOf(nodes).Adopt(context.Background(), src, ""); !errors.Is(err, ErrAdoptRefused) || !strings.Contains(err.Error(), "rolling upgrade") {
 		t.Errorf("Adopt below level 3: %v", err)
 	}
+	o := capped.opts
+	if err := capped.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	o.MaxLevel = 0
+	nodes[1] = startNode(t, o)
+	testenv.Eventually(t, 15*time.Second, func() error {
+		for _, n := range nodes {
+			if rec := n.RecordedSource(); rec == nil || *rec != src || n.fsm.level() != state.LevelRecorded {
+				return fmt.Errorf("%s: recorded %v at level %d", n.opts.ID, rec, n.fsm.level())
+			}
+		}
+		return nil
+	})
 }
 
 // A snapshot carries the source (version 6); without one it keeps the
