@@ -18,7 +18,7 @@ func adoptCmd(stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "adopt-consul --cluster <ID>",
 		Short: "Tie the mirror to the Consul cluster the raft leader reads now (after a restore or rebuild)",
-		Long: `Tie the mirror to the Consul cluster the raft leader reads now.
+		Long: `Tie the mirror to the Consul cluster the raft leader reads now (after a restore or rebuild).
 
 The mirror records which Consul cluster and prefix it mirrors (cluster ID,
 datacenter, namespace, partition, prefix). A leader whose Consul is another
