@@ -5,6 +5,7 @@ package cluster
 // force.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -87,6 +88,14 @@ func (n *Node) checkSource(ctx context.Context, r state.KVRead) error {
 	}
 	if r.Index < held && !r.Reread {
 		return fmt.Errorf("%w: Consul index %d, the mirror holds %d", state.ErrIndexBehind, r.Index, held)
+	}
+	// The same cluster, described anew: keep the record current (a
+	// Consul server replaced, a cluster ID read once Connect's CA was
+	// up), never poorer, so that the servers recorded stay the cluster's.
+	cur := *r.Source
+	cur.ClusterID, cur.Datacenter = cmp.Or(cur.ClusterID, rec.ClusterID), cmp.Or(cur.Datacenter, rec.Datacenter)
+	if cur != *rec {
+		return n.recordSource(ctx, &cur)
 	}
 	return nil
 }

@@ -168,6 +168,18 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 		}
 		held(tc.name)
 	}
+	// The same cluster described anew (a server replaced) is recorded
+	// anew, never poorer (a cluster ID not read this time is kept).
+	a2 := a
+	a2.Servers, a2.ClusterID = "127.0.0.1:8300,127.0.0.1:8302", ""
+	if err := l.ApplyRead(ctx, state.KVRead{Index: 510, KV: drained, Source: &a2}); err != nil {
+		t.Fatalf("a read of the recorded cluster with a server added: %v", err)
+	}
+	a.Servers = a2.Servers
+	testenv.Eventually(t, 5*time.Second, func() error {
+		rec := l.RecordedSource()
+		return testenv.Expect(rec != nil && *rec == a, "recorded %v, want %v", rec, a)
+	})
 	// The same cluster behind the index held: only a re-read applies it.
 	if err := l.ApplyRead(ctx, state.KVRead{Index: 400, KV: map[string]string{}, Source: &a}); !errors.Is(err, state.ErrIndexBehind) {
 		t.Errorf("a read behind the index held: %v, want ErrIndexBehind", err)
