@@ -56,7 +56,8 @@ func combineVerdict(h ConsulHealth, rec *state.MirrorSource) api.MirrorVerdict {
 
 // kvFailoverLoop hands leadership to a follower that can mirror when this
 // leader cannot: at once when its Consul or prefix is not the recorded
-// one, after KVFailoverAfter for any other reason. With no such follower
+// one (whatever KVFailoverAfter says), after KVFailoverAfter for any other
+// reason (never when it is negative). With no such follower
 // it keeps leadership (applying nothing it cannot vouch for) and says so
 // when that changes and every 30s.
 func (n *Node) kvFailoverLoop(ctx context.Context) {
@@ -86,8 +87,11 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 			}
 		}
 		wait, retry := n.opts.KVFailoverAfter, n.opts.KVFailoverAfter
-		if v.Identity() {
+		switch {
+		case v.Identity():
 			wait, retry = 0, identityRetry
+		case wait < 0:
+			continue // --kv-failover-after negative: never for a lost Consul
 		}
 		if now.Sub(badSince) < wait || now.Sub(lastAttempt) < retry {
 			continue

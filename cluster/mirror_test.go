@@ -87,9 +87,18 @@ func TestLeaderOfAnotherConsulHandsOverToAFollowerThatMatches(t *testing.T) {
 			"readiness of the replica of another Consul: %v %q, want ready (it serves raft's state) naming other_cluster", ready, d)
 	})
 
-	// No follower can mirror: the leader keeps leadership.
-	for i := range nodes {
-		vs.set(i, api.MirrorVerdict{Reason: api.MirrorOtherCluster})
+	// No follower can mirror: the leader keeps leadership. (The leader's
+	// own verdict changes last, so that it never sees a follower that
+	// can while the others change.)
+	for i, n := range nodes {
+		if n != good {
+			vs.set(i, api.MirrorVerdict{Reason: api.MirrorOtherCluster})
+		}
+	}
+	for i, n := range nodes {
+		if n == good {
+			vs.set(i, api.MirrorVerdict{Reason: api.MirrorOtherCluster})
+		}
 	}
 	testenv.Consistently(t, 3*time.Second, func() error {
 		return testenv.Expect(leaderOf(nodes) == good, "leadership moved although no follower can mirror")
@@ -117,18 +126,13 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 		l := leaderOf(nodes)
 		return testenv.Expect(l != nil && l.fsm.level() == state.LevelRecorded, "level 3 not in force")
 	})
-	ctx := context.Background()
 	a := state.MirrorSource{ClusterID: "aaaa", Datacenter: "dc1", Servers: "127.0.0.1:8300", Prefix: "hastate/"}
 	b := state.MirrorSource{ClusterID: "bbbb", Datacenter: "dc1", Servers: "127.0.0.1:9300", Prefix: "hastate/"}
 	drained := map[string]string{"state/web/s1": "drain", "state/web/s2": "maint"}
-	var l *testNode
-	testenv.Eventually(t, 10*time.Second, func() error {
-		l = leaderOf(nodes)
-		if l == nil {
-			return errors.New("no leader")
-		}
-		return l.ApplyRead(ctx, state.KVRead{Index: 500, KV: drained, Source: &a})
-	})
+	if err := applyRead(t, nodes, state.KVRead{Index: 500, KV: drained, Source: &a}); err != nil {
+		t.Fatal(err)
+	}
+	l := nodes[0] // any replica, for what every replica in sync says
 	testenv.Eventually(t, 5*time.Second, func() error {
 		for _, n := range nodes {
 			if rec := n.RecordedSource(); rec == nil || *rec != a {
@@ -161,7 +165,7 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 		{"another prefix", state.KVRead{Index: 600, KV: map[string]string{}, Source: &otherPrefix}, api.MirrorOtherPrefix},
 	} {
 		var me *api.MirrorError
-		if err := l.ApplyRead(ctx, tc.r); !errors.As(err, &me) || me.Verdict.Reason != tc.want {
+		if err := applyRead(t, nodes, tc.r); !errors.As(err, &me) || me.Verdict.Reason != tc.want {
 			t.Errorf("%s: ApplyRead = %v, want a MirrorError %s", tc.name, err, tc.want)
 		} else if !strings.Contains(me.Verdict.Detail, "recorded") && !strings.Contains(me.Verdict.Detail, "the mirror in raft is of") {
 			t.Errorf("%s: detail %q does not say what differs", tc.name, me.Verdict.Detail)
@@ -172,7 +176,7 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 	// anew, never poorer (a cluster ID not read this time is kept).
 	a2 := a
 	a2.Servers, a2.ClusterID = "127.0.0.1:8300,127.0.0.1:8302", ""
-	if err := l.ApplyRead(ctx, state.KVRead{Index: 510, KV: drained, Source: &a2}); err != nil {
+	if err := applyRead(t, nodes, state.KVRead{Index: 510, KV: drained, Source: &a2}); err != nil {
 		t.Fatalf("a read of the recorded cluster with a server added: %v", err)
 	}
 	a.Servers = a2.Servers
@@ -181,15 +185,15 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 		return testenv.Expect(rec != nil && *rec == a, "recorded %v, want %v", rec, a)
 	})
 	// The same cluster behind the index held: only a re-read applies it.
-	if err := l.ApplyRead(ctx, state.KVRead{Index: 400, KV: map[string]string{}, Source: &a}); !errors.Is(err, state.ErrIndexBehind) {
+	if err := applyRead(t, nodes, state.KVRead{Index: 400, KV: map[string]string{}, Source: &a}); !errors.Is(err, state.ErrIndexBehind) {
 		t.Errorf("a read behind the index held: %v, want ErrIndexBehind", err)
 	}
 	held("behind")
-	if err := l.ApplyRead(ctx, state.KVRead{Index: 400, KV: map[string]string{"state/web/s1": "drain"}, Source: &a, Reread: true}); err != nil {
+	if err := applyRead(t, nodes, state.KVRead{Index: 400, KV: map[string]string{"state/web/s1": "drain"}, Source: &a, Reread: true}); err != nil {
 		t.Errorf("a confirmed read behind the index held: %v", err)
 	}
 	testenv.Eventually(t, 5*time.Second, func() error {
-		return testenv.Expect(answer(l.Node, "web/s2") == "ready 100%\n", "the confirmed read was not applied")
+		return testenv.Expect(answer(leaderOf(nodes).Node, "web/s2") == "ready 100%\n", "the confirmed read was not applied")
 	})
 
 	// The verdict of a replica that reads b: other_cluster, named.
@@ -208,14 +212,14 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 	}
 
 	// Adopt: refused for another ID than the one confirmed, then b.
-	if _, err := l.Adopt(ctx, b, "cccc"); !errors.Is(err, ErrAdoptRefused) {
+	if _, err := adopt(t, nodes, b, "cccc"); !errors.Is(err, ErrAdoptRefused) {
 		t.Errorf("Adopt with another ID: %v, want ErrAdoptRefused", err)
 	}
-	old, err := l.Adopt(ctx, b, "bbbb")
+	old, err := adopt(t, nodes, b, "bbbb")
 	if err != nil || old == nil || *old != a {
 		t.Fatalf("Adopt = %v, %v, want a", old, err)
 	}
-	if err := l.ApplyRead(ctx, state.KVRead{Index: 3, KV: map[string]string{"state/web/s9": "maint"}, Source: &b}); err != nil {
+	if err := applyRead(t, nodes, state.KVRead{Index: 3, KV: map[string]string{"state/web/s9": "maint"}, Source: &b}); err != nil {
 		t.Errorf("a read of the adopted cluster at a low index: %v", err)
 	}
 	testenv.Eventually(t, 5*time.Second, func() error {
@@ -226,7 +230,7 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 		}
 		return nil
 	})
-	if err := l.ApplyRead(ctx, state.KVRead{Index: 700, KV: map[string]string{}, Source: &a}); err == nil {
+	if err := applyRead(t, nodes, state.KVRead{Index: 700, KV: map[string]string{}, Source: &a}); err == nil {
 		t.Errorf("a read of the cluster adopted away from was applied")
 	}
 }
@@ -243,8 +247,17 @@ func TestSourceWaitsForLevelRecorded(t *testing.T) {
 	})
 	capped := nodes[1]
 	src := state.MirrorSource{ClusterID: "aaaa", Prefix: "hastate/"}
+	read := state.KVRead{Index: 5, KV: map[string]string{"state/web/s1": "drain"}, Source: &src}
+	var (
+		applier *testNode
+		term    uint64
+	)
 	testenv.Eventually(t, 15*time.Second, func() error {
 		l := leaderOf(nodes)
+		applier = l
+		if l != nil {
+			term = l.raft.CurrentTerm()
+		}
 		switch {
 		case l == nil:
 			return errors.New("no leader")
@@ -254,7 +267,7 @@ func TestSourceWaitsForLevelRecorded(t *testing.T) {
 			_ = l.raft.LeadershipTransfer().Error()
 			return errors.New("the capped replica leads")
 		}
-		return l.ApplyRead(context.Background(), state.KVRead{Index: 5, KV: map[string]string{"state/web/s1": "drain"}, Source: &src})
+		return l.ApplyRead(context.Background(), read)
 	})
 	testenv.Consistently(t, 3*levelEvery, func() error {
 		for _, n := range nodes {
@@ -274,6 +287,16 @@ func TestSourceWaitsForLevelRecorded(t *testing.T) {
 	o.MaxLevel = 0
 	nodes[1] = startNode(t, o)
 	testenv.Eventually(t, 15*time.Second, func() error {
+		if l := leaderOf(nodes); l != nil && (l != applier || l.raft.CurrentTerm() != term) && l.RecordedSource() == nil {
+			// An election on a loaded machine: the leader of the new
+			// term records with its watch's first read, as in the
+			// product.
+			t.Logf("a new term (leader %s, was %s): its first read records the source", l.opts.ID, applier.opts.ID)
+			applier, term = l, l.raft.CurrentTerm()
+			if err := l.ApplyRead(context.Background(), read); err != nil && !errors.Is(err, ErrNotLeader) {
+				return err
+			}
+		}
 		for _, n := range nodes {
 			if rec := n.RecordedSource(); rec == nil || *rec != src || n.fsm.level() != state.LevelRecorded {
 				return fmt.Errorf("%s: recorded %v at level %d", n.opts.ID, rec, n.fsm.level())
@@ -313,4 +336,41 @@ func TestSnapshotCarriesTheSource(t *testing.T) {
 	if _, idx := f.recorded(); idx != 0 {
 		t.Errorf("kv index after an adoption: %d, want 0", idx)
 	}
+}
+
+// applyRead is ApplyRead on the current leader, again on the next one
+// while it answers ErrNotLeader (an election on a loaded machine); it
+// returns the first other answer.
+func applyRead(t *testing.T, nodes []*testNode, r state.KVRead) error {
+	t.Helper()
+	return onLeader(t, nodes, func(l *testNode) error { return l.ApplyRead(context.Background(), r) })
+}
+
+// adopt is Adopt on the current leader, as applyRead.
+func adopt(t *testing.T, nodes []*testNode, src state.MirrorSource, want string) (old *state.MirrorSource, err error) {
+	t.Helper()
+	err = onLeader(t, nodes, func(l *testNode) error {
+		var err error
+		old, err = l.Adopt(context.Background(), src, want)
+		return err
+	})
+	return old, err
+}
+
+// onLeader runs f on the current leader until it answers something other
+// than ErrNotLeader, and returns that.
+func onLeader(t *testing.T, nodes []*testNode, f func(l *testNode) error) error {
+	t.Helper()
+	var err error
+	testenv.Eventually(t, 10*time.Second, func() error {
+		l := leaderOf(nodes)
+		if l == nil {
+			return errors.New("no leader")
+		}
+		if err = f(l); errors.Is(err, ErrNotLeader) {
+			return err
+		}
+		return nil
+	})
+	return err
 }

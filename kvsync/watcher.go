@@ -11,7 +11,6 @@ import (
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
-
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
@@ -258,7 +257,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewClient, which reads the listing (build it with NewClient)")
 
 // errNotConsul: the answer lacks what every Consul KV answer carries (see
-// checkConsulHeaders); what answered is a proxy, a load balancer or
+// checkConsulAnswer); what answered is a proxy, a load balancer or
 // another service, and its "nothing here" proves nothing.
 var errNotConsul = errors.New("the answer is not Consul's")
 
