@@ -1,9 +1,16 @@
 package api
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"time"
+
+	"github.com/hastate/hastate/state"
 )
 
 // MirrorReason is why a replica can or cannot mirror Consul into raft: the
@@ -85,101 +92,22 @@ func (s PeerStatus) Verdict() MirrorVerdict {
 	}
 }
 
-// MirrorSource is the Consul cluster and prefix a mirror is tied to: what
-// the raft leader records with the mirrored state, and what each replica's
-// Consul is compared with before it may apply a read.
-type MirrorSource struct {
-	// ClusterID is the Consul cluster's own ID (from its Connect CA
-	// trust domain, the same on every agent of a cluster and kept across
-	// a snapshot restore); empty when Consul does not say (Connect off).
-	ClusterID string `json:"cluster_id,omitempty"`
-	// Datacenter is the agent's datacenter (empty when unknown).
-	Datacenter string `json:"datacenter,omitempty"`
-	// Servers are the Consul servers' raft addresses, sorted and
-	// comma-separated: what tells two clusters apart when neither says
-	// its ClusterID.
-	Servers string `json:"servers,omitempty"`
-	// Namespace and Partition are the Consul Enterprise namespace and
-	// admin partition the replica reads (empty: the default ones).
-	Namespace string `json:"namespace,omitempty"`
-	Partition string `json:"partition,omitempty"`
-	// Prefix is the KV prefix (--kv-prefix).
-	Prefix string `json:"prefix"`
-}
+// MirrorSource is the Consul cluster and prefix a mirror is tied to (see
+// state.MirrorSource): what the raft leader records with the mirrored state.
+type MirrorSource = state.MirrorSource
 
-func (s MirrorSource) String() string {
-	var parts []string
-	if s.ClusterID != "" {
-		parts = append(parts, "cluster "+s.ClusterID)
+// SourceVerdict is the verdict of a replica that reads s when rec is
+// recorded in raft: MirrorOK, MirrorOtherPrefix or MirrorOtherCluster with
+// what differs and what to do.
+func SourceVerdict(s, rec MirrorSource) MirrorVerdict {
+	switch d, detail := s.Compare(rec); d {
+	case state.OtherPrefix:
+		return MirrorVerdict{Reason: MirrorOtherPrefix, Detail: detail + ": start this replica with --kv-prefix " + rec.Prefix}
+	case state.OtherCluster:
+		return MirrorVerdict{Reason: MirrorOtherCluster, Detail: detail +
+			": point this replica at the recorded Consul cluster, or, if this Consul is the one to mirror from now on (restored or rebuilt), adopt it with hastate adopt-consul (docs/runbook.md)"}
 	}
-	if s.Datacenter != "" {
-		parts = append(parts, "datacenter "+s.Datacenter)
-	}
-	if s.ClusterID == "" && s.Servers != "" {
-		parts = append(parts, "servers "+s.Servers)
-	}
-	if s.Namespace != "" {
-		parts = append(parts, "namespace "+s.Namespace)
-	}
-	if s.Partition != "" {
-		parts = append(parts, "partition "+s.Partition)
-	}
-	parts = append(parts, fmt.Sprintf("prefix %q", s.Prefix))
-	return strings.Join(parts, ", ")
-}
-
-// Differs says how s, a replica's Consul, differs from rec, the recorded
-// one: MirrorOK when it is the same cluster and prefix, else
-// MirrorOtherPrefix or MirrorOtherCluster with what differs. The cluster
-// is the same when both ClusterIDs are known and equal, or, when either
-// is unknown, when they share a Consul server (two clusters never do; a
-// server being replaced can make the lists differ for a moment); the
-// datacenter, namespace and partition must match where both know them.
-func (s MirrorSource) Differs(rec MirrorSource) (MirrorReason, string) {
-	if s.Prefix != rec.Prefix {
-		return MirrorOtherPrefix, fmt.Sprintf("this replica reads prefix %q, the mirror in raft is of %q", s.Prefix, rec.Prefix)
-	}
-	var diff []string
-	switch {
-	case s.ClusterID != "" && rec.ClusterID != "":
-		if s.ClusterID != rec.ClusterID {
-			diff = append(diff, fmt.Sprintf("cluster ID %s, recorded %s", s.ClusterID, rec.ClusterID))
-		}
-	case !shareServer(s.Servers, rec.Servers):
-		diff = append(diff, fmt.Sprintf("servers %s, recorded %s", orNone(s.Servers), orNone(rec.Servers)))
-	}
-	if s.Datacenter != "" && rec.Datacenter != "" && s.Datacenter != rec.Datacenter {
-		diff = append(diff, fmt.Sprintf("datacenter %s, recorded %s", s.Datacenter, rec.Datacenter))
-	}
-	if s.Namespace != rec.Namespace {
-		diff = append(diff, fmt.Sprintf("namespace %q, recorded %q", s.Namespace, rec.Namespace))
-	}
-	if s.Partition != rec.Partition {
-		diff = append(diff, fmt.Sprintf("partition %q, recorded %q", s.Partition, rec.Partition))
-	}
-	if len(diff) == 0 {
-		return MirrorOK, ""
-	}
-	return MirrorOtherCluster, "this replica's Consul is another cluster than the one recorded in raft: " + strings.Join(diff, "; ")
-}
-
-func shareServer(a, b string) bool {
-	theirs := strings.Split(b, ",")
-	for _, s := range strings.Split(a, ",") {
-		for _, t := range theirs {
-			if s != "" && s == t {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "(none known)"
-	}
-	return s
+	return MirrorVerdict{Reason: MirrorOK}
 }
 
 // MirrorError is an error that carries a mirror verdict: the cluster's
@@ -188,3 +116,62 @@ func orNone(s string) string {
 type MirrorError struct{ Verdict MirrorVerdict }
 
 func (e *MirrorError) Error() string { return "cannot mirror: " + e.Verdict.String() }
+
+// AdoptRequest is the body of POST /v1/consul/adopt: Cluster is the ID of
+// the Consul cluster to adopt (its servers, for a Consul without Connect),
+// as the operator saw it in /v1/cluster; the leader refuses if its Consul
+// is another.
+type AdoptRequest struct {
+	Cluster string `json:"cluster"`
+}
+
+// AdoptResult is what POST /v1/consul/adopt answers: the source recorded
+// now, the one it replaced (nil: none), and the leader that wrote it.
+// Unchanged: the leader's Consul already was the recorded one.
+type AdoptResult struct {
+	Adopted   MirrorSource  `json:"adopted"`
+	Was       *MirrorSource `json:"was,omitempty"`
+	Leader    string        `json:"leader"`
+	Unchanged bool          `json:"unchanged,omitempty"`
+}
+
+// AdoptError is a refused adoption: Code is the HTTP status (409: this
+// replica is not the leader, LeaderID names it; 422: refused, Message says
+// why and what to do).
+type AdoptError struct {
+	Code     int    `json:"code"`
+	Message  string `json:"error"`
+	LeaderID string `json:"leader_id,omitempty"`
+}
+
+func (e *AdoptError) Error() string { return e.Message }
+
+// AdoptConsul asks the replica, which must be the raft leader, to adopt
+// the Consul cluster it reads as the mirror's source (see AdoptRequest).
+func (c *Client) AdoptConsul(ctx context.Context, cluster string) (AdoptResult, error) {
+	body, _ := json.Marshal(AdoptRequest{Cluster: cluster}) // a struct of strings always encodes
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/consul/adopt", bytes.NewReader(body))
+	if err != nil {
+		return AdoptResult{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return AdoptResult{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		ae := &AdoptError{}
+		if json.Unmarshal(b, ae) != nil || ae.Message == "" {
+			return AdoptResult{}, &StatusError{Code: resp.StatusCode, Body: strings.TrimSpace(string(b))}
+		}
+		ae.Code = resp.StatusCode
+		return AdoptResult{}, ae
+	}
+	var res AdoptResult
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		return AdoptResult{}, fmt.Errorf("POST /v1/consul/adopt: %w", err)
+	}
+	return res, nil
+}

@@ -374,7 +374,13 @@ type ConsulToken struct {
 type ConsulIdentity struct {
 	Datacenter string `json:"datacenter,omitempty"`
 	Cluster    string `json:"cluster,omitempty"`
-	Error      string `json:"error,omitempty"`
+	// ClusterID is the cluster's own ID (its Connect CA trust domain;
+	// empty with Connect off), and Namespace and Partition what the
+	// replica reads (Consul Enterprise; empty: the defaults).
+	ClusterID string `json:"cluster_id,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Partition string `json:"partition,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // ConfirmInfo is /v1/cluster's confirm: an agent check is answered only

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 
 	"github.com/hashicorp/raft"
 )
@@ -32,9 +33,14 @@ type ConsulHealth struct {
 	// mirror needs (on the leader: its watch holds the last state).
 	TokenProblem *api.TokenProblem
 	// Verdict is whether this node could mirror Consul into raft if it
-	// led, and why not (mirror.go). The zero Reason is read from
-	// Reachable: MirrorOK or MirrorConsulUnreachable.
+	// led, and why not, as far as the wiring knows (Consul unreachable,
+	// not Consul, the token). The zero Reason is read from Reachable:
+	// MirrorOK or MirrorConsulUnreachable. The node adds what it knows
+	// (Node.MirrorVerdict): whether Source is the one recorded in raft.
 	Verdict api.MirrorVerdict
+	// Source is the Consul cluster and prefix this node reads (nil: not
+	// known yet, e.g. Consul has not answered since the start).
+	Source *state.MirrorSource
 }
 
 // verdict is h's mirror verdict, its zero Reason read from Reachable.

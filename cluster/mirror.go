@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
 
@@ -27,11 +28,36 @@ const failoverEvery = time.Second
 const identityRetry = 2 * time.Second
 
 // MirrorVerdict is this node's verdict: can it mirror Consul into raft?
-func (n *Node) MirrorVerdict() api.MirrorVerdict { return n.consulHealth().verdict() }
+func (n *Node) MirrorVerdict() api.MirrorVerdict { return n.verdictOf(n.consulHealth()) }
+
+// verdictOf is the verdict of a node whose Consul health is h: the
+// wiring's verdict when it is not ok, else whether h's source is the one
+// recorded in raft (with none recorded, any source may mirror; with one
+// recorded, a node that cannot tell which Consul it reads cannot).
+func (n *Node) verdictOf(h ConsulHealth) api.MirrorVerdict {
+	if n.opts.ConsulHealth == nil {
+		return h.verdict() // no wiring: nothing to compare
+	}
+	return combineVerdict(h, n.RecordedSource())
+}
+
+// combineVerdict is verdictOf's rule for a node whose source rec records.
+func combineVerdict(h ConsulHealth, rec *state.MirrorSource) api.MirrorVerdict {
+	v := h.verdict()
+	if !v.CanMirror() || rec == nil {
+		return v
+	}
+	if h.Source == nil {
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable,
+			Detail: "cannot tell which Consul cluster this replica reads (its identity has not been read yet): check Consul at CONSUL_HTTP_ADDR / --consul-addr"}
+	}
+	return api.SourceVerdict(*h.Source, *rec)
+}
 
 // kvFailoverLoop hands leadership to a follower that can mirror when this
 // leader cannot: at once when its Consul or prefix is not the recorded
-// one, after KVFailoverAfter for any other reason. With no such follower
+// one (whatever KVFailoverAfter says), after KVFailoverAfter for any other
+// reason (never when it is negative). With no such follower
 // it keeps leadership (applying nothing it cannot vouch for) and says so
 // when that changes and every 30s.
 func (n *Node) kvFailoverLoop(ctx context.Context) {
@@ -61,8 +87,11 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 			}
 		}
 		wait, retry := n.opts.KVFailoverAfter, n.opts.KVFailoverAfter
-		if v.Identity() {
+		switch {
+		case v.Identity():
 			wait, retry = 0, identityRetry
+		case wait < 0:
+			continue // --kv-failover-after negative: never for a lost Consul
 		}
 		if now.Sub(badSince) < wait || now.Sub(lastAttempt) < retry {
 			continue

@@ -218,6 +218,11 @@ type Node struct {
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
+	// readSource is the source of the reads this leader accepted, and
+	// the term it accepted them in (nil: none yet): what the mirror holds
+	// came from it, so the level gate records it once
+	// state.LevelRecorded is in force (see recordReadSource).
+	readSource atomic.Pointer[termSource]
 	// conf is the confirmation of answers (confirm.go); ri is the
 	// follower's open read-index connection to the leader (confirmLoop's).
 	conf confirmer

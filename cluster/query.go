@@ -25,7 +25,7 @@ func (n *Node) peerStatus() api.PeerStatus {
 	if n.opts.ConsulHealth != nil {
 		h := n.opts.ConsulHealth()
 		st.ConsulReachable, st.ConsulChecked = h.Reachable, h.Checked
-		v := h.verdict()
+		v := n.verdictOf(h)
 		st.Mirror = &v
 	}
 	if n.raft.State() == raft.Leader {

@@ -125,7 +125,7 @@ func (n *Node) Info() api.ClusterInfo {
 	statuses := n.PeerStatuses(time.Second)
 	in.Level, in.Version = n.levelInfo(statuses), n.opts.Version
 	v := n.MirrorVerdict()
-	in.Mirror = &v
+	in.Mirror, in.Source = &v, n.RecordedSource()
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		for _, s := range f.Configuration().Servers {
 			m := api.MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid}

@@ -159,9 +159,7 @@ func serveReply(t *testing.T, rw http.ResponseWriter, rep reply) {
 	}
 	// The headers Consul sets on every answer (consul/api reads the ones
 	// after X-Consul-LastContact only when it is there).
-	rw.Header().Set("X-Consul-Index", strconv.FormatUint(rep.index, 10))
-	rw.Header().Set("X-Consul-LastContact", "0")
-	rw.Header().Set("X-Consul-KnownLeader", "true")
+	consulHeaders(rw.Header(), strconv.FormatUint(rep.index, 10))
 	if rep.filtered {
 		rw.Header().Set("X-Consul-Results-Filtered-By-ACLs", "true")
 	}

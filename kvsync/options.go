@@ -29,6 +29,8 @@ const (
 	DefaultMinGap      = 50 * time.Millisecond
 	DefaultBackoffBase = 250 * time.Millisecond
 	DefaultBackoffMax  = 30 * time.Second
+	// DefaultIdentifyEvery: a read's source is at most this old.
+	DefaultIdentifyEvery = 30 * time.Second
 )
 
 // Errors returned by this package.
@@ -70,6 +72,17 @@ type Options struct {
 	// (see Backoff); 0 means DefaultBackoffBase and DefaultBackoffMax.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
+
+	// Identify reads which Consul cluster the Client reads and returns
+	// the mirror source (state.MirrorSource, with Prefix) every read
+	// handed to the Sink names, so that the Sink applies a read only from
+	// the source it recorded. It is called before the first read of each
+	// Run, after every failed attempt or index reset, and at least every
+	// IdentifyEvery; an error fails the read. nil: reads name no source.
+	Identify func(ctx context.Context) (state.MirrorSource, error)
+	// IdentifyEvery is the longest a read's source may be known before it
+	// is read again (0: DefaultIdentifyEvery).
+	IdentifyEvery time.Duration
 
 	// Now is the clock for the times in Status and the metrics; nil means
 	// time.Now. Waiting uses real timers.
@@ -153,6 +166,7 @@ func (o *Options) setDefaults() {
 	o.MinGap = cmp.Or(o.MinGap, DefaultMinGap)
 	o.BackoffBase = cmp.Or(o.BackoffBase, DefaultBackoffBase)
 	o.BackoffMax = cmp.Or(o.BackoffMax, DefaultBackoffMax)
+	o.IdentifyEvery = cmp.Or(o.IdentifyEvery, DefaultIdentifyEvery)
 	if o.BackoffMax < o.BackoffBase {
 		o.BackoffMax = o.BackoffBase
 	}

@@ -11,7 +11,6 @@ import (
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
-
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
@@ -94,6 +93,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 		failures int           // consecutive failed attempts
 		since    time.Time     // first failure of the current streak
 		wait     time.Duration // before the next call
+		// src is the source reads name (Options.Identify), read at srcAt.
+		src   *state.MirrorSource
+		srcAt time.Time
+		// reread: the Sink refused a read as behind the index it holds
+		// (state.ErrIndexBehind); the next read confirms it.
+		reread bool
 	)
 	for {
 		if err := sleep(ctx, wait); err != nil {
@@ -107,6 +112,18 @@ func (w *Watcher) Run(ctx context.Context) error {
 		ask := index
 		if failures > 0 {
 			ask = 0
+		}
+		if w.o.Identify != nil && (src == nil || failures > 0 || index == 0 || time.Since(srcAt) >= w.o.IdentifyEvery) {
+			s, err := w.o.Identify(ctx)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil {
+				failures, since = w.failed(failures, since, index, fmt.Errorf("consul: cannot tell which Consul cluster answers, so no read is applied: %w", err), true)
+				wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), w.gap(start))
+				continue
+			}
+			src, srcAt = &s, time.Now()
 		}
 		got, l, err := w.read(ctx, ask, last)
 		if ctx.Err() != nil {
@@ -148,7 +165,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 					continue
 				}
 			}
-			r := state.KVRead{Index: got, KV: l.full.kv}
+			r := state.KVRead{Index: got, KV: l.full.kv, Source: src, Reread: reread}
 			if l.edits != nil {
 				// The held map becomes the read; its keys follow once
 				// the Sink accepts it.
@@ -167,6 +184,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 					// the next read is compared in full.
 					last, accepted = held{}, 0
 				}
+				// Below what the Sink holds: the next read (consistent,
+				// at index 0 after this failure) confirms it.
+				reread = errors.Is(err, state.ErrIndexBehind)
 				// Not delivered: index stays, so the next read returns at
 				// once with the then-current data, after the backoff.
 				failures, since = w.failed(failures, since, index,
@@ -174,6 +194,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 				wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
 				continue
 			}
+			reread = false
 			w.m.updates.Inc()
 			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.count), zap.Int("changed", len(l.changed)))
 			if l.edits != nil {
@@ -256,7 +277,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewClient, which reads the listing (build it with NewClient)")
 
 // errNotConsul: the answer lacks what every Consul KV answer carries (see
-// checkConsulHeaders); what answered is a proxy, a load balancer or
+// checkConsulAnswer); what answered is a proxy, a load balancer or
 // another service, and its "nothing here" proves nothing.
 var errNotConsul = errors.New("the answer is not Consul's")
 
@@ -302,10 +323,16 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 		zap.Duration("retry_in", retry),
 		zap.Uint64("consul_index", index),
 	}
-	if consul {
+	switch {
+	case consul:
 		w.m.reachable.Set(0)
 		w.log.Error("cannot read Consul KV; serving the last mirrored state; "+consulHint(err), fields...)
-	} else {
+	case errors.As(err, &me):
+		w.log.Error("refusing to apply the Consul KV read: this replica's Consul or prefix is not the one recorded in raft; serving the last mirrored state "+
+			"(the leader hands leadership to a replica that matches)", fields...)
+	case errors.Is(err, state.ErrIndexBehind):
+		w.log.Warn("the Consul index is below the one the mirror holds; reading again to confirm before applying", fields...)
+	default:
 		w.log.Error("could not apply the Consul KV read; serving the last applied state; "+
 			"will retry with a fresh read (check this replica's raft leadership and logs)", fields...)
 	}

@@ -89,7 +89,7 @@ written by the same command (--reason, --for, --ramp).`,
 	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), migrateCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
 		root.AddCommand(withTimeout(c))
 	}
-	root.AddCommand(migrationCmd(stdout), withTimeout(compareCmd(stdout)))
+	root.AddCommand(migrationCmd(stdout), withTimeout(compareCmd(stdout)), withTimeout(adoptCmd(stdout)))
 	return root
 }
 

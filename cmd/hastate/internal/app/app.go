@@ -220,7 +220,12 @@ type App struct {
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
 	consulID        atomic.Pointer[api.ConsulIdentity] // see readConsulIdentity
-	pollers         *server.Pollers
+	// source is the mirror source this replica reads (nil until its
+	// Consul's identity was first read); see identify.
+	source atomic.Pointer[state.MirrorSource]
+	// nodeRef is node, for the goroutines Start begins before it exists.
+	nodeRef atomic.Pointer[cluster.Node]
+	pollers *server.Pollers
 	// stops holds the stop of every step Start took; Stop runs them
 	// last-first (see Start for the order).
 	stops    lifecycle.Stops
@@ -291,15 +296,18 @@ func (a *App) Start(ctx context.Context) (err error) {
 		stopBackground()
 		return nil
 	})
-	a.serveWG.Add(3)
+	a.serveWG.Add(5)
 	go func() {
 		defer a.serveWG.Done()
 		_ = a.probe.Run(bgCtx)
 	}()
-	a.serveWG.Add(1)
 	go func() {
 		defer a.serveWG.Done()
 		_ = a.token.Run(bgCtx, a.consul)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		a.logVerdict(bgCtx)
 	}()
 	go func() {
 		defer a.serveWG.Done()
@@ -345,6 +353,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	a.nodeRef.Store(a.node)
 	a.stops.Add("raft node", a.node.Shutdown)
 	a.serveWG.Add(1)
 	go func() {
@@ -366,7 +375,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	})
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
-			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw}),
+			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw, Adopter: a}),
 		ReadHeaderTimeout: min(5*time.Second, a.o.HTTPReadTimeout),
 		ReadTimeout:       a.o.HTTPReadTimeout,
 		WriteTimeout:      a.o.HTTPWriteTimeout,
@@ -431,7 +440,7 @@ func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
 	return kvsync.New(kvsync.Options{
 		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
 		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
-		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait,
+		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait, Identify: a.identify,
 	})
 }
 
@@ -458,7 +467,8 @@ func (a *App) sweepPollers(ctx context.Context) {
 // it. The probe (every 2s) is what notices a dead Consul fast.
 func (a *App) consulHealth() cluster.ConsulHealth {
 	p := a.probe.Health()
-	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p), TokenProblem: p.TokenProblem}
+	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p),
+		Source: a.source.Load(), TokenProblem: p.TokenProblem}
 	w := a.watcher.Load()
 	if w == nil {
 		return h
@@ -470,6 +480,11 @@ func (a *App) consulHealth() cluster.ConsulHealth {
 	}
 	switch {
 	case st.ConsecutiveErrors > 0:
+		if r := st.LastErrorReason; r != "" && r != api.MirrorOK && r != api.MirrorOtherCluster && r != api.MirrorOtherPrefix && h.Verdict.CanMirror() {
+			// The watch knows better than the probe (the node itself
+			// compares the source with the recorded one).
+			h.Verdict = api.MirrorVerdict{Reason: r, Detail: st.LastError, Since: st.FailingSince}
+		}
 		// Consul answers the probe, but the watch fails to read or to
 		// apply: the mirror is not in sync.
 		h.Reachable = false
@@ -576,29 +591,88 @@ func (r replica) ClusterInfo() api.ClusterInfo {
 }
 
 // readConsulIdentity keeps the identity of the Consul cluster this replica
-// reads for /v1/cluster (the CLI checks it before a write): read at start,
-// again every 30s (2s while it fails, keeping the last identity read).
+// reads for /v1/cluster (the CLI checks it before a write) and for the
+// mirror verdict: read at start, again every 30s (2s while it fails,
+// keeping the last identity read). The leader's watch also reads it
+// before it applies (identify).
 func (a *App) readConsulIdentity(ctx context.Context) {
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		id, err := kvsync.ReadIdentity(rctx, a.consul)
+		_, err := a.identify(rctx)
 		cancel()
 		next := 30 * time.Second
-		ci := &api.ConsulIdentity{Datacenter: id.Datacenter, Cluster: id.Cluster}
 		if err != nil {
 			next = 2 * time.Second
-			if last := a.consulID.Load(); last != nil {
-				ci.Datacenter, ci.Cluster = last.Datacenter, last.Cluster
-			}
-			ci.Error = err.Error()
 		}
-		a.consulID.Store(ci)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(next):
 		}
 	}
+}
+
+// identify reads which Consul cluster this replica reads, keeps it for
+// /v1/cluster and the verdict, and returns the mirror source (the watch's
+// Identify). A failed read keeps the last identity, with the error.
+func (a *App) identify(ctx context.Context) (state.MirrorSource, error) {
+	id, err := kvsync.ReadIdentity(ctx, a.consul)
+	ns, part := kvsync.Scope(a.o.ConsulAddr)
+	ci := &api.ConsulIdentity{Datacenter: id.Datacenter, Cluster: id.Cluster, ClusterID: id.ClusterID, Namespace: ns, Partition: part}
+	if err != nil {
+		if last := a.consulID.Load(); last != nil {
+			ci.Datacenter, ci.Cluster, ci.ClusterID = last.Datacenter, last.Cluster, last.ClusterID
+		}
+		ci.Error = err.Error()
+		a.consulID.Store(ci)
+		return state.MirrorSource{}, err
+	}
+	a.consulID.Store(ci)
+	src := id.Source(a.o.KVPrefix, ns, part)
+	if old := a.source.Swap(&src); old == nil || *old != src {
+		a.log.Info("this replica's Consul", zap.Stringer("source", &src), zap.Stringer("recorded_in_raft", a.recordedSource()))
+	}
+	return src, nil
+}
+
+// logVerdict logs each change of this replica's mirror verdict: can it
+// mirror Consul into raft if it leads, and why not.
+func (a *App) logVerdict(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	var last api.MirrorReason
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n := a.nodeRef.Load()
+		if n == nil {
+			continue
+		}
+		v := n.MirrorVerdict()
+		if v.Reason == last {
+			continue
+		}
+		fields := []zap.Field{zap.String("reason", string(v.Reason)), zap.String("detail", v.Detail), zap.String("was", string(last)),
+			zap.Stringer("source", a.source.Load()), zap.Stringer("recorded_in_raft", n.RecordedSource())}
+		if v.CanMirror() {
+			a.log.Info("this replica can mirror Consul", fields...)
+		} else {
+			a.log.Warn("this replica cannot mirror Consul: as leader it applies nothing and hands leadership to a replica that can", fields...)
+		}
+		last = v.Reason
+	}
+}
+
+// recordedSource is the source recorded in raft (nil: none, or before
+// the node runs).
+func (a *App) recordedSource() *state.MirrorSource {
+	if n := a.nodeRef.Load(); n != nil {
+		return n.RecordedSource()
+	}
+	return nil
 }
 
 // PeerPollers asks the other replicas for their pollers.
