@@ -47,7 +47,14 @@ func tokenClient(t *testing.T, c *testenv.Consul, secret string) (*api.Client, *
 	t.Helper()
 	t.Setenv(api.HTTPTokenEnvName, "")
 	t.Setenv(api.HTTPTokenFileEnvName, "")
-	tok, err := NewToken(TokenOptions{Secret: secret})
+	return runToken(t, c, TokenOptions{Secret: secret})
+}
+
+// runToken makes the Token of o and its client for c, and runs the Token
+// (file re-reads, accessor look-ups) until the test ends.
+func runToken(t *testing.T, c *testenv.Consul, o TokenOptions) (*api.Client, *Token) {
+	t.Helper()
+	tok, err := NewToken(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +143,7 @@ func TestACLHiddenListingIsNeverApplied(t *testing.T) {
 			if !strings.Contains(p.String(), "the Consul token cannot read hastate/") {
 				t.Errorf("token problem reads %q", p)
 			}
-			if logs.FilterMessageSnippet("holding the last state until the token may read the prefix").Len() == 0 {
+			if logs.FilterMessageSnippet("holds the last state until the token may read the prefix").Len() == 0 {
 				t.Errorf("no error line says the state is held for the token: %v", logs.All())
 			}
 
@@ -268,18 +275,7 @@ func TestTokenFileRotation(t *testing.T) {
 	t.Setenv(api.HTTPTokenFileEnvName, file) // as Consul's own tools read it
 	core, logs := observer.New(zapcore.InfoLevel)
 	reg := prometheus.NewRegistry()
-	token, err := NewToken(TokenOptions{Interval: 100 * time.Millisecond, Logger: zap.New(core), Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := NewTokenClient("http://"+c.Addr(), token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = token.Run(ctx, client) }()
-	defer func() { cancel(); <-done }()
+	client, token := runToken(t, c, TokenOptions{Interval: 100 * time.Millisecond, Logger: zap.New(core), Registerer: reg})
 	testenv.Eventually(t, 5*time.Second, func() error {
 		return testenv.Expect(token.AccessorID() == oldTok.AccessorID, "accessor %q", token.AccessorID())
 	})

@@ -366,13 +366,13 @@ func consulHint(err error) string {
 	var te *TokenError
 	switch {
 	case errors.As(err, &te):
-		return "holding the last state until the token may read the prefix (check CONSUL_HTTP_TOKEN / --consul-token-file and the token's policy)"
+		return "as leader it holds the last state until the token may read the prefix (check --consul-token-file / CONSUL_HTTP_TOKEN and the token's policy)"
 	case errors.Is(err, errNotConsul):
 		return "what answers at CONSUL_HTTP_ADDR / --consul-addr is not Consul's KV endpoint (a proxy, a load balancer without a route, another service): point it at a Consul agent"
 	case errors.Is(err, errFilteredByACLs):
-		return "give the token (CONSUL_HTTP_TOKEN) key_prefix read on the whole prefix"
+		return "give the token (--consul-token-file, CONSUL_HTTP_TOKEN) key_prefix list on the whole prefix (docs/deploy.md, Consul ACL policies)"
 	case errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
-		return "check the Consul token (CONSUL_HTTP_TOKEN): it needs key_prefix read on the prefix"
+		return "check the Consul token (--consul-token-file, CONSUL_HTTP_TOKEN): it needs key_prefix list on the prefix"
 	case errors.As(err, &se):
 		return "Consul answered with an error; check the Consul servers (leader, quorum)"
 	default:

@@ -281,7 +281,7 @@ func TestE2EACLReplicasWithoutTokenNeverGuess(t *testing.T) {
 	if w := watch(rd); w.TokenProblem == nil || w.LastErrorReason != api.MirrorTokenCannotRead {
 		t.Errorf("leader %s watch: %+v, want the token problem", l.NodeID, w)
 	}
-	if !l.LogContains(t, "holding the last state until the token may read the prefix") {
+	if !l.LogContains(t, "holds the last state until the token may read the prefix") {
 		t.Errorf("leader %s did not log that it holds the state for the token", l.NodeID)
 	}
 	for _, h := range hs {
