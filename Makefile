@@ -105,14 +105,15 @@ chart-files:
 	  elif [ -f $$dst ]; then rm -f $$dst; echo "chart-files: $$src is gone: removed $$dst"; fi; \
 	done
 
-# test-deploy: what ships outside the binary. helm lint, terraform fmt (when
+# test-deploy: what ships outside the binary. helm lint (with the one value
+# an install must give, the Consul token's Secret), terraform fmt (when
 # terraform is installed: providers cannot be fetched, so no init/validate),
 # the image built offline (BASE=scratch) with podman, then the
 # Go tests of deploy/test (its own module: the Helm SDK and k8s.io/api stay
 # out of go.mod), the container test included (podman is installed first).
 test-deploy: chart-files build
 	@scripts/ensure-podman.sh
-	$$(scripts/ensure-helm.sh) lint --strict $(CHART)
+	$$(scripts/ensure-helm.sh) lint --strict --set consul.existingSecret.name=hastate-consul $(CHART)
 	@if command -v terraform >/dev/null 2>&1; then terraform fmt -check -recursive deploy/terraform; \
 	else echo "test-deploy: terraform not installed: skipping terraform fmt (the HCL tests still run)"; fi
 	$(MAKE) image BASE=scratch

@@ -211,6 +211,42 @@ type KVView struct {
 	// Warning says what is wrong, e.g. "Consul not synced for 42s"; empty
 	// when the sync is current.
 	Warning string `json:"warning,omitempty"`
+	// TokenProblem is set while the leader's Consul token may not read
+	// the prefix: the leader applies nothing (it holds the last state).
+	TokenProblem *TokenProblem `json:"token_problem,omitempty"`
+}
+
+// TokenProblem is a Consul token that may not read what the mirror needs:
+// Consul refused it (403) a direct read under the prefix or the listing.
+// Consul hides what a token may not read (for the anonymous token it lists
+// the prefix as empty and does not say so), so until the token is proven
+// able to read, an empty or shrunken listing is not applied.
+type TokenProblem struct {
+	Prefix string `json:"prefix"`
+	// AccessorID names the token (never its secret); Consul's anonymous
+	// token, used when none is set, is 00000000-0000-0000-0000-000000000002.
+	// "" when Consul has not named it (a deleted token).
+	AccessorID string `json:"accessor_id"`
+	// Refused is what Consul refused: "read hastate/meta/", "list hastate/".
+	Refused string `json:"refused"`
+	// Error is Consul's answer.
+	Error string    `json:"error"`
+	Since time.Time `json:"since"`
+}
+
+func (p *TokenProblem) String() string {
+	acc := p.AccessorID
+	switch acc {
+	case "":
+		acc = "accessor unknown: Consul does not know the token (deleted?)"
+	case "00000000-0000-0000-0000-000000000002":
+		acc = "anonymous: no token set"
+	default:
+		acc = "accessor " + acc
+	}
+	return fmt.Sprintf("the Consul token cannot read %s (%s): Consul refused to %s (%s); "+
+		"give it key_prefix %q { policy = \"list\" } or fix --consul-token-file / CONSUL_HTTP_TOKEN(_FILE) (docs/runbook.md, Consul token)",
+		p.Prefix, acc, p.Refused, p.Error, p.Prefix)
 }
 
 // KVStatus is the "kv" object of /-/readiness and /v1/state: the cluster's
@@ -245,6 +281,9 @@ type WatchStatus struct {
 	// apply; they are kept after a recovery.
 	LastError     string    `json:"last_error,omitempty"`
 	LastErrorTime time.Time `json:"last_error_time"`
+	// LastErrorReason types LastError for the mirror verdict (see
+	// MirrorReason): not_consul, token_cannot_read, other_cluster, ...
+	LastErrorReason MirrorReason `json:"last_error_reason,omitempty"`
 	// Index is the Consul index of the last successful read, and
 	// SyncedIndex the one the mirror is known to hold.
 	Index       uint64 `json:"index"`
@@ -255,6 +294,8 @@ type WatchStatus struct {
 	FailingSince      time.Time `json:"failing_since,omitzero"`
 	// Reachable is true when the last Consul read succeeded.
 	Reachable bool `json:"reachable"`
+	// TokenProblem is set while the watch's token may not read the prefix.
+	TokenProblem *TokenProblem `json:"token_problem,omitempty"`
 }
 
 // ClusterInfo is the /v1/cluster body: a replica's view of the cluster.
@@ -295,6 +336,35 @@ type ClusterInfo struct {
 	// before anything else and refuses to write where no replica reads.
 	KVPrefix string          `json:"kv_prefix,omitempty"`
 	Consul   *ConsulIdentity `json:"consul,omitempty"`
+	// ConsulToken is the Consul token this replica sends (never its
+	// secret) and whether Consul refuses it.
+	ConsulToken *ConsulToken `json:"consul_token,omitempty"`
+	// Mirror is whether this replica can mirror Consul into raft (its
+	// Consul answers, is the cluster and prefix recorded in raft, and its
+	// token may read the prefix), and why not.
+	Mirror *MirrorVerdict `json:"mirror,omitempty"`
+	// Source is the Consul cluster and prefix recorded in raft with the
+	// mirrored state (nil: none recorded yet, e.g. while a rolling
+	// upgrade from 0.14.0 waits for level 3).
+	Source *MirrorSource `json:"source,omitempty"`
+}
+
+// ConsulToken describes the Consul token a replica sends: where it comes
+// from, its accessor ID, since when it is in use, and Problem while Consul
+// refuses it what the mirror needs.
+type ConsulToken struct {
+	// Source is "file" (--consul-token-file, CONSUL_HTTP_TOKEN_FILE: read
+	// again when it changes), "env" (CONSUL_HTTP_TOKEN) or "none" (Consul's
+	// anonymous token).
+	Source string `json:"source"`
+	File   string `json:"file,omitempty"`
+	// AccessorID names the token; "" while Consul has not named it.
+	AccessorID string    `json:"accessor_id"`
+	Since      time.Time `json:"since"`
+	// FileError is the last problem reading the file (the last token read
+	// stays in use).
+	FileError string        `json:"file_error,omitempty"`
+	Problem   *TokenProblem `json:"problem,omitempty"`
 }
 
 // ConsulIdentity names the Consul cluster a replica reads: its datacenter
@@ -304,7 +374,13 @@ type ClusterInfo struct {
 type ConsulIdentity struct {
 	Datacenter string `json:"datacenter,omitempty"`
 	Cluster    string `json:"cluster,omitempty"`
-	Error      string `json:"error,omitempty"`
+	// ClusterID is the cluster's own ID (its Connect CA trust domain;
+	// empty with Connect off), and Namespace and Partition what the
+	// replica reads (Consul Enterprise; empty: the defaults).
+	ClusterID string `json:"cluster_id,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Partition string `json:"partition,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // ConfirmInfo is /v1/cluster's confirm: an agent check is answered only
@@ -362,7 +438,11 @@ type PeerStatus struct {
 	ID              string    `json:"id"`
 	ConsulReachable bool      `json:"consul_reachable"`
 	ConsulChecked   time.Time `json:"consul_checked"`
-	State           string    `json:"state"`
+	// Mirror is whether this replica could mirror Consul into raft if it
+	// led, and why not; releases before 0.15.0 do not send it (nil: read
+	// ConsulReachable, see PeerStatus.Verdict).
+	Mirror *MirrorVerdict `json:"mirror,omitempty"`
+	State  string         `json:"state"`
 	// LastContact is how long ago this replica last heard from the leader
 	// (empty on the leader itself).
 	LastContact  string `json:"last_contact,omitempty"`
@@ -377,6 +457,8 @@ type PeerStatus struct {
 	KVSynced         bool    `json:"kv_synced,omitempty"`
 	KVSyncAgeSeconds float64 `json:"kv_sync_age_seconds,omitempty"`
 	KVSyncedIndex    uint64  `json:"kv_synced_index,omitempty"`
+	// KVTokenProblem is set while Consul refuses the leader's token.
+	KVTokenProblem *TokenProblem `json:"kv_token_problem,omitempty"`
 	// Level is the highest feature level this replica understands and
 	// Version its release; release 0.13.0 sends neither (level 0 is read
 	// as state.LevelBase).

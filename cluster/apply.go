@@ -5,6 +5,7 @@ package cluster
 // force.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
@@ -30,9 +32,21 @@ func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) 
 // ApplyRead is ApplyKV for a read that may say what changed since an
 // earlier one (r.Base, r.Changed): when the mirror holds that earlier read,
 // only those keys are compared, so a change costs what it touches.
+//
+// A read that names its source (r.Source) is applied only from the source
+// recorded in raft: from another Consul cluster or prefix it is refused
+// with an *api.MirrorError (other_cluster, other_prefix), and the mirror
+// keeps what it holds. With none recorded yet and the level in force
+// (state.LevelRecorded), the leader records the read's source first. A
+// read from the recorded cluster at an index below the one the mirror
+// holds is refused with state.ErrIndexBehind until the reader read again
+// and Consul confirmed it (r.Reread).
 func (n *Node) ApplyRead(ctx context.Context, r state.KVRead) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
+	}
+	if err := n.checkSource(ctx, r); err != nil {
+		return err
 	}
 	index, kv := r.Index, r.KV
 	change, old, synced := n.fsm.diff(r)
@@ -51,6 +65,113 @@ func (n *Node) ApplyRead(ctx context.Context, r state.KVRead) error {
 	n.logInvalid(change)
 	n.logRampEvents(res.events)
 	return nil
+}
+
+// checkSource decides whether r may be applied given the source recorded
+// in raft, and records r's source when none is and the level allows it.
+func (n *Node) checkSource(ctx context.Context, r state.KVRead) error {
+	if r.Source == nil {
+		return nil
+	}
+	rec, held := n.fsm.recorded()
+	if rec == nil {
+		if n.fsm.level() < state.LevelRecorded {
+			// 0.14.0 voters do not know the entry: as before, and the
+			// level gate records the source once it can.
+			n.readSource.Store(&termSource{src: *r.Source, term: n.raft.CurrentTerm()})
+			return nil
+		}
+		return n.recordSource(ctx, r.Source)
+	}
+	if v := api.SourceVerdict(*r.Source, *rec); !v.CanMirror() {
+		return &api.MirrorError{Verdict: v}
+	}
+	if r.Index < held && !r.Reread {
+		return fmt.Errorf("%w: Consul index %d, the mirror holds %d", state.ErrIndexBehind, r.Index, held)
+	}
+	// The same cluster, described anew: keep the record current (a
+	// Consul server replaced, a cluster ID read once Connect's CA was
+	// up), never poorer, so that the servers recorded stay the cluster's.
+	cur := *r.Source
+	cur.ClusterID, cur.Datacenter = cmp.Or(cur.ClusterID, rec.ClusterID), cmp.Or(cur.Datacenter, rec.Datacenter)
+	if cur != *rec {
+		return n.recordSource(ctx, &cur)
+	}
+	return nil
+}
+
+// termSource is a read's source and the leader's term it was read in.
+type termSource struct {
+	src  state.MirrorSource
+	term uint64
+}
+
+// recordSource writes the source entry that ties the mirror to src.
+func (n *Node) recordSource(ctx context.Context, src *state.MirrorSource) error {
+	s := *src
+	_, idx, err := n.apply(ctx, command{Type: cmdSource, Source: &s, At: n.now()})
+	if err != nil {
+		return fmt.Errorf("cluster: record the mirror's Consul source: %w", err)
+	}
+	n.log.Info("recorded the Consul cluster and prefix of the mirror: reads from any other are refused from now on",
+		zap.Stringer("source", &s), zap.Uint64("raft_index", idx))
+	return nil
+}
+
+// recordReadSource records, once state.LevelRecorded is in force, the
+// source of the reads this leader applied before it was (a cluster that
+// formed, or was upgraded, below the level): without it nothing would be
+// recorded until the prefix next changes.
+func (n *Node) recordReadSource(ctx context.Context) {
+	ts := n.readSource.Load()
+	if ts == nil || ts.term != n.raft.CurrentTerm() || n.fsm.level() < state.LevelRecorded {
+		return // none read in this term: the term's next read records it
+	}
+	src := &ts.src
+	if rec, _ := n.fsm.recorded(); rec != nil {
+		return
+	}
+	if err := n.recordSource(ctx, src); err != nil {
+		n.log.Warn("recording the mirror's Consul source not applied; the next read records it", zap.Error(err))
+	}
+}
+
+// RecordedSource is the Consul cluster and prefix recorded with the
+// mirror (nil: none yet).
+func (n *Node) RecordedSource() *state.MirrorSource {
+	s, _ := n.fsm.recorded()
+	return s
+}
+
+// ErrAdoptRefused wraps every refusal of Adopt.
+var ErrAdoptRefused = errors.New("adopt refused")
+
+// Adopt records src as the mirror's source in place of the one recorded:
+// the operator's "this Consul was restored (or rebuilt); mirror it from
+// now on". want, when not empty, is the cluster ID (or, for a Consul that
+// says none, its servers) the operator confirmed: Adopt refuses if src is
+// another. The Consul index held is forgotten (it was the other
+// cluster's); the next read from src is applied as any first read.
+func (n *Node) Adopt(ctx context.Context, src state.MirrorSource, want string) (old *state.MirrorSource, err error) {
+	if n.raft.State() != raft.Leader {
+		return nil, ErrNotLeader
+	}
+	if lvl := n.fsm.level(); lvl < state.LevelRecorded {
+		return nil, fmt.Errorf("%w: feature level %d is in force, the source is recorded from level %d on (a rolling upgrade has not finished: /v1/cluster level)",
+			ErrAdoptRefused, lvl, state.LevelRecorded)
+	}
+	if want != "" && want != src.ClusterID && want != src.Servers {
+		return nil, fmt.Errorf("%w: this leader's Consul is %s, not %q: run the command against a replica whose Consul is the one to adopt, or check the ID",
+			ErrAdoptRefused, src, want)
+	}
+	old, _ = n.fsm.recorded()
+	if _, idx, err := n.apply(ctx, command{Type: cmdSource, Source: &src, Adopt: true, At: n.now()}); err != nil {
+		return old, fmt.Errorf("cluster: adopt %s: %w", src, err)
+	} else {
+		n.log.Warn("operator adopted a Consul cluster: the mirror follows it from now on", zap.Stringer("source", &src),
+			zap.Stringer("was", old), zap.Uint64("raft_index", idx))
+	}
+	return old, nil
 }
 
 // apply writes one entry and waits until it is applied on this leader.

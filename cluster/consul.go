@@ -1,15 +1,14 @@
 package cluster
 
 import (
-	"context"
 	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 
 	"github.com/hashicorp/raft"
-	"go.uber.org/zap"
 )
 
 // This file holds what the cluster knows about Consul: each node's own
@@ -30,6 +29,31 @@ type ConsulHealth struct {
 	// zero when it has not synced in this term.
 	SyncedAt    time.Time
 	SyncedIndex uint64
+	// TokenProblem is set while Consul refuses this node's token what the
+	// mirror needs (on the leader: its watch holds the last state).
+	TokenProblem *api.TokenProblem
+	// Verdict is whether this node could mirror Consul into raft if it
+	// led, and why not, as far as the wiring knows (Consul unreachable,
+	// not Consul, the token). The zero Reason is read from Reachable:
+	// MirrorOK or MirrorConsulUnreachable. The node adds what it knows
+	// (Node.MirrorVerdict): whether Source is the one recorded in raft.
+	Verdict api.MirrorVerdict
+	// Source is the Consul cluster and prefix this node reads (nil: not
+	// known yet, e.g. Consul has not answered since the start).
+	Source *state.MirrorSource
+}
+
+// verdict is h's mirror verdict, its zero Reason read from Reachable.
+func (h ConsulHealth) verdict() api.MirrorVerdict {
+	switch {
+	case h.Verdict.Reason != "":
+		return h.Verdict
+	case h.Reachable:
+		return api.MirrorVerdict{Reason: api.MirrorOK}
+	default:
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Since: h.FailingSince,
+			Detail: "this replica cannot read Consul (check CONSUL_HTTP_ADDR / --consul-addr, TLS, the token and the Consul servers)"}
+	}
 }
 
 // Bounds of the KV view.
@@ -39,9 +63,10 @@ const (
 	// kvReportFresh is how old a follower's last report may be before it
 	// stops trusting it (the leader is gone or partitioned away).
 	kvReportFresh = 5 * time.Second
-	// kvStaleAfter is the sync age past which a reachable Consul still
-	// gets a warning (the watch is stuck, or the leader cannot apply).
-	kvStaleAfter = 15 * time.Second
+	// DefaultKVStaleAfter is Options.KVStaleAfter's default: the sync age
+	// past which a reachable Consul still gets a warning (the watch is
+	// stuck, or the leader cannot apply).
+	DefaultKVStaleAfter = 15 * time.Second
 )
 
 // kvReport is the last report a follower received from its leader.
@@ -55,6 +80,8 @@ type kvReport struct {
 	// reported, and stateIndex the raft index of that state: a follower
 	// that serves stateIndex holds consulIndex.
 	consulIndex, stateIndex uint64
+	// tokenProblem: Consul refuses the leader's token.
+	tokenProblem *api.TokenProblem
 }
 
 // KVView returns the cluster's view of its Consul sync.
@@ -64,7 +91,7 @@ func (n *Node) KVView() api.KVView {
 	var v api.KVView
 	if n.raft.State() == raft.Leader {
 		h := n.consulHealth()
-		v = api.KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable, SyncedIndex: max(h.SyncedIndex, kvIndex)}
+		v = api.KVView{LeaderID: n.opts.ID, Known: true, Reachable: h.Reachable, SyncedIndex: max(h.SyncedIndex, kvIndex), TokenProblem: h.TokenProblem}
 		if !h.SyncedAt.IsZero() {
 			v.Synced, v.SyncAge = true, max(now.Sub(h.SyncedAt), 0)
 		} else if r := n.kvReport.Load(); r != nil && r.synced {
@@ -81,25 +108,32 @@ func (n *Node) KVView() api.KVView {
 		}
 		v.Known = now.Sub(r.at) <= kvReportFresh
 		v.Reachable = v.Known && r.reachable
+		if v.Known {
+			v.TokenProblem = r.tokenProblem
+		}
 	}
 	if !v.Synced {
 		v.SyncAge = now.Sub(n.started)
 	}
 	v.SyncAgeSeconds = v.SyncAge.Seconds()
-	v.Warning = kvWarning(v)
+	v.Warning = kvWarning(v, n.opts.KVStaleAfter)
 	return v
 }
 
-func kvWarning(v api.KVView) string {
+func kvWarning(v api.KVView, staleAfter time.Duration) string {
 	age := v.SyncAge.Round(time.Second)
 	switch {
+	case v.TokenProblem != nil && !v.Synced:
+		return fmt.Sprintf("Consul not synced: the leader %s applies nothing: %s; a replica without state answers nothing", v.LeaderID, v.TokenProblem)
+	case v.TokenProblem != nil:
+		return fmt.Sprintf("Consul not synced for %s: the leader %s holds the last state and applies nothing: %s", age, v.LeaderID, v.TokenProblem)
 	case !v.Synced:
 		return fmt.Sprintf("Consul not synced: no leader has mirrored KV in the %s since this replica started (check the leader's logs and Consul)", age)
 	case !v.Known:
 		return fmt.Sprintf("Consul not synced for %s: no raft leader is reporting (check the raft peers); serving the last state", age)
 	case !v.Reachable:
 		return fmt.Sprintf("Consul not synced for %s: the leader %s cannot read it (check Consul and the leader's logs); serving the last state", age, v.LeaderID)
-	case v.SyncAge > kvStaleAfter:
+	case v.SyncAge > staleAfter:
 		return fmt.Sprintf("Consul not synced for %s (check the leader %s's logs)", age, v.LeaderID)
 	}
 	return ""
@@ -147,7 +181,7 @@ func (n *Node) leaderReportLoop() {
 		}
 		n.kvReport.Store(&kvReport{leader: st.ID, reachable: st.ConsulReachable, synced: st.KVSynced,
 			age: time.Duration(st.KVSyncAgeSeconds * float64(time.Second)), at: time.Now(),
-			consulIndex: st.KVSyncedIndex, stateIndex: st.StateIndex})
+			consulIndex: st.KVSyncedIndex, stateIndex: st.StateIndex, tokenProblem: st.KVTokenProblem})
 	}
 }
 
@@ -166,54 +200,4 @@ type kvState struct {
 	kvReport   atomic.Pointer[kvReport]
 	leaderSeen atomic.Int64 // unix nanoseconds
 	started    time.Time
-}
-
-// kvFailoverLoop hands leadership to a follower that can reach Consul when
-// this leader has not reached it for KVFailoverAfter.
-func (n *Node) kvFailoverLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	var lastAttempt time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		h := n.opts.ConsulHealth()
-		if h.Reachable || h.FailingSince.IsZero() || time.Since(h.FailingSince) < n.opts.KVFailoverAfter ||
-			time.Since(lastAttempt) < n.opts.KVFailoverAfter {
-			continue
-		}
-		lastAttempt = time.Now()
-		if target, ok := n.reachableFollower(); ok {
-			n.log.Warn("leader cannot reach Consul; handing leadership to a follower that can",
-				zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)), zap.String("to", string(target.ID)))
-			if err := n.raft.LeadershipTransferToServer(target.ID, target.Address).Error(); err != nil {
-				n.log.Warn("leadership transfer for Consul failover failed; will retry", zap.Error(err))
-			} else {
-				n.metrics.kvFailovers.Inc()
-			}
-			continue
-		}
-		n.log.Warn("leader cannot reach Consul and no follower reports it can; keeping leadership and serving the last state",
-			zap.Duration("failing_for", time.Since(h.FailingSince).Round(time.Second)))
-	}
-}
-
-func (n *Node) reachableFollower() (raft.Server, bool) {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return raft.Server{}, false
-	}
-	statuses := n.PeerStatuses(2 * time.Second)
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == n.opts.ID || s.Suffrage != raft.Voter {
-			continue
-		}
-		if st, ok := statuses[string(s.ID)]; ok && st.ConsulReachable {
-			return s, true
-		}
-	}
-	return raft.Server{}, false
 }

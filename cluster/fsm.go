@@ -32,6 +32,12 @@ type command struct {
 	// Level is the feature level a level entry puts in force (see
 	// state.LevelMeta and gate.go).
 	Level int `json:"level,omitempty"`
+	// Source is what a source entry records: the Consul cluster and
+	// prefix the mirror is tied to (state.LevelRecorded). Adopt: an
+	// operator adopted it in place of another (hastate adopt-consul), so
+	// the Consul index held is the other cluster's and is forgotten.
+	Source *state.MirrorSource `json:"source,omitempty"`
+	Adopt  bool                `json:"adopt,omitempty"`
 }
 
 // Entry types. An older binary that meets an unknown type fails the entry
@@ -45,6 +51,10 @@ const (
 	cmdRamp   = "ramp"
 	cmdExpire = "expire"
 	cmdLevel  = "level"
+	// cmdSource (state.LevelRecorded, 0.15.0) records the mirror's
+	// Consul cluster and prefix; written only once every voter
+	// advertises that level.
+	cmdSource = "source"
 )
 
 // applyResult is what Apply returns to the leader that wrote the entry.
@@ -67,9 +77,15 @@ type applyResult struct {
 // every voter understands version 5: until then snapshots are version 4,
 // which release 0.13.0 restores. A 0.13.0 replica given a version 5
 // snapshot refuses it loudly (its Restore says to upgrade).
+//
+// Version 6 added the mirror's source (Source: its Consul cluster and
+// prefix). A source is recorded only at state.LevelRecorded, which every
+// voter understands only once it reads version 6; a mirror without a
+// source writes version 5 (or 4), which release 0.14.0 restores.
 const (
-	snapshotVersion     = 5
-	snapshotVersionBase = 4 // what a mirror at state.LevelBase writes
+	snapshotVersion      = 6
+	snapshotVersionLevel = 5 // what a mirror above state.LevelBase without a source writes
+	snapshotVersionBase  = 4 // what a mirror at state.LevelBase writes
 )
 
 type fsmSnapshotData struct {
@@ -78,6 +94,9 @@ type fsmSnapshotData struct {
 	// Index is the raft index of the last entry the mirror holds.
 	Index  uint64          `json:"index,omitempty"`
 	Mirror state.Persisted `json:"mirror"`
+	// Source is the mirror's recorded Consul cluster and prefix (version
+	// 6; nil when none is recorded).
+	Source *state.MirrorSource `json:"source,omitempty"`
 }
 
 // fsm applies committed entries to the mirror and publishes a new immutable
@@ -87,6 +106,9 @@ type fsm struct {
 	mu      sync.Mutex
 	mirror  *state.Mirror
 	kvIndex uint64
+	// source is the Consul cluster and prefix recorded with the mirror
+	// (nil: none yet); replaced, never modified.
+	source *state.MirrorSource
 	// kvGen counts the changes to the mirror's KV content (KV entries,
 	// restores); digestGen and digestVal cache its digest, asked for by
 	// every /v1/cluster and gate poll, for one generation.
@@ -230,6 +252,20 @@ func (f *fsm) Apply(l *raft.Log) any {
 			m.SetLevel(c.Level)
 			return nil
 		})
+	case cmdSource:
+		if c.Source == nil {
+			return f.reject(l.Index, errors.New("a source entry without a source; skipped"))
+		}
+		return f.mutate(l.Index, func(*state.Mirror) []state.RampEvent {
+			src := *c.Source
+			f.source = &src
+			if c.Adopt {
+				// The index held is the other cluster's: the adopted
+				// one's reads are compared from scratch.
+				f.kvIndex = 0
+			}
+			return nil
+		})
 	default:
 		return f.stop(l.Index, fmt.Errorf("unknown type %q (written by a newer hastate): this replica withholds every answer until it runs that release; upgrade it", c.Type))
 	}
@@ -320,6 +356,14 @@ func (f *fsm) diff(r state.KVRead) (c state.Change, old map[string]string, synce
 	return c, old, f.mirror.Synced()
 }
 
+// recorded returns the mirror's recorded source (nil: none) and the
+// Consul index the mirror holds.
+func (f *fsm) recorded() (*state.MirrorSource, uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.source, f.kvIndex
+}
+
 func (f *fsm) info() (kvIndex uint64, keys int, synced bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -370,10 +414,13 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		return nil, fmt.Errorf("%w: %v", errStuckNoSnapshot, f.stuck)
 	}
 	version := snapshotVersionBase
-	if f.mirror.Level() > state.LevelBase {
+	switch {
+	case f.source != nil:
 		version = snapshotVersion
+	case f.mirror.Level() > state.LevelBase:
+		version = snapshotVersionLevel
 	}
-	return &fsmSnapshot{data: fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export()}}, nil
+	return &fsmSnapshot{data: fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export(), Source: f.source}}, nil
 }
 
 func (f *fsm) Restore(rc io.ReadCloser) error {
@@ -392,6 +439,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer f.mu.Unlock()
 	f.mirror = state.Restore(d.Mirror)
 	f.kvIndex = d.KVIndex
+	f.source = d.Source
 	f.kvGen++
 	if f.large != nil {
 		defer f.large()

@@ -29,7 +29,8 @@ const levelEvery = time.Second
 
 // levelFeatures names what each level brings, for the operator.
 var levelFeatures = map[int]string{
-	state.LevelMeta: "meta keys give until (expiry) and ramp",
+	state.LevelMeta:     "meta keys give until (expiry) and ramp",
+	state.LevelRecorded: "the mirror records its Consul cluster and prefix and applies reads only from them",
 }
 
 // levelFeature returns what level brings.
@@ -111,6 +112,7 @@ func (n *Node) levelLoop(ctx context.Context) {
 			} else {
 				n.log.Info("feature level raised: every replica understands it", zap.Int("level", next),
 					zap.String("feature", levelFeature(next)), zap.Uint64("raft_index", idx))
+				n.recordReadSource(ctx)
 				continue
 			}
 		}

@@ -91,7 +91,7 @@ func (n *Node) leaderDuty(ctx context.Context) {
 		defer wg.Done()
 		n.expiryLoop(ctx)
 	}()
-	if n.opts.ConsulHealth != nil && n.opts.KVFailoverAfter > 0 {
+	if n.opts.ConsulHealth != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

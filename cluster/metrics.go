@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -38,6 +39,8 @@ type metrics struct {
 	kvSyncAge, kvReachable, leaderless, withheld, contactAge *prometheus.Desc
 
 	level, levelWaiting, notUnderstood *prometheus.Desc
+
+	mirrorVerdict *prometheus.Desc
 
 	bootstrapWaiting                  *prometheus.Desc
 	confirmAge, confirmFailing, grace *prometheus.Desc
@@ -125,6 +128,9 @@ func newMetricsUnset(n *Node) *metrics {
 			"Leader only: 1 while a feature level waits because a replica does not advertise it (a rolling upgrade in progress), or while a replica runs a release below the level in force; 0 otherwise. /v1/cluster level.waiting says which.", nil, nil),
 		notUnderstood: prometheus.NewDesc("hastate_fsm_entry_not_understood",
 			"Per replica: 1 once this replica met a raft entry it does not understand (written by a newer release): it withholds every answer and fails readiness until it is upgraded.", nil, nil),
+		mirrorVerdict: prometheus.NewDesc("hastate_mirror_verdict",
+			"Per replica: 1 for the reason this replica can (ok) or cannot mirror Consul into raft if it leads, 0 for the others: consul_unreachable (its Consul check fails), not_consul (what answers is not Consul's KV endpoint: a proxy, another service), other_cluster (its Consul is not the cluster recorded in raft: see hastate adopt-consul), other_prefix (its --kv-prefix is not the recorded one), token_cannot_read (its Consul token may not read the prefix). A leader that cannot mirror applies nothing and hands leadership to a follower that can. /v1/cluster mirror says why.",
+			[]string{"reason"}, nil),
 		bootstrapWaiting: prometheus.NewDesc("hastate_raft_bootstrap_waiting",
 			"Per replica: 1 for each peer of --peers that a replica with no raft state waits for before it bootstraps (the peer does not answer, or not in time); no series while it does not wait. /-/readiness says why.", []string{"peer"}, nil),
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
@@ -150,7 +156,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampPolicyInvalid, m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.confirmAge, m.confirmFailing, m.grace, m.bootstrapWaiting} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.mirrorVerdict, m.confirmAge, m.confirmFailing, m.grace, m.bootstrapWaiting} {
 		ch <- d
 	}
 }
@@ -203,6 +209,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.IsLeader() && m.n.levelWaiting.Load() != nil))
 	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.notUnderstood() != nil))
 	ch <- prometheus.MustNewConstMetric(m.contactAge, prometheus.GaugeValue, m.n.leaderContactAge().Seconds())
+	verdict := m.n.MirrorVerdict()
+	for _, r := range api.MirrorReasons() {
+		ch <- prometheus.MustNewConstMetric(m.mirrorVerdict, prometheus.GaugeValue, boolGauge(verdict.Reason == r), string(r))
+	}
 	_, waiting := m.n.bootstrapWaiting()
 	for _, p := range waiting {
 		ch <- prometheus.MustNewConstMetric(m.bootstrapWaiting, prometheus.GaugeValue, 1, p)

@@ -98,6 +98,10 @@ type Options struct {
 	// KVFailoverAfter (0: 30s; negative: never) is how long the leader's
 	// Consul may be unreachable before it hands over leadership.
 	KVFailoverAfter time.Duration
+	// KVStaleAfter (0: DefaultKVStaleAfter) is the sync age past which the
+	// KV view warns although Consul is reachable. The leader's watch
+	// answers at least every blocking wait, so keep it above that.
+	KVStaleAfter time.Duration
 
 	// Version is this build's release, reported to peers and in
 	// /v1/cluster ("": not reported).
@@ -173,6 +177,7 @@ func (o *Options) validate() error {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	o.KVFailoverAfter = cmp.Or(o.KVFailoverAfter, 30*time.Second)
+	o.KVStaleAfter = cmp.Or(o.KVStaleAfter, DefaultKVStaleAfter)
 	o.ApplyTimeout = cmp.Or(o.ApplyTimeout, 5*time.Second)
 	o.SnapshotInterval = cmp.Or(o.SnapshotInterval, 2*time.Minute)
 	o.SnapshotThreshold = cmp.Or(o.SnapshotThreshold, 1024)
@@ -220,6 +225,11 @@ type Node struct {
 	lastBadPolicy atomic.Pointer[string]
 	// levelWaiting is what the leader's level gate waits for (nil: nothing).
 	levelWaiting atomic.Pointer[string]
+	// readSource is the source of the reads this leader accepted, and
+	// the term it accepted them in (nil: none yet): what the mirror holds
+	// came from it, so the level gate records it once
+	// state.LevelRecorded is in force (see recordReadSource).
+	readSource atomic.Pointer[termSource]
 	// conf is the confirmation of answers (confirm.go); ri is the
 	// follower's open read-index connection to the leader (confirmLoop's);
 	// acks and ackSeq are the leader's "ack" connections to its voters and

@@ -25,10 +25,12 @@ func (n *Node) peerStatus() api.PeerStatus {
 	if n.opts.ConsulHealth != nil {
 		h := n.opts.ConsulHealth()
 		st.ConsulReachable, st.ConsulChecked = h.Reachable, h.Checked
+		v := n.verdictOf(h)
+		st.Mirror = &v
 	}
 	if n.raft.State() == raft.Leader {
 		v := n.KVView()
-		st.KVSynced, st.KVSyncAgeSeconds, st.KVSyncedIndex = v.Synced, v.SyncAgeSeconds, v.SyncedIndex
+		st.KVSynced, st.KVSyncAgeSeconds, st.KVSyncedIndex, st.KVTokenProblem = v.Synced, v.SyncAgeSeconds, v.SyncedIndex, v.TokenProblem
 		// Read after the synced index: the state that holds it is
 		// applied by the time the watch records it.
 		st.StateIndex = n.fsm.index.Load()

@@ -4,6 +4,7 @@ package cluster
 // node's view of the cluster for /v1/cluster.
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -23,7 +24,15 @@ func (n *Node) Ready() (bool, string) {
 		if d, _ := n.bootstrapWaiting(); d != "" {
 			return false, d
 		}
-		return false, "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
+		d := "no state yet: waiting for a first KV sync through the raft leader (check Consul and the leader)"
+		kv := n.KVView()
+		if kv.TokenProblem != nil {
+			d = fmt.Sprintf("no state yet, answers nothing: the leader %s applies nothing from Consul: %s", kv.LeaderID, kv.TokenProblem)
+		}
+		if v := n.MirrorVerdict(); !v.CanMirror() && (kv.TokenProblem == nil || !n.IsLeader()) {
+			d += "; this replica cannot mirror Consul either (" + v.String() + ")"
+		}
+		return false, d
 	case n.withheld.any():
 		return false, "holds state but withholds every answer: " + n.withheldDetails(time.Now())
 	}
@@ -33,6 +42,9 @@ func (n *Node) Ready() (bool, string) {
 	}
 	if w := n.KVView().Warning; w != "" {
 		d += "; " + w
+	}
+	if v := n.MirrorVerdict(); !v.CanMirror() {
+		d += "; cannot mirror Consul if it leads (" + v.String() + ")"
 	}
 	return true, d
 }
@@ -112,6 +124,8 @@ func (n *Node) Info() api.ClusterInfo {
 	}
 	statuses := n.PeerStatuses(time.Second)
 	in.Level, in.Version = n.levelInfo(statuses), n.opts.Version
+	v := n.MirrorVerdict()
+	in.Mirror, in.Source = &v, n.RecordedSource()
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		for _, s := range f.Configuration().Servers {
 			m := api.MemberInfo{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == lid}

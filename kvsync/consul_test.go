@@ -441,7 +441,7 @@ func TestListingMalformedIsAReadError(t *testing.T) {
 	var encoding atomic.Value
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		encoding.Store(r.Header.Get("Accept-Encoding"))
-		rw.Header().Set("X-Consul-Index", "42")
+		consulHeaders(rw.Header(), "42")
 		rw.Header().Set("Content-Type", "application/json")
 		_, _ = rw.Write([]byte(`[{"Key":"hastate/state/web/a","Value":"ZHJh`))
 	}))
@@ -484,13 +484,22 @@ func TestWatcherReadsUnorderedListingsInFull(t *testing.T) {
 	ordered := "[" + pair("state/web/a", "drain") + "," + pair("state/web/b", "maint") + "]"
 	unordered := "[" + pair("state/web/c", "drain") + "," + pair("state/web/a", "ready") + "]"
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if !r.URL.Query().Has("recurse") {
+			// CheckRead's direct reads (the unordered read removes
+			// state/web/b): the token may read, nothing there.
+			rw.Header().Set("X-Consul-Index", "10")
+			rw.Header().Set("X-Consul-LastContact", "0")
+			rw.Header().Set("X-Consul-KnownLeader", "true")
+			rw.WriteHeader(http.StatusNotFound)
+			return
+		}
 		rw.Header().Set("Content-Type", "application/json")
 		switch r.URL.Query().Get("index") {
 		case "", "0":
-			rw.Header().Set("X-Consul-Index", "10")
+			consulHeaders(rw.Header(), "10")
 			_, _ = io.WriteString(rw, ordered)
 		case "10":
-			rw.Header().Set("X-Consul-Index", "11")
+			consulHeaders(rw.Header(), "11")
 			_, _ = io.WriteString(rw, unordered)
 		default:
 			<-r.Context().Done() // nothing new: block like Consul

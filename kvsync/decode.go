@@ -22,6 +22,14 @@ import (
 // errListing wraps every error a listing's body gets.
 var errListing = errors.New("malformed Consul KV listing")
 
+// Answers that decode but are not Consul's listing of the prefix: nothing
+// of them is applied (see walkListing).
+var (
+	errEmptyAnswer   = fmt.Errorf("%w: a 200 answer with no KV pair, which Consul never sends for a recursive listing (an empty prefix is a 404)", errNotConsul)
+	errOutsidePrefix = fmt.Errorf("%w: a key outside the prefix asked", errNotConsul)
+	errDuplicateKey  = errors.New("Consul listed a key twice (keys that differ only in invalid UTF-8 bytes read the same through Consul's JSON: rename them with valid UTF-8)")
+)
+
 // walkListing calls f with the relative key and the value of every key
 // under prefix in a listing's body, in order, until f returns an error.
 // Both slices are valid during the call only. The prefix itself and
@@ -29,16 +37,28 @@ var errListing = errors.New("malformed Consul KV listing")
 // key the Sink hears of. Only Key and Value are read; the other
 // fields are checked to be JSON and skipped. The body is read one pair at
 // a time: what is held is the largest pair, not the listing.
+//
+// An answer of 200 with no pair (`null` or `[]`) is errEmptyAnswer: Consul
+// answers an empty prefix with a 404, never so, and a caching proxy or
+// another service can. A key outside the prefix is errOutsidePrefix:
+// Consul lists only keys under what was asked, so the answer is for
+// another path.
 func walkListing(lr *listingReader, prefix string, value *[]byte, f func(rel, v []byte) error) error {
 	lr.space()
 	if lr.literal("null") {
-		return lr.end()
+		if err := lr.end(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the body is null", errEmptyAnswer)
 	}
 	if !lr.byte('[') {
 		return lr.fail("want an array of KV pairs")
 	}
 	if lr.space(); lr.byte(']') {
-		return lr.end()
+		if err := lr.end(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the body is []", errEmptyAnswer)
 	}
 	for {
 		lr.space()
@@ -57,7 +77,11 @@ func walkListing(lr *listingReader, prefix string, value *[]byte, f func(rel, v 
 			}
 			return fmt.Errorf("%w (in the pair at byte %d)", err, lr.off+lr.i)
 		}
-		if rel, ok := bytes.CutPrefix(key, []byte(prefix)); ok && len(rel) > 0 && (len(v) > 0 || rel[len(rel)-1] != '/') {
+		rel, ok := bytes.CutPrefix(key, []byte(prefix))
+		if !ok {
+			return fmt.Errorf("%w: %q (in the pair at byte %d)", errOutsidePrefix, cutKey(key), lr.off+lr.i)
+		}
+		if len(rel) > 0 && (len(v) > 0 || rel[len(rel)-1] != '/') {
 			if err := f(rel, v); err != nil {
 				return err
 			}
@@ -399,4 +423,12 @@ func (d *listingDecoder) number() error {
 		}
 	}
 	return nil
+}
+
+// cutKey quotes at most 200 bytes of a key for an error.
+func cutKey(k []byte) string {
+	if len(k) > 200 {
+		return string(k[:200]) + "..."
+	}
+	return string(k)
 }

@@ -99,19 +99,44 @@ func checkHeld(t *testing.T, name string, h held, want map[string]string) {
 func heldOf(kv map[string]string) held {
 	b := newBuilder(len(kv))
 	for _, k := range slices.Sorted(maps.Keys(kv)) {
-		b.add(k, kv[k])
+		_ = b.add(k, kv[k]) // sorted map keys: no duplicate
 	}
 	return b.held()
+}
+
+// What consul/api would read as "nothing set" or skip is not Consul's
+// listing of the prefix, and is refused: a 200 with no pair (Consul
+// answers an empty prefix with a 404), a key outside the prefix or a pair
+// without a key (the answer is for another path), a key listed twice.
+func TestDecodeListingRefusesWhatConsulNeverSends(t *testing.T) {
+	for body, want := range map[string]error{
+		`null`:  errEmptyAnswer,
+		` [ ] `: errEmptyAnswer,
+		`[]`:    errEmptyAnswer,
+		`[{"Key":"hastate/dir/","Value":"eA=="},{"Key":"other/x","Value":"eA=="}]`: errOutsidePrefix,
+		`[{"Key":"hastate/state/web/b","Value":"eA=="},{}]`:                        errOutsidePrefix,
+		`[{"Value":"eA=="}]`: errOutsidePrefix,
+		`[{"Key":"hastate/a","Value":"eA=="},{"Key":"hastate/a","Value":"eQ=="}]`:                                     errDuplicateKey,
+		`[{"Key":"hastate/a","Value":"eA=="},{"Key":"hastate/a1","Value":"eA=="},{"Key":"hastate/a","Value":"eQ=="}]`: errDuplicateKey,
+	} {
+		var value []byte
+		if _, err := readListing(reader(bytes.NewReader([]byte(body))).walk("hastate/", &value), nil); !errors.Is(err, want) {
+			t.Errorf("readListing(%s) = %v, want %v", body, err, want)
+		}
+		value = nil
+		last := heldOf(map[string]string{"a": "x", "b": "y"})
+		if _, err := mergeListing(reader(bytes.NewReader([]byte(body))).walk("hastate/", &value), last); !errors.Is(err, want) && !errors.Is(err, errUnordered) {
+			t.Errorf("mergeListing(%s) = %v, want %v (or errUnordered, which reads it in full)", body, err, want)
+		}
+	}
 }
 
 func TestDecodeListingMatchesConsulAPI(t *testing.T) {
 	for _, body := range []string{
 		string(listingBody(t, "hastate/", 300)),
-		`null`, ` [ ] `, `[]`,
 		`[{"Key":"hastate/"},{"Key":"hastate/state/web/","Value":null},{"Key":"hastate/state/web/a","Value":"ZHJhaW4="}]`,
-		// A folder key that holds a value is a key; a key outside the
-		// prefix is not.
-		`[{"Key":"hastate/dir/","Value":"eA=="},{"Key":"other/x","Value":"eA=="}]`,
+		// A folder key that holds a value is a key.
+		`[{"Key":"hastate/dir/","Value":"eA=="}]`,
 		// Escapes in keys, fields in any order, nested unknown fields
 		// with braces and brackets in strings.
 		`[{"Value":"cmVhZHk=","Flags":0,"Key":"hastate/state/w\u00e9b/\"a\"}","Extra":{"x":[1,2,{"y":"}]\\"}]},"N":-1.5e+3,"B":true}]`,
@@ -119,9 +144,8 @@ func TestDecodeListingMatchesConsulAPI(t *testing.T) {
 		// A folder key with an empty value is a folder, as it is to
 		// consul/api's []byte{}.
 		`[{"Key":"hastate/state/web/","Value":""},{"Key":"hastate/state/web/a","Value":null}]`,
-		// Names that differ in case are the fields, as in encoding/json;
-		// a pair without a key is skipped.
-		`[{"key":"hastate/state/web/b","VALUE":"bWFpbnQ="},{},{"Value":"eA=="}]`,
+		// Names that differ in case are the fields, as in encoding/json.
+		`[{"key":"hastate/state/web/b","VALUE":"bWFpbnQ="}]`,
 		// Out of order: read in full, it is the same map.
 		`[{"Key":"hastate/state/web/b","Value":"eA=="},{"Key":"hastate/state/web/a","Value":"eQ=="}]`,
 	} {

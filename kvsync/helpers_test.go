@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,51 @@ type script struct {
 	mu    sync.Mutex
 	waits []uint64
 	done  chan struct{} // closed at the first call past the script
+	// denied lists what the token may not do, as CheckRead asks it
+	// ("read hastate/meta/", "list hastate/"): answered 403; every other
+	// direct read or key list is a 404 (the token may, nothing there).
+	denied map[string]bool
+	proofs int // direct reads and key lists answered
+}
+
+// deny makes the fake refuse the token what CheckRead asks ("read <key>",
+// "list <prefix>"); with none, it refuses nothing.
+func (s *script) deny(what ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denied = map[string]bool{}
+	for _, w := range what {
+		s.denied[w] = true
+	}
+}
+
+// proofCount is how many of CheckRead's requests the fake answered.
+func (s *script) proofCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proofs
+}
+
+// serveProof answers CheckRead's direct reads and key lists.
+func (s *script) serveProof(rw http.ResponseWriter, r *http.Request) {
+	key := strings.TrimPrefix(r.URL.Path, "/v1/kv/")
+	what := "read " + key
+	if r.URL.Query().Has("keys") {
+		what = "list " + key
+	}
+	s.mu.Lock()
+	s.proofs++
+	denied := s.denied[what]
+	s.mu.Unlock()
+	if denied {
+		rw.WriteHeader(http.StatusForbidden)
+		_, _ = io.WriteString(rw, "Permission denied")
+		return
+	}
+	rw.Header().Set("X-Consul-Index", "1")
+	rw.Header().Set("X-Consul-LastContact", "0")
+	rw.Header().Set("X-Consul-KnownLeader", "true")
+	rw.WriteHeader(http.StatusNotFound)
 }
 
 func newScript(t *testing.T, wait time.Duration, replies ...reply) *script {
@@ -63,6 +109,10 @@ func (s *script) client() *api.Client {
 
 func (s *script) serve(rw http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if !q.Has("recurse") && strings.HasPrefix(r.URL.Path, "/v1/kv/") {
+		s.serveProof(rw, r)
+		return
+	}
 	if want := fmt.Sprintf("%dms", s.wait.Milliseconds()); q.Get("wait") != want || !q.Has("recurse") {
 		s.t.Errorf("listing asked with %s, want recurse and wait=%s", r.URL, want)
 	}
@@ -109,9 +159,7 @@ func serveReply(t *testing.T, rw http.ResponseWriter, rep reply) {
 	}
 	// The headers Consul sets on every answer (consul/api reads the ones
 	// after X-Consul-LastContact only when it is there).
-	rw.Header().Set("X-Consul-Index", strconv.FormatUint(rep.index, 10))
-	rw.Header().Set("X-Consul-LastContact", "0")
-	rw.Header().Set("X-Consul-KnownLeader", "true")
+	consulHeaders(rw.Header(), strconv.FormatUint(rep.index, 10))
 	if rep.filtered {
 		rw.Header().Set("X-Consul-Results-Filtered-By-ACLs", "true")
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/state"
 )
 
 // Identity names the Consul cluster a client reads, so that the CLI can
@@ -19,19 +20,31 @@ import (
 type Identity struct {
 	Datacenter string
 	Cluster    string // the Consul servers' raft addresses, sorted, comma-separated
+	// ClusterID is the cluster's own ID, from its Connect CA's trust
+	// domain (/v1/connect/ca/roots, which needs no ACL): the same on
+	// every agent of the cluster and across a snapshot restore; empty
+	// when Connect is off.
+	ClusterID string
 }
 
 func (i Identity) String() string {
-	if i.Datacenter == "" {
-		return "servers " + i.Cluster
+	s := "servers " + i.Cluster
+	if i.Datacenter != "" {
+		s = fmt.Sprintf("datacenter %s, servers %s", i.Datacenter, i.Cluster)
 	}
-	return fmt.Sprintf("datacenter %s, servers %s", i.Datacenter, i.Cluster)
+	if i.ClusterID != "" {
+		s = "cluster " + i.ClusterID + ", " + s
+	}
+	return s
 }
 
 // Same reports whether two identities name the same cluster: they share a
 // server (two clusters never do; a server being replaced can make the
 // lists differ for a moment), and the same datacenter where both know it.
 func (i Identity) Same(o Identity) bool {
+	if i.ClusterID != "" && o.ClusterID != "" {
+		return i.ClusterID == o.ClusterID && (i.Datacenter == "" || o.Datacenter == "" || i.Datacenter == o.Datacenter)
+	}
 	if i.Datacenter != "" && o.Datacenter != "" && i.Datacenter != o.Datacenter {
 		return false
 	}
@@ -59,5 +72,25 @@ func ReadIdentity(ctx context.Context, c *api.Client) (Identity, error) {
 	if _, err := c.Raw().Query("/v1/agent/self", &self, (&api.QueryOptions{}).WithContext(ctx)); err == nil {
 		id.Datacenter = self.Config.Datacenter
 	}
+	var roots struct{ TrustDomain string }
+	if _, err := c.Raw().Query("/v1/connect/ca/roots", &roots, (&api.QueryOptions{}).WithContext(ctx)); err == nil {
+		id.ClusterID = strings.TrimSuffix(roots.TrustDomain, ".consul")
+	} else if ctx.Err() != nil {
+		return Identity{}, fmt.Errorf("read the Consul cluster ID (/v1/connect/ca/roots): %w", err)
+	}
 	return id, nil
+}
+
+// Source is the mirror source of a replica that reads prefix, in
+// namespace and partition, from the Consul cluster id names.
+func (i Identity) Source(prefix, namespace, partition string) state.MirrorSource {
+	return state.MirrorSource{ClusterID: i.ClusterID, Datacenter: i.Datacenter, Servers: i.Cluster, Namespace: namespace, Partition: partition, Prefix: prefix}
+}
+
+// Scope returns the Consul Enterprise namespace and admin partition a
+// client for addr reads (CONSUL_NAMESPACE, CONSUL_PARTITION; empty: the
+// defaults).
+func Scope(addr string) (namespace, partition string) {
+	cfg := ClientConfig(addr)
+	return cfg.Namespace, cfg.Partition
 }

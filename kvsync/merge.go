@@ -8,6 +8,7 @@ package kvsync
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 )
@@ -103,6 +104,8 @@ type listing struct {
 	// changed lists the keys set, added or deleted against the held read
 	// it was compared with (nil when there was none).
 	changed []string
+	// removes: the read lacks keys the held read has.
+	removes bool
 }
 
 // walkFunc walks a listing: it calls f with the relative key and the value
@@ -126,8 +129,13 @@ func mergeListing(walk walkFunc, last held) (listing, error) {
 		edits []edit
 	)
 	err := walk(func(rel, v []byte) error {
-		if n > 0 && bytes.Compare(prev, rel) >= 0 {
-			return errUnordered
+		if n > 0 {
+			switch bytes.Compare(prev, rel) {
+			case 0:
+				return fmt.Errorf("%w: %q", errDuplicateKey, cutKey(rel))
+			case 1:
+				return errUnordered
+			}
 		}
 		n++
 		prev = append(prev[:0], rel...)
@@ -154,20 +162,19 @@ func mergeListing(walk walkFunc, last held) (listing, error) {
 		return listing{count: n, unchanged: true}, nil
 	}
 	changed := make([]string, len(edits))
+	removes := false
 	for i, e := range edits {
 		changed[i] = e.key
+		removes = removes || e.op == editDel
 	}
-	return listing{count: n, edits: edits, changed: changed}, nil
+	return listing{count: n, edits: edits, changed: changed, removes: removes}, nil
 }
 
 // readListing reads a listing in full into a new held read, and compares
 // it with last when there is one (the first read of a Watcher has none).
 func readListing(walk walkFunc, last map[string]string) (listing, error) {
 	b := newBuilder(len(last))
-	err := walk(func(rel, v []byte) error {
-		b.add(string(rel), string(v))
-		return nil
-	})
+	err := walk(func(rel, v []byte) error { return b.add(string(rel), string(v)) })
 	if err != nil {
 		return listing{}, err
 	}
@@ -186,16 +193,19 @@ func newBuilder(n int) *builder {
 	return &builder{h: held{kv: make(map[string]string, n), keys: make([]string, 0, n), vals: make([]string, 0, n)}}
 }
 
-func (b *builder) add(k, v string) {
+func (b *builder) add(k, v string) error {
+	if _, dup := b.h.kv[k]; dup {
+		return fmt.Errorf("%w: %q", errDuplicateKey, cutKey([]byte(k)))
+	}
 	if n := len(b.h.keys); n > 0 && b.h.keys[n-1] >= k {
 		b.disorder = true
 	}
 	b.h.kv[k] = v
 	b.h.keys, b.h.vals = append(b.h.keys, k), append(b.h.vals, v)
+	return nil
 }
 
-// held returns the read, its keys sorted (a key listed twice counts once,
-// with its last value).
+// held returns the read, its keys sorted.
 func (b *builder) held() held {
 	if b.disorder {
 		b.h.keys = slices.Sorted(maps.Keys(b.h.kv))
@@ -222,6 +232,7 @@ func compared(h held, last map[string]string) listing {
 	for k := range last {
 		if _, ok := h.kv[k]; !ok {
 			l.changed = append(l.changed, k)
+			l.removes = true
 		}
 	}
 	if len(l.changed) == 0 {

@@ -29,6 +29,8 @@ const (
 	DefaultMinGap      = 50 * time.Millisecond
 	DefaultBackoffBase = 250 * time.Millisecond
 	DefaultBackoffMax  = 30 * time.Second
+	// DefaultIdentifyEvery: a read's source is at most this old.
+	DefaultIdentifyEvery = 30 * time.Second
 )
 
 // Errors returned by this package.
@@ -53,9 +55,15 @@ type Options struct {
 	Logger *zap.Logger
 	// Metrics; nil uses a private, unregistered set.
 	Metrics *Metrics
+	// Token is the token Client sends (NewTokenClient), for its accessor
+	// ID in errors and status; nil names no accessor.
+	Token *Token
 
 	// WaitTime is the blocking-query wait; 0 means DefaultWaitTime.
-	// Consul caps it at 10 minutes.
+	// Consul caps it at 10 minutes. A proxy between hastate and Consul
+	// whose idle timeout is shorter fails every quiet query; and the
+	// Watcher is "in sync" only as of its last answer, so a quiet prefix
+	// shows a sync age of up to about WaitTime.
 	WaitTime time.Duration
 	// MinGap is the least time between the starts of two calls to Consul,
 	// plus up to 50% random jitter; 0 means DefaultMinGap.
@@ -65,9 +73,58 @@ type Options struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 
+	// Identify reads which Consul cluster the Client reads and returns
+	// the mirror source (state.MirrorSource, with Prefix) every read
+	// handed to the Sink names, so that the Sink applies a read only from
+	// the source it recorded. It is called before the first read of each
+	// Run, after every failed attempt or index reset, and at least every
+	// IdentifyEvery; an error fails the read. nil: reads name no source.
+	Identify func(ctx context.Context) (state.MirrorSource, error)
+	// IdentifyEvery is the longest a read's source may be known before it
+	// is read again (0: DefaultIdentifyEvery).
+	IdentifyEvery time.Duration
+
 	// Now is the clock for the times in Status and the metrics; nil means
 	// time.Now. Waiting uses real timers.
 	Now func() time.Time
+}
+
+// CheckPrefix is the one check of a KV prefix (Options.Prefix, serve's
+// --kv-prefix): not empty, ending in "/", not starting with one, and no
+// empty, "." or ".." segment. Consul's HTTP server cleans such a path and
+// redirects the read to another prefix (hastate//state/ to hastate/state/),
+// whose keys then all fall outside the one asked.
+func CheckPrefix(prefix string) error {
+	switch {
+	case prefix == "":
+		return errors.New(`the KV prefix is empty: set it, e.g. "hastate/"`)
+	case !strings.HasSuffix(prefix, "/"):
+		return fmt.Errorf(`the KV prefix %q must end with "/" (try %q)`, prefix, prefix+"/")
+	case strings.HasPrefix(prefix, "/"):
+		return fmt.Errorf(`the KV prefix %q must not start with "/" (try %q)`, prefix, strings.TrimLeft(prefix, "/"))
+	}
+	for _, seg := range strings.Split(strings.TrimSuffix(prefix, "/"), "/") {
+		switch seg {
+		case "", ".", "..":
+			return fmt.Errorf(`the KV prefix %q has a segment %q: Consul would redirect its reads to another path; write it without empty, "." or ".." segments, e.g. %q`,
+				prefix, seg, cleanPrefix(prefix))
+		}
+	}
+	return nil
+}
+
+// cleanPrefix is prefix without its empty and "." segments, for advice.
+func cleanPrefix(prefix string) string {
+	var out []string
+	for _, seg := range strings.Split(prefix, "/") {
+		if seg != "" && seg != "." && seg != ".." {
+			out = append(out, seg)
+		}
+	}
+	if len(out) == 0 {
+		return "hastate/"
+	}
+	return strings.Join(out, "/") + "/"
 }
 
 func (o *Options) validate() error {
@@ -75,13 +132,8 @@ func (o *Options) validate() error {
 	if o.Client == nil {
 		probs = append(probs, "Client is required (build it with kvsync.NewClient)")
 	}
-	switch {
-	case o.Prefix == "":
-		probs = append(probs, `Prefix is required (e.g. "hastate/")`)
-	case !strings.HasSuffix(o.Prefix, "/"):
-		probs = append(probs, fmt.Sprintf(`Prefix %q must end with "/" (try %q)`, o.Prefix, o.Prefix+"/"))
-	case strings.HasPrefix(o.Prefix, "/"):
-		probs = append(probs, fmt.Sprintf(`Prefix %q must not start with "/" (try %q)`, o.Prefix, strings.TrimLeft(o.Prefix, "/")))
+	if err := CheckPrefix(o.Prefix); err != nil {
+		probs = append(probs, err.Error())
 	}
 	if o.Sink == nil {
 		probs = append(probs, "Sink is required")
@@ -114,6 +166,7 @@ func (o *Options) setDefaults() {
 	o.MinGap = cmp.Or(o.MinGap, DefaultMinGap)
 	o.BackoffBase = cmp.Or(o.BackoffBase, DefaultBackoffBase)
 	o.BackoffMax = cmp.Or(o.BackoffMax, DefaultBackoffMax)
+	o.IdentifyEvery = cmp.Or(o.IdentifyEvery, DefaultIdentifyEvery)
 	if o.BackoffMax < o.BackoffBase {
 		o.BackoffMax = o.BackoffBase
 	}

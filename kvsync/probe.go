@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	hapi "github.com/hastate/hastate/api"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
@@ -19,6 +20,7 @@ import (
 type Probe struct {
 	o         ProbeOptions
 	reachable prometheus.Gauge
+	denied    prometheus.Gauge
 
 	mu sync.Mutex
 	h  ProbeHealth
@@ -33,6 +35,14 @@ type ProbeHealth struct {
 	// Checked is when the last check ended, LastOK when the last
 	// successful one did.
 	Checked, LastOK time.Time
+	// TokenProblem is set while Consul refuses this replica's token
+	// what the mirror needs (CheckRead); a Consul that cannot be asked
+	// leaves it as it was.
+	TokenProblem *hapi.TokenProblem
+	// Verdict is the mirror verdict of the last check: api.MirrorOK when
+	// it succeeded, else why this replica could not mirror (Consul
+	// unreachable, not Consul, the token), with the error as its detail.
+	Verdict hapi.MirrorVerdict
 }
 
 // ProbeOptions configure a Probe. Client and Prefix are required.
@@ -43,6 +53,7 @@ type ProbeOptions struct {
 	Timeout    time.Duration         // 0: 2s per check
 	Logger     *zap.Logger           // nil: no logs
 	Registerer prometheus.Registerer // nil: metric not registered
+	Token      *Token                // the token Client sends, for its accessor ID; nil: none named
 }
 
 // NewProbe validates the options.
@@ -59,9 +70,13 @@ func NewProbe(o ProbeOptions) (*Probe, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	return &Probe{o: o, reachable: promauto.With(o.Registerer).NewGauge(prometheus.GaugeOpts{
+	f := promauto.With(o.Registerer)
+	return &Probe{o: o, reachable: f.NewGauge(prometheus.GaugeOpts{
 		Name: "hastate_kv_probe_reachable",
 		Help: "Per replica: 1 if this replica's last check of Consul KV (every replica checks, leader or not) succeeded.",
+	}), denied: f.NewGauge(prometheus.GaugeOpts{
+		Name: "hastate_consul_token_denied",
+		Help: "Per replica: 1 while Consul refuses this replica's token (403) a read or listing under the prefix: a leader with it applies nothing and holds the last state; see /v1/cluster consul_token for the accessor ID.",
 	})}, nil
 }
 
@@ -82,9 +97,19 @@ func (p *Probe) Run(ctx context.Context) error {
 func (p *Probe) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, p.o.Timeout)
 	defer cancel()
-	// Reading one key under the prefix needs the same ACL as the watch; a
-	// missing key is a success (nil pair, nil error).
-	_, _, err := p.o.Client.KV().Get(p.o.Prefix+"state/", (&api.QueryOptions{AllowStale: true}).WithContext(ctx))
+	// The probe asks what the watch asks, so that it fails where the
+	// watch would, and what the watch asks before it applies a listing
+	// that could hide keys (CheckRead): a consistent listing of the
+	// prefix (the list policy, every key under it: a token that cannot
+	// read some is refused as filtered), only Consul's own answer counts
+	// (checkConsulAnswer), and direct reads under the prefix that answer
+	// 403 where the token may not read (the anonymous token lists the
+	// prefix as empty). Keys to the first "/" keep it small.
+	accessor := ""
+	if p.o.Token != nil {
+		accessor = p.o.Token.AccessorID()
+	}
+	err := CheckRead(ctx, p.o.Client, p.o.Prefix, accessor)
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return
 	}
@@ -93,18 +118,43 @@ func (p *Probe) check(ctx context.Context) {
 	defer p.mu.Unlock()
 	h := &p.h
 	h.Checked = now
+	var te *TokenError
+	switch {
+	case errors.As(err, &te):
+		since := now
+		if h.TokenProblem != nil {
+			since = h.TokenProblem.Since
+		} else {
+			p.o.Logger.Error("Consul refuses this replica's token: as leader it would hold the last state and apply nothing",
+				zap.Error(err), zap.String("accessor_id", te.AccessorID))
+		}
+		h.TokenProblem = te.Problem(since)
+		p.denied.Set(1)
+	case err == nil:
+		if h.TokenProblem != nil {
+			p.o.Logger.Info("Consul accepts this replica's token again: it may read the prefix",
+				zap.String("accessor_id", accessor), zap.Duration("was_refused_for", now.Sub(h.TokenProblem.Since).Round(time.Millisecond)))
+		}
+		h.TokenProblem = nil
+		p.denied.Set(0)
+	}
 	switch {
 	case err == nil:
 		if !h.Reachable && !h.FailingSince.IsZero() {
 			p.o.Logger.Info("Consul reachable again from this replica", zap.Duration("was_down_for", now.Sub(h.FailingSince).Round(time.Millisecond)))
 		}
 		h.Reachable, h.FailingSince, h.LastOK = true, time.Time{}, now
+		h.Verdict = hapi.MirrorVerdict{Reason: hapi.MirrorOK}
 		p.reachable.Set(1)
+		return
 	case h.Reachable || h.FailingSince.IsZero():
-		p.o.Logger.Warn("Consul not reachable from this replica (check CONSUL_HTTP_ADDR / --consul-addr, TLS and token)", zap.Error(err))
+		if te == nil {
+			p.o.Logger.Warn("Consul not reachable from this replica (check CONSUL_HTTP_ADDR / --consul-addr, TLS and token)", zap.Error(err))
+		}
 		h.Reachable, h.FailingSince = false, now
 		p.reachable.Set(0)
 	}
+	h.Verdict = hapi.MirrorVerdict{Reason: MirrorReasonOf(err), Detail: err.Error() + "; " + consulHint(err), Since: h.FailingSince}
 }
 
 // Health reports the checks so far.

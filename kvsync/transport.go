@@ -49,6 +49,7 @@ func (t listingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		next = http.DefaultTransport
 	}
 	c, _ := req.Context().Value(captureKey{}).(*capture)
+	_, check := req.Context().Value(checkKey{}).(checkKey)
 	if c != nil && req.Header.Get("Accept-Encoding") == "" {
 		// Consul gzips an answer when asked to, and Go's transport asks
 		// by default: 11 MB of JSON at 50,000 keys cost Consul's CPU
@@ -58,18 +59,36 @@ func (t listingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Set("Accept-Encoding", "identity")
 	}
 	resp, err := next.RoundTrip(req)
-	if err != nil || c == nil {
+	if err != nil || (c == nil && !check) {
 		return resp, err
 	}
 	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound:
-		// No key under the prefix: consul/api answers no pairs.
+	case http.StatusOK, http.StatusNotFound:
+		// Only Consul's own answer counts, a 404 above all: a proxy, a
+		// load balancer with no route or another service at the address
+		// answers 404 too, and that is not "nothing set".
+		if err := checkConsulAnswer(resp.Header); err != nil {
+			drain(resp)
+			return nil, fmt.Errorf("%s %s: HTTP %d: %w", req.Method, req.URL.Path, resp.StatusCode, err)
+		}
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		// Consul redirects a path it cleans (hastate//state/ to
+		// hastate/state/): the answer would be another prefix's.
+		drain(resp)
+		return nil, fmt.Errorf("%s %s: redirected (HTTP %d) to %q: %w: a read must be answered for the path asked",
+			req.Method, req.URL.Path, resp.StatusCode, resp.Header.Get("Location"), errNotConsul)
+	default:
+		return resp, nil // consul/api's status error
+	}
+	if c == nil {
+		return resp, nil
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		// No key under the prefix, said by Consul: consul/api answers
+		// no pairs.
 		c.done = true
 		c.res, err = readListing(func(func(rel, v []byte) error) error { return nil }, c.last.kv)
 		return resp, err
-	default:
-		return resp, nil // consul/api's status error
 	}
 	if err := c.consume(resp); err != nil {
 		return nil, err
@@ -81,6 +100,56 @@ func (t listingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 type captureKey struct{}
+
+// checkKey marks a request whose answer must be Consul's own (see
+// checkConsulAnswer); a listing's capture implies it.
+type checkKey struct{}
+
+// withCheck marks ctx so that listingTransport refuses an answer to the
+// request made with it that is not Consul's.
+func withCheck(ctx context.Context) context.Context {
+	return context.WithValue(ctx, checkKey{}, checkKey{})
+}
+
+// checkConsulAnswer reports whether h are the headers of Consul's answer to
+// a consistent KV read: X-Consul-Index present, a number, above 0 (Consul's
+// indexes start at 1; consul/api would turn a missing one into 0 and the
+// Watcher read that as "the index went backwards"); X-Consul-KnownLeader
+// "true" (a consistent read is answered by the leader); and
+// X-Consul-LastContact a number. consul/api ignores the error of its own
+// header parse, and a missing or garbled X-Consul-LastContact ends that
+// parse before X-Consul-Results-Filtered-By-ACLs is read: so the ACL header
+// is read here too.
+func checkConsulAnswer(h http.Header) error {
+	idx := h.Get("X-Consul-Index")
+	switch n, err := strconv.ParseUint(idx, 10, 64); {
+	case idx == "":
+		return fmt.Errorf("%w: no X-Consul-Index header", errNotConsul)
+	case err != nil:
+		return fmt.Errorf("%w: X-Consul-Index %q is not a number", errNotConsul, idx)
+	case n == 0:
+		return fmt.Errorf("%w: X-Consul-Index is 0 (Consul's indexes start at 1)", errNotConsul)
+	}
+	if kl := h.Get("X-Consul-KnownLeader"); kl != "true" {
+		return fmt.Errorf("%w: X-Consul-KnownLeader is %q, not \"true\": no Consul leader vouches for the answer", errNotConsul, kl)
+	}
+	if lc := h.Get("X-Consul-LastContact"); lc == "" {
+		return fmt.Errorf("%w: no X-Consul-LastContact header", errNotConsul)
+	} else if _, err := strconv.ParseUint(lc, 10, 64); err != nil {
+		return fmt.Errorf("%w: X-Consul-LastContact %q is not a number", errNotConsul, lc)
+	}
+	if h.Get("X-Consul-Results-Filtered-By-ACLs") == "true" {
+		return errFilteredByACLs
+	}
+	return nil
+}
+
+// drain reads (a bounded part of) and closes a body that is refused, so
+// that the connection can be reused.
+func drain(resp *http.Response) {
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	resp.Body.Close()
+}
 
 // withCapture marks ctx so that listingTransport decodes the listing
 // answered to the request made with it into c.

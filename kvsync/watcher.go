@@ -93,6 +93,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 		failures int           // consecutive failed attempts
 		since    time.Time     // first failure of the current streak
 		wait     time.Duration // before the next call
+		// src is the source reads name (Options.Identify), read at srcAt.
+		src   *state.MirrorSource
+		srcAt time.Time
+		// reread: the Sink refused a read as behind the index it holds
+		// (state.ErrIndexBehind); the next read confirms it.
+		reread bool
 	)
 	for {
 		if err := sleep(ctx, wait); err != nil {
@@ -106,6 +112,18 @@ func (w *Watcher) Run(ctx context.Context) error {
 		ask := index
 		if failures > 0 {
 			ask = 0
+		}
+		if w.o.Identify != nil && (src == nil || failures > 0 || index == 0 || time.Since(srcAt) >= w.o.IdentifyEvery) {
+			s, err := w.o.Identify(ctx)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil {
+				failures, since = w.failed(failures, since, index, fmt.Errorf("consul: cannot tell which Consul cluster answers, so no read is applied: %w", err), true)
+				wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), w.gap(start))
+				continue
+			}
+			src, srcAt = &s, time.Now()
 		}
 		got, l, err := w.read(ctx, ask, last)
 		if ctx.Err() != nil {
@@ -131,7 +149,23 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case l.unchanged:
 			index = got // the index moved, the data did not
 		default:
-			r := state.KVRead{Index: got, KV: l.full.kv}
+			if last.kv == nil || l.count == 0 || l.removes {
+				// Consul leaves out what the token may not read, and says
+				// so only for some tokens: an empty listing, one that
+				// removes keys, or a first one (it may remove what raft
+				// holds) is applied only once the token is proven able
+				// to read the prefix. Until then the Sink keeps its state.
+				if err := CheckRead(ctx, w.o.Client, w.o.Prefix, w.accessor()); err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					failures, since = w.failed(failures, since, index,
+						fmt.Errorf("consul: %d keys listed at index %d, not applied: %w", l.count, got, err), true)
+					wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
+					continue
+				}
+			}
+			r := state.KVRead{Index: got, KV: l.full.kv, Source: src, Reread: reread}
 			if l.edits != nil {
 				// The held map becomes the read; its keys follow once
 				// the Sink accepts it.
@@ -150,6 +184,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 					// the next read is compared in full.
 					last, accepted = held{}, 0
 				}
+				// Below what the Sink holds: the next read (consistent,
+				// at index 0 after this failure) confirms it.
+				reread = errors.Is(err, state.ErrIndexBehind)
 				// Not delivered: index stays, so the next read returns at
 				// once with the then-current data, after the backoff.
 				failures, since = w.failed(failures, since, index,
@@ -157,6 +194,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 				wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
 				continue
 			}
+			reread = false
 			w.m.updates.Inc()
 			w.log.Debug("applied consul KV read", zap.Uint64("consul_index", got), zap.Int("keys", l.count), zap.Int("changed", len(l.changed)))
 			if l.edits != nil {
@@ -203,6 +241,12 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 		c, meta, err = list()
 	}
 	switch {
+	case refused(err), errors.Is(err, errFilteredByACLs):
+		// 403: with acl.enable_key_list_policy a listing the token may
+		// not make; for any token that Consul does not know. Filtered:
+		// applying a partial read would clear the states the token
+		// cannot see.
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(), "list "+w.o.Prefix, err))
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return 0, listing{}, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
 	case err != nil:
@@ -210,9 +254,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 	case meta == nil:
 		return 0, listing{}, fmt.Errorf("consul: list %q: no query metadata in the answer", w.o.Prefix)
 	case meta.ResultsFilteredByACLs:
-		// Applying a partial read would clear the states the token
-		// cannot see.
-		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errFilteredByACLs)
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(), "list "+w.o.Prefix, errFilteredByACLs))
 	}
 	if !c.done {
 		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errNotNewClient)
@@ -234,7 +276,12 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 // errNotNewClient: the listing did not pass through listingTransport.
 var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewClient, which reads the listing (build it with NewClient)")
 
-var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix, refusing a partial read")
+// errNotConsul: the answer lacks what every Consul KV answer carries (see
+// checkConsulAnswer); what answered is a proxy, a load balancer or
+// another service, and its "nothing here" proves nothing.
+var errNotConsul = errors.New("the answer is not Consul's")
+
+var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix (X-Consul-Results-Filtered-By-ACLs), refusing a partial read")
 
 // failed records a failed attempt, logs one line for it and returns the new
 // streak. consul tells a Consul failure from a Sink one.
@@ -245,11 +292,25 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 	}
 	now := w.o.Now()
 	w.m.errors.Inc()
+	var te *TokenError
 	w.mu.Lock()
 	w.st.LastError, w.st.LastErrorTime, w.st.ConsecutiveErrors = err.Error(), now, failures
+	var me *api.MirrorError
+	if w.st.LastErrorReason = ""; consul || errors.As(err, &me) {
+		w.st.LastErrorReason = MirrorReasonOf(err)
+	}
 	if failures == 1 {
 		w.st.FailingSince = now
 	}
+	if errors.As(err, &te) {
+		since := now
+		if p := w.st.TokenProblem; p != nil {
+			since = p.Since
+		}
+		w.st.TokenProblem = te.Problem(since)
+	}
+	// Otherwise a token problem stands until a read succeeds: Consul
+	// could not be asked, or the Sink refused.
 	if consul {
 		w.st.Reachable = false
 	}
@@ -262,29 +323,69 @@ func (w *Watcher) failed(failures int, since time.Time, index uint64, err error,
 		zap.Duration("retry_in", retry),
 		zap.Uint64("consul_index", index),
 	}
-	if consul {
+	switch {
+	case consul:
 		w.m.reachable.Set(0)
 		w.log.Error("cannot read Consul KV; serving the last mirrored state; "+consulHint(err), fields...)
-	} else {
+	case errors.As(err, &me):
+		w.log.Error("refusing to apply the Consul KV read: this replica's Consul or prefix is not the one recorded in raft; serving the last mirrored state "+
+			"(the leader hands leadership to a replica that matches)", fields...)
+	case errors.Is(err, state.ErrIndexBehind):
+		w.log.Warn("the Consul index is below the one the mirror holds; reading again to confirm before applying", fields...)
+	default:
 		w.log.Error("could not apply the Consul KV read; serving the last applied state; "+
 			"will retry with a fresh read (check this replica's raft leadership and logs)", fields...)
 	}
 	return failures, since
 }
 
+// MirrorReasonOf types a failed read or apply for the mirror verdict: a
+// refusal that carries one (*api.MirrorError, the cluster's for another
+// cluster or prefix), an answer that is not Consul's (errNotConsul), one
+// the token could not vouch for (errFilteredByACLs, 401, 403); anything
+// else is Consul unreachable.
+func MirrorReasonOf(err error) api.MirrorReason {
+	var (
+		se consul.StatusError
+		me *api.MirrorError
+	)
+	switch {
+	case errors.As(err, &me):
+		return me.Verdict.Reason
+	case errors.Is(err, errNotConsul):
+		return api.MirrorNotConsul
+	case errors.Is(err, errFilteredByACLs), errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
+		return api.MirrorTokenCannotRead
+	}
+	return api.MirrorConsulUnreachable
+}
+
 // consulHint says what an operator should check for err.
 func consulHint(err error) string {
 	var se consul.StatusError
+	var te *TokenError
 	switch {
+	case errors.As(err, &te):
+		return "as leader it holds the last state until the token may read the prefix (check --consul-token-file / CONSUL_HTTP_TOKEN and the token's policy)"
+	case errors.Is(err, errNotConsul):
+		return "what answers at CONSUL_HTTP_ADDR / --consul-addr is not Consul's KV endpoint (a proxy, a load balancer without a route, another service): point it at a Consul agent"
 	case errors.Is(err, errFilteredByACLs):
-		return "give the token (CONSUL_HTTP_TOKEN) key_prefix read on the whole prefix"
+		return "give the token (--consul-token-file, CONSUL_HTTP_TOKEN) key_prefix list on the whole prefix (docs/deploy.md, Consul ACL policies)"
 	case errors.As(err, &se) && (se.Code == 401 || se.Code == 403):
-		return "check the Consul token (CONSUL_HTTP_TOKEN): it needs key_prefix read on the prefix"
+		return "check the Consul token (--consul-token-file, CONSUL_HTTP_TOKEN): it needs key_prefix list on the prefix"
 	case errors.As(err, &se):
 		return "Consul answered with an error; check the Consul servers (leader, quorum)"
 	default:
 		return "check that Consul is up and reachable at CONSUL_HTTP_ADDR / --consul-addr, and its TLS settings and token"
 	}
+}
+
+// accessor names the token the Watcher's client sends ("" unknown).
+func (w *Watcher) accessor() string {
+	if w.o.Token == nil {
+		return ""
+	}
+	return w.o.Token.AccessorID()
 }
 
 // succeeded records that the Sink holds Consul's content at index.
@@ -293,6 +394,7 @@ func (w *Watcher) succeeded(index uint64) {
 	w.m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
 	w.mu.Lock()
 	w.st.LastSuccess, w.st.ConsecutiveErrors, w.st.FailingSince = now, 0, time.Time{}
+	w.st.TokenProblem = nil
 	w.st.SyncedIndex = index
 	w.mu.Unlock()
 }

@@ -280,10 +280,13 @@ func member(m api.MemberInfo, self string) pageMember {
 			}
 		}
 	}
-	if st.ConsulReachable {
+	switch v := st.Verdict(); {
+	case v.CanMirror():
 		pm.Consul = "Consul ok"
-	} else {
+	case v.Reason == api.MirrorConsulUnreachable:
 		pm.Consul, pm.Class = "Consul unreachable", "bad"
+	default:
+		pm.Consul, pm.Class = "cannot mirror: "+string(v.Reason), "bad"
 	}
 	if pm.State != "leader" && pm.State != "follower" {
 		pm.Class = "bad"
@@ -327,6 +330,18 @@ func banners(v api.StateView, ci api.ClusterInfo, ready bool, detail string) []p
 	for _, r := range v.Replicas {
 		if !r.Answered {
 			out = append(out, pageBanner{Text: "replica " + r.ID + " did not answer: servers and HAProxy nodes only it saw are missing from this page", Detail: r.Error})
+		}
+	}
+	for _, m := range ci.Members {
+		if m.Status == nil {
+			continue
+		}
+		if v := m.Status.Verdict(); !v.CanMirror() && v.Reason != api.MirrorConsulUnreachable {
+			who := "replica " + m.ID
+			if m.Leader {
+				who = "the raft leader " + m.ID
+			}
+			out = append(out, pageBanner{Text: who + " cannot mirror Consul (" + string(v.Reason) + "): as leader it applies nothing and hands leadership to a replica that can", Detail: v.Detail})
 		}
 	}
 	if ci.LeaderID == "" && ci.NodeID != "" {

@@ -357,3 +357,20 @@ func TestWithheldRowSaysWhatHAProxyKeeps(t *testing.T) {
 			row.Withheld, row.Keeps, row.Weight, row.InRotation(), body)
 	}
 }
+
+// A member that cannot mirror Consul (another cluster, another prefix) is
+// named in a banner with what differs, and marked in the member list.
+func TestPageNamesAReplicaThatCannotMirror(t *testing.T) {
+	ci := healthyCluster()
+	ci.Members[2].Status.Mirror = &api.MirrorVerdict{Reason: api.MirrorOtherCluster, Detail: "cluster ID b, recorded a"}
+	_, body := get(t, pageShowcase(t, time.Now(), ci, api.KVStatus{KVView: api.KVView{Known: true, Reachable: true, Synced: true}}, ""), "/")
+	for _, want := range []string{
+		`<div class="banner" role="alert">replica hs3 cannot mirror Consul (other_cluster): as leader it applies nothing and hands leadership to a replica that can<div class="detail">cluster ID b, recorded a</div></div>`,
+		`<b>hs3</b> follower`,
+		`cannot mirror: other_cluster`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status page without %s", want)
+		}
+	}
+}

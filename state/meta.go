@@ -28,8 +28,15 @@ const (
 	// LevelMeta: a meta key whose state matches its state key also
 	// gives the key its until (expiry) and its undrain ramp duration.
 	LevelMeta = 2
+	// LevelRecorded (release 0.15.0; the mirror engineer's, issue 37):
+	// the raft leader records the Consul cluster and KV prefix of the
+	// mirror (a "source" entry, MirrorSource) and applies a read only
+	// from that same source; snapshots carry it (version 6). Release
+	// 0.14.0 does not know the entry, so it is written only once every
+	// voter advertises this level.
+	LevelRecorded = 3
 	// MaxLevel is the highest level this build understands.
-	MaxLevel = LevelMeta
+	MaxLevel = LevelRecorded
 )
 
 // Notes on a state key, shown in status.

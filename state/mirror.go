@@ -1,6 +1,7 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -262,6 +263,12 @@ func pairMeta(c *Change, desired map[string]string) {
 	}
 }
 
+// ErrIndexBehind: a read's Consul index is below the one the mirror holds
+// (a restored Consul snapshot, or an answer of a server that lags); it is
+// applied only once the reader read again and Consul confirmed it
+// (KVRead.Reread).
+var ErrIndexBehind = errors.New("the Consul index went below the one the mirror holds: read again to confirm")
+
 // KVRead is one read of the KV prefix, as the leader's Consul watch hands
 // it over.
 type KVRead struct {
@@ -274,6 +281,14 @@ type KVRead struct {
 	// from only in Changed: the keys set, added or deleted since.
 	Base    uint64
 	Changed []string
+	// Source is the Consul cluster and prefix the read came from (nil:
+	// not known, e.g. a test's read); the raft leader applies a read only
+	// from the source recorded with the mirror.
+	Source *MirrorSource
+	// Reread: the reader read again, consistently, and Consul confirmed
+	// an index below the one the mirror holds (a restored snapshot of the
+	// same cluster): it may be applied.
+	Reread bool
 }
 
 // DiffKeys is Diff for a desired content that differs from the mirror's

@@ -36,6 +36,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		switch {
 		case errors.Is(err, ctl.ErrUsage):
 			return 2
+		case errors.Is(err, ctl.ErrPermission):
+			return 5
 		case errors.Is(err, ctl.ErrNoMatch):
 			return 3
 		case errors.Is(err, ctl.ErrWrongReplica), errors.Is(err, ctl.ErrNotDone):
@@ -99,7 +101,7 @@ Exit codes, the same for every command (the README's table):
 	for _, c := range []*cobra.Command{weightCmd(stdout), clearCmd(stdout), migrateCmd(stdout), statusCmd(stdout), waitCmd(stdout), precheckCmd(stdout), verifyCmd(stdout), probeCmd(stdout)} {
 		root.AddCommand(withTimeout(c))
 	}
-	root.AddCommand(migrationCmd(stdout), withTimeout(compareCmd(stdout)))
+	root.AddCommand(migrationCmd(stdout), withTimeout(compareCmd(stdout)), withTimeout(adoptCmd(stdout)))
 	return root
 }
 
@@ -232,12 +234,14 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/hastate", "raft log and snapshots")
 	f.StringVar(&o.KVPrefix, "kv-prefix", "hastate/", "Consul KV prefix; state lives under <prefix>state/")
 	f.StringVar(&o.ConsulAddr, "consul-addr", "", "Consul HTTP address (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	f.StringVar(&o.ConsulTokenFile, "consul-token-file", "", "file holding the Consul token, read again every second so a rotated token needs no restart (default CONSUL_HTTP_TOKEN_FILE, else the token CONSUL_HTTP_TOKEN holds)")
 	f.StringVar(&rampStart, "ramp-start", "10%", "undrain ramp: weight of the first step")
 	f.DurationVar(&o.Ramp.Duration, "ramp-duration", o.Ramp.Duration, "undrain ramp: time from --ramp-start to 100% (0: no ramp)")
 	f.DurationVar(&o.Ramp.Interval, "ramp-interval", o.Ramp.Interval, "undrain ramp: time between steps (keep it >= HAProxy's agent-inter)")
 	f.Float64Var(&o.Ramp.Aggression, "ramp-aggression", o.Ramp.Aggression, "undrain ramp curve: 1 linear, >1 faster early, <1 slower early (Envoy's aggression)")
 	f.BoolVar(&o.Ramp.FromMaint, "ramp-from-maint", false, "also ramp servers that leave maint")
 	f.DurationVar(&o.KVFailoverAfter, "kv-failover-after", 30*time.Second, "a leader that cannot reach Consul this long hands leadership to a follower that can (negative: never)")
+	f.DurationVar(&o.KVWait, "kv-wait", app.DefaultKVWait, "the leader's Consul blocking-query wait, 1s to 10m (keep it below the idle timeout of any proxy between hastate and Consul; a quiet prefix shows a sync age up to about this)")
 	f.DurationVar(&o.LeaderlessGrace, "leaderless-grace", cluster.DefaultLeaderlessGrace, "a replica whose last contact with a raft leader is older than this stops answering agent checks (HAProxy keeps its state) and fails readiness, until it has a leader again and has caught up")
 	f.DurationVar(&o.ConfirmTimeout, "confirm-timeout", cluster.DefaultConfirmTimeout, "a check is answered only once this replica confirmed with the raft leader that it serves every change committed before the check arrived (a read index, batched); a check not confirmed within this is answered nothing (HAProxy keeps its state). Keep it well under HAProxy's agent-check timeout")
 	f.DurationVar(&o.ConfirmWindow, "confirm-window", cluster.DefaultConfirmWindow, "how long a confirmation round waits for more checks to share it (0: none; see cluster/DESIGN.md for the measurements)")

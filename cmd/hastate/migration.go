@@ -26,7 +26,9 @@ key in Consul (before a node is moved no HAProxy polls hastate), and
 undrains do not ramp (a ramp in progress ends at full weight at once). The
 per-node agent never reads the marker (it is not under state/).
 
-Exit codes: 0 ok, 1 refused or failed, 2 usage, 4 Consul could not be read.`
+Exit codes: 0 ok, 1 refused or failed, 2 usage, 4 Consul could not be read,
+5 permission denied (the Consul token may not read or write the prefix; the
+error names the rule).`
 
 func migrationCmd(stdout io.Writer) *cobra.Command {
 	c := &cobra.Command{

@@ -183,7 +183,10 @@ Each guard has its own override, and the output names every guard lifted
 A backend-wide drain/maint/0% that servers with their own key would escape
 needs --override or --keep-own; --force does not choose for you.
 Exit codes: 0 written (or nothing to write), 1 refused, 2 usage, 3 no match,
-4 cannot confirm (Consul or the replica could not be read well enough).`
+4 cannot confirm (Consul or the replica could not be read well enough),
+5 permission denied: Consul refused the token (none set, the read token, a
+token on another prefix); the error names the rule that would allow it and
+nothing was written.`
 
 // setHelp is what drain, maint and ready say about themselves.
 var setHelp = map[string]struct{ short, long, example string }{

@@ -1,12 +1,15 @@
-# hastate only reads KV: read on the prefix, nothing else.
+# The policies' rules live in policies/*.hcl.tftpl: Consul's own rule
+# language, rendered here with the prefix. The e2e tests render the same
+# files for a real Consul with ACLs on and default deny (internal/testenv,
+# ShippedPolicy), and deploy/test checks that this file uses them, so a
+# rule the code needs and the policy lacks fails `make test`.
+
+# hastate only reads KV: read on the prefix, and the local agent's
+# configuration for the datacenter name; nothing else.
 resource "consul_acl_policy" "hastate" {
   name        = "${var.name}-read"
-  description = "hastate replicas: read ${var.kv_prefix} (desired state and config)"
-  rules       = <<-EOT
-    key_prefix "${var.kv_prefix}" {
-      policy = "read"
-    }
-  EOT
+  description = "hastate replicas: read ${var.kv_prefix} (desired state, meta and config) and the agent's datacenter"
+  rules       = templatefile("${path.module}/policies/read.hcl.tftpl", { kv_prefix = var.kv_prefix })
 }
 
 resource "consul_acl_token" "hastate" {
@@ -15,19 +18,13 @@ resource "consul_acl_token" "hastate" {
   local       = false
 }
 
-# Operators, ChatOps and pipelines write the desired state and the ramp
-# policy; nothing else under the prefix.
+# Operators, ChatOps and pipelines write the desired state, its meta keys
+# and the config keys (ramp policy, migration marker); they read the whole
+# prefix, which every write is decided from.
 resource "consul_acl_policy" "writer" {
   name        = "${var.name}-write"
-  description = "hastate writers: write ${var.kv_prefix}state/ and ${var.kv_prefix}config/"
-  rules       = <<-EOT
-    key_prefix "${var.kv_prefix}state/" {
-      policy = "write"
-    }
-    key_prefix "${var.kv_prefix}config/" {
-      policy = "write"
-    }
-  EOT
+  description = "hastate writers: read ${var.kv_prefix}; write its state/, meta/ and config/"
+  rules       = templatefile("${path.module}/policies/writer.hcl.tftpl", { kv_prefix = var.kv_prefix })
 }
 
 resource "consul_acl_token" "writer" {

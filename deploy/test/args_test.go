@@ -60,7 +60,7 @@ func runMain(m *testing.M) int {
 // exits 2 at once), answer /-/liveness, export hastate_raft_tls_enabled 1,
 // and stop on SIGTERM.
 func TestChartArgsStartHastate(t *testing.T) {
-	r := render(t, loadChart(t, chartDir), nil)
+	r := render(t, loadChart(t, chartDir), values(t, `consul: {token: s3cr3t}`))
 	ss, c := statefulSet(t, r)
 	pod := "t-hastate-0"
 
@@ -69,7 +69,7 @@ func TestChartArgsStartHastate(t *testing.T) {
 	for _, m := range c.VolumeMounts {
 		dir := t.TempDir()
 		paths[m.MountPath] = dir
-		if m.Name == "raft-tls" {
+		if m.Name == "raft-tls" || m.Name == "consul-token" {
 			writeSecretVolume(t, r, volume(ss, m.Name), dir)
 		}
 	}

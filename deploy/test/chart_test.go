@@ -15,10 +15,15 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 )
 
-// The defaults are what production gets without a values file: check every
-// fact the deploy guide promises.
+// tokenOnly is the one value an install must give: the Secret of the
+// replicas' Consul token.
+const tokenOnly = `consul: {existingSecret: {name: hastate-consul}}`
+
+// The defaults are what production gets with no values file but the token's
+// Secret (without it the chart refuses to render: TestChartRefusesAnonymousConsul):
+// check every fact the deploy guide promises.
 func TestChartDefaults(t *testing.T) {
-	r := render(t, loadChart(t, chartDir), nil)
+	r := render(t, loadChart(t, chartDir), values(t, tokenOnly))
 	ss, c := statefulSet(t, r)
 
 	if got := *ss.Spec.Replicas; got != 3 {
@@ -66,9 +71,7 @@ func TestChartDefaults(t *testing.T) {
 	if v := envVar(c, "CONSUL_HTTP_ADDR"); v == nil || v.Value == "" {
 		t.Errorf("env CONSUL_HTTP_ADDR missing")
 	}
-	if v := envVar(c, "CONSUL_HTTP_TOKEN"); v != nil {
-		t.Errorf("CONSUL_HTTP_TOKEN set without a token: %+v", v)
-	}
+	checkTokenFile(t, ss, c, "hastate-consul", "token")
 
 	// Probes: readiness on /-/readiness, no liveness.
 	rp := c.ReadinessProbe
@@ -193,11 +196,7 @@ metrics:
 	if c.Image != "registry.example/hastate:1.2.3" {
 		t.Errorf("image = %q", c.Image)
 	}
-	tok := envVar(c, "CONSUL_HTTP_TOKEN")
-	if tok == nil || tok.Value != "" || tok.ValueFrom == nil || tok.ValueFrom.SecretKeyRef == nil ||
-		tok.ValueFrom.SecretKeyRef.Name != "hastate-consul" || tok.ValueFrom.SecretKeyRef.Key != "acl-token" {
-		t.Errorf("CONSUL_HTTP_TOKEN = %+v, want secretKeyRef hastate-consul/acl-token", tok)
-	}
+	checkTokenFile(t, ss, c, "hastate-consul", "acl-token")
 	if r.count("Secret") != 0 {
 		t.Errorf("Secrets rendered with cert-manager and an existing token Secret: %v", r.keys())
 	}
@@ -255,11 +254,61 @@ metrics:
 	}
 }
 
+// With neither consul.token nor consul.existingSecret the chart refuses to
+// render, as consul-k8s and vault-helm refuse a missing required secret:
+// replicas reading a default-deny Consul anonymously would see an empty
+// prefix. Only consul.allowAnonymous=true, said explicitly, runs without a
+// token, and NOTES.txt warns.
+func TestChartRefusesAnonymousConsul(t *testing.T) {
+	ch := loadChart(t, chartDir)
+	for _, vals := range []string{"", `consul: {token: ""}`, `consul: {existingSecret: {name: ""}}`, `consul: {allowAnonymous: false}`} {
+		_, _, err := renderValues(ch, values(t, vals))
+		if err == nil || !strings.Contains(err.Error(), "no Consul token") || !strings.Contains(err.Error(), "consul.existingSecret.name") ||
+			!strings.Contains(err.Error(), "consul.allowAnonymous=true") {
+			t.Errorf("render with %q: err = %v, want the refusal naming consul.existingSecret.name and consul.allowAnonymous", vals, err)
+		}
+	}
+	r := render(t, ch, values(t, `consul: {allowAnonymous: true}`))
+	ss, c := statefulSet(t, r)
+	if _, ok := flag(c.Args, "consul-token-file"); ok || volume(ss, "consul-token") != nil || mount(c, "consul-token") != nil || envVar(c, "CONSUL_HTTP_TOKEN") != nil {
+		t.Errorf("a token is passed with allowAnonymous and no token: %v", c.Args)
+	}
+	if !strings.Contains(r.Notes, "WARNING: no Consul token") {
+		t.Errorf("NOTES.txt does not warn of the anonymous token:\n%s", r.Notes)
+	}
+	if _, _, err := renderValues(ch, values(t, `consul: {allowAnonymous: "yes"}`)); err == nil || !strings.Contains(err.Error(), "/consul/allowAnonymous") {
+		t.Errorf("allowAnonymous as a string: %v, want a schema error", err)
+	}
+}
+
+// checkTokenFile: the token's Secret key is mounted as a directory (no
+// subPath: Kubernetes updates it in place on rotation) and hastate reads
+// it with --consul-token-file; no CONSUL_HTTP_TOKEN (read once).
+func checkTokenFile(t *testing.T, ss *appsv1.StatefulSet, c *corev1.Container, secret, key string) {
+	t.Helper()
+	v := volume(ss, "consul-token")
+	if v == nil || v.Secret == nil || v.Secret.SecretName != secret || len(v.Secret.Items) != 1 ||
+		v.Secret.Items[0].Key != key || v.Secret.Items[0].Path != "token" {
+		t.Errorf("consul-token volume = %+v, want Secret %s key %s as token", v, secret, key)
+	}
+	m := mount(c, "consul-token")
+	if m == nil || m.SubPath != "" || !m.ReadOnly || m.MountPath != "/etc/hastate/consul-token" {
+		t.Errorf("consul-token mount = %+v, want /etc/hastate/consul-token read-only, no subPath", m)
+	}
+	if got, _ := flag(c.Args, "consul-token-file"); got != "/etc/hastate/consul-token/token" {
+		t.Errorf("--consul-token-file = %q", got)
+	}
+	if v := envVar(c, "CONSUL_HTTP_TOKEN"); v != nil {
+		t.Errorf("CONSUL_HTTP_TOKEN set (read once, never rotated): %+v", v)
+	}
+}
+
 // Development: one replica, TLS turned off explicitly, no NetworkPolicy,
 // no PDB, no spread, externalTrafficPolicy Cluster, a fixed delay.
 func TestChartMinimal(t *testing.T) {
 	r := render(t, loadChart(t, chartDir), values(t, `
 replicas: 1
+consul: {allowAnonymous: true}
 raftTLS: {enabled: false}
 networkPolicy: {enabled: false}
 podDisruptionBudget: {enabled: false}
@@ -316,10 +365,7 @@ metrics:
 	if string(sec.Data["token"]) != "s3cr3t" {
 		t.Errorf("token Secret = %q", sec.Data["token"])
 	}
-	tok := envVar(c, "CONSUL_HTTP_TOKEN")
-	if tok == nil || tok.ValueFrom == nil || tok.ValueFrom.SecretKeyRef == nil || tok.ValueFrom.SecretKeyRef.Name != "t-hastate-consul" || tok.ValueFrom.SecretKeyRef.Key != "token" {
-		t.Errorf("CONSUL_HTTP_TOKEN = %+v, want secretKeyRef t-hastate-consul/token", tok)
-	}
+	checkTokenFile(t, ss, c, "t-hastate-consul", "token")
 	ca := r.get(t, "ConfigMap", "t-hastate-consul-ca").(*corev1.ConfigMap)
 	if !strings.HasPrefix(ca.Data["ca.crt"], "-----BEGIN CERTIFICATE-----") {
 		t.Errorf("consul CA ConfigMap = %q", ca.Data["ca.crt"])

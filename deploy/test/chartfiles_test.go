@@ -59,7 +59,7 @@ func TestChartFilesMatchSources(t *testing.T) {
 // TestChartProduction); without them, nothing (TestChartInlineConsulAndChartCA).
 func TestChartRulesFromFile(t *testing.T) {
 	ch := loadChart(t, chartCopy(t, map[string]string{"alerts.yaml": sampleAlerts}))
-	r := render(t, ch, values(t, `metrics: {prometheusRule: {enabled: true}, grafanaDashboard: {enabled: true}}`))
+	r := render(t, ch, values(t, `{metrics: {prometheusRule: {enabled: true}, grafanaDashboard: {enabled: true}}, consul: {existingSecret: {name: hastate-consul}}}`))
 	if r.has("ConfigMap", full+"-dashboard") {
 		t.Errorf("dashboard rendered without its file")
 	}
@@ -74,7 +74,7 @@ func TestChartRulesFromFile(t *testing.T) {
 		}
 	}
 	// Off by value: nothing even with the file.
-	r = render(t, ch, nil)
+	r = render(t, ch, values(t, tokenOnly))
 	if r.count("PrometheusRule") != 0 {
 		t.Errorf("PrometheusRule rendered while metrics.prometheusRule.enabled is false")
 	}

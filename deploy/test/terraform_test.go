@@ -11,7 +11,9 @@ import (
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/function"
 )
 
 const tfDir = "../terraform"
@@ -67,20 +69,45 @@ func TestTerraformVariablesTypedAndDescribed(t *testing.T) {
 	}
 }
 
-// The hastate policy, rendered for a prefix, is exactly one key_prefix rule
-// for that prefix with policy read: no write, no other resource.
-func TestTerraformHastatePolicyReadsPrefixOnly(t *testing.T) {
+// The shipped policies, rendered for a prefix as Terraform renders them,
+// are exactly these rules. The read policy lets the replicas mirror the
+// prefix ("list": read, and the recursive read that
+// acl.enable_key_list_policy asks for separately) and read their agent's
+// datacenter; the writer also writes state/,
+// meta/ (every CLI write writes the meta key in the same transaction) and
+// config/ (ramp policy, migration marker). That each rule is enough, and
+// needed, is shown against a real Consul with ACLs on by the e2e tests
+// (test/acl_e2e_test.go), which render the same files.
+func TestTerraformPoliciesGrantExactly(t *testing.T) {
 	for _, prefix := range []string{"hastate/", "gitlab-haproxy-agent/"} {
-		rules := consulRules(t, "hastate", prefix)
-		want := []rule{{"key_prefix", prefix, "read"}}
-		if !slices.Equal(rules, want) {
-			t.Errorf("hastate policy for %s = %v, want %v", prefix, rules, want)
+		got := consulRules(t, "hastate", prefix)
+		want := []rule{{"key_prefix", prefix, "list"}, {"agent_prefix", "", "read"}}
+		if !slices.Equal(got, want) {
+			t.Errorf("hastate (read) policy for %s = %v, want %v", prefix, got, want)
+		}
+		got = consulRules(t, "writer", prefix)
+		want = []rule{{"key_prefix", prefix, "list"}, {"key_prefix", prefix + "state/", "write"},
+			{"key_prefix", prefix + "meta/", "write"}, {"key_prefix", prefix + "config/", "write"}, {"agent_prefix", "", "read"}}
+		if !slices.Equal(got, want) {
+			t.Errorf("writer policy for %s = %v, want %v", prefix, got, want)
 		}
 	}
-	rules := consulRules(t, "writer", "hastate/")
-	want := []rule{{"key_prefix", "hastate/state/", "write"}, {"key_prefix", "hastate/config/", "write"}}
-	if !slices.Equal(rules, want) {
-		t.Errorf("writer policy = %v, want %v", rules, want)
+}
+
+// consul.tf takes each policy's rules from the file the e2e tests render
+// (testenv.ShippedPolicy), and that rendering is HCL's own: the rules
+// Terraform sends Consul are the rules the tests grant.
+func TestTerraformPoliciesAreTheTestedFiles(t *testing.T) {
+	for name, file := range map[string]string{"hastate": testenv.ReadPolicy, "writer": testenv.WriterPolicy} {
+		for _, prefix := range []string{"hastate/", "gitlab-haproxy-agent/"} {
+			rules, used := policyRules(t, name, prefix)
+			if want := filepath.Join(tfDir, "policies", file); !slices.Equal(used, []string{want}) {
+				t.Errorf("consul_acl_policy.%s reads %v, want templatefile(%q, ...) and nothing else", name, used, want)
+			}
+			if tested := testenv.ShippedPolicy(t, file, prefix); rules != tested {
+				t.Errorf("consul_acl_policy.%s for %s: Terraform renders\n%s\nthe tests grant\n%s", name, prefix, rules, tested)
+			}
+		}
 	}
 }
 
@@ -161,47 +188,83 @@ func TestTerraformResources(t *testing.T) {
 
 type rule struct{ kind, name, policy string }
 
-// consulRules evaluates the rules of consul_acl_policy.<name> with
-// var.kv_prefix = prefix and parses them as Consul's HCL rule language.
-func consulRules(t *testing.T, name, prefix string) []rule {
+// policyRules evaluates the rules of consul_acl_policy.<name> with
+// var.kv_prefix = prefix, as Terraform does: templatefile() renders its
+// file with HCL's template engine. It returns the rules and the files
+// templatefile() read.
+func policyRules(t *testing.T, name, prefix string) (string, []string) {
 	t.Helper()
+	var used []string
+	templatefile := function.New(&function.Spec{
+		Params: []function.Parameter{{Name: "path", Type: cty.String}, {Name: "vars", Type: cty.DynamicPseudoType}},
+		Type:   function.StaticReturnType(cty.String),
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			path := filepath.Clean(args[0].AsString())
+			used = append(used, path)
+			src, err := os.ReadFile(path)
+			if err != nil {
+				return cty.NilVal, err
+			}
+			expr, diags := hclsyntax.ParseTemplate(src, path, hcl.InitialPos)
+			if diags.HasErrors() {
+				return cty.NilVal, diags
+			}
+			v, diags := expr.Value(&hcl.EvalContext{Variables: args[1].AsValueMap()})
+			if diags.HasErrors() {
+				return cty.NilVal, diags
+			}
+			return v, nil
+		},
+	})
 	for path, body := range tfFiles(t) {
 		for _, b := range body.Blocks {
 			if b.Type != "resource" || b.Labels[0] != "consul_acl_policy" || b.Labels[1] != name {
 				continue
 			}
-			ctx := &hcl.EvalContext{Variables: map[string]cty.Value{
-				"var": cty.ObjectVal(map[string]cty.Value{"kv_prefix": cty.StringVal(prefix)}),
-			}}
+			ctx := &hcl.EvalContext{
+				Variables: map[string]cty.Value{
+					"var":  cty.ObjectVal(map[string]cty.Value{"kv_prefix": cty.StringVal(prefix)}),
+					"path": cty.ObjectVal(map[string]cty.Value{"module": cty.StringVal(tfDir)}),
+				},
+				Functions: map[string]function.Function{"templatefile": templatefile},
+			}
 			v, diags := b.Body.Attributes["rules"].Expr.Value(ctx)
 			if diags.HasErrors() {
 				t.Fatalf("%s: rules: %s", path, diags.Error())
 			}
-			f, diags := hclsyntax.ParseConfig([]byte(v.AsString()), "rules.hcl", hcl.InitialPos)
-			if diags.HasErrors() {
-				t.Fatalf("rules are not HCL: %s\n%s", diags.Error(), v.AsString())
-			}
-			rb := f.Body.(*hclsyntax.Body)
-			if len(rb.Attributes) != 0 {
-				t.Errorf("rules have top-level attributes (e.g. operator, acl): %v", rb.Attributes)
-			}
-			var rules []rule
-			for _, blk := range rb.Blocks {
-				r := rule{kind: blk.Type}
-				if len(blk.Labels) == 1 {
-					r.name = blk.Labels[0]
-				}
-				if len(blk.Body.Attributes) != 1 || len(blk.Body.Blocks) != 0 {
-					t.Errorf("rule %s %q: want only policy = ...", blk.Type, r.name)
-				}
-				r.policy = literalString(t, blk.Body.Attributes["policy"])
-				rules = append(rules, r)
-			}
-			return rules
+			return v.AsString(), used
 		}
 	}
 	t.Fatalf("consul_acl_policy %q not found", name)
-	return nil
+	return "", nil
+}
+
+// consulRules parses the rules of consul_acl_policy.<name> for prefix as
+// Consul's HCL rule language.
+func consulRules(t *testing.T, name, prefix string) []rule {
+	t.Helper()
+	src, _ := policyRules(t, name, prefix)
+	f, diags := hclsyntax.ParseConfig([]byte(src), "rules.hcl", hcl.InitialPos)
+	if diags.HasErrors() {
+		t.Fatalf("rules are not HCL: %s\n%s", diags.Error(), src)
+	}
+	rb := f.Body.(*hclsyntax.Body)
+	if len(rb.Attributes) != 0 {
+		t.Errorf("rules have top-level attributes (e.g. operator, acl): %v", rb.Attributes)
+	}
+	var rules []rule
+	for _, blk := range rb.Blocks {
+		r := rule{kind: blk.Type}
+		if len(blk.Labels) == 1 {
+			r.name = blk.Labels[0]
+		}
+		if len(blk.Body.Attributes) != 1 || len(blk.Body.Blocks) != 0 {
+			t.Errorf("rule %s %q: want only policy = ...", blk.Type, r.name)
+		}
+		r.policy = literalString(t, blk.Body.Attributes["policy"])
+		rules = append(rules, r)
+	}
+	return rules
 }
 
 func literalString(t *testing.T, a *hclsyntax.Attribute) string {

@@ -98,6 +98,16 @@ type ConsulOptions struct {
 	// HTTPPort is the HTTP API port; 0 picks a free one. Set it to start
 	// Consul where a client is already pointed.
 	HTTPPort int
+	// ACL runs Consul as production does: ACLs on, default_policy "deny".
+	// The test's own client (Client, Put, Delete) then uses the
+	// management token (ManagementToken); what hastate may do comes from
+	// the tokens the test makes (CreateToken), with the shipped policies
+	// (ShippedPolicy). Without ACL, every token may do everything.
+	ACL bool
+	// KeyListPolicy also sets acl.enable_key_list_policy (with ACL): a
+	// recursive read then needs "list" on the prefix, and a token without
+	// it gets 403 instead of a filtered listing.
+	KeyListPolicy bool
 }
 
 // Consul is a Consul agent run by a test. Its methods are meant for the
@@ -106,6 +116,8 @@ type Consul struct {
 	proc Process
 	args []string
 	addr string
+	// mgmt is the management token with ACL, "" without.
+	mgmt string
 
 	mu     sync.Mutex
 	client *api.Client
@@ -136,6 +148,23 @@ func StartConsul(t testing.TB, opts ConsulOptions) *Consul {
 		"-log-level", "info",
 		"-hcl", "disable_update_check = true",
 	}
+	var mgmt string
+	if opts.ACL {
+		mgmt = NewUUID(t)
+		// The agent's own token is the management one: with default deny
+		// it could not even register its node otherwise.
+		args = append(args, "-hcl", fmt.Sprintf(`acl {
+  enabled = true
+  default_policy = "deny"
+  enable_key_list_policy = %t
+  tokens {
+    initial_management = %q
+    agent = %q
+  }
+}`, opts.KeyListPolicy, mgmt, mgmt))
+	} else if opts.KeyListPolicy {
+		t.Fatalf("testenv: ConsulOptions.KeyListPolicy needs ACL")
+	}
 	if opts.Persistent {
 		args = append(args,
 			"-server", "-bootstrap-expect=1",
@@ -151,6 +180,7 @@ func StartConsul(t testing.TB, opts ConsulOptions) *Consul {
 		proc: Process{Bin: ConsulBin(t), LogPath: filepath.Join(dir, "consul.log")},
 		args: args,
 		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+		mgmt: mgmt,
 	}
 	t.Cleanup(func() {
 		c.Kill()
@@ -166,14 +196,15 @@ func StartConsul(t testing.TB, opts ConsulOptions) *Consul {
 // Addr returns the host:port of the agent's HTTP API.
 func (c *Consul) Addr() string { return c.addr }
 
-// Client returns an API client for the agent (plain HTTP). It is created
-// once and shared; it survives Restart.
+// Client returns an API client for the agent (plain HTTP), with the
+// management token when the agent runs with ACL. It is created once and
+// shared; it survives Restart.
 func (c *Consul) Client(t testing.TB) *api.Client {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.client == nil {
-		cl, err := api.NewClient(&api.Config{Address: c.addr, Scheme: "http"})
+		cl, err := api.NewClient(&api.Config{Address: c.addr, Scheme: "http", Token: c.mgmt})
 		if err != nil {
 			t.Fatalf("testenv: consul client for %s: %v", c.addr, err)
 		}
@@ -238,6 +269,7 @@ func (c *Consul) waitReady(exited <-chan struct{}) error {
 	probe, err := api.NewClient(&api.Config{
 		Address:    c.addr,
 		Scheme:     "http",
+		Token:      c.mgmt,
 		HttpClient: &http.Client{Timeout: 2 * time.Second, Transport: tr},
 	})
 	if err != nil {

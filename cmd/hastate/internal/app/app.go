@@ -47,6 +47,11 @@ type Options struct {
 	DataDir    string // required
 	KVPrefix   string // "": "hastate/"
 	ConsulAddr string // "": CONSUL_HTTP_ADDR, else 127.0.0.1:8500
+	// ConsulTokenFile is the Consul token's file, read again every second
+	// so that a rotated token (a Kubernetes Secret volume) needs no
+	// restart; "": CONSUL_HTTP_TOKEN_FILE, else CONSUL_HTTP_TOKEN, else no
+	// token (Consul's anonymous token).
+	ConsulTokenFile string
 
 	// BootstrapWithout: peers declared gone for good (cluster.Options).
 	BootstrapWithout []string
@@ -61,6 +66,11 @@ type Options struct {
 	// KVFailoverAfter: a leader that cannot reach Consul this long hands
 	// leadership to a follower that can (0: 30s; negative: never).
 	KVFailoverAfter time.Duration
+	// KVWait is the leader's blocking-query wait (0: DefaultKVWait; 1s to
+	// Consul's 10m). The mirror counts as in sync only as of the watch's
+	// last answer, so the sync age of a quiet prefix grows to about it;
+	// and a proxy whose idle timeout is shorter fails every quiet query.
+	KVWait time.Duration
 	// LeaderlessGrace: a replica whose last contact with a raft leader is
 	// older than this withholds every answer and fails readiness (0: 3s).
 	LeaderlessGrace time.Duration
@@ -104,6 +114,12 @@ type Options struct {
 	Registry *prometheus.Registry
 }
 
+// DefaultKVWait is the leader's Consul blocking-query wait: short enough
+// that a quiet prefix's sync age (the watch answers at least this often)
+// stays below the 15s past which the KV view warns, and below common proxy
+// idle timeouts (30-60s); each wait that ends costs one listing's bytes.
+const DefaultKVWait = 10 * time.Second
+
 // ErrInvalidOptions is what every error of New's validation Is: a flag
 // (an Options field) is wrong, and the message names it and what to set.
 // cmd/hastate exits 2 for it, as for any other usage error.
@@ -139,8 +155,12 @@ func (o *Options) validate() error {
 	if err := o.Ramp.Validate(); err != nil {
 		return fmt.Errorf("ramp flags: %w", err)
 	}
-	if o.KVPrefix[len(o.KVPrefix)-1] != '/' {
-		return fmt.Errorf("--kv-prefix %q must end with '/', e.g. hastate/", o.KVPrefix)
+	if err := kvsync.CheckPrefix(o.KVPrefix); err != nil {
+		return fmt.Errorf("--kv-prefix: %w", err)
+	}
+	o.KVWait = cmp.Or(o.KVWait, DefaultKVWait)
+	if o.KVWait < time.Second || o.KVWait > 10*time.Minute {
+		return fmt.Errorf("--kv-wait %s: want 1s to 10m (Consul's limit), e.g. %s", o.KVWait, DefaultKVWait)
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -190,6 +210,7 @@ type App struct {
 	o      Options
 	log    *zap.Logger
 	consul *consul.Client
+	token  *kvsync.Token // the token consul sends, re-read from its file
 	kvm    *kvsync.Metrics
 	node   *cluster.Node
 	agent  *server.AgentServer
@@ -199,7 +220,12 @@ type App struct {
 	watcher         atomic.Pointer[kvsync.Watcher]
 	probe           *kvsync.Probe
 	consulID        atomic.Pointer[api.ConsulIdentity] // see readConsulIdentity
-	pollers         *server.Pollers
+	// source is the mirror source this replica reads (nil until its
+	// Consul's identity was first read); see identify.
+	source atomic.Pointer[state.MirrorSource]
+	// nodeRef is node, for the goroutines Start begins before it exists.
+	nodeRef atomic.Pointer[cluster.Node]
+	pollers *server.Pollers
 	// stops holds the stop of every step Start took; Stop runs them
 	// last-first (see Start for the order).
 	stops    lifecycle.Stops
@@ -217,13 +243,17 @@ func New(o Options) (*App, error) {
 	if err := o.validate(); err != nil {
 		return nil, optionsError{err}
 	}
-	consul, err := kvsync.NewClient(o.ConsulAddr)
+	reg := o.Registry
+	token, err := kvsync.NewToken(kvsync.TokenOptions{File: o.ConsulTokenFile, Logger: o.Logger.Named("consul-token"), Registerer: reg})
+	if err != nil {
+		return nil, optionsError{err}
+	}
+	consul, err := kvsync.NewTokenClient(o.ConsulAddr, token)
 	if err != nil {
 		return nil, fmt.Errorf("consul client for %q: %w (check --consul-addr / CONSUL_HTTP_ADDR and the CONSUL_* TLS variables)", o.ConsulAddr, err)
 	}
-	a := &App{o: o, log: o.Logger, consul: consul, failed: make(chan error, 2)}
+	a := &App{o: o, log: o.Logger, consul: consul, token: token, failed: make(chan error, 2)}
 	a.newWatcher = a.defaultWatcher
-	reg := o.Registry
 	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
 		return nil, err
 	}
@@ -236,7 +266,7 @@ func New(o Options) (*App, error) {
 		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
 	}, func() float64 { return 1 })
 	a.kvm = kvsync.NewMetrics(reg)
-	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg})
+	a.probe, err = kvsync.NewProbe(kvsync.ProbeOptions{Client: consul, Prefix: o.KVPrefix, Logger: o.Logger.Named("consul-probe"), Registerer: reg, Token: token})
 	if err != nil {
 		return nil, err
 	}
@@ -266,10 +296,18 @@ func (a *App) Start(ctx context.Context) (err error) {
 		stopBackground()
 		return nil
 	})
-	a.serveWG.Add(3)
+	a.serveWG.Add(5)
 	go func() {
 		defer a.serveWG.Done()
 		_ = a.probe.Run(bgCtx)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		_ = a.token.Run(bgCtx, a.consul)
+	}()
+	go func() {
+		defer a.serveWG.Done()
+		a.logVerdict(bgCtx)
 	}()
 	go func() {
 		defer a.serveWG.Done()
@@ -308,13 +346,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},
-		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
+		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter, KVStaleAfter: max(cluster.DefaultKVStaleAfter, a.o.KVWait+a.o.KVWait/16+5*time.Second),
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
 		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace, ConfirmTimeout: a.o.ConfirmTimeout, ConfirmWindow: a.o.ConfirmWindow,
 	})
 	if err != nil {
 		return err
 	}
+	a.nodeRef.Store(a.node)
 	a.stops.Add("raft node", a.node.Shutdown)
 	a.serveWG.Add(1)
 	go func() {
@@ -336,7 +375,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	})
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
-			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw}),
+			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw, Adopter: a}),
 		ReadHeaderTimeout: min(5*time.Second, a.o.HTTPReadTimeout),
 		ReadTimeout:       a.o.HTTPReadTimeout,
 		WriteTimeout:      a.o.HTTPWriteTimeout,
@@ -399,9 +438,9 @@ func (a *App) watchConsul(ctx context.Context) error {
 
 func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
 	return kvsync.New(kvsync.Options{
-		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm,
+		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
 		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
-		BackoffMax: 5 * time.Second,
+		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait, Identify: a.identify,
 	})
 }
 
@@ -422,18 +461,30 @@ func (a *App) sweepPollers(ctx context.Context) {
 }
 
 // consulHealth is this replica's view of Consul: its probe's, and on the
-// leader also whether the watch is delivering. A blocking query only returns
-// every minute when nothing changes, so the probe (every 2s) is what keeps
-// SyncedAt fresh while the watch waits and what notices a dead Consul fast.
+// leader also whether the watch is delivering. SyncedAt is the watch's own
+// last answer (a blocking query answers at least every --kv-wait), never
+// the probe's: a probe that succeeds while the watch is stuck would hide
+// it. The probe (every 2s) is what notices a dead Consul fast.
 func (a *App) consulHealth() cluster.ConsulHealth {
 	p := a.probe.Health()
-	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked}
+	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p),
+		Source: a.source.Load(), TokenProblem: p.TokenProblem}
 	w := a.watcher.Load()
 	if w == nil {
 		return h
 	}
-	switch st := w.Status(); {
+	st := w.Status()
+	if st.TokenProblem != nil {
+		// The watch met it first (a listing it did not apply).
+		h.TokenProblem = st.TokenProblem
+	}
+	switch {
 	case st.ConsecutiveErrors > 0:
+		if r := st.LastErrorReason; r != "" && r != api.MirrorOK && r != api.MirrorOtherCluster && r != api.MirrorOtherPrefix && h.Verdict.CanMirror() {
+			// The watch knows better than the probe (the node itself
+			// compares the source with the recorded one).
+			h.Verdict = api.MirrorVerdict{Reason: r, Detail: st.LastError, Since: st.FailingSince}
+		}
 		// Consul answers the probe, but the watch fails to read or to
 		// apply: the mirror is not in sync.
 		h.Reachable = false
@@ -443,11 +494,18 @@ func (a *App) consulHealth() cluster.ConsulHealth {
 		h.SyncedAt = st.LastSuccess
 	case !st.LastSuccess.IsZero():
 		h.SyncedAt, h.SyncedIndex = st.LastSuccess, st.SyncedIndex
-		if p.LastOK.After(h.SyncedAt) {
-			h.SyncedAt = p.LastOK
-		}
 	}
 	return h
+}
+
+// mirrorVerdict is this replica's answer to "could it mirror Consul into
+// raft?" (api.MirrorReason): the probe's verdict (Consul unreachable, not
+// Consul, the token) first, since nothing else can be known without it.
+func (a *App) mirrorVerdict(p kvsync.ProbeHealth) api.MirrorVerdict {
+	if p.Verdict.Reason == "" {
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Detail: "not checked yet"}
+	}
+	return p.Verdict
 }
 
 // AgentAddr and HTTPAddr are the bound addresses (useful with port 0).
@@ -526,33 +584,95 @@ func (r replica) Ready() (bool, string) {
 func (r replica) ClusterInfo() api.ClusterInfo {
 	in := r.a.node.Info()
 	in.KVPrefix, in.Consul = r.a.o.KVPrefix, r.a.consulID.Load()
+	tok := r.a.token.State()
+	tok.Problem = r.a.probe.Health().TokenProblem
+	in.ConsulToken = &tok
 	return in
 }
 
 // readConsulIdentity keeps the identity of the Consul cluster this replica
-// reads for /v1/cluster (the CLI checks it before a write): read at start,
-// again every 30s (2s while it fails, keeping the last identity read).
+// reads for /v1/cluster (the CLI checks it before a write) and for the
+// mirror verdict: read at start, again every 30s (2s while it fails,
+// keeping the last identity read). The leader's watch also reads it
+// before it applies (identify).
 func (a *App) readConsulIdentity(ctx context.Context) {
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		id, err := kvsync.ReadIdentity(rctx, a.consul)
+		_, err := a.identify(rctx)
 		cancel()
 		next := 30 * time.Second
-		ci := &api.ConsulIdentity{Datacenter: id.Datacenter, Cluster: id.Cluster}
 		if err != nil {
 			next = 2 * time.Second
-			if last := a.consulID.Load(); last != nil {
-				ci.Datacenter, ci.Cluster = last.Datacenter, last.Cluster
-			}
-			ci.Error = err.Error()
 		}
-		a.consulID.Store(ci)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(next):
 		}
 	}
+}
+
+// identify reads which Consul cluster this replica reads, keeps it for
+// /v1/cluster and the verdict, and returns the mirror source (the watch's
+// Identify). A failed read keeps the last identity, with the error.
+func (a *App) identify(ctx context.Context) (state.MirrorSource, error) {
+	id, err := kvsync.ReadIdentity(ctx, a.consul)
+	ns, part := kvsync.Scope(a.o.ConsulAddr)
+	ci := &api.ConsulIdentity{Datacenter: id.Datacenter, Cluster: id.Cluster, ClusterID: id.ClusterID, Namespace: ns, Partition: part}
+	if err != nil {
+		if last := a.consulID.Load(); last != nil {
+			ci.Datacenter, ci.Cluster, ci.ClusterID = last.Datacenter, last.Cluster, last.ClusterID
+		}
+		ci.Error = err.Error()
+		a.consulID.Store(ci)
+		return state.MirrorSource{}, err
+	}
+	a.consulID.Store(ci)
+	src := id.Source(a.o.KVPrefix, ns, part)
+	if old := a.source.Swap(&src); old == nil || *old != src {
+		a.log.Info("this replica's Consul", zap.Stringer("source", &src), zap.Stringer("recorded_in_raft", a.recordedSource()))
+	}
+	return src, nil
+}
+
+// logVerdict logs each change of this replica's mirror verdict: can it
+// mirror Consul into raft if it leads, and why not.
+func (a *App) logVerdict(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	var last api.MirrorReason
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n := a.nodeRef.Load()
+		if n == nil {
+			continue
+		}
+		v := n.MirrorVerdict()
+		if v.Reason == last {
+			continue
+		}
+		fields := []zap.Field{zap.String("reason", string(v.Reason)), zap.String("detail", v.Detail), zap.String("was", string(last)),
+			zap.Stringer("source", a.source.Load()), zap.Stringer("recorded_in_raft", n.RecordedSource())}
+		if v.CanMirror() {
+			a.log.Info("this replica can mirror Consul", fields...)
+		} else {
+			a.log.Warn("this replica cannot mirror Consul: as leader it applies nothing and hands leadership to a replica that can", fields...)
+		}
+		last = v.Reason
+	}
+}
+
+// recordedSource is the source recorded in raft (nil: none, or before
+// the node runs).
+func (a *App) recordedSource() *state.MirrorSource {
+	if n := a.nodeRef.Load(); n != nil {
+		return n.RecordedSource()
+	}
+	return nil
 }
 
 // PeerPollers asks the other replicas for their pollers.

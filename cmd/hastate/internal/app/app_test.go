@@ -147,7 +147,11 @@ func TestOptionsValidate(t *testing.T) {
 	}{
 		{Options{DataDir: "x"}, "--node-id"},
 		{Options{NodeID: "x"}, "--data-dir"},
-		{Options{NodeID: "x", DataDir: "d", KVPrefix: "nope"}, "end with '/'"},
+		{Options{NodeID: "x", DataDir: "d", KVPrefix: "nope"}, `must end with "/"`},
+		{Options{NodeID: "x", DataDir: "d", KVPrefix: "hastate//"}, `segment "": Consul would redirect`},
+		{Options{NodeID: "x", DataDir: "d", KVPrefix: "hastate/../x/"}, `segment ".."`},
+		{Options{NodeID: "x", DataDir: "d", KVWait: 500 * time.Millisecond}, "--kv-wait 500ms: want 1s to 10m"},
+		{Options{NodeID: "x", DataDir: "d", KVWait: 11 * time.Minute}, "--kv-wait 11m0s"},
 		{Options{NodeID: "x", DataDir: "d", PollersMax: -1}, "--pollers-max -1 is negative"},
 		{Options{NodeID: "x", DataDir: "d", Ramp: state.RampPolicy{Start: 10, Duration: 48 * time.Hour}}, "ramp flags: invalid ramp policy: duration"},
 		{Options{NodeID: "x", DataDir: "d", HTTPReadTimeout: -1}, "HTTPReadTimeout -1ns is negative"},

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,5 +145,49 @@ func TestFailedStartStopsWhatItStarted(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// "Synced" means the watch itself answered: a watch stuck in a blocking
+// call is not made fresh by a probe that succeeds meanwhile (it hid a
+// stuck watch for up to about 74s).
+func TestSyncedAtIsTheWatchsOwnAnswer(t *testing.T) {
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
+	a := newApp(t, consul.Addr(), "a")
+	var answered atomic.Int64
+	stuck := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("index") != "" {
+			<-r.Context().Done() // the blocking call never returns
+			return
+		}
+		answered.Add(1)
+		rw.Header().Set("X-Consul-Index", "7")
+		rw.Header().Set("X-Consul-KnownLeader", "true")
+		rw.Header().Set("X-Consul-LastContact", "0")
+		_, _ = rw.Write([]byte(`[{"Key":"hastate/state/web/s1","Value":"ZHJhaW4="}]`))
+	}))
+	t.Cleanup(stuck.Close)
+	watchClient, err := kvsync.NewClient(stuck.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.newWatcher = func() (*kvsync.Watcher, error) {
+		return kvsync.New(kvsync.Options{Client: watchClient, Prefix: a.o.KVPrefix, Sink: a.node, WaitTime: time.Minute})
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	var synced time.Time
+	testenv.Eventually(t, 10*time.Second, func() error {
+		synced = a.consulHealth().SyncedAt
+		return testenv.Expect(!synced.IsZero() && answered.Load() == 1, "the watch's first read was not applied")
+	})
+	before := a.probe.Health().LastOK
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Expect(a.probe.Health().LastOK.After(before) && a.probe.Health().LastOK.After(synced), "the probe did not succeed again")
+	})
+	if h := a.consulHealth(); !h.SyncedAt.Equal(synced) {
+		t.Errorf("SyncedAt moved from %s to %s while the watch was stuck (the probe's %s)", synced, h.SyncedAt, a.probe.Health().LastOK)
 	}
 }

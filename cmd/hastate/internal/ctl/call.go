@@ -57,6 +57,9 @@ func ConsulError(ctx context.Context, addr string, err error, note string) error
 	if addr == "" {
 		addr = "CONSUL_HTTP_ADDR"
 	}
+	if perr := readRefusal(err, "", note); perr != nil {
+		return perr
+	}
 	if note != "" {
 		note += "; "
 	}

@@ -42,6 +42,9 @@ var (
 	// is not in sync or down), so it fails closed (exit 4, so that a
 	// pipeline tells "blocked on purpose" from "hastate is broken").
 	ErrCannotConfirm = errors.New("cannot confirm")
+	// ErrPermission: Consul refused the command's token a read or a write
+	// (exit 5, for every command); see PermissionError.
+	ErrPermission = errors.New("permission denied")
 	// ErrWrongReplica: the replica asked reads another KV prefix, or
 	// another Consul cluster, than the command: a write there is one
 	// nobody serves, so it is refused (exit 1), whatever the flags.

@@ -64,6 +64,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-raft-tls" (include "hastate.fullname" .) -}}
 {{- end -}}
 
+{{/*
+The chart refuses to start replicas that would read Consul anonymously, as
+consul-k8s and vault-helm refuse a missing required secret: the render fails
+and says what to set. With ACLs and default deny, Consul lists the prefix as
+empty for the anonymous token and does not say it filtered anything.
+*/}}
+{{- define "hastate.requireConsulToken" -}}
+{{- if not (or .Values.consul.token .Values.consul.existingSecret.name .Values.consul.allowAnonymous) -}}
+{{- fail "consul: no Consul token. Set consul.existingSecret.name (a Secret holding the replicas' read token, key consul.existingSecret.key; deploy/terraform makes the token, docs/deploy.md) or consul.token. Without a token Consul answers as its anonymous token, which with default deny reads nothing; for a Consul without ACLs set consul.allowAnonymous=true." -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "hastate.consulTokenSecret" -}}
 {{- if .Values.consul.existingSecret.name -}}
 {{- .Values.consul.existingSecret.name -}}

@@ -11,6 +11,7 @@ import (
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl/write"
 	"github.com/hastate/hastate/state"
 )
@@ -46,6 +47,10 @@ type Migration struct {
 // serve differently from hastate.
 func Read(ctx context.Context, w write.Writer) (Migration, error) {
 	m := Migration{Key: w.MigrationKey()}
+	// An empty listing is "no marker" only from a token that may read.
+	if err := fleet.CheckToken(ctx, w.Client, w.Addr, w.Prefix, "nothing was written"); err != nil {
+		return m, err
+	}
 	pairs, _, err := w.Client.KV().List(w.Prefix, (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	if err != nil {
 		return m, ctl.ConsulError(ctx, w.Addr, err, "nothing was written")

@@ -54,6 +54,11 @@ func Write(ctx context.Context, req Request) (Plan, error) {
 	req.Prefix = req.Writer.Prefix
 	w := &writeRun{req: req, gate: fleet.GateOptions{Consul: req.Writer.Client, ConsulAddr: req.Writer.Addr, Prefix: req.Writer.Prefix, Replica: req.Replica}}
 	fail := func(err error) (Plan, error) { return Plan{Command: req.Command, Lifted: w.lifted}, err }
+	// Decide from nothing the token cannot vouch for: Consul lists the
+	// prefix as empty for a token that may not read it.
+	if err := fleet.CheckToken(ctx, req.Writer.Client, req.Writer.Addr, req.Prefix, "nothing was written"); err != nil {
+		return fail(err)
+	}
 	if err := fleet.CheckReplica(ctx, req.Writer.Client, req.Writer.Addr, req.Prefix, req.Replica); err != nil {
 		var unknown fleet.ReplicaUnknownError
 		if !errors.As(err, &unknown) || !req.Allow.NoReplica {

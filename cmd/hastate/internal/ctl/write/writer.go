@@ -124,6 +124,14 @@ func (w Writer) Txn(ctx context.Context, ops consul.TxnOps, unwritten, again str
 	var msgs, keys []string
 	allConditions := resp != nil && len(resp.Errors) > 0
 	for _, e := range resp.Errors {
+		// Consul names a permission failure only in its text (a TxnError
+		// has no code): "Permission denied: token ... lacks permission
+		// 'key:write' on ...".
+		if strings.Contains(e.What, "Permission denied") && e.OpIndex >= 0 && e.OpIndex < len(ops) && ops[e.OpIndex].KV != nil {
+			key := ops[e.OpIndex].KV.Key
+			return &ctl.PermissionError{Refused: "write " + key, Rule: ctl.WriteRule(w.Prefix, key), Consul: e.What,
+				Note: "consul rolled back the transaction, " + unwritten + " (meta keys included: one transaction)"}
+		}
 		msgs = append(msgs, e.What)
 		if e.OpIndex < 0 || e.OpIndex >= len(ops) || ops[e.OpIndex].KV == nil || !conditional(ops[e.OpIndex].KV.Verb) {
 			allConditions = false

@@ -1,0 +1,149 @@
+package cluster
+
+// This file holds the answer to "can this replica mirror Consul?" as the
+// cluster uses it: each node's verdict (the wiring's ConsulHealth.Verdict,
+// a typed api.MirrorReason), reported to its peers over the raft port, and
+// the leader's hand-over to a follower that can mirror when it cannot
+// (kvFailoverLoop). A reason about which Consul or prefix the replica
+// reads (another cluster, another prefix) hands over at once: no wait
+// makes it right. Any other (Consul unreachable, not Consul, a token that
+// cannot read) hands over after --kv-failover-after, as a lost Consul did.
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
+	"go.uber.org/zap"
+)
+
+// failoverEvery is how often the leader checks its own verdict.
+const failoverEvery = time.Second
+
+// identityRetry is the least time between two hand-over attempts of a
+// leader whose Consul or prefix differs (a transfer takes well under it).
+const identityRetry = 2 * time.Second
+
+// MirrorVerdict is this node's verdict: can it mirror Consul into raft?
+func (n *Node) MirrorVerdict() api.MirrorVerdict { return n.verdictOf(n.consulHealth()) }
+
+// verdictOf is the verdict of a node whose Consul health is h: the
+// wiring's verdict when it is not ok, else whether h's source is the one
+// recorded in raft (with none recorded, any source may mirror; with one
+// recorded, a node that cannot tell which Consul it reads cannot).
+func (n *Node) verdictOf(h ConsulHealth) api.MirrorVerdict {
+	if n.opts.ConsulHealth == nil {
+		return h.verdict() // no wiring: nothing to compare
+	}
+	return combineVerdict(h, n.RecordedSource())
+}
+
+// combineVerdict is verdictOf's rule for a node whose source rec records.
+func combineVerdict(h ConsulHealth, rec *state.MirrorSource) api.MirrorVerdict {
+	v := h.verdict()
+	if !v.CanMirror() || rec == nil {
+		return v
+	}
+	if h.Source == nil {
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable,
+			Detail: "cannot tell which Consul cluster this replica reads (its identity has not been read yet): check Consul at CONSUL_HTTP_ADDR / --consul-addr"}
+	}
+	return api.SourceVerdict(*h.Source, *rec)
+}
+
+// kvFailoverLoop hands leadership to a follower that can mirror when this
+// leader cannot: at once when its Consul or prefix is not the recorded
+// one (whatever KVFailoverAfter says), after KVFailoverAfter for any other
+// reason (never when it is negative). With no such follower
+// it keeps leadership (applying nothing it cannot vouch for) and says so
+// when that changes and every 30s.
+func (n *Node) kvFailoverLoop(ctx context.Context) {
+	t := time.NewTicker(failoverEvery)
+	defer t.Stop()
+	var (
+		badSince    time.Time // first tick of the current streak of a verdict other than ok
+		lastAttempt time.Time
+		saidAlone   time.Time
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		v := n.MirrorVerdict()
+		if v.CanMirror() {
+			badSince, saidAlone = time.Time{}, time.Time{}
+			continue
+		}
+		now := time.Now()
+		if badSince.IsZero() {
+			badSince = now
+			if !v.Since.IsZero() && v.Since.Before(now) {
+				badSince = v.Since
+			}
+		}
+		wait, retry := n.opts.KVFailoverAfter, n.opts.KVFailoverAfter
+		switch {
+		case v.Identity():
+			wait, retry = 0, identityRetry
+		case wait < 0:
+			continue // --kv-failover-after negative: never for a lost Consul
+		}
+		if now.Sub(badSince) < wait || now.Sub(lastAttempt) < retry {
+			continue
+		}
+		lastAttempt = now
+		fields := []zap.Field{zap.String("reason", string(v.Reason)), zap.String("detail", v.Detail),
+			zap.Duration("for", now.Sub(badSince).Round(time.Second))}
+		if target, ok := n.mirroringFollower(); ok {
+			n.log.Warn("leader cannot mirror Consul; handing leadership to a follower that can", append(fields, zap.String("to", string(target.ID)))...)
+			if err := n.raft.LeadershipTransferToServer(target.ID, target.Address).Error(); err != nil {
+				n.log.Warn("leadership transfer to a follower that can mirror failed; will retry", zap.Error(err))
+			} else {
+				n.metrics.kvFailovers.Inc()
+			}
+			continue
+		}
+		if saidAlone.IsZero() || now.Sub(saidAlone) >= 30*time.Second {
+			saidAlone = now
+			n.log.Warn("leader cannot mirror Consul and no follower reports it can; keeping leadership, applying nothing it cannot vouch for, serving the last state", fields...)
+		}
+	}
+}
+
+// mirroringFollower returns a voter, not this node, whose verdict is ok,
+// preferring the one whose state is the newest.
+func (n *Node) mirroringFollower() (raft.Server, bool) {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return raft.Server{}, false
+	}
+	statuses := n.PeerStatuses(2 * time.Second)
+	var cands []raft.Server
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == n.opts.ID || s.Suffrage != raft.Voter {
+			continue
+		}
+		if st, ok := statuses[string(s.ID)]; ok && st.Verdict().CanMirror() {
+			cands = append(cands, s)
+		}
+	}
+	if len(cands) == 0 {
+		return raft.Server{}, false
+	}
+	slices.SortStableFunc(cands, func(a, b raft.Server) int {
+		ia, ib := statuses[string(a.ID)].StateIndex, statuses[string(b.ID)].StateIndex
+		switch {
+		case ia > ib:
+			return -1
+		case ia < ib:
+			return 1
+		}
+		return 0
+	})
+	return cands[0], true
+}
