@@ -32,7 +32,7 @@ var allowed = map[string][]string{
 
 	// The service, bottom up.
 	"state":   {},
-	"api":     {},
+	"api":     {"state"},
 	"kvsync":  {"state", "api"},
 	"cluster": {"state", "api", "internal/accept", "internal/lifecycle", "internal/ratelog"},
 	"server":  {"state", "api", "internal/accept", "internal/ratelog"},
