@@ -32,6 +32,9 @@ type command struct {
 	// Level is the feature level a level entry puts in force (see
 	// state.LevelMeta and gate.go).
 	Level int `json:"level,omitempty"`
+	// HAProxies is the payload of a haproxies entry (state.LevelRecorded):
+	// what changed in the record of which HAProxy nodes exist.
+	HAProxies *state.HAProxyChange `json:"haproxies,omitempty"`
 }
 
 // Entry types. An older binary that meets an unknown type fails the entry
@@ -45,6 +48,9 @@ const (
 	cmdRamp   = "ramp"
 	cmdExpire = "expire"
 	cmdLevel  = "level"
+	// cmdHAProxies records which HAProxy nodes exist (haproxies.go),
+	// written only once state.LevelRecorded is in force.
+	cmdHAProxies = "haproxies"
 )
 
 // applyResult is what Apply returns to the leader that wrote the entry.
@@ -78,6 +84,10 @@ type fsmSnapshotData struct {
 	// Index is the raft index of the last entry the mirror holds.
 	Index  uint64          `json:"index,omitempty"`
 	Mirror state.Persisted `json:"mirror"`
+	// HAProxies is the record of which HAProxy nodes exist; present only
+	// once state.LevelRecorded is in force (a release before it never
+	// restores such a snapshot: the level refuses first).
+	HAProxies state.HAProxies `json:"haproxies,omitempty"`
 }
 
 // fsm applies committed entries to the mirror and publishes a new immutable
@@ -97,6 +107,10 @@ type fsm struct {
 	// raft.AppliedIndex, which counts entries handed to the FSM's queue,
 	// it moves only once the serving snapshot includes the entry.
 	index atomic.Uint64
+
+	// haproxies is the record of which HAProxy nodes exist (haproxies
+	// entries); read under mu.
+	haproxies state.HAProxies
 
 	serving atomic.Pointer[state.Snapshot]
 	stepped func(int) // called with the number of ramp steps applied; may be nil
@@ -129,7 +143,7 @@ type fsm struct {
 }
 
 func newFSM() *fsm {
-	return &fsm{mirror: state.NewMirror(), maxLevel: state.MaxLevel}
+	return &fsm{mirror: state.NewMirror(), maxLevel: state.MaxLevel, haproxies: state.HAProxies{}}
 }
 
 // notUnderstood returns why the replica withholds every answer, or nil.
@@ -230,6 +244,14 @@ func (f *fsm) Apply(l *raft.Log) any {
 			m.SetLevel(c.Level)
 			return nil
 		})
+	case cmdHAProxies:
+		if c.HAProxies == nil {
+			return f.reject(l.Index, errors.New("haproxies entry without its change; skipped"))
+		}
+		f.mu.Lock()
+		f.haproxies.Apply(*c.HAProxies)
+		f.mu.Unlock()
+		return nil
 	default:
 		return f.stop(l.Index, fmt.Errorf("unknown type %q (written by a newer hastate): this replica withholds every answer until it runs that release; upgrade it", c.Type))
 	}
@@ -334,6 +356,19 @@ func (f *fsm) due(now time.Time, key string) ([]string, string, bool) {
 	return f.mirror.Due(now), raw, ok
 }
 
+// recorded returns a copy of the record of which HAProxy nodes exist.
+func (f *fsm) recorded() state.HAProxies {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.haproxies.Clone()
+}
+
+func (f *fsm) recordedLen() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.haproxies)
+}
+
 // digest is state.Digest of the mirrored KV content.
 func (f *fsm) digest() string {
 	f.mu.Lock()
@@ -373,7 +408,11 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	if f.mirror.Level() > state.LevelBase {
 		version = snapshotVersion
 	}
-	return &fsmSnapshot{data: fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export()}}, nil
+	d := fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export()}
+	if len(f.haproxies) > 0 {
+		d.HAProxies = f.haproxies.Clone()
+	}
+	return &fsmSnapshot{data: d}, nil
 }
 
 func (f *fsm) Restore(rc io.ReadCloser) error {
@@ -391,6 +430,10 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mirror = state.Restore(d.Mirror)
+	f.haproxies = d.HAProxies
+	if f.haproxies == nil {
+		f.haproxies = state.HAProxies{}
+	}
 	f.kvIndex = d.KVIndex
 	f.kvGen++
 	if f.large != nil {

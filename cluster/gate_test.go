@@ -114,7 +114,7 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	nodes[2] = startNode(t, o)
 	testenv.Eventually(t, 15*time.Second, holdsf(func() bool {
 		for _, n := range nodes {
-			if n.fsm.level() != state.LevelMeta || answer(n.Node, "web/a") != "ready 100%\n" {
+			if n.fsm.level() != state.MaxLevel || answer(n.Node, "web/a") != "ready 100%\n" {
 				return false
 			}
 		}

@@ -86,10 +86,14 @@ func (n *Node) leaderDuty(ctx context.Context) {
 	}
 	n.barrierTerm.Store(n.raft.CurrentTerm()) // contactLoop: caught up
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		n.rampLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		n.haproxyLoop(ctx)
 	}()
 	go func() {
 		defer wg.Done()

@@ -28,8 +28,13 @@ const (
 	// LevelMeta: a meta key whose state matches its state key also
 	// gives the key its until (expiry) and its undrain ramp duration.
 	LevelMeta = 2
+	// LevelRecorded is release 0.15.0's: the cluster records which
+	// HAProxy nodes exist (haproxies entries: each source and, coarsely,
+	// when it last polled any replica; see HAProxies), so that operator
+	// commands decide from the replicas that are up.
+	LevelRecorded = 3
 	// MaxLevel is the highest level this build understands.
-	MaxLevel = LevelMeta
+	MaxLevel = LevelRecorded
 )
 
 // Notes on a state key, shown in status.

@@ -447,7 +447,7 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	}
 	testenv.Eventually(t, 15*time.Second, holds(func() bool {
 		for _, h := range hs {
-			if level(h) != state.LevelMeta {
+			if level(h) != state.MaxLevel {
 				return false
 			}
 		}
