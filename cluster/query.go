@@ -75,6 +75,21 @@ func (n *Node) QueryPeers(name string, timeout time.Duration) map[string]PeerAns
 	return out
 }
 
+// QueryPeer asks the member id for the answer to a named query.
+func (n *Node) QueryPeer(id, name string, timeout time.Duration) PeerAnswer {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return PeerAnswer{Err: err}
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id {
+			raw, err := n.stream.query(n.dialAddress(s), name, timeout)
+			return PeerAnswer{Raw: raw, Err: err}
+		}
+	}
+	return PeerAnswer{Err: fmt.Errorf("%s is not a member of the raft configuration", id)}
+}
+
 // QueryPeersWith is QueryPeers for a named query that takes an argument
 // (Options.PeerArgQueries on their side), arg encoded as JSON. A member of
 // a release that does not know the query answers null or fails: callers

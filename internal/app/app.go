@@ -308,6 +308,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},
+		PeerArgQueries: map[string]func(json.RawMessage) any{server.PollsQuery: func(raw json.RawMessage) any {
+			return a.pollers.AnswerPolls(raw, a.o.NodeID)
+		}},
+		Sightings: func() cluster.Sightings {
+			now := time.Now()
+			return a.pollers.Sightings(now.Add(-server.PollerWindow), now)
+		},
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter,
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
 		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace, ConfirmTimeout: a.o.ConfirmTimeout, ConfirmWindow: a.o.ConfirmWindow,
@@ -555,25 +562,73 @@ func (a *App) readConsulIdentity(ctx context.Context) {
 	}
 }
 
-// PeerPollers asks the other replicas for their pollers.
-func (r replica) PeerPollers() ([]api.Poll, []api.ReplicaAnswer) {
+// PeerPollers asks the other replicas for their polls that q selects. A
+// replica of a release before 0.15.0 does not know the query
+// (server.PollsQuery): it is asked for every poll, and they are selected
+// here.
+func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaAnswer) {
 	var out []api.Poll
 	var answers []api.ReplicaAnswer
-	for id, pa := range r.a.node.QueryPeers(pollersQuery, 2*time.Second) {
-		var ps []api.Poll
+	total := 0
+	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, q, 2*time.Second) {
+		var ans *server.PollsAnswer
 		err := pa.Err
 		if err == nil {
-			err = json.Unmarshal(pa.Raw, &ps)
+			err = json.Unmarshal(pa.Raw, &ans)
+		}
+		if err != nil || ans == nil {
+			ans, err = r.olderPeerPolls(id, q)
 		}
 		if err != nil {
 			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
 			continue
 		}
-		for i := range ps {
-			ps[i].Replica = id
+		for i := range ans.Polls {
+			ans.Polls[i].Replica = id
 		}
-		out = append(out, ps...)
+		out = append(out, ans.Polls...)
+		total += ans.Total
 		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
+	}
+	return out, total, answers
+}
+
+// olderPeerPolls asks one peer of an older release for every poll and
+// selects q's.
+func (r replica) olderPeerPolls(id string, q server.PollsArg) (*server.PollsAnswer, error) {
+	pa := r.a.node.QueryPeer(id, pollersQuery, 2*time.Second)
+	var ps []api.Poll
+	err := pa.Err
+	if err == nil {
+		err = json.Unmarshal(pa.Raw, &ps)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i := range ps {
+		ps[i].Replica = id
+	}
+	rows, total := server.SelectPolls(ps, q)
+	return &server.PollsAnswer{Polls: rows, Total: total}, nil
+}
+
+// Recorded is the cluster's record of which HAProxy nodes exist.
+func (r replica) Recorded() (state.HAProxies, bool) { return r.a.node.HAProxies() }
+
+// PeerSightings asks the other replicas which HAProxy sources they saw.
+func (r replica) PeerSightings() (map[string]map[string]time.Time, []api.ReplicaAnswer) {
+	seen, failed := r.a.node.PeerSightings()
+	out := map[string]map[string]time.Time{}
+	var answers []api.ReplicaAnswer
+	for id, s := range seen {
+		if id == r.a.o.NodeID {
+			continue
+		}
+		out[id] = s
+		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
+	}
+	for id, err := range failed {
+		answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
 	}
 	return out, answers
 }
