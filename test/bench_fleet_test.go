@@ -91,7 +91,7 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 	// status of one backend (10 servers), and of everything.
 	statusBackend := medianRun(b, 3, func() {
 		out := op.Run(b, "status", "fs005")
-		if !strings.Contains(out, "fs005/srv09") || strings.Contains(out, "fs006/") {
+		if !strings.Contains(out, "srv09") || strings.Contains(out, "fs006") || !strings.Contains(out, "100/100") {
 			b.Fatalf("status fs005:\n%s", out)
 		}
 	})
