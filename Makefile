@@ -82,7 +82,7 @@ browser:
 
 # docs: regenerate docs/metrics.md from a running replica's registry.
 docs:
-	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -count=1 -run TestMetricsCatalogue ./internal/app -update
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -count=1 -run TestMetricsCatalogue ./cmd/hastate/internal/app -update
 
 # chart-files: Helm reads only files inside the chart, so the single sources
 # of the alert rules and the dashboard are copied into it (byte for byte,

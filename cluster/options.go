@@ -6,7 +6,7 @@ import (
 )
 
 // CheckLeaderlessGrace is the one check of Options.LeaderlessGrace (and
-// of serve's --leaderless-grace, which internal/app runs before it starts
+// of serve's --leaderless-grace, which cmd/hastate/internal/app runs before it starts
 // anything): 0 means DefaultLeaderlessGrace, negative is refused.
 func CheckLeaderlessGrace(d time.Duration) error {
 	if d < 0 {

@@ -10,7 +10,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/haproxy"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/write"
 	"github.com/spf13/cobra"
 )
 
@@ -36,24 +39,26 @@ func (p *promFlags) add(c *cobra.Command) {
 	f := c.Flags()
 	f.StringVar(&p.url, "prometheus", "", "the Prometheus that scrapes HAProxy's exporter, http://host:port (HASTATE_PROMETHEUS_URL)")
 	_ = f.SetAnnotation("prometheus", envName, []string{"HASTATE_PROMETHEUS_URL"})
-	f.StringVar(&p.proxyLabel, "proxy-label", ctl.DefaultProxyLabel, "label of HAProxy's series that names the backend")
-	f.StringVar(&p.serverLabel, "server-label", ctl.DefaultServerLabel, "label of HAProxy's series that names the server")
-	f.StringVar(&p.instanceLabel, "instance-label", ctl.DefaultInstanceLabel, "label that names the HAProxy instance; its host must be the address HAProxy's agent checks come from")
-	f.DurationVar(&p.maxAge, "max-sample-age", ctl.DefaultMaxSampleAge, "a newer sample than this is needed from every HAProxy instance (a few scrape intervals; 0: the default)")
+	f.StringVar(&p.proxyLabel, "proxy-label", haproxy.DefaultProxyLabel, "label of HAProxy's series that names the backend")
+	f.StringVar(&p.serverLabel, "server-label", haproxy.DefaultServerLabel, "label of HAProxy's series that names the server")
+	f.StringVar(&p.instanceLabel, "instance-label", haproxy.DefaultInstanceLabel, "label that names the HAProxy instance; its host must be the address HAProxy's agent checks come from")
+	f.DurationVar(&p.maxAge, "max-sample-age", haproxy.DefaultMaxSampleAge, "a newer sample than this is needed from every HAProxy instance (a few scrape intervals; 0: the default)")
 }
 
-func (p *promFlags) options() ctl.PrometheusOptions {
-	return ctl.PrometheusOptions{URL: p.url, ProxyLabel: p.proxyLabel, ServerLabel: p.serverLabel,
+func (p *promFlags) options() haproxy.PrometheusOptions {
+	return haproxy.PrometheusOptions{URL: p.url, ProxyLabel: p.proxyLabel, ServerLabel: p.serverLabel,
 		InstanceLabel: p.instanceLabel, MaxSampleAge: p.maxAge}
 }
 
-func (p *promFlags) prometheus() (*ctl.Prometheus, error) { return ctl.NewPrometheus(p.options()) }
+func (p *promFlags) prometheus() (*haproxy.Prometheus, error) {
+	return haproxy.NewPrometheus(p.options())
+}
 
 // waitIdle is the second half of `wait --idle`: after Wait, until HAProxy
 // holds no session on the selected servers.
-func waitIdle(ctx context.Context, prom *ctl.Prometheus, g ctl.GateOptions, stdout io.Writer, args []string, start time.Time) error {
+func waitIdle(ctx context.Context, prom *haproxy.Prometheus, g fleet.GateOptions, stdout io.Writer, args []string, start time.Time) error {
 	fmt.Fprintf(g.Out, "every HAProxy was told (%s); waiting until HAProxy reports no session (Prometheus at %s)\n", time.Since(start).Round(time.Millisecond), prom.Addr())
-	res, err := ctl.WaitIdle(ctx, ctl.IdleOptions{Prometheus: prom, Replica: g.Replica, Selectors: g.Selectors, Out: g.Out})
+	res, err := haproxy.WaitIdle(ctx, haproxy.IdleOptions{Prometheus: prom, Replica: g.Replica, Selectors: g.Selectors, Out: g.Out})
 	if err != nil {
 		return fmt.Errorf("after %s: %w (%s)", time.Since(start).Round(time.Millisecond), err, res)
 	}
@@ -77,10 +82,10 @@ func drainFirst(c *cobra.Command, w *writeFlags, pf *promFlags, idleTimeout time
 	if err != nil {
 		return err
 	}
-	m := ctl.MaintDrainFirst{
+	m := write.MaintDrainFirst{
 		Write: req,
 		Value: func(st string) (string, error) {
-			return ctl.Value(st, ctl.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
+			return write.Value(st, write.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
 		},
 		Timeout: timeout, IdleTimeout: idleTimeout, Targets: strings.Join(args, " "), Out: stdout,
 	}
@@ -125,7 +130,7 @@ too old); 3 when the selector matches no server.`,
 			if err != nil {
 				return err
 			}
-			r, err := ctl.NewReplica(addr)
+			r, err := fleet.NewReplica(addr)
 			if err != nil {
 				return err
 			}
@@ -133,7 +138,7 @@ too old); 3 when the selector matches no server.`,
 			if err != nil {
 				return err
 			}
-			rep, err := ctl.Verify(c.Context(), ctl.VerifyOptions{Prometheus: prom, Replica: r, Selectors: sels})
+			rep, err := haproxy.Verify(c.Context(), haproxy.VerifyOptions{Prometheus: prom, Replica: r, Selectors: sels})
 			if err != nil {
 				return err
 			}
@@ -170,7 +175,7 @@ type drainFirstFlags struct {
 
 func (d *drainFirstFlags) add(c *cobra.Command) {
 	c.Flags().BoolVar(&d.on, "drain-first", false, "drain first, wait until every HAProxy was told and holds no session (or --idle-timeout passes), then maint: ChatOps --disable")
-	c.Flags().DurationVar(&d.idleTimeout, "idle-timeout", ctl.DefaultIdleTimeout, "with --drain-first: set maint after this long even if sessions remain")
+	c.Flags().DurationVar(&d.idleTimeout, "idle-timeout", write.DefaultIdleTimeout, "with --drain-first: set maint after this long even if sessions remain")
 	d.prom.add(c)
 	c.Long += "\n\n--drain-first is ChatOps `canary --disable` in one command: drain; wait until\n" +
 		"every HAProxy was told and reports no session on the servers (through\n" +

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/cluster"
-	"github.com/hastate/hastate/internal/app"
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/app"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
 	"github.com/hastate/hastate/internal/version"
 	"github.com/hastate/hastate/server"
 	"github.com/hastate/hastate/state"

@@ -5,7 +5,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/migration"
 	"github.com/spf13/cobra"
 )
 
@@ -37,7 +38,7 @@ and ramp do not count yet.`,
 			if err != nil {
 				return err
 			}
-			r, err := ctl.NewReplica(addr)
+			r, err := fleet.NewReplica(addr)
 			if err != nil {
 				return err
 			}
@@ -45,7 +46,7 @@ and ramp do not count yet.`,
 			if err != nil {
 				return fmt.Errorf("%w; the replica tells the cluster's feature level (nothing was written)", err)
 			}
-			res, err := wr.Migrate(c.Context(), in.Level.Applied, ctl.MigrateOptions{DryRun: dryRun, Now: time.Now()})
+			res, err := migration.MigrateKV(c.Context(), wr, in.Level.Applied, migration.MigrateOptions{DryRun: dryRun, Now: time.Now()})
 			res.Print(stdout, dryRun)
 			return err
 		},

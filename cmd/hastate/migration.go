@@ -6,7 +6,9 @@ import (
 	"io"
 	"time"
 
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/migration"
 	"github.com/spf13/cobra"
 )
 
@@ -46,7 +48,7 @@ func migrationCmd(stdout io.Writer) *cobra.Command {
 func migrationStartCmd(stdout io.Writer) *cobra.Command {
 	var (
 		cf     consulFlags
-		o      ctl.MigrationOptions
+		o      migration.Options
 		dryRun bool
 	)
 	c := &cobra.Command{
@@ -72,7 +74,7 @@ it is (exit 0).
 				return err
 			}
 			o.Now, o.DryRun = time.Now(), dryRun
-			m, wrote, err := wr.StartMigration(c.Context(), o)
+			m, wrote, err := migration.Start(c.Context(), wr, o)
 			if err != nil {
 				return err
 			}
@@ -117,7 +119,7 @@ answers, server by server: hastate compare --agent HOST:PORT.`,
 			if err != nil {
 				return err
 			}
-			m, err := wr.ReadMigration(c.Context())
+			m, err := migration.Read(c.Context(), wr)
 			if err != nil {
 				return err
 			}
@@ -155,14 +157,14 @@ can count them against the fleet.`,
 			if err != nil {
 				return err
 			}
-			if r, err := ctl.NewReplica(addr); err == nil {
-				if nodes, err := ctl.PollingHAProxies(c.Context(), r); err != nil {
+			if r, err := fleet.NewReplica(addr); err == nil {
+				if nodes, err := fleet.PollingHAProxies(c.Context(), r); err != nil {
 					fmt.Fprintf(c.ErrOrStderr(), "warning: cannot list the HAProxy nodes that poll hastate: %v\n", err)
 				} else {
 					fmt.Fprintf(stdout, "%d HAProxy nodes poll hastate: %s\n", len(nodes), nodes)
 				}
 			}
-			m, wrote, err := wr.FinishMigration(c.Context(), ctl.MigrationOptions{DryRun: dryRun})
+			m, wrote, err := migration.Finish(c.Context(), wr, migration.Options{DryRun: dryRun})
 			if err != nil {
 				return err
 			}
@@ -236,12 +238,12 @@ not be read well enough). The agent port of a replica (--agent
 			if err != nil {
 				return err
 			}
-			r, err := ctl.NewReplica(addr)
+			r, err := fleet.NewReplica(addr)
 			if err != nil {
 				return err
 			}
-			res, err := ctl.Compare(c.Context(), ctl.CompareOptions{Agent: agent, Parallel: parallel, CheckTimeout: checkTimeout,
-				Gate: ctl.GateOptions{Consul: wr.Client, ConsulAddr: wr.Addr, Prefix: wr.Prefix, Replica: r, Selectors: sels}})
+			res, err := migration.Compare(c.Context(), migration.CompareOptions{Agent: agent, Parallel: parallel, CheckTimeout: checkTimeout,
+				Gate: fleet.GateOptions{Consul: wr.Client, ConsulAddr: wr.Addr, Prefix: wr.Prefix, Replica: r, Selectors: sels}})
 			if res.Checked > 0 || err == nil {
 				res.Print(stdout, agent, r.Addr())
 			}

@@ -6,7 +6,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/haproxy"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/status"
 	"github.com/spf13/cobra"
 )
 
@@ -61,21 +64,21 @@ what it was told (the column of hastate verify, which explains each).`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
 			}
-			o := ctl.StatusOptions{Warn: c.ErrOrStderr()}
+			o := status.Options{Warn: c.ErrOrStderr()}
 			var err error
 			if len(args) > 0 {
 				if o.Selectors, err = ctl.ParseSelectors(args); err != nil {
 					return err
 				}
 			}
-			if o.Replica, err = ctl.NewReplica(addr); err != nil {
+			if o.Replica, err = fleet.NewReplica(addr); err != nil {
 				return err
 			}
 			if withHAProxy {
 				po := pf.options()
 				o.HAProxy = &po
 			}
-			rep, err := ctl.Status(c.Context(), o)
+			rep, err := status.Read(c.Context(), o)
 			if err != nil {
 				return err
 			}
@@ -130,14 +133,14 @@ checks that the replica reads the same KV prefix of the same Consul.`,
 				return err
 			}
 			g.Out, g.Settled = c.ErrOrStderr(), settled
-			var prom *ctl.Prometheus
+			var prom *haproxy.Prometheus
 			if idle {
 				if prom, err = pf.prometheus(); err != nil {
 					return err
 				}
 			}
 			start := time.Now()
-			if err := ctl.Wait(c.Context(), g); err != nil {
+			if err := fleet.Wait(c.Context(), g); err != nil {
 				return fmt.Errorf("after %s: %w", time.Since(start).Round(time.Millisecond), err)
 			}
 			if idle {
@@ -160,20 +163,20 @@ checks that the replica reads the same KV prefix of the same Consul.`,
 }
 
 // gate reads the selectors, Consul and the replica of wait and precheck.
-func gate(cf consulFlags, addr string, args []string) (ctl.GateOptions, error) {
+func gate(cf consulFlags, addr string, args []string) (fleet.GateOptions, error) {
 	sels, err := ctl.ParseSelectorsIn(cf.prefix, args)
 	if err != nil {
-		return ctl.GateOptions{}, err
+		return fleet.GateOptions{}, err
 	}
 	w, err := cf.writer()
 	if err != nil {
-		return ctl.GateOptions{}, err
+		return fleet.GateOptions{}, err
 	}
-	r, err := ctl.NewReplica(addr)
+	r, err := fleet.NewReplica(addr)
 	if err != nil {
-		return ctl.GateOptions{}, err
+		return fleet.GateOptions{}, err
 	}
-	return ctl.GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels}, nil
+	return fleet.GateOptions{Consul: w.Client, ConsulAddr: w.Addr, Prefix: w.Prefix, Replica: r, Selectors: sels}, nil
 }
 
 func precheckCmd(stdout io.Writer) *cobra.Command {
@@ -205,7 +208,7 @@ purpose" from "hastate is broken".`,
 			if err != nil {
 				return err
 			}
-			n, blocking, err := ctl.Precheck(c.Context(), g)
+			n, blocking, err := fleet.Precheck(c.Context(), g)
 			if err != nil {
 				return err
 			}
@@ -257,7 +260,7 @@ waited for). It exits 1 when no answer comes: refused, closed without a line
 			if err != nil {
 				return err
 			}
-			answer, err := ctl.Probe(c.Context(), addr, sel)
+			answer, err := fleet.Probe(c.Context(), addr, sel)
 			if err != nil {
 				return err
 			}
@@ -265,7 +268,7 @@ waited for). It exits 1 when no answer comes: refused, closed without a line
 			return nil
 		},
 	}
-	c.Flags().StringVar(&addr, "addr", ctl.DefaultAgentAddr, "agent-check address, host:port (HASTATE_PROBE_ADDR)")
+	c.Flags().StringVar(&addr, "addr", fleet.DefaultAgentAddr, "agent-check address, host:port (HASTATE_PROBE_ADDR)")
 	// HASTATE_ADDR is the replicas' HTTP address, not the agent port.
 	_ = c.Flags().SetAnnotation("addr", envName, []string{"HASTATE_PROBE_ADDR"})
 	return c

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/hastate/hastate/api"
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/status"
 	"github.com/hastate/hastate/state"
 )
 
@@ -18,7 +18,7 @@ func TestHintsOfferNoJSON(t *testing.T) {
 	}
 	_, err := state.ParseValue("drian")
 	var out strings.Builder
-	if err := (ctl.StatusReport{Rows: []api.ServerState{{Backend: "w", Server: "a", Kind: api.KindWithheld, Withheld: true, Error: err.Error()}}}).WriteTable(&out); err != nil {
+	if err := (status.Report{Rows: []api.ServerState{{Backend: "w", Server: "a", Kind: api.KindWithheld, Withheld: true, Error: err.Error()}}}).WriteTable(&out); err != nil {
 		t.Fatal(err)
 	}
 	footer := out.String()[strings.Index(out.String(), "valid values:"):]

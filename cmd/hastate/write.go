@@ -10,7 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hastate/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/write"
 	"github.com/hastate/hastate/state"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -26,14 +28,14 @@ func (w *consulFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&w.prefix, "kv-prefix", "hastate/", "Consul KV prefix (also HASTATE_KV_PREFIX)")
 }
 
-func (w *consulFlags) writer() (ctl.Writer, error) { return ctl.NewWriter(w.consulAddr, w.prefix) }
+func (w *consulFlags) writer() (write.Writer, error) { return write.NewWriter(w.consulAddr, w.prefix) }
 
 // writeFlags are the flags of every write command.
 type writeFlags struct {
 	consulFlags
 	addr              string
 	dryRun, force     bool
-	allow             ctl.Allow
+	allow             write.Allow
 	override, keepOwn bool
 	minReady          int
 	reason, by, ramp  string
@@ -76,9 +78,9 @@ func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 }
 
 // allowed is what the flags lift: --force, every guard.
-func (w *writeFlags) allowed() ctl.Allow {
+func (w *writeFlags) allowed() write.Allow {
 	if w.force {
-		return ctl.AllowForce()
+		return write.AllowForce()
 	}
 	return w.allow
 }
@@ -90,7 +92,7 @@ func osUser() string {
 	return os.Getenv("USER")
 }
 
-// run runs a write command (ctl.Write: wait for sync, read the fleet, plan,
+// run runs a write command (write.Write: wait for sync, read the fleet, plan,
 // drop absent keys, apply) and prints what it did.
 func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value string, args []string) error {
 	req, err := w.request(command, args)
@@ -98,7 +100,7 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 		return err
 	}
 	req.Value = value
-	plan, err := ctl.Write(c.Context(), req)
+	plan, err := write.Write(c.Context(), req)
 	if err != nil {
 		if req.DryRun {
 			plan.ReportRefused(stdout)
@@ -114,22 +116,22 @@ func (w *writeFlags) run(c *cobra.Command, stdout io.Writer, command, value stri
 
 // request is the write request the flags and arguments make (its Value
 // is the caller's).
-func (w *writeFlags) request(command string, args []string) (ctl.WriteRequest, error) {
+func (w *writeFlags) request(command string, args []string) (write.Request, error) {
 	sels, err := ctl.ParseSelectorsIn(w.prefix, args)
 	if err != nil {
-		return ctl.WriteRequest{}, err
+		return write.Request{}, err
 	}
 	wr, err := w.writer()
 	if err != nil {
-		return ctl.WriteRequest{}, err
+		return write.Request{}, err
 	}
-	r, err := ctl.NewReplica(w.addr)
+	r, err := fleet.NewReplica(w.addr)
 	if err != nil {
-		return ctl.WriteRequest{}, err
+		return write.Request{}, err
 	}
-	return ctl.WriteRequest{
-		WriteOptions: ctl.WriteOptions{Command: command, Allow: w.allowed(), Override: w.override, KeepOwn: w.keepOwn, MinReady: w.minReady},
-		Selectors:    sels, DryRun: w.dryRun, Writer: wr, Replica: r,
+	return write.Request{
+		Options:   write.Options{Command: command, Allow: w.allowed(), Override: w.override, KeepOwn: w.keepOwn, MinReady: w.minReady},
+		Selectors: sels, DryRun: w.dryRun, Writer: wr, Replica: r,
 	}, nil
 }
 
@@ -224,7 +226,7 @@ func setCmd(st string, stdout io.Writer) *cobra.Command {
 			if df.on {
 				return drainFirst(c, &w, &df.prom, df.idleTimeout, stdout, args)
 			}
-			val, err := ctl.Value(st, ctl.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
+			val, err := write.Value(st, write.ValueOptions{Reason: w.reason, By: w.by, Ramp: w.ramp, For: w.forDur, Now: time.Now()})
 			if err != nil {
 				return err
 			}
@@ -254,11 +256,11 @@ below --min-ready like a drain, precheck blocks on it, and a backend-wide
   hastate weight 50% 'canary_*/*' --for 1h`,
 		Args: argCount(cobra.MinimumNArgs(2), "a weight and at least one selector, e.g. hastate weight 25% canary_web/gke-cny-web"),
 		RunE: func(c *cobra.Command, args []string) error {
-			pct, err := ctl.ParseWeight(args[0])
+			pct, err := write.ParseWeight(args[0])
 			if err != nil {
 				return err
 			}
-			val, err := ctl.Value(pct, ctl.ValueOptions{Reason: w.reason, By: w.by, For: w.forDur, Now: time.Now()})
+			val, err := write.Value(pct, write.ValueOptions{Reason: w.reason, By: w.by, For: w.forDur, Now: time.Now()})
 			if err != nil {
 				return err
 			}
@@ -271,7 +273,7 @@ below --min-ready like a drain, precheck blocks on it, and a backend-wide
 		var unknown *pflag.NotExistError
 		if errors.As(err, &unknown) {
 			if short := unknown.GetSpecifiedShortnames(); short != "" && short[0] >= '0' && short[0] <= '9' {
-				_, werr := ctl.ParseWeight("-" + short)
+				_, werr := write.ParseWeight("-" + short)
 				return werr
 			}
 		}
@@ -307,7 +309,7 @@ the consul CLI: consul kv delete '<kv-prefix>state/<the key>'.
 // metaWaits says, when the cluster's feature level is below
 // state.LevelMeta (a replica still runs 0.13.0), that --for and --ramp
 // wait: the meta key records them, but they count only from that level.
-func metaWaits(ctx context.Context, r *ctl.Replica) []string {
+func metaWaits(ctx context.Context, r *fleet.Replica) []string {
 	in, err := r.Cluster(ctx)
 	if err != nil || in.Level.Applied >= state.LevelMeta {
 		return nil

@@ -1,0 +1,325 @@
+package fleet
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/state"
+)
+
+// The gates, precheck and wait, fail closed: anything they cannot confirm
+// (a replica that does not answer, Consul not in sync, an answer withheld)
+// makes them fail and say why.
+
+// Precheck checks the deploy pipeline's contract for the servers the
+// selectors match, over the whole cluster, once the replica has applied
+// every write made before Precheck started: ready and maint pass; drain, a
+// weight of 0% (HAProxy shows it as DRAIN), a ramp in progress and anything
+// it cannot confirm block. It counts servers, never backend-wide keys. It
+// returns how many servers it checked and what blocks; an error means it
+// could not check (ctl.ErrNoMatch, ctl.ErrCannotConfirm, ...). A replica that has
+// just started (no leader report yet, no state yet) is waited for until ctx
+// ends, not reported at once.
+func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []string, err error) {
+	if err := o.WaitSynced(ctx); err != nil {
+		return 0, nil, err
+	}
+	fleet, err := o.ConfirmedFleet(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	var servers []api.ServerState
+	for _, r := range fleet.Servers {
+		if r.Server != state.Wildcard {
+			servers = append(servers, r)
+		}
+	}
+	for _, sel := range o.Selectors {
+		if len(ctl.Select(servers, sel)) == 0 {
+			return 0, nil, ctl.NoMatch(sel, fleet.Servers)
+		}
+	}
+	for _, row := range ctl.Select(servers, o.Selectors...) {
+		checked++
+		name := row.Backend + "/" + row.Server
+		switch {
+		case row.Kind == api.KindWithheld:
+			blocking = append(blocking, fmt.Sprintf("%s: cannot confirm: its key is invalid and has no valid value (%s)", name, row.Error))
+		case row.Kind == api.KindDrain:
+			blocking = append(blocking, fmt.Sprintf("%s is drained%s", name, why(row)))
+		case row.AtZero():
+			blocking = append(blocking, fmt.Sprintf("%s is at 0%% (HAProxy shows it as DRAIN)%s", name, why(row)))
+		case row.Kind == api.KindRamping:
+			blocking = append(blocking, fmt.Sprintf("%s is ramping: %s", name, row.Ramping))
+		}
+	}
+	return checked, blocking, nil
+}
+
+// ConfirmedFleet reads the fleet once the view can be trusted (see
+// Confirmable). A start-up state (the replica holds no state yet, or has
+// had no leader report since it started) is read again until ctx ends;
+// anything else fails at once.
+func (o GateOptions) ConfirmedFleet(ctx context.Context) (api.StateView, error) {
+	var last error // the start-up state seen last
+	for {
+		fleet, err := o.Replica.Fleet(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil && last != nil:
+			return fleet, fmt.Errorf("%w (still so when --timeout ran out)", last) // the deadline, not the replica
+		case err != nil:
+			return fleet, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
+		}
+		err = Confirmable(fleet)
+		last = err
+		if err == nil || !startingUp(fleet) {
+			return fleet, err
+		}
+		select {
+		case <-ctx.Done():
+			return fleet, fmt.Errorf("%w (still so when --timeout ran out)", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// startingUp reports whether the view is that of a replica that has just
+// started: it holds no state yet, or no leader has reported a KV sync to it
+// since it started.
+func startingUp(v api.StateView) bool { return !v.HoldsState || !v.KV.Synced }
+
+// WaitSynced waits until the replica has applied every write made to
+// Consul before it was called (the prefix's current index), or fails with
+// ctl.ErrCannotConfirm when ctx ends first.
+func (o GateOptions) WaitSynced(ctx context.Context) error {
+	if err := CheckReplica(ctx, o.Consul, o.ConsulAddr, o.Prefix, o.Replica); err != nil {
+		return err
+	}
+	index, err := o.ConsulIndex(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
+	}
+	return o.Synced(ctx, index)
+}
+
+// ConsulIndex reads Consul's current index of the prefix: every write made
+// before it is at or below it. It lists the prefix's keys one level deep
+// (?keys&separator=/: "state/" and the like, a few bytes), not the whole
+// prefix (11 MB at 50,000 keys): Consul 1.13 answers such a listing with
+// the same X-Consul-Index as a recursive read of the prefix (the highest
+// modify index under it, deletes included), which is the index the
+// leader's watch reports. A one-key read is no substitute: for an existing
+// key Consul returns that key's modify index (too low), for a missing key
+// the index of the whole KV store, writes outside the prefix included (too
+// high: the replica's watch of the prefix might never reach it).
+func (o GateOptions) ConsulIndex(ctx context.Context) (uint64, error) {
+	// Consistent: right after a Consul restart the default mode can
+	// answer an older index (even an empty prefix), and a gate would then
+	// pass on a replica that lacks the latest writes.
+	_, meta, err := o.Consul.KV().Keys(o.Prefix, "/", (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	if err != nil {
+		return 0, ctl.ConsulError(ctx, o.ConsulAddr, err, "")
+	}
+	return meta.LastIndex, nil
+}
+
+// Synced waits until the replica has applied Consul index index, or ctx
+// ends (then it cannot confirm).
+func (o GateOptions) Synced(ctx context.Context, index uint64) error {
+	var last *api.ClusterInfo
+	behind := func(ci api.ClusterInfo) error {
+		return fmt.Errorf("%w: replica %s has applied Consul index %d of prefix %q, not yet %d (the writes made before this command): %s",
+			ctl.ErrCannotConfirm, ci.NodeID, ci.KV.SyncedIndex, o.Prefix, index, cmp.Or(ci.KV.Warning, "is the leader syncing?"))
+	}
+	for {
+		ci, err := o.Replica.Cluster(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil && last != nil:
+			return behind(*last) // the deadline, not the replica
+		case err != nil:
+			return fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
+		case ci.KV.SyncedIndex >= index:
+			return nil
+		}
+		last = &ci
+		select {
+		case <-ctx.Done():
+			return behind(ci)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func why(r api.ServerState) string {
+	var parts []string
+	if r.By != "" {
+		parts = append(parts, "by "+r.By)
+	}
+	if r.Reason != "" {
+		parts = append(parts, r.Reason)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ": ") + ")"
+}
+
+// Confirmable fails when the view cannot be trusted to be the cluster's
+// current one: a replica holds no state or did not answer, or Consul is not
+// in sync.
+func Confirmable(v api.StateView) error {
+	switch {
+	case !v.HoldsState:
+		return fmt.Errorf("%w: the replica holds no state yet; ask another replica (HASTATE_ADDR)", ctl.ErrCannotConfirm)
+	case v.KV.Warning != "":
+		return fmt.Errorf("%w: %s", ctl.ErrCannotConfirm, v.KV.Warning)
+	}
+	return Missing(v.Replicas)
+}
+
+// GateOptions configure Wait and Precheck.
+type GateOptions struct {
+	Consul     *consul.Client // to read the Consul index current at the start
+	ConsulAddr string         // for messages
+	Prefix     string
+	Replica    *Replica
+	Selectors  []ctl.Selector
+	Interval   time.Duration // Wait: 0 is 500ms between looks
+	// Settled: Wait also waits until no selected server is ramping or
+	// expires before ctx's deadline (wait --settled).
+	Settled bool
+	Out     io.Writer // Wait's progress lines; nil: none
+}
+
+// Wait returns once the replica has applied a Consul index at least the
+// one current when Wait started (so every write made before it is in),
+// with Settled no selected server is ramping or about to expire (before
+// ctx's deadline), and every HAProxy that polled a selected server within
+// api.PollerTTL, on any replica, was last told that server's current
+// answer (a manual probe is no HAProxy: see api.Poll.FromHAProxy). It gives up with
+// ctl.ErrNotDone when ctx ends, naming what lags; a replica that does not
+// answer lags until it does.
+func Wait(ctx context.Context, o GateOptions) error {
+	if o.Interval == 0 {
+		o.Interval = 500 * time.Millisecond
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if err := CheckReplica(ctx, o.Consul, o.ConsulAddr, o.Prefix, o.Replica); err != nil {
+		return err
+	}
+	index, err := o.ConsulIndex(ctx)
+	if err != nil {
+		return err
+	}
+	var lag []string
+	var unconfirmed bool
+	timedOut := func(lag []string, unconfirmed bool) error {
+		kind := ctl.ErrNotDone
+		if unconfirmed {
+			// A replica that does not answer, or has not applied the
+			// writes: cannot confirm (exit 4), not "not done".
+			kind = ctl.ErrCannotConfirm
+		}
+		return fmt.Errorf("%w: still waiting for:\n  %s", kind, strings.Join(lag, "\n  "))
+	}
+	for {
+		last, lastUnconfirmed := lag, unconfirmed
+		lag, unconfirmed, err = waitLag(ctx, o, index)
+		switch {
+		case err != nil && ctx.Err() != nil && len(last) > 0:
+			return timedOut(last, lastUnconfirmed)
+		case err != nil:
+			return err
+		case len(lag) == 0:
+			return nil
+		}
+		if strings.Join(lag, "") != strings.Join(last, "") {
+			fmt.Fprintf(o.Out, "waiting for:\n  %s\n", strings.Join(lag, "\n  "))
+		}
+		select {
+		case <-ctx.Done():
+			return timedOut(lag, unconfirmed)
+		case <-time.After(o.Interval):
+		}
+	}
+}
+
+// waitLag lists what is not yet current; empty means done. unconfirmed:
+// what lags is that the cluster cannot be seen (a replica behind Consul,
+// one that does not answer), not an HAProxy or a ramp.
+func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, unconfirmed bool, err error) {
+	ci, err := o.Replica.Cluster(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if ci.KV.SyncedIndex < index {
+		return []string{fmt.Sprintf("replica %s has applied Consul index %d of prefix %q, waiting for %d (the writes made before wait started)", ci.NodeID, ci.KV.SyncedIndex, o.Prefix, index)}, true, nil
+	}
+	fleet, err := o.Replica.Fleet(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := Missing(fleet.Replicas); err != nil {
+		return []string{err.Error()}, true, nil
+	}
+	selected, err := SelectedServers(fleet, o.Selectors)
+	if err != nil {
+		return nil, false, err
+	}
+	current := map[string]string{}
+	var unsettled []string
+	deadline, hasDeadline := ctx.Deadline()
+	for name, r := range selected {
+		current[name] = r.Answer
+		if !o.Settled {
+			continue
+		}
+		switch {
+		case r.Ramping != nil:
+			unsettled = append(unsettled, fmt.Sprintf("%s is ramping: %s", name, r.Ramping))
+		case r.Until != nil && !r.Until.After(time.Now()):
+			unsettled = append(unsettled, fmt.Sprintf("%s expired at %s; the leader has yet to apply it", name, r.Until.UTC().Format(time.RFC3339)))
+		case r.Until != nil && hasDeadline && r.Until.Before(deadline):
+			unsettled = append(unsettled, fmt.Sprintf("%s expires at %s, before --timeout runs out", name, r.Until.UTC().Format(time.RFC3339)))
+		}
+	}
+	if len(unsettled) > 0 {
+		sort.Strings(unsettled)
+		return unsettled, false, nil
+	}
+	pv, err := o.Replica.Pollers(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := Missing(pv.Replicas); err != nil {
+		return []string{err.Error()}, true, nil
+	}
+	// The latest poll of each (server, HAProxy) on any replica; a manual
+	// probe (a source that asked once, a while ago) is not waited for.
+	latest := LatestPolls(pv, current)
+	for k, p := range latest {
+		if told := ToldAnswer(p); told != current[k[0]] {
+			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
+				k[1], k[0], told, p.Replica, time.Since(p.LastAsked).Round(time.Second), current[k[0]]))
+		}
+	}
+	sort.Strings(lag)
+	return lag, false, nil
+}
+
+func ToldAnswer(p api.Poll) string {
+	if p.Withheld {
+		return ""
+	}
+	return p.Answer
+}

@@ -1,0 +1,189 @@
+package migration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/write"
+	"github.com/hastate/hastate/state"
+)
+
+// A migration from the runbook's per-node agent is marked in KV
+// (<prefix>config/migration, state.MigrationKey) while HAProxy nodes move
+// one at a time: some ask their local agent, the others hastate, and both
+// read the same keys. The per-node agent knows only per-server keys with
+// the four words (no backend-wide keys, no meta, no expiry, no ramps), so
+// while the marker exists every write is one both serve the same way (see
+// WriteOptions.Migration), and `migration start` refuses while KV holds
+// keys the two would serve differently.
+
+// Migration is what Consul holds about a migration, read consistently.
+type Migration struct {
+	// Marked: the marker key exists. Marker is its value and Err why
+	// that value could not be read (it still marks a migration).
+	Marked bool
+	Marker state.Migration
+	Err    error
+	// ModifyIndex is the marker key's (0: absent), for a conditional
+	// finish.
+	ModifyIndex uint64
+	// Unlike names, one line each, the keys that the per-node agent does
+	// not serve as hastate does, with what to do about each.
+	Unlike []string
+	// Key is the marker's full key.
+	Key string
+}
+
+// Read reads the marker and every key of the prefix from Consul
+// (one consistent read), and lists the keys that the per-node agent would
+// serve differently from hastate.
+func Read(ctx context.Context, w write.Writer) (Migration, error) {
+	m := Migration{Key: w.MigrationKey()}
+	pairs, _, err := w.Client.KV().List(w.Prefix, (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	if err != nil {
+		return m, ctl.ConsulError(ctx, w.Addr, err, "nothing was written")
+	}
+	kv := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		kv[strings.TrimPrefix(p.Key, w.Prefix)] = string(p.Value)
+		if p.Key == m.Key {
+			m.Marked, m.ModifyIndex = true, p.ModifyIndex
+			m.Marker, m.Err = state.ParseMigration(string(p.Value))
+		}
+	}
+	m.Unlike = unlikeKeys(kv)
+	return m, nil
+}
+
+// unlikeKeys lists the state keys (relative to the prefix) that the
+// per-node agent serves differently from hastate: backend-wide keys other
+// than ready, values other than its four words, and keys whose meta key
+// makes them expire or ramp.
+func unlikeKeys(kv map[string]string) []string {
+	var out []string
+	for k, raw := range kv {
+		rest, ok := strings.CutPrefix(k, state.StatePrefix)
+		if !ok {
+			continue
+		}
+		b, s, _ := strings.Cut(rest, "/")
+		switch {
+		case s == state.Wildcard && strings.TrimSpace(raw) != "ready":
+			out = append(out, fmt.Sprintf("%s = %q: a backend-wide key, which the per-node agent ignores (its servers without a key of their own stay ready there); "+
+				"write the servers' own keys and `hastate clear '%s/*'`", rest, cutRaw(raw), b))
+		case !state.AgentWord(raw):
+			out = append(out, fmt.Sprintf("%s = %q: not one of the per-node agent's four words (ready, drain, maint, N%%), so it answers nothing for %s; "+
+				"`hastate migrate-kv` rewrites JSON as word + meta key, or write the word with hastate", rest, cutRaw(raw), rest))
+		default:
+			mk, _ := state.MetaKeyOf(k)
+			meta, ok := kv[mk]
+			if !ok {
+				continue
+			}
+			v, err := state.ParseValue(meta)
+			word, _ := state.ParseValue(raw)
+			if err != nil || !state.IsJSONValue(meta) || v.String() != word.String() {
+				continue // ignored by hastate too ("set outside hastate")
+			}
+			if !v.Until.IsZero() {
+				out = append(out, fmt.Sprintf("%s = %q expires at %s (its meta key), which the per-node agent never does; "+
+					"write it again without --for, or wait until it has expired and clear it", rest, cutRaw(raw), v.Until.UTC().Format(time.RFC3339)))
+			} else if v.RampSet && v.Ramp > 0 {
+				out = append(out, fmt.Sprintf("%s = %q undrains with its own ramp (%s, its meta key), which the per-node agent does not; write it again without --ramp", rest, cutRaw(raw), v.Ramp))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// cutRaw shortens a raw value for a message.
+func cutRaw(s string) string {
+	if len(s) > 60 {
+		return s[:60] + "..."
+	}
+	return s
+}
+
+// Options are the options of migration start and finish.
+type Options struct {
+	By, Reason string
+	Now        time.Time
+	// Force marks the migration although KV holds keys the per-node agent
+	// serves differently (they are named).
+	Force  bool
+	DryRun bool
+}
+
+// Start writes the marker (only if it does not exist: a
+// concurrent start is read again, not overwritten). It refuses, writing
+// nothing, while KV holds keys the per-node agent serves differently from
+// hastate, unless Force. A migration already marked is left as it is.
+func Start(ctx context.Context, w write.Writer, o Options) (Migration, bool, error) {
+	m, err := Read(ctx, w)
+	if err != nil || m.Marked {
+		return m, false, err
+	}
+	if len(m.Unlike) > 0 && !o.Force {
+		return m, false, fmt.Errorf("refused, nothing was written: the per-node agent would serve %d keys differently from hastate:\n  %s\n"+
+			"fix them first (`hastate migration status` lists them again), or add --force to mark the migration anyway", len(m.Unlike), strings.Join(m.Unlike, "\n  "))
+	}
+	m.Marker = state.Migration{Started: o.Now, By: o.By, Reason: o.Reason}
+	if o.DryRun {
+		return m, false, nil
+	}
+	ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVCAS, Key: m.Key, Index: 0, Value: []byte(state.MarshalMigration(m.Marker))}}}
+	if err := w.Txn(ctx, ops, "nothing was written", "`hastate migration status` shows whether it was"); err != nil {
+		if errors.Is(err, write.ErrConflict) {
+			m, err = Read(ctx, w) // marked meanwhile by someone else
+			return m, false, err
+		}
+		return m, false, err
+	}
+	m.Marked = true
+	return m, true, nil
+}
+
+// Finish deletes the marker, on condition that it is the one
+// read (a start made meanwhile is not deleted unseen). With no migration
+// marked it writes nothing.
+func Finish(ctx context.Context, w write.Writer, o Options) (Migration, bool, error) {
+	m, err := Read(ctx, w)
+	if err != nil || !m.Marked || o.DryRun {
+		return m, false, err
+	}
+	ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVDeleteCAS, Key: m.Key, Index: m.ModifyIndex}}}
+	if err := w.Txn(ctx, ops, "nothing was written", "`hastate migration status` shows whether it was"); err != nil {
+		return m, false, err
+	}
+	m.Marked = false
+	return m, true, nil
+}
+
+// Print writes what the marker says.
+func (m Migration) Print(out io.Writer) {
+	if !m.Marked {
+		fmt.Fprintf(out, "no migration from the per-node agent is marked (%s does not exist): writes use backend-wide keys, --for and --ramp\n", m.Key)
+	} else {
+		fmt.Fprintf(out, "migration from the per-node agent marked (%s)%s\n", m.Key, m.Marker.Describe())
+		if m.Err != nil {
+			fmt.Fprintf(out, "warning: %v\n", m.Err)
+		}
+		fmt.Fprintln(out, "while it is marked, every write is one the per-node agent serves the same way: selectors expand to per-server keys, --for and --ramp are refused, undrains do not ramp (a ramp in progress ends at full weight)")
+	}
+	if len(m.Unlike) == 0 {
+		fmt.Fprintln(out, "KV holds no key that the per-node agent serves differently from hastate")
+		return
+	}
+	fmt.Fprintf(out, "the per-node agent serves %d keys differently from hastate:\n", len(m.Unlike))
+	for _, u := range m.Unlike {
+		fmt.Fprintln(out, "  "+u)
+	}
+}

@@ -1,0 +1,278 @@
+package status
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/haproxy"
+	"github.com/hastate/hastate/state"
+)
+
+// Options configure Status (`hastate status`).
+type Options struct {
+	Replica *fleet.Replica
+	// Selectors choose the rows; nil: every row, and no selector can
+	// match nothing.
+	Selectors []ctl.Selector
+	// HAProxy, when not nil, adds what HAProxy reports through haproxy.Prometheus
+	// against what it was told (status --haproxy): the column of haproxy.Verify.
+	HAProxy *haproxy.PrometheusOptions
+	// Warn receives what the operator must know but does not stop status:
+	// a stale Consul sync, a replica that did not answer, a haproxy.Prometheus
+	// that could not be read (nil: discarded).
+	Warn io.Writer
+}
+
+// Report is what status shows.
+type Report struct {
+	Rows        []api.ServerState
+	InvalidKeys []api.ServerState
+	// HAProxy (with Options.HAProxy) is, by backend/server, the
+	// HAPROXY column: "agrees (N)" or the first disagreement; HAProxyRows
+	// what each instance reports. Nil without --haproxy.
+	HAProxy     map[string]string
+	HAProxyRows map[string][]haproxy.VerifyRow
+	// Prefix is the KV prefix the replica reads ("" when it did not say):
+	// the delete hint of a key no selector can name has it.
+	Prefix string
+	// Migration is the migration marker the replica mirrors (nil: none).
+	Migration *api.Migration
+}
+
+// Read reads the cluster's view through the replica, says on Warn what
+// makes it partial or stale, and selects the rows (ctl.ErrNoMatch, naming the
+// known backends, for a selector that matches nothing).
+func Read(ctx context.Context, o Options) (Report, error) {
+	warn := o.Warn
+	if warn == nil {
+		warn = io.Discard
+	}
+	v, err := o.Replica.Fleet(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+	// Stale is not wrong, but the operator must know.
+	if w := v.KV.Warning; w != "" {
+		fmt.Fprintln(warn, "warning:", w)
+	}
+	if err := fleet.Missing(v.Replicas); err != nil {
+		fmt.Fprintln(warn, "warning:", err)
+	}
+	if !v.HoldsState {
+		fmt.Fprintln(warn, "warning: this replica holds no state yet; its answers are withheld")
+	}
+	sels := o.Selectors
+	if sels == nil {
+		sels = []ctl.Selector{{Backend: "*", Server: "*"}}
+	} else if err := ctl.Matched(v.Servers, sels); err != nil {
+		return Report{}, err
+	}
+	rep := Report{Rows: ctl.Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
+	if ci, err := o.Replica.Cluster(ctx); err == nil {
+		rep.Prefix = ci.KVPrefix
+	}
+	if o.HAProxy != nil {
+		rep.HAProxy, rep.HAProxyRows = haproxyColumn(ctx, *o.HAProxy, o.Replica, &v, sels, warn)
+	}
+	return rep, nil
+}
+
+// haproxyColumn is status --haproxy: per selected server, whether every
+// HAProxy agrees, else the first disagreement, and the rows for -o json.
+// A haproxy.Prometheus that does not answer leaves the column "?" and is a
+// warning.
+func haproxyColumn(ctx context.Context, po haproxy.PrometheusOptions, r *fleet.Replica, v *api.StateView, sels []ctl.Selector, warn io.Writer) (map[string]string, map[string][]haproxy.VerifyRow) {
+	col, rows := map[string]string{}, map[string][]haproxy.VerifyRow{}
+	prom, err := haproxy.NewPrometheus(po)
+	var rep haproxy.VerifyReport
+	if err == nil {
+		rep, err = haproxy.Verify(ctx, haproxy.VerifyOptions{Prometheus: prom, Replica: r, Selectors: sels, Fleet: v})
+	}
+	if err != nil {
+		fmt.Fprintf(warn, "warning: --haproxy: %v\n", err)
+		return col, rows
+	}
+	for _, row := range rep.Rows {
+		rows[row.Name()] = append(rows[row.Name()], row)
+	}
+	for name, rs := range rows {
+		bad := 0
+		first := ""
+		for _, x := range rs {
+			if x.Problem != "" {
+				if bad++; first == "" {
+					first = fmt.Sprintf("%s: %s", x.Instance, x.Reports())
+				}
+			}
+		}
+		switch {
+		case bad == 0:
+			col[name] = fmt.Sprintf("agrees (%d)", len(rs))
+		case bad == 1:
+			col[name] = first
+		default:
+			col[name] = fmt.Sprintf("%s (+%d more)", first, bad-1)
+		}
+	}
+	fmt.Fprintf(warn, "haproxy: newest sample %s old, %d samples read; `hastate verify` explains each disagreement\n", ctl.SampleAge(rep.Newest), rep.Samples)
+	return col, rows
+}
+
+// statusRow is a row of status -o json --haproxy: the server's state and
+// what each HAProxy instance reports for it.
+type statusRow struct {
+	api.ServerState
+	HAProxy []haproxy.VerifyRow `json:"haproxy"`
+}
+
+// WriteJSON writes the rows as JSON (with --haproxy, each with what every
+// HAProxy instance reports).
+func (rep Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if rep.HAProxy != nil {
+		out := []statusRow{}
+		for _, r := range rep.Rows {
+			out = append(out, statusRow{ServerState: r, HAProxy: rep.HAProxyRows[r.Backend+"/"+r.Server]})
+		}
+		return enc.Encode(out)
+	}
+	if rep.Rows == nil {
+		return enc.Encode([]api.ServerState{})
+	}
+	return enc.Encode(rep.Rows)
+}
+
+// statusTime is how status shows a time: with seconds and the zone.
+const statusTime = "Jan 2 15:04:05 MST"
+
+// WriteTable writes the status table, the servers in and out of rotation,
+// the invalid keys that name no server, and the value grammar once if a
+// row's problem is an invalid value.
+func (rep Report) WriteTable(w io.Writer) error {
+	rows, hap := rep.Rows, rep.HAProxy
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "BACKEND\tSERVER\tANSWER\tSINCE\tVALUE\tRAMP\tUNTIL\tTOLD\tREASON\tBY\tPROBLEM")
+	if hap != nil {
+		fmt.Fprint(tw, "\tHAPROXY")
+	}
+	fmt.Fprintln(tw)
+	grammar := false
+	problem := func(msg string) string {
+		if short, ok := strings.CutSuffix(msg, "; valid forms: "+state.ValidForms); ok {
+			grammar = true
+			return short
+		}
+		return msg
+	}
+	var servers, in, kept int
+	out := map[string]int{}
+	for _, r := range rows {
+		ans := r.Answer
+		if r.Withheld {
+			ans = withheldAnswer(r)
+		}
+		until := ""
+		var problems []string
+		if r.Error != "" {
+			problems = append(problems, problem(r.Error))
+		}
+		switch {
+		case r.Expired != "" && r.ExpiredAt != nil:
+			until = "expired " + r.ExpiredAt.Local().Format(statusTime)
+			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
+		case r.Expired != "":
+			until = "expired"
+			problems = append(problems, "expired key "+r.Expired+": treated as absent until it is written again")
+		case r.Until != nil:
+			until = r.Until.Local().Format(statusTime)
+		}
+		if r.AtZero() {
+			problems = append(problems, "at 0%: HAProxy shows it as DRAIN")
+		}
+		if r.Note != "" {
+			problems = append(problems, r.Note)
+		}
+		since := ""
+		if r.Since != nil {
+			since = ctl.Ago(time.Since(*r.Since))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s", r.Backend, r.Server, ans, since, r.Desired, r.Ramping.String(),
+			until, r.Told, r.Polled, r.Reason, r.By, strings.Join(problems, "; "))
+		if hap != nil {
+			fmt.Fprint(tw, "\t"+cmp.Or(hap[r.Backend+"/"+r.Server], "?"))
+		}
+		fmt.Fprintln(tw)
+		if r.Server == state.Wildcard {
+			continue
+		}
+		servers++
+		if r.Withheld && r.Keeps != "" {
+			kept++
+		}
+		switch k, w := r.KeptKind(); {
+		case r.InRotation():
+			in++
+		case w == 0 && (k == api.KindWeight || k == api.KindRamping):
+			out["at 0%"]++
+		default:
+			out[string(k)]++
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if servers > 0 {
+		var parts []string
+		for _, k := range []string{string(api.KindDrain), string(api.KindMaint), "at 0%"} {
+			if out[k] > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", out[k], k))
+			}
+		}
+		line := fmt.Sprintf("%d of %s in rotation", in, ctl.PluralN(servers, "server", "servers"))
+		if len(parts) > 0 {
+			line += "; out: " + strings.Join(parts, ", ")
+		}
+		if kept > 0 {
+			line += fmt.Sprintf("; %d withheld: HAProxy keeps the last answer it was told, counted there", kept)
+		}
+		if n := out[string(api.KindWithheld)]; n > 0 {
+			line += fmt.Sprintf("; %d withheld and never told: HAProxy keeps its own state", n)
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, r := range rep.InvalidKeys {
+		if r.Backend == "" {
+			effect := r.Note // a configuration key: what applies instead
+			if effect == "" {
+				effect = fmt.Sprintf("ignored: no agent request can name it; remove it with `consul kv delete '%s'`", ctl.KVDeleteKey(rep.Prefix, r.Key))
+			}
+			fmt.Fprintf(w, "invalid key %s: %s; %s\n", r.Key, problem(r.Error), effect)
+		}
+	}
+	if grammar {
+		fmt.Fprintf(w, "valid values: %s\n", state.ValidForms)
+	}
+	if rep.Migration != nil {
+		fmt.Fprintln(w, rep.Migration)
+	}
+	return nil
+}
+
+// withheldAnswer is the ANSWER cell of a withheld server: it is answered
+// nothing, so HAProxy keeps the last answer it was told.
+func withheldAnswer(r api.ServerState) string {
+	if r.Keeps == "" {
+		return "(withheld: HAProxy keeps its own state, never told)"
+	}
+	return "(withheld: HAProxy keeps " + r.Keeps + ")"
+}

@@ -1,0 +1,96 @@
+package status
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
+)
+
+// Issue 15.12: the value grammar is said once, not on every invalid row;
+// UNTIL and a ramp's ETA have seconds and a zone; an expired row shows
+// when it expired, and names the key in PROBLEM. Issue 15.3: 0% counts as
+// out.
+func TestStatusTable(t *testing.T) {
+	until := time.Date(2026, 12, 1, 15, 4, 5, 0, time.UTC)
+	bad := func(v string) string {
+		_, err := state.ParseValue(v)
+		return err.Error()
+	}
+	rows := []api.ServerState{
+		{Backend: "w", Server: "a", Answer: "drain", Kind: api.KindDrain, Until: &until, Desired: "drain"},
+		{Backend: "w", Server: "b", Answer: "ready 100%", Kind: api.KindReady, Weight: 100, Expired: "state/w/b", ExpiredAt: &until},
+		{Backend: "w", Server: "c", Answer: "drain", Kind: api.KindDrain, Error: bad("drian"), Valid: false},
+		{Backend: "w", Server: "d", Answer: "", Kind: api.KindWithheld, Withheld: true, Error: bad("300%")},
+		{Backend: "w", Server: "e", Answer: "ready 0%", Kind: api.KindWeight, Weight: 0},
+		{Backend: "w", Server: "f", Answer: "ready 40%", Kind: api.KindRamping, Weight: 40,
+			Ramping: &api.RampProgress{WeightPercent: 40, ETA: until}},
+		{Backend: "w", Server: "*", Answer: "maint", Kind: api.KindMaint},
+	}
+	var out strings.Builder
+	if err := (Report{Rows: rows}).WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if n := strings.Count(s, state.ValidForms); n != 1 {
+		t.Errorf("the value grammar appears %d times, want once:\n%s", n, s)
+	}
+	stamp := regexp.QuoteMeta(until.Local().Format("Jan 2 15:04:05 MST"))
+	for _, want := range []string{
+		`(?m)^w +a +drain .*` + stamp,
+		`(?m)^w +b .*expired ` + stamp + `.*expired key state/w/b`,
+		`(?m)^w +c .*invalid value "drian": not a known state`,
+		`(?m)^w +e .*at 0%: HAProxy shows it as DRAIN`,
+		`(?m)^w +f .*40% \(eta ` + regexp.QuoteMeta(until.Local().Format("15:04:05 MST")) + `\)`,
+		`(?m)^2 of 6 servers in rotation; out: 2 drain, 1 at 0%; 1 withheld and never told: HAProxy keeps its own state$`,
+		`(?m)^w +d +\(withheld: HAProxy keeps its own state, never told\)`,
+	} {
+		if !regexp.MustCompile(want).MatchString(s) {
+			t.Errorf("status table without %s:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "expired: state/") {
+		t.Errorf("an expired row shows the key where the time belongs:\n%s", s)
+	}
+}
+
+// Issue 27.3: a withheld server is answered nothing, so HAProxy keeps what
+// it was last told: status says that answer and counts the server there.
+func TestStatusCountsWithheldByWhatHAProxyKeeps(t *testing.T) {
+	rows := []api.ServerState{
+		{Backend: "w", Server: "a", Answer: "drain", Kind: api.KindDrain},
+		{Backend: "w", Server: "b", Kind: api.KindWithheld, Withheld: true, Keeps: "ready 100%", Weight: 100, Polled: 2},
+		{Backend: "w", Server: "c", Kind: api.KindWithheld, Withheld: true, Keeps: "drain", Polled: 2},
+		{Backend: "w", Server: "d", Answer: "ready 100%", Kind: api.KindReady, Weight: 100},
+	}
+	var out strings.Builder
+	if err := (Report{Rows: rows}).WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{
+		`(?m)^w +b +\(withheld: HAProxy keeps ready 100%\)`,
+		`(?m)^w +c +\(withheld: HAProxy keeps drain\)`,
+		`(?m)^2 of 4 servers in rotation; out: 2 drain; 2 withheld: HAProxy keeps the last answer it was told, counted there$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(s) {
+			t.Errorf("status table without %s:\n%s", want, s)
+		}
+	}
+}
+
+// Issue 27.12: the hint to delete a key no selector can name has the
+// prefix when the command knows it.
+func TestUnnamableKeyHintHasThePrefix(t *testing.T) {
+	var out strings.Builder
+	rep := Report{Prefix: "hastate/", InvalidKeys: []api.ServerState{{Key: "state/web/a/b", Source: "state/web/a/b", Error: "invalid key"}}}
+	if err := rep.WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "consul kv delete 'hastate/state/web/a/b'") {
+		t.Errorf("status lists a nested key without its delete command:\n%s", out.String())
+	}
+}
