@@ -141,7 +141,7 @@ func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView,
 		older := !q.Filter.All() && pv.Selectors == nil
 		if older {
 			if pv.Truncated {
-				return pv, fmt.Errorf("GET %s: %w: it does not filter by selector (0.15.0 and later do), and its %d servers do not fit in one answer; ask a replica that runs 0.15.0 or later", p, ErrOlderReplica, pv.Total)
+				return pv, fmt.Errorf("GET %s: %w: %w: it does not filter by selector (0.15.0 and later do), and its %d servers do not fit in one answer; ask a replica that runs 0.15.0 or later", p, ErrOlderReplica, ErrTruncated, pv.Total)
 			}
 			var rows []ServerState
 			for _, r := range pv.Servers {
@@ -195,7 +195,7 @@ func (c *Client) PollersOf(ctx context.Context, q Query, cluster bool) (PollersV
 		older := !q.Filter.All() && pv.Selectors == nil
 		if older {
 			if pv.Truncated {
-				return pv, fmt.Errorf("GET %s: %w: it does not filter by selector (0.15.0 and later do), and its %d polls do not fit in one answer; ask a replica that runs 0.15.0 or later", p, ErrOlderReplica, pv.Total)
+				return pv, fmt.Errorf("GET %s: %w: %w: it does not filter by selector (0.15.0 and later do), and its %d polls do not fit in one answer; ask a replica that runs 0.15.0 or later", p, ErrOlderReplica, ErrTruncated, pv.Total)
 			}
 			var rows []Poll
 			for _, r := range pv.Pollers {

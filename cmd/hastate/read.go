@@ -35,7 +35,7 @@ func usageError(c *cobra.Command, err error) error {
 }
 
 func statusCmd(stdout io.Writer) *cobra.Command {
-	var addr, output string
+	var addr, output, prefix string
 	var withHAProxy bool
 	var pf promFlags
 	c := &cobra.Command{
@@ -64,7 +64,7 @@ what it was told (the column of hastate verify, which explains each).`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
 			}
-			o := status.Options{Warn: c.ErrOrStderr()}
+			o := status.Options{Warn: c.ErrOrStderr(), Prefix: prefix}
 			var err error
 			if len(args) > 0 {
 				if o.Selectors, err = ctl.ParseSelectors(args); err != nil {
@@ -89,6 +89,7 @@ what it was told (the column of hastate verify, which explains each).`,
 		},
 	}
 	replicaFlag(c, &addr)
+	c.Flags().StringVar(&prefix, "kv-prefix", "hastate/", "Consul KV prefix the state is expected under (also HASTATE_KV_PREFIX): a replica that reads another prefix is warned about")
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
 	c.Flags().BoolVar(&withHAProxy, "haproxy", false, "add a column with what HAProxy reports through Prometheus, as hastate verify compares it")
 	pf.add(c)
@@ -132,7 +133,7 @@ checks that the replica reads the same KV prefix of the same Consul.`,
 			if err != nil {
 				return err
 			}
-			g.Out, g.Settled = c.ErrOrStderr(), settled
+			g.Out, g.Notes, g.Settled = c.ErrOrStderr(), c.ErrOrStderr(), settled
 			var prom *haproxy.Prometheus
 			if idle {
 				if prom, err = pf.prometheus(); err != nil {
@@ -208,6 +209,7 @@ purpose" from "hastate is broken".`,
 			if err != nil {
 				return err
 			}
+			g.Notes = c.ErrOrStderr()
 			n, blocking, err := fleet.Precheck(c.Context(), g)
 			if err != nil {
 				return err
