@@ -1,6 +1,7 @@
 package write
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -397,6 +398,13 @@ func (pl *planner) server(backend, srv string, literal bool) bool {
 	switch {
 	case in.clear && !k.Present:
 		if literal {
+			// A name with no key that the cluster does not know either
+			// is a typo (the runbook's zonal undrain is a clear): exit 3
+			// with did-you-mean, not a quiet "nothing to clear".
+			if err := pl.unpolled(ctl.Selector{Backend: backend, Server: srv}); pl.view != nil && errors.Is(err, ctl.ErrNoMatch) {
+				pl.refuse(fmt.Errorf("%w; nothing to clear: %s does not exist", err, k.Key))
+				return false
+			}
 			pl.note("nothing to clear: %s does not exist", k.Key)
 		}
 		return false
@@ -453,6 +461,10 @@ func (pl *planner) backendWide(backend string) {
 	pl.dep(w)
 	switch {
 	case in.clear && !w.Present:
+		if pl.view != nil && !pl.ix.known(backend) && len(pl.kv.ownKeys(backend)) == 0 {
+			pl.refuse(fmt.Errorf("%w; nothing to clear: %s does not exist", ctl.NoMatch(ctl.Selector{Backend: backend, Server: state.Wildcard}, pl.rows), w.Key))
+			return
+		}
 		pl.note("nothing to clear: %s does not exist", w.Key)
 		return
 	case in.clear:
