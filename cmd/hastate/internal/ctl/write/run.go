@@ -100,7 +100,7 @@ func Write(ctx context.Context, req Request) (Plan, error) {
 type writeRun struct {
 	req       Request
 	gate      fleet.GateOptions
-	noReplica bool // the replica could not be asked (lifted)
+	noReplica bool   // the replica could not be asked (lifted)
 	liveNote  string // a replica did not answer, and why the others decide
 	lifted    []Lifted
 }
