@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -40,10 +41,8 @@ func TestE2EOneReplicaDown(t *testing.T) {
 	kill := time.Now()
 	hs[1].Kill()
 	window := lbCheck + 2*agentInter
-	for _, cmd := range [][]string{{"precheck", "web"}, {"wait", "web", "--timeout", "5s"}} {
-		runs := gateRuns(t, op, cmd, kill, window, 4*time.Second)
-		t.Logf("%s with n2 killed: %s", cmd[0], runs)
-	}
+	runs := gateRuns(t, op, [][]string{{"precheck", "web"}, {"wait", "web", "--timeout", "5s"}}, kill, window, 4*time.Second)
+	t.Logf("precheck and wait, in turn, with n2 killed at +0s: %s", runs)
 	out := op.Run(t, "drain", "web/s1", "--reason", "a replica down")
 	if strings.Contains(out, "guard lifted") || strings.Contains(out, "allow-no-replica") {
 		t.Errorf("a write with one replica down lifted a guard:\n%s", out)
@@ -89,7 +88,7 @@ func shows(t *testing.T, hap *HAProxy, server, status string, weight int) (Row, 
 	var r Row
 	for deadline := time.Now().Add(100 * time.Millisecond); ; {
 		r = hap.Server(t, server)
-		if r.Status == status && (weight < 0 || r.Weight == weight) {
+		if (r.Status == status || strings.HasPrefix(r.Status, status+" ")) && (weight < 0 || r.Weight == weight) {
 			return r, true
 		}
 		if time.Now().After(deadline) {
@@ -124,45 +123,67 @@ func waitRecorded(t *testing.T, h *Hastate, sources ...string) {
 	})
 }
 
-// gateRun is one run of a gate command: when it started and its exit.
+// gateRun is one run of a gate command: which, when it started (since
+// the kill) and its exit.
 type gateRun struct {
-	start time.Time
+	cmd   string
+	start time.Duration
 	code  int
 }
 
 type gateRunList []gateRun
 
+// String counts the runs by command and exit, and says when the last run
+// that did not pass started.
 func (l gateRunList) String() string {
-	var b strings.Builder
+	counts := map[string]int{}
+	var lastFail time.Duration = -1
 	for _, r := range l {
-		fmt.Fprintf(&b, "[+%s exit %d] ", r.start.Sub(l[0].start).Round(time.Millisecond), r.code)
-	}
-	return b.String()
-}
-
-// gateRuns runs cmd again and again from since until since+window+d: each
-// run exits 0 or 4 (nothing is drained: "blocked" would be wrong), and
-// every run that starts at since+window or later exits 0. It fails the
-// test otherwise, or when fewer than 2 runs start after the window.
-func gateRuns(t *testing.T, op Operator, cmd []string, since time.Time, window, d time.Duration) gateRunList {
-	t.Helper()
-	var runs gateRunList
-	after := 0
-	for time.Since(since) < window+d {
-		start := time.Now()
-		out, code := op.RunCode(t, cmd...)
-		runs = append(runs, gateRun{start, code})
-		switch {
-		case code != 0 && code != 4:
-			t.Fatalf("%s %s after the kill: exit %d, want 0 or 4 (nothing is drained):\n%s", cmd[0], start.Sub(since).Round(time.Millisecond), code, out)
-		case start.Sub(since) >= window && code != 0:
-			t.Fatalf("%s started %s after the kill (window %s): exit %d, want 0:\n%s", cmd[0], start.Sub(since).Round(time.Millisecond), window, code, out)
-		case start.Sub(since) >= window:
-			after++
+		counts[fmt.Sprintf("%s exit %d", r.cmd, r.code)]++
+		if r.code != 0 {
+			lastFail = r.start
 		}
 	}
-	if after < 2 {
-		t.Fatalf("%s: only %d runs after the window: %s", cmd[0], after, runs)
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s: %d", k, counts[k]))
+	}
+	out := fmt.Sprintf("%d runs (%s)", len(l), strings.Join(parts, ", "))
+	if lastFail >= 0 {
+		out += fmt.Sprintf("; the last that did not pass started +%s after the kill", lastFail.Round(time.Millisecond))
+	} else {
+		out += "; every run passed, the first at +" + l[0].start.Round(time.Millisecond).String()
+	}
+	return out
+}
+
+// gateRuns runs the commands in turn, again and again, from since until
+// since+window+d: each run exits 0 or 4 (nothing is drained: "blocked"
+// would be wrong), and every run that starts at since+window or later
+// exits 0. It fails the test otherwise, or when a command has fewer than 2
+// runs that start after the window.
+func gateRuns(t *testing.T, op Operator, cmds [][]string, since time.Time, window, d time.Duration) gateRunList {
+	t.Helper()
+	var runs gateRunList
+	after := map[string]int{}
+	for i := 0; time.Since(since) < window+d; i++ {
+		cmd := cmds[i%len(cmds)]
+		at := time.Since(since)
+		out, code := op.RunCode(t, cmd...)
+		runs = append(runs, gateRun{cmd[0], at, code})
+		switch {
+		case code != 0 && code != 4:
+			t.Fatalf("%s +%s after the kill: exit %d, want 0 or 4 (nothing is drained):\n%s\nruns: %s", cmd[0], at.Round(time.Millisecond), code, out, runs)
+		case at >= window && code != 0:
+			t.Fatalf("%s started +%s after the kill (window %s): exit %d, want 0:\n%s\nruns: %s", cmd[0], at.Round(time.Millisecond), window, code, out, runs)
+		case at >= window:
+			after[cmd[0]]++
+		}
+	}
+	for _, cmd := range cmds {
+		if after[cmd[0]] < 2 {
+			t.Fatalf("%s: only %d runs after the window: %s", cmd[0], after[cmd[0]], runs)
+		}
 	}
 	return runs
 }
