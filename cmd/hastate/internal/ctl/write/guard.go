@@ -27,10 +27,12 @@ const (
 	// GuardMinReady: taking single servers out would leave a backend
 	// below --min-ready. --allow-below-min-ready lifts it.
 	GuardMinReady Guard = "capacity"
-	// GuardNoReplica: no replica (or not every replica) could be asked,
-	// or the replica did not catch up with Consul within --timeout:
-	// what only they know (who polls, capacity, that they read this
-	// prefix) cannot be checked. --allow-no-replica lifts it.
+	// GuardNoReplica: no replica could be asked, the replicas that
+	// answered cannot vouch for every HAProxy (one that polled recently
+	// is seen by none of them: fleet.Replica.Live), or the replica did not
+	// catch up with Consul within --timeout: what only they know (who
+	// polls, capacity, that they read this prefix) cannot be checked.
+	// --allow-no-replica lifts it.
 	GuardNoReplica Guard = "no replica to ask"
 )
 
