@@ -156,7 +156,7 @@ func (r *Replica) Live(ctx context.Context, answers []api.ReplicaAnswer) (note s
 	}
 	var names []string
 	for _, h := range unseen {
-		last := "never by a live replica"
+		last := "never seen by a live replica"
 		var latest time.Time
 		for _, at := range h.SeenBy {
 			if at.After(latest) {
@@ -164,9 +164,9 @@ func (r *Replica) Live(ctx context.Context, answers []api.ReplicaAnswer) (note s
 			}
 		}
 		if !latest.IsZero() {
-			last = "by a live replica " + ctl.Ago(now.Sub(latest)) + " ago"
+			last = "last seen by a live replica " + ctl.Ago(now.Sub(latest))
 		}
-		names = append(names, fmt.Sprintf("HAProxy %s (polled %s ago by the cluster's record, seen %s)", h.HAProxy, ctl.Ago(now.Sub(h.LastSeen)), last))
+		names = append(names, fmt.Sprintf("HAProxy %s (last poll %s by the cluster's record; %s)", h.HAProxy, ctl.Ago(now.Sub(h.LastSeen)), last))
 	}
 	return "", fmt.Errorf("%w: %s: seen by no live replica, so what it was last told only %s may know; "+
 		"this clears once it polls a replica that is up (the load balancer drops a dead replica within seconds, then its next agent check is seen) "+
