@@ -74,43 +74,6 @@ func (c *Client) Get(ctx context.Context, path string, v any) error {
 	return nil
 }
 
-// State reads every server and invalid key the replica knows; cluster
-// also merges what the other replicas' HAProxy nodes polled (see
-// StateView.Replicas). It fails with ErrTruncated rather than return a cut
-// list.
-func (c *Client) State(ctx context.Context, cluster bool) (StateView, error) {
-	var v StateView
-	p := fmt.Sprintf("/v1/state?limit=%d", MaxLimit)
-	if cluster {
-		p += "&scope=cluster"
-	}
-	if err := c.Get(ctx, p, &v); err != nil {
-		return v, err
-	}
-	if v.Truncated {
-		return v, fmt.Errorf("GET %s: %w: the replica knows %d servers and answered %d", p, ErrTruncated, v.Total, len(v.Servers))
-	}
-	return v, nil
-}
-
-// Pollers reads which HAProxy asked for which server; cluster merges every
-// replica's (see PollersView.Replicas). It fails with ErrTruncated rather
-// than return a cut list.
-func (c *Client) Pollers(ctx context.Context, cluster bool) (PollersView, error) {
-	var v PollersView
-	p := fmt.Sprintf("/v1/pollers?limit=%d", MaxLimit)
-	if cluster {
-		p += "&scope=cluster"
-	}
-	if err := c.Get(ctx, p, &v); err != nil {
-		return v, err
-	}
-	if v.Truncated {
-		return v, fmt.Errorf("GET %s: %w: the replicas know %d polls and answered %d", p, ErrTruncated, v.Total, len(v.Pollers))
-	}
-	return v, nil
-}
-
 // ErrOlderReplica is returned when the replica runs a release that cannot
 // answer what was asked (filter a list, the record of HAProxy nodes) and
 // the caller cannot do without it.
@@ -129,7 +92,7 @@ func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView,
 	q.Limit = cmp.Or(q.Limit, MaxLimit)
 	var out StateView
 	for page := 0; ; page++ {
-		v := url.Values(q.values())
+		v := q.values()
 		if cluster {
 			v.Set("scope", "cluster")
 		}
@@ -183,7 +146,7 @@ func (c *Client) PollersOf(ctx context.Context, q Query, cluster bool) (PollersV
 	q.Limit = cmp.Or(q.Limit, MaxLimit)
 	var out PollersView
 	for page := 0; ; page++ {
-		v := url.Values(q.values())
+		v := q.values()
 		if cluster {
 			v.Set("scope", "cluster")
 		}
