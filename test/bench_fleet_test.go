@@ -77,13 +77,25 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 	n1, n2 := hs[0], hs[1]
 	op := n2.Operator()
 
+	// The baseline: the same agent load on n1 with an empty poller table
+	// and nothing else running (agent_p99_ratio divides by it).
+	reqs, answers := make([][]byte, 0, 2000), make([][]byte, 0, 2000)
+	for i := range 2000 {
+		// Not fs000, which wait below waits for: these checks come from
+		// 127.0.0.1, which would count as one more HAProxy there.
+		reqs = append(reqs, []byte(fleetServer(10+i*(servers-10)/2000)+"\n"))
+		answers = append(answers, []byte("ready 100%\n"))
+	}
+	base := runAgentLoad(b, n1.AgentAddr, 20000, reqs, answers)
+
 	// Registration: every source polls every server twice, through n1.
+	entriesBefore := n1.Metric(b, "hastate_pollers_entries")
 	heapBefore := n1.Metric(b, "go_memstats_heap_inuse_bytes")
 	pairs := sources * servers
 	start := time.Now()
 	checks, empties := pollFleet(b, n1.AgentAddr, sources, servers, 2, "ready 100%\n")
 	reg := time.Since(start)
-	if got := n1.Metric(b, "hastate_pollers_entries"); int(got) != pairs {
+	if got := n1.Metric(b, "hastate_pollers_entries") - entriesBefore; int(got) != pairs {
 		b.Fatalf("n1 remembers %v pairs, want %d (hastate_pollers_dropped_total %v)", got, pairs, n1.Metric(b, "hastate_pollers_dropped_total"))
 	}
 	heapAfter := n1.Metric(b, "go_memstats_heap_inuse_bytes")
@@ -135,17 +147,12 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 			op.Run(b, "status", "-o", "json")
 		}
 	})
-	reqs, answers := make([][]byte, 0, 2000), make([][]byte, 0, 2000)
-	for i := range 2000 {
-		// Not fs000, which wait below waits for: these checks come from
-		// 127.0.0.1, which would count as one more HAProxy there.
-		reqs = append(reqs, []byte(fleetServer(10+i*(servers-10)/2000)+"\n"))
-		answers = append(answers, []byte("ready 100%\n"))
-	}
 	agent = runAgentLoad(b, n1.AgentAddr, 20000, reqs, answers)
 	close(stop)
 	wg.Wait()
 	b.ReportMetric(ms(agent.quantile(0.99)), "agent_p99_ms")
+	b.ReportMetric(ms(base.quantile(0.99)), "agent_p99_base_ms")
+	b.ReportMetric(float64(agent.quantile(0.99))/float64(base.quantile(0.99)), "agent_p99_ratio")
 
 	// wait for 10 servers after a drain: the sources poll them until
 	// each was told drain; wait (started right after the drain) returns.
