@@ -157,14 +157,20 @@ type HAProxiesView struct {
 }
 
 // Unseen returns the HAProxy nodes a decision cannot do without, at now:
-// while some replica did not answer, those the record says polled within
-// HAProxyRecent and that no replica that answered saw within SeenWithin.
-// Only a replica that did not answer may hold what they were told. With
-// every replica answering it is empty: every HAProxy that polls is seen
-// by one of them.
-func (v HAProxiesView) Unseen(now time.Time) []HAProxyNode {
+// while some replica did not answer the read the decision rests on
+// (answers; nil: this view's Replicas), those the record says polled
+// within HAProxyRecent and that no replica that did answer it saw within
+// SeenWithin. Only a replica that did not answer may hold what they were
+// told. With every replica answering it is empty: every HAProxy that polls
+// is seen by one of them.
+func (v HAProxiesView) Unseen(now time.Time, answers []ReplicaAnswer) []HAProxyNode {
+	if answers == nil {
+		answers = v.Replicas
+	}
+	live := map[string]bool{}
 	all := true
-	for _, a := range v.Replicas {
+	for _, a := range answers {
+		live[a.ID] = a.Answered
 		all = all && a.Answered
 	}
 	if all {
@@ -176,8 +182,8 @@ func (v HAProxiesView) Unseen(now time.Time) []HAProxyNode {
 			continue
 		}
 		seen := false
-		for _, at := range h.SeenBy {
-			seen = seen || now.Sub(at) <= SeenWithin
+		for id, at := range h.SeenBy {
+			seen = seen || (live[id] && now.Sub(at) <= SeenWithin)
 		}
 		if !seen {
 			out = append(out, h)

@@ -90,6 +90,25 @@ func (n *Node) QueryPeer(id, name string, timeout time.Duration) PeerAnswer {
 	return PeerAnswer{Err: fmt.Errorf("%s is not a member of the raft configuration", id)}
 }
 
+// QueryPeerWith is QueryPeer for a named query that takes an argument.
+func (n *Node) QueryPeerWith(id, name string, arg any, timeout time.Duration) PeerAnswer {
+	a, err := json.Marshal(arg)
+	if err != nil {
+		return PeerAnswer{Err: err}
+	}
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return PeerAnswer{Err: err}
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id {
+			raw, err := n.stream.queryWith(n.dialAddress(s), name, a, timeout)
+			return PeerAnswer{Raw: raw, Err: err}
+		}
+	}
+	return PeerAnswer{Err: fmt.Errorf("%s is not a member of the raft configuration", id)}
+}
+
 // QueryPeersWith is QueryPeers for a named query that takes an argument
 // (Options.PeerArgQueries on their side), arg encoded as JSON. A member of
 // a release that does not know the query answers null or fails: callers

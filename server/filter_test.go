@@ -197,7 +197,7 @@ func TestHAProxiesView(t *testing.T) {
 		t.Fatalf("view: recorded %v, %d nodes, replicas %v", v.Recorded, len(v.HAProxies), v.Replicas)
 	}
 	var unseen []string
-	for _, n := range v.Unseen(time.Now()) {
+	for _, n := range v.Unseen(time.Now(), nil) {
 		unseen = append(unseen, n.HAProxy)
 	}
 	if !slices.Equal(unseen, []string{"127.0.0.30"}) {
@@ -205,7 +205,7 @@ func TestHAProxiesView(t *testing.T) {
 	}
 	f.down = nil
 	v, _ = client(t, h).HAProxies(context.Background())
-	if u := v.Unseen(time.Now()); len(u) != 0 {
+	if u := v.Unseen(time.Now(), nil); len(u) != 0 {
 		t.Fatalf("every replica answered, yet unseen %v", u)
 	}
 }

@@ -570,14 +570,32 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 	var out []api.Poll
 	var answers []api.ReplicaAnswer
 	total := 0
-	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, q, 2*time.Second) {
-		var ans *server.PollsAnswer
-		err := pa.Err
-		if err == nil {
-			err = json.Unmarshal(pa.Raw, &ans)
-		}
+	// A read of every poll (no limit) is asked in chunks, each its own
+	// query, so that no answer over the raft port grows with the table
+	// (1,000,000 pairs are about 150 MB of JSON).
+	chunked := q.Limit == 0
+	first := q
+	if chunked {
+		first.Limit = peerPollsChunk
+	}
+	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, first, peerPollsTimeout) {
+		ans, err := decodePolls(pa)
 		if err != nil || ans == nil {
 			ans, err = r.olderPeerPolls(id, q)
+		} else {
+			for chunked && len(ans.Polls) > 0 && len(ans.Polls)%peerPollsChunk == 0 && err == nil {
+				next := first
+				next.After = api.PollCursor(ans.Polls[len(ans.Polls)-1])
+				var more *server.PollsAnswer
+				if more, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && more != nil {
+					if len(more.Polls) == 0 {
+						break
+					}
+					ans.Polls = append(ans.Polls, more.Polls...)
+				} else if err == nil {
+					err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
+				}
+			}
 		}
 		if err != nil {
 			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
@@ -591,6 +609,24 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
 	}
 	return out, total, answers
+}
+
+// peerPollsChunk is the most polls one answer to server.PollsQuery
+// carries when every poll is read; peerPollsTimeout bounds each answer.
+const (
+	peerPollsChunk   = 50_000
+	peerPollsTimeout = 5 * time.Second
+)
+
+// decodePolls reads an answer to server.PollsQuery; nil without an error:
+// the peer does not know the query (a release before it).
+func decodePolls(pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
+	if pa.Err != nil {
+		return nil, pa.Err
+	}
+	var ans *server.PollsAnswer
+	err := json.Unmarshal(pa.Raw, &ans)
+	return ans, err
 }
 
 // olderPeerPolls asks one peer of an older release for every poll and

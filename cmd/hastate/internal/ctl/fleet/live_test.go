@@ -32,6 +32,10 @@ func TestLiveDecidesFromTheReplicasThatAreUp(t *testing.T) {
 			{HAProxy: "10.0.0.1", LastSeen: now.Add(-10 * time.Second), SeenBy: map[string]time.Time{"n1": now}},
 			{HAProxy: "10.0.0.3", LastSeen: now.Add(-20 * time.Second)},
 		}}, "HAProxy 10.0.0.3 (last poll 20s ago by the cluster's record; never seen by a live replica)"},
+		{"seen only by the replica whose polls are missing, which answered the record's read", &api.HAProxiesView{Recorded: true,
+			Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}, {ID: "n3", Answered: true}},
+			HAProxies: []api.HAProxyNode{{HAProxy: "10.0.0.4", LastSeen: now.Add(-10 * time.Second), SeenBy: map[string]time.Time{"n3": now}}},
+		}, "HAProxy 10.0.0.4"},
 		{"record not kept yet (rolling upgrade)", &api.HAProxiesView{Recorded: false, Replicas: down}, "every replica must answer"},
 		{"a replica of 0.14.0", nil, "replica n3 unreachable"},
 	} {

@@ -138,18 +138,17 @@ func (r *Replica) Live(ctx context.Context, answers []api.ReplicaAnswer) (note s
 	case !v.Recorded:
 		return "", fmt.Errorf("%w; until the cluster records which HAProxy nodes exist (feature level %d, once every replica runs 0.15.0 or later: /v1/cluster level.waiting), every replica must answer", miss, state.LevelRecorded)
 	}
+	// Down are the replicas that did not answer the read the command
+	// rests on (answering the record's read is not enough: their polls
+	// are what is missing).
 	var down []string
-	for _, a := range v.Replicas {
+	for _, a := range answers {
 		if !a.Answered {
 			down = append(down, fmt.Sprintf("%s (%s)", a.ID, a.Error))
 		}
 	}
-	if len(down) == 0 {
-		// The record was read from replicas that all answer now.
-		down = []string{"(it answers again)"}
-	}
 	now := time.Now()
-	unseen := v.Unseen(now)
+	unseen := v.Unseen(now, answers)
 	if len(unseen) == 0 {
 		return fmt.Sprintf("replica %s did not answer; every HAProxy that polled in the last %s was seen by a live replica within %s, so the replicas that are up decide",
 			strings.Join(down, ", "), api.HAProxyRecent, api.SeenWithin), nil
