@@ -22,7 +22,7 @@ func TestLiveDecidesFromTheReplicasThatAreUp(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		view *api.HAProxiesView // nil: /v1/haproxies answers 404 (0.14.0)
-		want string              // "": passes; "note:" a note; else the error says it
+		want string             // "": passes; "note:" a note; else the error says it
 	}{
 		{"every HAProxy seen by a live replica", &api.HAProxiesView{Recorded: true, Replicas: down, HAProxies: []api.HAProxyNode{
 			{HAProxy: "10.0.0.1", LastSeen: now.Add(-10 * time.Second), SeenBy: map[string]time.Time{"n1": now}},
@@ -33,7 +33,7 @@ func TestLiveDecidesFromTheReplicasThatAreUp(t *testing.T) {
 			{HAProxy: "10.0.0.3", LastSeen: now.Add(-20 * time.Second)},
 		}}, "HAProxy 10.0.0.3 (last poll 20s ago by the cluster's record; never seen by a live replica)"},
 		{"seen only by the replica whose polls are missing, which answered the record's read", &api.HAProxiesView{Recorded: true,
-			Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}, {ID: "n3", Answered: true}},
+			Replicas:  []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}, {ID: "n3", Answered: true}},
 			HAProxies: []api.HAProxyNode{{HAProxy: "10.0.0.4", LastSeen: now.Add(-10 * time.Second), SeenBy: map[string]time.Time{"n3": now}}},
 		}, "HAProxy 10.0.0.4"},
 		{"record not kept yet (rolling upgrade)", &api.HAProxiesView{Recorded: false, Replicas: down}, "every replica must answer"},
