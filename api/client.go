@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -72,41 +74,153 @@ func (c *Client) Get(ctx context.Context, path string, v any) error {
 	return nil
 }
 
-// State reads every server and invalid key the replica knows; cluster
-// also merges what the other replicas' HAProxy nodes polled (see
-// StateView.Replicas). It fails with ErrTruncated rather than return a cut
-// list.
-func (c *Client) State(ctx context.Context, cluster bool) (StateView, error) {
-	var v StateView
-	p := fmt.Sprintf("/v1/state?limit=%d", MaxLimit)
-	if cluster {
-		p += "&scope=cluster"
+// ErrOlderReplica is returned when the replica runs a release that cannot
+// answer what was asked (filter a list, the record of HAProxy nodes) and
+// the caller cannot do without it.
+var ErrOlderReplica = errors.New("the replica runs an older hastate release")
+
+// maxPages bounds the pages a list is read in (each at most MaxLimit rows).
+const maxPages = 1000
+
+// StateOf reads the servers q.Filter selects, every page of them (q.Limit
+// rows each; 0: MaxLimit), from one replica; cluster also merges what the
+// other replicas' HAProxy nodes polled. A replica of a release before
+// 0.15.0 ignores the filter: its answer is filtered here, and when it is
+// cut (the fleet does not fit in one answer) StateOf fails with
+// ErrOlderReplica rather than act on part of it.
+func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView, error) {
+	q.Limit = cmp.Or(q.Limit, MaxLimit)
+	var out StateView
+	for page := 0; ; page++ {
+		v := q.values()
+		if cluster {
+			v.Set("scope", "cluster")
+		}
+		p := "/v1/state?" + v.Encode()
+		var pv StateView
+		if err := c.Get(ctx, p, &pv); err != nil {
+			return out, err
+		}
+		older := !q.Filter.All() && pv.Selectors == nil
+		if older {
+			if pv.Truncated {
+				return pv, fmt.Errorf("GET %s: %w: %w: it does not filter by selector (0.15.0 and later do), and its %d servers do not fit in one answer; ask a replica that runs 0.15.0 or later", p, ErrOlderReplica, ErrTruncated, pv.Total)
+			}
+			var rows []ServerState
+			for _, r := range pv.Servers {
+				if q.Filter.Match(r.Backend, r.Server) {
+					rows = append(rows, r)
+				}
+			}
+			for _, r := range pv.Servers {
+				pv.Backends = appendNew(pv.Backends, r.Backend)
+			}
+			pv.Servers, pv.Total, pv.Selectors = rows, len(rows), q.Filter.Strings()
+		}
+		if page == 0 {
+			out = pv
+		} else {
+			out.Servers = append(out.Servers, pv.Servers...)
+			out.Replicas = mergeAnswers(out.Replicas, pv.Replicas)
+		}
+		switch {
+		case pv.Next == "" && pv.Truncated && !older:
+			return out, fmt.Errorf("GET %s: %w: the replica knows %d servers and answered %d", p, ErrTruncated, pv.Total, len(out.Servers))
+		case pv.Next == "":
+			out.Next, out.Truncated = "", false
+			if pv.InvalidTotal > len(out.InvalidKeys) {
+				return out, fmt.Errorf("GET %s: %w: %d invalid keys, %d answered", p, ErrTruncated, pv.InvalidTotal, len(out.InvalidKeys))
+			}
+			return out, nil
+		case page+1 >= maxPages:
+			return out, fmt.Errorf("GET %s: %w: more than %d pages", p, ErrTruncated, maxPages)
+		}
+		q.After = pv.Next
 	}
-	if err := c.Get(ctx, p, &v); err != nil {
-		return v, err
-	}
-	if v.Truncated {
-		return v, fmt.Errorf("GET %s: %w: the replica knows %d servers and answered %d", p, ErrTruncated, v.Total, len(v.Servers))
-	}
-	return v, nil
 }
 
-// Pollers reads which HAProxy asked for which server; cluster merges every
-// replica's (see PollersView.Replicas). It fails with ErrTruncated rather
-// than return a cut list.
-func (c *Client) Pollers(ctx context.Context, cluster bool) (PollersView, error) {
-	var v PollersView
-	p := fmt.Sprintf("/v1/pollers?limit=%d", MaxLimit)
-	if cluster {
-		p += "&scope=cluster"
+// PollersOf reads the polls of the servers q.Filter selects, every page of
+// them; cluster merges every replica's. A replica of a release before
+// 0.15.0 is handled as in StateOf.
+func (c *Client) PollersOf(ctx context.Context, q Query, cluster bool) (PollersView, error) {
+	q.Limit = cmp.Or(q.Limit, MaxLimit)
+	var out PollersView
+	for page := 0; ; page++ {
+		v := q.values()
+		if cluster {
+			v.Set("scope", "cluster")
+		}
+		p := "/v1/pollers?" + v.Encode()
+		var pv PollersView
+		if err := c.Get(ctx, p, &pv); err != nil {
+			return out, err
+		}
+		older := !q.Filter.All() && pv.Selectors == nil
+		if older {
+			if pv.Truncated {
+				return pv, fmt.Errorf("GET %s: %w: %w: it does not filter by selector (0.15.0 and later do), and its %d polls do not fit in one answer; ask a replica that runs 0.15.0 or later", p, ErrOlderReplica, ErrTruncated, pv.Total)
+			}
+			var rows []Poll
+			for _, r := range pv.Pollers {
+				if q.Filter.Match(r.Backend, r.Server) {
+					rows = append(rows, r)
+				}
+			}
+			pv.Pollers, pv.Total, pv.Selectors = rows, len(rows), q.Filter.Strings()
+		}
+		if page == 0 {
+			out = pv
+		} else {
+			out.Pollers = append(out.Pollers, pv.Pollers...)
+			out.Replicas = mergeAnswers(out.Replicas, pv.Replicas)
+		}
+		switch {
+		case pv.Next == "" && pv.Truncated && !older:
+			return out, fmt.Errorf("GET %s: %w: the replicas know %d polls and answered %d", p, ErrTruncated, pv.Total, len(out.Pollers))
+		case pv.Next == "":
+			out.Next, out.Truncated = "", false
+			return out, nil
+		case page+1 >= maxPages:
+			return out, fmt.Errorf("GET %s: %w: more than %d pages", p, ErrTruncated, maxPages)
+		}
+		q.After = pv.Next
 	}
-	if err := c.Get(ctx, p, &v); err != nil {
-		return v, err
+}
+
+// mergeAnswers keeps, per replica, the worst answer over the pages: one
+// that failed on any page did not answer the whole list.
+func mergeAnswers(a, b []ReplicaAnswer) []ReplicaAnswer {
+	out := slices.Clone(a)
+	for _, r := range b {
+		i := slices.IndexFunc(out, func(x ReplicaAnswer) bool { return x.ID == r.ID })
+		switch {
+		case i < 0:
+			out = append(out, r)
+		case !r.Answered:
+			out[i] = r
+		}
 	}
-	if v.Truncated {
-		return v, fmt.Errorf("GET %s: %w: the replicas know %d polls and answered %d", p, ErrTruncated, v.Total, len(v.Pollers))
+	return out
+}
+
+func appendNew(list []string, s string) []string {
+	if slices.Contains(list, s) {
+		return list
 	}
-	return v, nil
+	return append(list, s)
+}
+
+// HAProxies reads the cluster's record of which HAProxy nodes exist, with
+// what each replica that answered saw. A replica of a release before
+// 0.15.0 has no such endpoint: ErrOlderReplica.
+func (c *Client) HAProxies(ctx context.Context) (HAProxiesView, error) {
+	var v HAProxiesView
+	err := c.Get(ctx, "/v1/haproxies", &v)
+	var se *StatusError
+	if errors.As(err, &se) && se.Code == http.StatusNotFound {
+		return v, fmt.Errorf("GET /v1/haproxies: %w (0.15.0 and later record which HAProxy nodes exist)", ErrOlderReplica)
+	}
+	return v, err
 }
 
 // Cluster reads the replica's view of the raft cluster.

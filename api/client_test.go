@@ -50,10 +50,10 @@ func TestClientFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := c.State(ctx, true); !errors.Is(err, ErrTruncated) {
+	if _, err := c.StateOf(ctx, Query{}, true); !errors.Is(err, ErrTruncated) {
 		t.Errorf("State of a cut list: %v, want ErrTruncated", err)
 	}
-	if _, err := c.Pollers(ctx, true); err != nil {
+	if _, err := c.PollersOf(ctx, Query{}, true); err != nil {
 		t.Errorf("Pollers: %v", err)
 	}
 	var se *StatusError

@@ -117,6 +117,15 @@ type StateView struct {
 	Total        int  `json:"total"`
 	InvalidTotal int  `json:"invalid_total"`
 	Truncated    bool `json:"truncated"`
+	// Selectors echoes the ?selector= the replica filtered by (releases
+	// before 0.15.0 ignore the parameter and send none); Total then
+	// counts the servers they match. Next, when not empty, is the
+	// ?after= that reads the next page (Truncated is then true).
+	Selectors []string `json:"selectors,omitempty"`
+	Next      string   `json:"next,omitempty"`
+	// Backends lists, for a filtered view, every backend the cluster
+	// knows (for the "matches nothing" error and its did-you-mean).
+	Backends []string `json:"backends,omitempty"`
 }
 
 // Migration is the migration marker as a replica mirrors it. Error says
@@ -179,6 +188,10 @@ type PollersView struct {
 	// they were cut.
 	Total     int  `json:"total"`
 	Truncated bool `json:"truncated"`
+	// Selectors and Next: as in StateView (the order is server, HAProxy,
+	// replica; see PollCursor).
+	Selectors []string `json:"selectors,omitempty"`
+	Next      string   `json:"next,omitempty"`
 }
 
 // Readiness is the /-/readiness body.

@@ -38,6 +38,9 @@ type command struct {
 	// the Consul index held is the other cluster's and is forgotten.
 	Source *state.MirrorSource `json:"source,omitempty"`
 	Adopt  bool                `json:"adopt,omitempty"`
+	// HAProxies is the payload of a haproxies entry (state.LevelRecorded):
+	// what changed in the record of which HAProxy nodes exist.
+	HAProxies *state.HAProxyChange `json:"haproxies,omitempty"`
 }
 
 // Entry types. An older binary that meets an unknown type fails the entry
@@ -55,6 +58,9 @@ const (
 	// Consul cluster and prefix; written only once every voter
 	// advertises that level.
 	cmdSource = "source"
+	// cmdHAProxies records which HAProxy nodes exist (haproxies.go),
+	// written only once state.LevelRecorded is in force.
+	cmdHAProxies = "haproxies"
 )
 
 // applyResult is what Apply returns to the leader that wrote the entry.
@@ -97,6 +103,10 @@ type fsmSnapshotData struct {
 	// Source is the mirror's recorded Consul cluster and prefix (version
 	// 6; nil when none is recorded).
 	Source *state.MirrorSource `json:"source,omitempty"`
+	// HAProxies is the record of which HAProxy nodes exist; present only
+	// once state.LevelRecorded is in force (a release before it never
+	// restores such a snapshot: the level refuses first).
+	HAProxies state.HAProxies `json:"haproxies,omitempty"`
 }
 
 // fsm applies committed entries to the mirror and publishes a new immutable
@@ -119,6 +129,10 @@ type fsm struct {
 	// raft.AppliedIndex, which counts entries handed to the FSM's queue,
 	// it moves only once the serving snapshot includes the entry.
 	index atomic.Uint64
+
+	// haproxies is the record of which HAProxy nodes exist (haproxies
+	// entries); read under mu.
+	haproxies state.HAProxies
 
 	serving atomic.Pointer[state.Snapshot]
 	stepped func(int) // called with the number of ramp steps applied; may be nil
@@ -151,7 +165,7 @@ type fsm struct {
 }
 
 func newFSM() *fsm {
-	return &fsm{mirror: state.NewMirror(), maxLevel: state.MaxLevel}
+	return &fsm{mirror: state.NewMirror(), maxLevel: state.MaxLevel, haproxies: state.HAProxies{}}
 }
 
 // notUnderstood returns why the replica withholds every answer, or nil.
@@ -266,6 +280,14 @@ func (f *fsm) Apply(l *raft.Log) any {
 			}
 			return nil
 		})
+	case cmdHAProxies:
+		if c.HAProxies == nil {
+			return f.reject(l.Index, errors.New("haproxies entry without its change; skipped"))
+		}
+		f.mu.Lock()
+		f.haproxies.Apply(*c.HAProxies)
+		f.mu.Unlock()
+		return nil
 	default:
 		return f.stop(l.Index, fmt.Errorf("unknown type %q (written by a newer hastate): this replica withholds every answer until it runs that release; upgrade it", c.Type))
 	}
@@ -378,6 +400,20 @@ func (f *fsm) due(now time.Time, key string) ([]string, string, bool) {
 	return f.mirror.Due(now), raw, ok
 }
 
+// recordedHAProxies returns a copy of the record of which HAProxy nodes
+// exist.
+func (f *fsm) recordedHAProxies() state.HAProxies {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.haproxies.Clone()
+}
+
+func (f *fsm) recordedLen() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.haproxies)
+}
+
 // digest is state.Digest of the mirrored KV content.
 func (f *fsm) digest() string {
 	f.mu.Lock()
@@ -415,12 +451,16 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	}
 	version := snapshotVersionBase
 	switch {
-	case f.source != nil:
+	case f.source != nil || len(f.haproxies) > 0:
 		version = snapshotVersion
 	case f.mirror.Level() > state.LevelBase:
 		version = snapshotVersionLevel
 	}
-	return &fsmSnapshot{data: fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export(), Source: f.source}}, nil
+	d := fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export(), Source: f.source}
+	if len(f.haproxies) > 0 {
+		d.HAProxies = f.haproxies.Clone()
+	}
+	return &fsmSnapshot{data: d}, nil
 }
 
 func (f *fsm) Restore(rc io.ReadCloser) error {
@@ -438,6 +478,10 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mirror = state.Restore(d.Mirror)
+	f.haproxies = d.HAProxies
+	if f.haproxies == nil {
+		f.haproxies = state.HAProxies{}
+	}
 	f.kvIndex = d.KVIndex
 	f.source = d.Source
 	f.kvGen++

@@ -30,7 +30,7 @@ const levelEvery = time.Second
 // levelFeatures names what each level brings, for the operator.
 var levelFeatures = map[int]string{
 	state.LevelMeta:     "meta keys give until (expiry) and ramp",
-	state.LevelRecorded: "the mirror records its Consul cluster and prefix and applies reads only from them",
+	state.LevelRecorded: "the mirror records its Consul cluster and prefix and applies reads only from them; the cluster records which HAProxy nodes exist, so operator commands decide from the replicas that are up",
 }
 
 // levelFeature returns what level brings.

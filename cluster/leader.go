@@ -78,10 +78,14 @@ func (n *Node) leaderDuty(ctx context.Context) {
 		return
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		n.rampLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		n.haproxyLoop(ctx)
 	}()
 	go func() {
 		defer wg.Done()

@@ -30,6 +30,7 @@ type metrics struct {
 	confirmRounds     *prometheus.CounterVec
 	confirmRound      prometheus.Histogram
 	unconfirmedChecks prometheus.Counter
+	haproxyWrites     prometheus.Counter
 	port              *portMetrics // the raft port's connections and TLS
 
 	rampsActive, serverWeight, serverState, serverSince, rampStepDue, rampInterval *prometheus.Desc
@@ -41,6 +42,7 @@ type metrics struct {
 	level, levelWaiting, notUnderstood *prometheus.Desc
 
 	mirrorVerdict *prometheus.Desc
+	haproxiesRecorded *prometheus.Desc
 
 	bootstrapWaiting                  *prometheus.Desc
 	confirmAge, confirmFailing, grace *prometheus.Desc
@@ -85,6 +87,10 @@ func newMetricsUnset(n *Node) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
 		unconfirmedChecks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_agent_unconfirmed_total", Help: "Per replica: agent checks answered nothing because no confirmation round succeeded within --confirm-timeout after they arrived (HAProxy keeps the server's state)."}),
+		haproxyWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hastate_haproxies_writes_total", Help: "Leader only: haproxies entries written to raft (the record of which HAProxy nodes exist). At most one every 5s; in a steady fleet about one every 30s (each source's last poll is recorded to within 30s)."}),
+		haproxiesRecorded: prometheus.NewDesc("hastate_haproxies_recorded",
+			"HAProxy nodes (source addresses) the cluster records as having polled within 10 minutes (from raft: the same on every replica in sync; 0 until every replica runs 0.15.0 or later). Operator commands read it to tell an HAProxy only a lost replica saw.", nil, nil),
 		confirmAge: prometheus.NewDesc("hastate_confirm_age_seconds",
 			"Per replica: seconds since this replica last confirmed with the raft leader that it serves every committed change (a confirmation round; an idle replica runs one every 250ms). Every check waits for such a round; above --leaderless-grace the replica has answered nothing for that long (alert HastateReplicaUnconfirmed) and fails readiness (hastate_withheld reason unconfirmed or leaderless).", nil, nil),
 		confirmFailing: prometheus.NewDesc("hastate_confirm_failing_seconds",
@@ -145,7 +151,7 @@ func newMetricsUnset(n *Node) *metrics {
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
 	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.applyErrors, m.dutyFailures, m.withholds,
-		m.confirmRounds, m.confirmRound, m.unconfirmedChecks},
+		m.confirmRounds, m.confirmRound, m.unconfirmedChecks, m.haproxyWrites},
 		m.port.collectors()...)
 }
 
@@ -156,7 +162,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampPolicyInvalid, m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.mirrorVerdict, m.confirmAge, m.confirmFailing, m.grace, m.bootstrapWaiting} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.mirrorVerdict, m.confirmAge, m.confirmFailing, m.grace, m.bootstrapWaiting, m.haproxiesRecorded} {
 		ch <- d
 	}
 }
@@ -206,6 +212,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.leaderless, prometheus.GaugeValue, m.n.leaderless().Seconds())
 	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.fsm.level()), "applied")
 	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.maxLevel()), "build")
+	ch <- prometheus.MustNewConstMetric(m.haproxiesRecorded, prometheus.GaugeValue, float64(m.n.fsm.recordedLen()))
 	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.IsLeader() && m.n.levelWaiting.Load() != nil))
 	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.notUnderstood() != nil))
 	ch <- prometheus.MustNewConstMetric(m.contactAge, prometheus.GaugeValue, m.n.leaderContactAge().Seconds())

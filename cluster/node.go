@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -93,6 +94,17 @@ type Options struct {
 	// PeerQueries are answered to other members over the raft port (see
 	// QueryPeers), e.g. "pollers" for /v1/pollers?scope=cluster.
 	PeerQueries map[string]func() any
+	// PeerArgQueries are named queries that take an argument (JSON), e.g.
+	// the pollers of the servers a selector matches (see QueryPeersWith).
+	PeerArgQueries map[string]func(arg json.RawMessage) any
+	// Sightings returns the HAProxy sources this replica's poller table
+	// holds and when each last polled it (only sources that count as an
+	// HAProxy, not a manual probe); the leader records them in raft (see
+	// haproxies.go). Nil: none.
+	Sightings func() Sightings
+	// HAProxySyncEvery is how often the leader records what the
+	// replicas saw (0: state.HAProxySyncEvery).
+	HAProxySyncEvery time.Duration
 	// Now is the clock (nil: time.Now); ramps start at the leader's time.
 	Now func() time.Time
 	// KVFailoverAfter (0: 30s; negative: never) is how long the leader's
@@ -312,7 +324,7 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
 	sl, err := newStreamLayer(streamConfig{
-		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: o.PeerQueries, ReadIndex: n.answerReadIndex, Ack: n.answerAck, LegacyReadIndex: o.legacyReadIndex,
+		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: n.queries(), ArgQueries: o.PeerArgQueries, ReadIndex: n.answerReadIndex, Ack: n.answerAck, LegacyReadIndex: o.legacyReadIndex,
 		Log: o.Logger.Named("transport"), Metrics: n.metrics.port, Peers: len(o.Peers),
 		MaxConnsPerIP: o.MaxConnsPerIP, MaxConns: o.MaxConns, IdentifyTimeout: o.IdentifyTimeout,
 	})

@@ -77,6 +77,72 @@ func (n *Node) QueryPeers(name string, timeout time.Duration) map[string]PeerAns
 	return out
 }
 
+// QueryPeer asks the member id for the answer to a named query.
+func (n *Node) QueryPeer(id, name string, timeout time.Duration) PeerAnswer {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return PeerAnswer{Err: err}
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id {
+			raw, err := n.stream.query(n.dialAddress(s), name, timeout)
+			return PeerAnswer{Raw: raw, Err: err}
+		}
+	}
+	return PeerAnswer{Err: fmt.Errorf("%s is not a member of the raft configuration", id)}
+}
+
+// QueryPeerWith is QueryPeer for a named query that takes an argument.
+func (n *Node) QueryPeerWith(id, name string, arg any, timeout time.Duration) PeerAnswer {
+	a, err := json.Marshal(arg)
+	if err != nil {
+		return PeerAnswer{Err: err}
+	}
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return PeerAnswer{Err: err}
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id {
+			raw, err := n.stream.queryWith(n.dialAddress(s), name, a, timeout)
+			return PeerAnswer{Raw: raw, Err: err}
+		}
+	}
+	return PeerAnswer{Err: fmt.Errorf("%s is not a member of the raft configuration", id)}
+}
+
+// QueryPeersWith is QueryPeers for a named query that takes an argument
+// (Options.PeerArgQueries on their side), arg encoded as JSON. A member of
+// a release that does not know the query answers null or fails: callers
+// then ask it a query it knows.
+func (n *Node) QueryPeersWith(name string, arg any, timeout time.Duration) map[string]PeerAnswer {
+	out := map[string]PeerAnswer{}
+	a, err := json.Marshal(arg)
+	var mu sync.Mutex
+	n.forEachPeer(func(s raft.Server) {
+		var raw json.RawMessage
+		qerr := err
+		if qerr == nil {
+			raw, qerr = n.stream.queryWith(n.dialAddress(s), name, a, timeout)
+		}
+		mu.Lock()
+		out[string(s.ID)] = PeerAnswer{Raw: raw, Err: qerr}
+		mu.Unlock()
+	})
+	return out
+}
+
+// queries are the named queries this node answers without an argument:
+// the wiring's and its own sightings.
+func (n *Node) queries() map[string]func() any {
+	q := maps.Clone(n.opts.PeerQueries)
+	if q == nil {
+		q = map[string]func() any{}
+	}
+	q[sightingsQuery] = n.sightingsAnswer
+	return q
+}
+
 // forEachPeer runs f for every other member of the configuration, in
 // parallel, and waits for all of them.
 func (n *Node) forEachPeer(f func(raft.Server)) {

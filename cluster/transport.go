@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -84,6 +85,9 @@ type streamLayer struct {
 	advertise advertiseAddr
 	tls       *tls.Config           // nil: plain TCP
 	queries   map[string]func() any // the wiring's and "status"
+	// argQueries are the named queries that take an argument: one line
+	// of JSON after the name (the wiring's and the node's own).
+	argQueries map[string]func(json.RawMessage) any
 	// readIndex answers the query "readindex" (confirm.go) on a
 	// connection that stays open; nil: answered null.
 	readIndex func(readIndexRequest, *x509.Certificate) readIndexAnswer
@@ -115,6 +119,7 @@ type streamConfig struct {
 	TLS             *tls.Config
 	Status          func() api.PeerStatus
 	Queries         map[string]func() any
+	ArgQueries      map[string]func(json.RawMessage) any
 	ReadIndex       func(readIndexRequest, *x509.Certificate) readIndexAnswer
 	Ack             func(ackRequest) ackAnswer
 	LegacyReadIndex bool // answer "readindex" and "ack" null (tests)
@@ -158,7 +163,7 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raft listen on %s: %w (is another hastate using this --raft-addr?)", c.Bind, err)
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, queries: queries, log: c.Log,
+	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, queries: queries, argQueries: c.ArgQueries, log: c.Log,
 		identify: c.IdentifyTimeout, guard: newConnGuard(c.MaxConnsPerIP, c.MaxConns, c.Metrics.open), metrics: c.Metrics,
 		rejects: newRejectLog(c.Log, time.Second), retries: ratelog.New(time.Second, nil), failed: make(chan error, 1),
 		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
@@ -276,8 +281,9 @@ func (s *streamLayer) answer(c net.Conn, kind byte) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	name := statusQuery
+	var r *bufio.Reader
 	if kind == connQuery {
-		r := bufio.NewReaderSize(c, 64)
+		r = bufio.NewReaderSize(c, 64)
 		line, err := readLine(r, 64)
 		if err != nil {
 			return
@@ -295,9 +301,18 @@ func (s *streamLayer) answer(c net.Conn, kind byte) {
 	var v any
 	if q, ok := s.queries[name]; ok {
 		v = q()
+	} else if q, ok := s.argQueries[name]; ok && r != nil {
+		arg, err := readLine(r, maxQueryArg)
+		if err != nil {
+			return
+		}
+		v = q(json.RawMessage(arg))
 	}
 	_ = json.NewEncoder(c).Encode(v)
 }
+
+// maxQueryArg bounds the argument line of a named query.
+const maxQueryArg = 64 << 10
 
 // readLine reads a line of at most limit bytes (LF included) from r,
 // without its LF.
@@ -313,7 +328,7 @@ func readLine(r *bufio.Reader, limit int) (string, error) {
 		}
 		b = append(b, c)
 	}
-	return "", fmt.Errorf("query name longer than %d bytes", limit)
+	return "", fmt.Errorf("query line longer than %d bytes", limit)
 }
 
 // Accept returns the next raft connection.
@@ -379,6 +394,29 @@ func (s *streamLayer) query(address, name string, timeout time.Duration) (json.R
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(timeout))
 	if _, err := io.WriteString(c, name+"\n"); err != nil {
+		return nil, err
+	}
+	var raw json.RawMessage
+	err = json.NewDecoder(io.LimitReader(c, 64<<20)).Decode(&raw)
+	return raw, err
+}
+
+// queryWith asks the node at address for the answer to a named query that
+// takes an argument (arg: compact JSON, one line): JSON, null if it knows
+// no such query. A release that does not know the name answers null
+// without reading the argument, and may reset the connection for it:
+// callers fall back to a query that release knows on null or an error.
+func (s *streamLayer) queryWith(address, name string, arg []byte, timeout time.Duration) (json.RawMessage, error) {
+	if len(arg) >= maxQueryArg || bytes.IndexByte(arg, '\n') >= 0 {
+		return nil, fmt.Errorf("peer query %q: the argument is longer than %d bytes or holds a line break", name, maxQueryArg)
+	}
+	c, err := s.dial(address, connQuery, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(append(append([]byte(name+"\n"), arg...), '\n')); err != nil {
 		return nil, err
 	}
 	var raw json.RawMessage

@@ -1,10 +1,10 @@
 package server
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"github.com/hastate/hastate/api"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -28,9 +28,17 @@ type Replica interface {
 	// KVStatus is the cluster's view of the Consul sync and, on the
 	// leader, its watch.
 	KVStatus() api.KVStatus
-	// PeerPollers returns the other replicas' pollers, each Poll naming
-	// its replica, and which replicas answered (for ?scope=cluster).
-	PeerPollers() ([]api.Poll, []api.ReplicaAnswer)
+	// PeerPollers returns the other replicas' polls that q selects (each
+	// at most q.Limit, 0: all), each Poll naming its replica, how many
+	// they hold in all, and which replicas answered (for ?scope=cluster).
+	PeerPollers(q PollsArg) (polls []api.Poll, total int, answers []api.ReplicaAnswer)
+	// Recorded is the cluster's record of which HAProxy nodes exist, and
+	// whether the feature level in force keeps it.
+	Recorded() (state.HAProxies, bool)
+	// PeerSightings returns, for each other replica that answered, the
+	// HAProxy sources it saw and when each last polled it, and which
+	// replicas answered.
+	PeerSightings() (map[string]map[string]time.Time, []api.ReplicaAnswer)
 }
 
 // HTTPOptions configure the HTTP handler. Replica is required.
@@ -73,6 +81,7 @@ func NewHTTPHandler(o HTTPOptions) http.Handler {
 	mux.HandleFunc("GET /v1/state", h.stateAll)
 	mux.HandleFunc("GET /v1/state/{backend}/{server}", h.stateOne)
 	mux.HandleFunc("GET /v1/pollers", h.pollers)
+	mux.HandleFunc("GET /v1/haproxies", h.haproxies)
 	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, o.Replica.ClusterInfo())
 	})
@@ -162,26 +171,55 @@ func rowFor(r state.Resolution) api.ServerState {
 	return row
 }
 
-// view is /v1/state with at most limit servers and limit invalid keys.
-// Rows are resolved only for the servers answered. A cluster view also
-// counts the servers and polls the other replicas saw. rowTold, when not
+// listQuery is what a list request asks for: ?selector= (repeated),
+// ?after= and ?limit=.
+type listQuery struct {
+	filter api.Filter
+	sels   []string // as sent, for PollsArg
+	after  string
+	limit  int
+}
+
+// queryOf reads a list request's parameters; when they are bad it answers
+// 400 with what to send and returns false.
+func queryOf(w http.ResponseWriter, r *http.Request) (listQuery, bool) {
+	limit, ok := limitOf(w, r)
+	if !ok {
+		return listQuery{}, false
+	}
+	sels := r.URL.Query()["selector"]
+	f, err := api.ParseFilter(sels)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error() + "; send ?selector=backend/server (repeat it for more)"})
+		return listQuery{}, false
+	}
+	return listQuery{filter: f, sels: f.Strings(), after: r.URL.Query().Get("after"), limit: limit}, true
+}
+
+// view is /v1/state with at most q.limit servers (those q.filter selects,
+// after q.after) and q.limit invalid keys. Rows are resolved only for the
+// servers answered. A cluster view also counts the servers and polls the
+// other replicas saw (of the selected servers only). rowTold, when not
 // nil, is handed each server row with the last answer each HAProxy polling
 // it was told, by HAProxy (the status page tells a ramp step on its way
 // from an HAProxy that was told something else).
-func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState, told map[string]string)) api.StateView {
+func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]string)) api.StateView {
 	snap := h.o.Replica.Snapshot()
 	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus(),
 		Migration: h.migration()}
-	polls := h.localPolls()
+	if !q.filter.All() {
+		v.Selectors = q.sels
+	}
+	arg := PollsArg{Selectors: q.sels}
+	polls := h.localPolls(arg)
 	if cluster {
 		v.Scope = "cluster"
-		var peers []api.Poll
-		peers, answers := h.peerPolls()
+		peers, _, answers := h.peerPolls(arg)
 		polls, v.Replicas = append(polls, peers...), answers
 	}
 	var invalid []state.Entry
 	for _, e := range snap.Entries() {
-		if e.Backend == "" || !e.Valid() {
+		if e.Backend == "" || (!e.Valid() && q.filter.Match(e.Backend, e.Server)) {
 			invalid = append(invalid, e)
 		}
 	}
@@ -192,7 +230,7 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 		v.InvalidTotal++
 	}
 	v.InvalidTotal += len(invalid)
-	invalid, cutInvalid := cut(invalid, limit)
+	invalid, cutInvalid := cut(invalid, q.limit)
 	for _, e := range invalid {
 		if e.Backend == "" {
 			v.InvalidKeys = append(v.InvalidKeys, api.ServerState{Key: e.Key, Value: e.Raw, Error: e.Err, Source: e.Key})
@@ -203,7 +241,14 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 	// Every server or backend wildcard with a key or a ramp, and every
 	// server an HAProxy asked about. For a wildcard, Resolve(backend, "*")
 	// finds the wildcard key itself.
-	targets := snap.Targets()
+	var targets []state.Target
+	backends := map[string]bool{}
+	for _, t := range snap.Targets() {
+		backends[t.Backend] = true
+		if q.filter.Match(t.Backend, t.Server) {
+			targets = append(targets, t)
+		}
+	}
 	now := time.Now()
 	merged := api.MergePolls(polls)
 	told, kept := toldCounts(merged, now)
@@ -220,11 +265,26 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 			}
 		}
 	}
+	if !q.filter.All() {
+		for b := range h.o.Pollers.Backends(now.Add(-PollerWindow)) {
+			backends[b] = true
+		}
+		v.Backends = slices.Sorted(maps.Keys(backends))
+	}
 	slices.SortFunc(targets, func(a, b state.Target) int {
-		return strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server)
+		return strings.Compare(api.ServerCursor(a.Backend, a.Server), api.ServerCursor(b.Backend, b.Server))
 	})
 	v.Total = len(targets)
-	targets, cutServers := cut(targets, limit)
+	if q.after != "" {
+		i, _ := slices.BinarySearchFunc(targets, q.after, func(t state.Target, after string) int {
+			if api.ServerCursor(t.Backend, t.Server) <= after {
+				return -1
+			}
+			return 1
+		})
+		targets = targets[i:]
+	}
+	targets, cutServers := cut(targets, q.limit)
 	for _, t := range targets {
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
 		for _, answer := range told[t] {
@@ -240,6 +300,10 @@ func (h *httpAPI) view(limit int, cluster bool, rowTold func(row api.ServerState
 			rowTold(row, told[t])
 		}
 		v.Servers = append(v.Servers, row)
+	}
+	if cutServers {
+		last := targets[len(targets)-1]
+		v.Next = api.ServerCursor(last.Backend, last.Server)
 	}
 	v.Truncated = cutServers || cutInvalid
 	return v
@@ -287,13 +351,13 @@ func keepsOf(row *api.ServerState, kept map[string]int) {
 	_, row.Weight = row.KeptKind()
 }
 
-// peerPolls returns the other replicas' polls and, sorted, which replicas
-// answered (this one included).
-func (h *httpAPI) peerPolls() ([]api.Poll, []api.ReplicaAnswer) {
-	polls, answers := h.o.Replica.PeerPollers()
+// peerPolls returns the other replicas' polls that q selects, how many
+// they hold, and, sorted, which replicas answered (this one included).
+func (h *httpAPI) peerPolls(q PollsArg) ([]api.Poll, int, []api.ReplicaAnswer) {
+	polls, total, answers := h.o.Replica.PeerPollers(q)
 	answers = append(answers, api.ReplicaAnswer{ID: h.o.NodeID, Answered: true})
 	slices.SortFunc(answers, func(a, b api.ReplicaAnswer) int { return strings.Compare(a.ID, b.ID) })
-	return polls, answers
+	return polls, total, answers
 }
 
 // PollerWindow is how far back /v1/pollers looks: an HAProxy that has not
@@ -301,19 +365,25 @@ func (h *httpAPI) peerPolls() ([]api.Poll, []api.ReplicaAnswer) {
 // within api.PollerTTL.)
 const PollerWindow = 10 * time.Minute
 
-func (h *httpAPI) localPolls() []api.Poll {
-	if h.o.Pollers == nil {
-		return nil
-	}
-	ps := h.o.Pollers.List(time.Now().Add(-PollerWindow))
-	for i := range ps {
-		ps[i].Replica = h.o.NodeID
-	}
-	return ps
+// localPolls returns this replica's polls that q selects.
+func (h *httpAPI) localPolls(q PollsArg) []api.Poll {
+	rows, _ := h.localSelect(q)
+	return rows
 }
 
+func (h *httpAPI) localSelect(q PollsArg) ([]api.Poll, int) {
+	if h.o.Pollers == nil {
+		return nil, 0
+	}
+	return h.o.Pollers.Select(time.Now().Add(-PollerWindow), q, h.o.NodeID)
+}
+
+// pollers is /v1/pollers: the polls of the selected servers, a page of at
+// most ?limit= after ?after=; with scope=cluster, every replica's, each
+// asked for one page more than the limit so that the merged page knows
+// whether more follow.
 func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
-	limit, ok := limitOf(w, r)
+	q, ok := queryOf(w, r)
 	if !ok {
 		return
 	}
@@ -321,32 +391,85 @@ func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	v := api.PollersView{Scope: "replica", Pollers: h.localPolls()}
+	arg := PollsArg{Selectors: q.sels, After: q.after, Limit: q.limit + 1}
+	v := api.PollersView{Scope: "replica"}
+	if !q.filter.All() {
+		v.Selectors = q.sels
+	}
+	v.Pollers, v.Total = h.localSelect(arg)
 	if cluster {
 		v.Scope = "cluster"
-		peers, answers := h.peerPolls()
+		peers, total, answers := h.peerPolls(arg)
 		v.Pollers, v.Replicas = append(v.Pollers, peers...), answers
-		slices.SortFunc(v.Pollers, func(a, b api.Poll) int {
-			return cmp.Or(strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server),
-				strings.Compare(a.HAProxy, b.HAProxy), strings.Compare(a.Replica, b.Replica))
-		})
+		v.Total += total
+		SortPolls(v.Pollers)
 	}
 	if v.Pollers == nil {
 		v.Pollers = []api.Poll{}
 	}
-	v.Total = len(v.Pollers)
-	v.Pollers, v.Truncated = cut(v.Pollers, limit)
+	v.Pollers, v.Truncated = cut(v.Pollers, q.limit)
+	if v.Truncated {
+		v.Next = api.PollCursor(v.Pollers[len(v.Pollers)-1])
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// haproxies is /v1/haproxies: the cluster's record of which HAProxy nodes
+// exist, and when each replica that answered last saw each of them (this
+// one and, over the raft port, the others). Before the record is kept
+// (a rolling upgrade from 0.14.0), it lists what the replicas saw.
+func (h *httpAPI) haproxies(w http.ResponseWriter, _ *http.Request) {
+	rec, recorded := h.o.Replica.Recorded()
+	now := time.Now()
+	seen, answers := h.o.Replica.PeerSightings()
+	if seen == nil {
+		seen = map[string]map[string]time.Time{}
+	}
+	if h.o.Pollers != nil {
+		seen[h.o.NodeID] = h.o.Pollers.Sightings(now.Add(-PollerWindow), now)
+	}
+	answers = append(answers, api.ReplicaAnswer{ID: h.o.NodeID, Answered: true})
+	slices.SortFunc(answers, func(a, b api.ReplicaAnswer) int { return strings.Compare(a.ID, b.ID) })
+	nodes := map[string]*api.HAProxyNode{}
+	node := func(src string) *api.HAProxyNode {
+		n := nodes[src]
+		if n == nil {
+			n = &api.HAProxyNode{HAProxy: src}
+			nodes[src] = n
+		}
+		return n
+	}
+	for src, s := range rec {
+		n := node(src)
+		n.FirstSeen, n.LastSeen = s.First, s.Last
+	}
+	for id, m := range seen {
+		for src, at := range m {
+			n := node(src)
+			if n.SeenBy == nil {
+				n.SeenBy = map[string]time.Time{}
+			}
+			n.SeenBy[id] = at
+			if !recorded && at.After(n.LastSeen) {
+				n.LastSeen = at
+			}
+		}
+	}
+	v := api.HAProxiesView{Recorded: recorded, HAProxies: []api.HAProxyNode{}, Replicas: answers}
+	for _, src := range slices.Sorted(maps.Keys(nodes)) {
+		v.HAProxies = append(v.HAProxies, *nodes[src])
+	}
 	writeJSON(w, http.StatusOK, v)
 }
 
 func (h *httpAPI) stateAll(w http.ResponseWriter, r *http.Request) {
-	limit, ok := limitOf(w, r)
+	q, ok := queryOf(w, r)
 	if !ok {
 		return
 	}
 	cluster, ok := scopeOf(w, r)
 	if ok {
-		writeJSON(w, http.StatusOK, h.view(limit, cluster, nil))
+		writeJSON(w, http.StatusOK, h.view(q, cluster, nil))
 	}
 }
 

@@ -27,6 +27,10 @@ type fakeReplica struct {
 	// no members, a watching KV status).
 	cluster func() api.ClusterInfo
 	kv      func() api.KVStatus
+	// recorded is the record of HAProxy nodes (nil: not kept yet) and
+	// sightings what "peer" saw.
+	recorded  state.HAProxies
+	sightings map[string]time.Time
 }
 
 var _ Replica = (*fakeReplica)(nil)
@@ -46,15 +50,32 @@ func (f *fakeReplica) KVStatus() api.KVStatus {
 	}
 	return api.KVStatus{Watching: true}
 }
-func (f *fakeReplica) PeerPollers() ([]api.Poll, []api.ReplicaAnswer) {
+func (f *fakeReplica) PeerPollers(q PollsArg) ([]api.Poll, int, []api.ReplicaAnswer) {
 	answered := []api.ReplicaAnswer{{ID: "peer", Answered: true}}
 	for _, d := range f.down {
 		answered = append(answered, api.ReplicaAnswer{ID: d, Error: "connection refused"})
 	}
+	polls := []api.Poll{{HAProxy: "127.0.0.9", Backend: "web", Server: "z", Answer: "ready 100%", Replica: "peer"}}
 	if f.peers != nil {
-		return f.peers(), answered
+		polls = f.peers()
 	}
-	return []api.Poll{{HAProxy: "127.0.0.9", Backend: "web", Server: "z", Answer: "ready 100%", Replica: "peer"}}, answered
+	rows, total := SelectPolls(polls, q)
+	return rows, total, answered
+}
+
+func (f *fakeReplica) Recorded() (state.HAProxies, bool) {
+	if f.recorded == nil {
+		return state.HAProxies{}, false
+	}
+	return f.recorded, true
+}
+
+func (f *fakeReplica) PeerSightings() (map[string]map[string]time.Time, []api.ReplicaAnswer) {
+	answered := []api.ReplicaAnswer{{ID: "peer", Answered: true}}
+	for _, d := range f.down {
+		answered = append(answered, api.ReplicaAnswer{ID: d, Error: "connection refused"})
+	}
+	return map[string]map[string]time.Time{"peer": f.sightings}, answered
 }
 
 func get(t *testing.T, h http.Handler, path string) (int, string) {

@@ -147,7 +147,7 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 	}
 	// HAProxy nodes a ramp step behind, by backend/server.
 	behind := map[string]int{}
-	v := h.view(limit, true, func(row api.ServerState, told map[string]string) {
+	v := h.view(listQuery{limit: limit}, true, func(row api.ServerState, told map[string]string) {
 		if n := stepsBehind(row, told); n > 0 {
 			behind[row.Backend+"/"+row.Server] = n
 		}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"github.com/hastate/hastate/api"
 	"net"
@@ -166,20 +167,38 @@ func (p *Pollers) Sweep(before time.Time) {
 // List returns the pairs asked about since since, sorted by server then
 // HAProxy.
 func (p *Pollers) List(since time.Time) []api.Poll {
+	rows, _ := p.Select(since, PollsArg{}, "")
+	return rows
+}
+
+// Select returns the pairs asked about since since of the servers
+// q.Selectors match, sorted by server then HAProxy, those after q.After
+// (api.PollCursor, with replica as the replica's name), at most q.Limit
+// (0: all); total counts every pair the selectors match. A bad selector
+// selects nothing (the HTTP handler refuses it before).
+func (p *Pollers) Select(since time.Time, q PollsArg, replica string) (rows []api.Poll, total int) {
+	f, err := api.ParseFilter(q.Selectors)
+	if err != nil {
+		return []api.Poll{}, 0
+	}
 	out := []api.Poll{}
 	for i := range p.shards {
 		sh := &p.shards[i]
 		sh.mu.RLock()
 		for k, e := range sh.m {
+			ipb, req := k[1:1+int(k[0])], k[1+int(k[0]):]
+			b, s, _ := strings.Cut(req, "/")
+			if !f.Match(b, s) {
+				continue
+			}
 			e.mu.Lock()
 			last, line, kept, count := e.last, e.answer, e.kept, e.count
 			e.mu.Unlock()
 			if last.Before(since) {
 				continue
 			}
-			ipb, req := k[1:1+int(k[0])], k[1+int(k[0]):]
-			b, s, _ := strings.Cut(req, "/")
-			pl := api.Poll{Backend: b, Server: s, LastAsked: last, Count: count,
+			total++
+			pl := api.Poll{Backend: b, Server: s, LastAsked: last, Count: count, Replica: replica,
 				Answer: strings.TrimSuffix(string(line), "\n"), Withheld: line == nil}
 			if line == nil {
 				pl.Kept = strings.TrimSuffix(string(kept), "\n")
@@ -187,15 +206,158 @@ func (p *Pollers) List(since time.Time) []api.Poll {
 			if ip, ok := netip.AddrFromSlice([]byte(ipb)); ok {
 				pl.HAProxy = ip.String()
 			}
+			if q.After != "" && api.PollCursor(pl) <= q.After {
+				continue
+			}
 			out = append(out, pl)
 		}
 		sh.mu.RUnlock()
 	}
-	slices.SortFunc(out, func(a, b api.Poll) int {
-		if c := strings.Compare(a.Backend+"/"+a.Server, b.Backend+"/"+b.Server); c != 0 {
-			return c
+	SortPolls(out)
+	if q.Limit > 0 && len(out) > q.Limit {
+		out = out[:q.Limit:q.Limit]
+	}
+	return out, total
+}
+
+// SelectPolls is Select over a list of polls (a peer's, from a release
+// that answers every poll): those q selects, sorted, after q.After, at
+// most q.Limit, and how many it selects in all.
+func SelectPolls(polls []api.Poll, q PollsArg) (rows []api.Poll, total int) {
+	f, err := api.ParseFilter(q.Selectors)
+	if err != nil {
+		return []api.Poll{}, 0
+	}
+	out := []api.Poll{}
+	for _, p := range polls {
+		if !f.Match(p.Backend, p.Server) {
+			continue
 		}
-		return strings.Compare(a.HAProxy, b.HAProxy)
-	})
+		total++
+		if q.After == "" || api.PollCursor(p) > q.After {
+			out = append(out, p)
+		}
+	}
+	SortPolls(out)
+	if q.Limit > 0 && len(out) > q.Limit {
+		out = out[:q.Limit:q.Limit]
+	}
+	return out, total
+}
+
+// SortPolls sorts polls in /v1/pollers' order: server, HAProxy, replica,
+// the order of their cursors (api.PollCursor), which pages follow.
+func SortPolls(polls []api.Poll) {
+	type keyed struct {
+		key string
+		p   api.Poll
+	}
+	ks := make([]keyed, len(polls))
+	for i, p := range polls {
+		ks[i] = keyed{api.PollCursor(p), p}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
+	for i := range ks {
+		polls[i] = ks[i].p
+	}
+}
+
+// Sightings returns every HAProxy source that asked since since and when
+// it last did, over all servers. A source counts only as an HAProxy would
+// (api.Poll.FromHAProxy: more than one ask, or one ask within
+// api.ProbeGrace): a manual probe is never recorded as an HAProxy node.
+// It walks the table (about 10 ms at 200,000 pairs); the leader asks every
+// few seconds.
+func (p *Pollers) Sightings(since, now time.Time) map[string]time.Time {
+	type src struct {
+		last  time.Time
+		count uint64
+	}
+	bySrc := map[string]src{}
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.RLock()
+		for k, e := range sh.m {
+			ipb := k[1 : 1+int(k[0])]
+			e.mu.Lock()
+			last, count := e.last, e.count
+			e.mu.Unlock()
+			if last.Before(since) {
+				continue
+			}
+			s := bySrc[ipb]
+			s.count += count
+			if last.After(s.last) {
+				s.last = last
+			}
+			bySrc[ipb] = s
+		}
+		sh.mu.RUnlock()
+	}
+	out := make(map[string]time.Time, len(bySrc))
+	for ipb, s := range bySrc {
+		ip, ok := netip.AddrFromSlice([]byte(ipb))
+		if !ok {
+			continue
+		}
+		if (api.Poll{Count: s.count, LastAsked: s.last}).FromHAProxy(now) {
+			out[ip.String()] = s.last
+		}
+	}
 	return out
+}
+
+// Backends returns the backends of the servers asked about since since.
+func (p *Pollers) Backends(since time.Time) map[string]bool {
+	out := map[string]bool{}
+	if p == nil {
+		return out
+	}
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.RLock()
+		for k, e := range sh.m {
+			e.mu.Lock()
+			last := e.last
+			e.mu.Unlock()
+			if last.Before(since) {
+				continue
+			}
+			b, _, _ := strings.Cut(k[1+int(k[0]):], "/")
+			out[b] = true
+		}
+		sh.mu.RUnlock()
+	}
+	return out
+}
+
+// PollsQuery is the peer query (over the raft port) that answers
+// PollsAnswer for a PollsArg: a replica's polls of the selected servers.
+// Releases before 0.15.0 answer it null; they are asked "pollers" (every
+// poll) and filtered by the asker.
+const PollsQuery = "polls-of"
+
+// PollsArg is PollsQuery's argument: the selectors (none: all), the
+// cursor (api.PollCursor) and the most rows (0: all).
+type PollsArg struct {
+	Selectors []string `json:"selectors,omitempty"`
+	After     string   `json:"after,omitempty"`
+	Limit     int      `json:"limit,omitempty"`
+}
+
+// PollsAnswer is PollsQuery's answer.
+type PollsAnswer struct {
+	Polls []api.Poll `json:"polls"`
+	Total int        `json:"total"`
+}
+
+// AnswerPolls answers PollsQuery for the replica named replica: its polls
+// within PollerWindow that the argument selects.
+func (p *Pollers) AnswerPolls(raw json.RawMessage, replica string) any {
+	var q PollsArg
+	if err := json.Unmarshal(raw, &q); err != nil {
+		return PollsAnswer{Polls: []api.Poll{}}
+	}
+	rows, total := p.Select(time.Now().Add(-PollerWindow), q, replica)
+	return PollsAnswer{Polls: rows, Total: total}
 }

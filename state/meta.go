@@ -28,11 +28,16 @@ const (
 	// LevelMeta: a meta key whose state matches its state key also
 	// gives the key its until (expiry) and its undrain ramp duration.
 	LevelMeta = 2
-	// LevelRecorded (release 0.15.0; the mirror engineer's, issue 37):
-	// the raft leader records the Consul cluster and KV prefix of the
-	// mirror (a "source" entry, MirrorSource) and applies a read only
-	// from that same source; snapshots carry it (version 6). Release
-	// 0.14.0 does not know the entry, so it is written only once every
+	// LevelRecorded is release 0.15.0's level. Two kinds of entry wait
+	// for it, since release 0.14.0 knows neither:
+	//   - source (issue 37): the raft leader records the Consul cluster
+	//     and KV prefix of the mirror (MirrorSource) and applies a read
+	//     only from that same source;
+	//   - haproxies (issue 34): the cluster records which HAProxy nodes
+	//     exist (each source and, coarsely, when it last polled any
+	//     replica; see HAProxies), so that operator commands decide from
+	//     the replicas that are up.
+	// Snapshots carry both (version 6). They are written only once every
 	// voter advertises this level.
 	LevelRecorded = 3
 	// MaxLevel is the highest level this build understands.

@@ -327,15 +327,18 @@ func TestE2EOperatorWorkflowsAndGates(t *testing.T) {
 	run(0, "wait", "main_web/web-1", "--timeout", "30s")
 	run(0, "clear", "main_web/web-1")
 
-	// A replica is down: the gates cannot confirm (exit 4, not the 1 of
-	// "blocked") and name it.
+	// A replica is down: both HAProxy nodes poll through the load
+	// balancer, which drops it, so the live replicas see them and the
+	// gates decide from those (issue 34), saying which replica did not
+	// answer. (TestE2EOneReplicaDown has the HAProxy only the dead replica
+	// saw: exit 4, naming it.)
 	hs[2].Kill()
-	out = run(4, "precheck", "main_web/web-1")
-	if !strings.Contains(out, fmt.Sprintf("cannot confirm: replica %s unreachable", hs[2].NodeID)) {
+	out = run(0, "precheck", "main_web/web-1")
+	if !strings.Contains(out, fmt.Sprintf("replica %s", hs[2].NodeID)) || !strings.Contains(out, "did not answer") {
 		t.Errorf("precheck with a replica down: %s", out)
 	}
-	out = run(4, "wait", "main_web/web-1", "--timeout", "3s")
-	if !strings.Contains(out, fmt.Sprintf("replica %s unreachable", hs[2].NodeID)) {
+	out = run(0, "wait", "main_web/web-1", "--timeout", "10s")
+	if !strings.Contains(out, fmt.Sprintf("replica %s", hs[2].NodeID)) {
 		t.Errorf("wait with a replica down: %s", out)
 	}
 }

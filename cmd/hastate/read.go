@@ -30,12 +30,21 @@ func argCount(check cobra.PositionalArgs, want string) cobra.PositionalArgs {
 	}
 }
 
+// liveHelp says what a replica that is down means for the gates and the
+// writes.
+const liveHelp = `With a replica down, the replicas that are up decide: the cluster records
+which HAProxy nodes exist, and the command passes once every HAProxy that
+polled in the last minute was seen by a live replica (a dead replica's
+HAProxy nodes reach the live ones once the load balancer drops it, and
+their next agent check is seen). It exits 4 only while some HAProxy is seen
+by none, naming it (docs/deploy.md, "A lost replica and your pipelines").`
+
 func usageError(c *cobra.Command, err error) error {
 	return fmt.Errorf("%w: %v (see %s --help)", ctl.ErrUsage, err, c.CommandPath())
 }
 
 func statusCmd(stdout io.Writer) *cobra.Command {
-	var addr, output string
+	var addr, output, prefix string
 	var withHAProxy bool
 	var pf promFlags
 	c := &cobra.Command{
@@ -64,7 +73,7 @@ what it was told (the column of hastate verify, which explains each).`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("%w: -o %q: want table or json", ctl.ErrUsage, output)
 			}
-			o := status.Options{Warn: c.ErrOrStderr()}
+			o := status.Options{Warn: c.ErrOrStderr(), Prefix: prefix}
 			var err error
 			if len(args) > 0 {
 				if o.Selectors, err = ctl.ParseSelectors(args); err != nil {
@@ -89,6 +98,7 @@ what it was told (the column of hastate verify, which explains each).`,
 		},
 	}
 	replicaFlag(c, &addr)
+	c.Flags().StringVar(&prefix, "kv-prefix", "hastate/", "Consul KV prefix the state is expected under (also HASTATE_KV_PREFIX): a replica that reads another prefix is warned about")
 	c.Flags().StringVarP(&output, "output", "o", "table", "table|json")
 	c.Flags().BoolVar(&withHAProxy, "haproxy", false, "add a column with what HAProxy reports through Prometheus, as hastate verify compares it")
 	pf.add(c)
@@ -119,10 +129,13 @@ naming the servers and HAProxy instances that still hold sessions.
 ` + promHelp + `
 
 Exit 0 when done; 1 on timeout, naming what lags (an HAProxy, a ramp,
-sessions); 3 when a selector matches no server; 4 when it cannot confirm (a
-replica that does not answer or has not applied Consul's index of the
-prefix, which it names, Consul or Prometheus unreadable). Before anything it
-checks that the replica reads the same KV prefix of the same Consul.`,
+sessions); 3 when a selector matches no server; 4 when it cannot confirm
+(an HAProxy seen by no replica that answers, which it names, a replica that
+has not applied Consul's index of the prefix, Consul or Prometheus
+unreadable). Before anything it checks that the replica reads the same KV
+prefix of the same Consul.
+
+` + liveHelp,
 		Example: `  hastate drain 'canary_*/*' --reason deploy && hastate wait 'canary_*/*' --timeout 1m
   hastate ready canary_web && hastate wait canary_web --settled --timeout 10m   # until the ramp is done
   hastate wait canary_web/gke-cny-web --idle --timeout 10m --prometheus http://prometheus:9090`,
@@ -132,7 +145,7 @@ checks that the replica reads the same KV prefix of the same Consul.`,
 			if err != nil {
 				return err
 			}
-			g.Out, g.Settled = c.ErrOrStderr(), settled
+			g.Out, g.Notes, g.Settled = c.ErrOrStderr(), c.ErrOrStderr(), settled
 			var prom *haproxy.Prometheus
 			if idle {
 				if prom, err = pf.prometheus(); err != nil {
@@ -191,15 +204,18 @@ precheck first waits until the replica has applied every write made to Consul
 before it started, and out of a replica's start-up (bounded by --timeout),
 then checks the deploy pipeline's contract over the whole cluster: servers
 that are ready or in maint pass; a drained server, a server at 0% (HAProxy
-shows it as DRAIN), a ramp in progress and anything it cannot confirm (a
-replica that does not answer, Consul not in sync, an invalid key) block. It
-counts servers, never backend-wide keys.
+shows it as DRAIN), a ramp in progress and anything it cannot confirm (an
+HAProxy seen by no replica that answers, Consul not in sync, an invalid key)
+block. It counts servers, never backend-wide keys.
 
 Exit 0: deploy; 1: blocked (something selected is drained, at 0% or
 ramping; the reasons on stderr); 3: a selector matches no server; 4: cannot
-confirm (a replica that does not answer or has not applied Consul's latest
-index, Consul unreadable): a pipeline tells "drained on
-purpose" from "hastate is broken".`,
+confirm (an HAProxy seen by no replica that answers, a replica that has not
+applied Consul's latest index, Consul unreadable, a KV prefix the replica
+does not read): a pipeline tells "drained on purpose" from "hastate is
+broken".
+
+` + liveHelp,
 		Example: `  hastate precheck 'canary_*/*' && ./deploy.sh
   hastate precheck canary_web --timeout 30s`,
 		Args: argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector"),
@@ -208,6 +224,7 @@ purpose" from "hastate is broken".`,
 			if err != nil {
 				return err
 			}
+			g.Notes = c.ErrOrStderr()
 			n, blocking, err := fleet.Precheck(c.Context(), g)
 			if err != nil {
 				return err

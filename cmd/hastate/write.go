@@ -53,7 +53,7 @@ func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 	f := c.Flags()
 	f.BoolVar(&w.dryRun, "dry-run", false, "print the transaction and write nothing")
 	f.BoolVar(&w.allow.Unknown, "allow-unknown", false, "write for a server no HAProxy has polled in the last minute, or a backend the cluster does not know (the typo guard)")
-	f.BoolVar(&w.allow.NoReplica, "allow-no-replica", false, "write although no replica (or not every replica) can be asked, or it did not catch up with Consul in time: "+
+	f.BoolVar(&w.allow.NoReplica, "allow-no-replica", false, "write although no replica can be asked, an HAProxy that polled recently is seen by no replica that answers, or the replica did not catch up with Consul in time: "+
 		"literal <backend>/<server> only, still decided from Consul; the wait for the replica takes at most half of --timeout")
 	lifts := "--allow-unknown and --allow-no-replica"
 	if k.takesOut {

@@ -346,6 +346,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},
+		PeerArgQueries: map[string]func(json.RawMessage) any{server.PollsQuery: func(raw json.RawMessage) any {
+			return a.pollers.AnswerPolls(raw, a.o.NodeID)
+		}},
+		Sightings: func() cluster.Sightings {
+			now := time.Now()
+			return a.pollers.Sightings(now.Add(-server.PollerWindow), now)
+		},
 		ConsulHealth: a.consulHealth, KVFailoverAfter: a.o.KVFailoverAfter, KVStaleAfter: max(cluster.DefaultKVStaleAfter, a.o.KVWait+a.o.KVWait/16+5*time.Second),
 		SnapshotInterval: a.o.SnapshotInterval, SnapshotThreshold: a.o.SnapshotThreshold,
 		Ramp: a.o.Ramp, LeaderlessGrace: a.o.LeaderlessGrace, ConfirmTimeout: a.o.ConfirmTimeout, ConfirmWindow: a.o.ConfirmWindow,
@@ -675,25 +682,109 @@ func (a *App) recordedSource() *state.MirrorSource {
 	return nil
 }
 
-// PeerPollers asks the other replicas for their pollers.
-func (r replica) PeerPollers() ([]api.Poll, []api.ReplicaAnswer) {
+// PeerPollers asks the other replicas for their polls that q selects. A
+// replica of a release before 0.15.0 does not know the query
+// (server.PollsQuery): it is asked for every poll, and they are selected
+// here.
+func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaAnswer) {
 	var out []api.Poll
 	var answers []api.ReplicaAnswer
-	for id, pa := range r.a.node.QueryPeers(pollersQuery, 2*time.Second) {
-		var ps []api.Poll
-		err := pa.Err
-		if err == nil {
-			err = json.Unmarshal(pa.Raw, &ps)
+	total := 0
+	// A read of every poll (no limit) is asked in chunks, each its own
+	// query, so that no answer over the raft port grows with the table
+	// (1,000,000 pairs are about 150 MB of JSON).
+	chunked := q.Limit == 0
+	first := q
+	if chunked {
+		first.Limit = peerPollsChunk
+	}
+	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, first, peerPollsTimeout) {
+		ans, err := decodePolls(pa)
+		if err != nil || ans == nil {
+			ans, err = r.olderPeerPolls(id, q)
+		} else {
+			for chunked && len(ans.Polls) > 0 && len(ans.Polls)%peerPollsChunk == 0 && err == nil {
+				next := first
+				next.After = api.PollCursor(ans.Polls[len(ans.Polls)-1])
+				var more *server.PollsAnswer
+				if more, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && more != nil {
+					if len(more.Polls) == 0 {
+						break
+					}
+					ans.Polls = append(ans.Polls, more.Polls...)
+				} else if err == nil {
+					err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
+				}
+			}
 		}
 		if err != nil {
 			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
 			continue
 		}
-		for i := range ps {
-			ps[i].Replica = id
+		for i := range ans.Polls {
+			ans.Polls[i].Replica = id
 		}
-		out = append(out, ps...)
+		out = append(out, ans.Polls...)
+		total += ans.Total
 		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
+	}
+	return out, total, answers
+}
+
+// peerPollsChunk is the most polls one answer to server.PollsQuery
+// carries when every poll is read; peerPollsTimeout bounds each answer.
+const (
+	peerPollsChunk   = 50_000
+	peerPollsTimeout = 5 * time.Second
+)
+
+// decodePolls reads an answer to server.PollsQuery; nil without an error:
+// the peer does not know the query (a release before it).
+func decodePolls(pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
+	if pa.Err != nil {
+		return nil, pa.Err
+	}
+	var ans *server.PollsAnswer
+	err := json.Unmarshal(pa.Raw, &ans)
+	return ans, err
+}
+
+// olderPeerPolls asks one peer of an older release for every poll and
+// selects q's.
+func (r replica) olderPeerPolls(id string, q server.PollsArg) (*server.PollsAnswer, error) {
+	pa := r.a.node.QueryPeer(id, pollersQuery, 2*time.Second)
+	var ps []api.Poll
+	err := pa.Err
+	if err == nil {
+		err = json.Unmarshal(pa.Raw, &ps)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i := range ps {
+		ps[i].Replica = id
+	}
+	rows, total := server.SelectPolls(ps, q)
+	return &server.PollsAnswer{Polls: rows, Total: total}, nil
+}
+
+// Recorded is the cluster's record of which HAProxy nodes exist.
+func (r replica) Recorded() (state.HAProxies, bool) { return r.a.node.HAProxies() }
+
+// PeerSightings asks the other replicas which HAProxy sources they saw.
+func (r replica) PeerSightings() (map[string]map[string]time.Time, []api.ReplicaAnswer) {
+	seen, failed := r.a.node.PeerSightings()
+	out := map[string]map[string]time.Time{}
+	var answers []api.ReplicaAnswer
+	for id, s := range seen {
+		if id == r.a.o.NodeID {
+			continue
+		}
+		out[id] = s
+		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
+	}
+	for id, err := range failed {
+		answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
 	}
 	return out, answers
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -29,7 +30,11 @@ import (
 // just started (no leader report yet, no state yet) is waited for until ctx
 // ends, not reported at once.
 func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []string, err error) {
-	if err := o.WaitSynced(ctx); err != nil {
+	if err := o.WaitSynced(ctx); errors.Is(err, ctl.ErrWrongReplica) {
+		// A prefix (or Consul) no replica there reads: precheck cannot
+		// say anything about what is served, which is not "blocked".
+		return 0, nil, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
+	} else if err != nil {
 		return 0, nil, err
 	}
 	fleet, err := o.ConfirmedFleet(ctx)
@@ -44,7 +49,7 @@ func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []strin
 	}
 	for _, sel := range o.Selectors {
 		if len(ctl.Select(servers, sel)) == 0 {
-			return 0, nil, ctl.NoMatch(sel, fleet.Servers)
+			return 0, nil, ctl.NoMatch(sel, KnownRows(fleet))
 		}
 	}
 	for _, row := range ctl.Select(servers, o.Selectors...) {
@@ -64,14 +69,14 @@ func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []strin
 	return checked, blocking, nil
 }
 
-// ConfirmedFleet reads the fleet once the view can be trusted (see
-// Confirmable). A start-up state (the replica holds no state yet, or has
-// had no leader report since it started) is read again until ctx ends;
-// anything else fails at once.
+// ConfirmedFleet reads the servers o.Selectors match once the view can be
+// trusted (see Confirmable and Replica.Live). A start-up state (the replica
+// holds no state yet, or has had no leader report since it started) is
+// read again until ctx ends; anything else fails at once.
 func (o GateOptions) ConfirmedFleet(ctx context.Context) (api.StateView, error) {
 	var last error // the start-up state seen last
 	for {
-		fleet, err := o.Replica.Fleet(ctx)
+		fleet, err := o.Replica.Fleet(ctx, o.Selectors...)
 		switch {
 		case err != nil && ctx.Err() != nil && last != nil:
 			return fleet, fmt.Errorf("%w (still so when --timeout ran out)", last) // the deadline, not the replica
@@ -79,6 +84,9 @@ func (o GateOptions) ConfirmedFleet(ctx context.Context) (api.StateView, error) 
 			return fleet, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
 		}
 		err = Confirmable(fleet)
+		if err == nil {
+			err = o.live(ctx, fleet.Replicas)
+		}
 		last = err
 		if err == nil || !startingUp(fleet) {
 			return fleet, err
@@ -173,8 +181,8 @@ func why(r api.ServerState) string {
 }
 
 // Confirmable fails when the view cannot be trusted to be the cluster's
-// current one: a replica holds no state or did not answer, or Consul is not
-// in sync.
+// current one: the replica holds no state, or Consul is not in sync.
+// Whether the replicas that answered are enough is Replica.Live's.
 func Confirmable(v api.StateView) error {
 	switch {
 	case !v.HoldsState:
@@ -182,7 +190,30 @@ func Confirmable(v api.StateView) error {
 	case v.KV.Warning != "":
 		return fmt.Errorf("%w: %s", ctl.ErrCannotConfirm, v.KV.Warning)
 	}
-	return Missing(v.Replicas)
+	return nil
+}
+
+// repeatless writes what it is given unless it is what it wrote last.
+type repeatless struct {
+	w    io.Writer
+	last string
+}
+
+func (r *repeatless) Write(p []byte) (int, error) {
+	if string(p) == r.last {
+		return len(p), nil
+	}
+	r.last = string(p)
+	return r.w.Write(p)
+}
+
+// live is Replica.Live, its note said on Notes.
+func (o GateOptions) live(ctx context.Context, answers []api.ReplicaAnswer) error {
+	note, err := o.Replica.Live(ctx, answers)
+	if note != "" && o.Notes != nil {
+		fmt.Fprintln(o.Notes, "note:", note)
+	}
+	return err
 }
 
 // GateOptions configure Wait and Precheck.
@@ -197,6 +228,9 @@ type GateOptions struct {
 	// expires before ctx's deadline (wait --settled).
 	Settled bool
 	Out     io.Writer // Wait's progress lines; nil: none
+	// Notes receives what the operator should know but does not stop the
+	// command (a replica down that the others make up for); nil: none.
+	Notes io.Writer
 }
 
 // Wait returns once the replica has applied a Consul index at least the
@@ -213,6 +247,9 @@ func Wait(ctx context.Context, o GateOptions) error {
 	}
 	if o.Out == nil {
 		o.Out = io.Discard
+	}
+	if o.Notes != nil {
+		o.Notes = &repeatless{w: o.Notes} // Wait looks again and again
 	}
 	if err := CheckReplica(ctx, o.Consul, o.ConsulAddr, o.Prefix, o.Replica); err != nil {
 		return err
@@ -265,11 +302,11 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 	if ci.KV.SyncedIndex < index {
 		return []string{fmt.Sprintf("replica %s has applied Consul index %d of prefix %q, waiting for %d (the writes made before wait started)", ci.NodeID, ci.KV.SyncedIndex, o.Prefix, index)}, true, nil
 	}
-	fleet, err := o.Replica.Fleet(ctx)
+	fleet, err := o.Replica.Fleet(ctx, o.Selectors...)
 	if err != nil {
 		return nil, false, err
 	}
-	if err := Missing(fleet.Replicas); err != nil {
+	if err := o.live(ctx, fleet.Replicas); err != nil {
 		return []string{err.Error()}, true, nil
 	}
 	selected, err := SelectedServers(fleet, o.Selectors)
@@ -297,11 +334,11 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 		sort.Strings(unsettled)
 		return unsettled, false, nil
 	}
-	pv, err := o.Replica.Pollers(ctx)
+	pv, err := o.Replica.Pollers(ctx, o.Selectors...)
 	if err != nil {
 		return nil, false, err
 	}
-	if err := Missing(pv.Replicas); err != nil {
+	if err := o.live(ctx, pv.Replicas); err != nil {
 		return []string{err.Error()}, true, nil
 	}
 	// The latest poll of each (server, HAProxy) on any replica; a manual

@@ -299,3 +299,14 @@ func TestConsulIndexIsThePrefixIndex(t *testing.T) {
 		t.Errorf("a delete under the prefix left the index at %d", i)
 	}
 }
+
+// Issue 34: precheck with a prefix no replica reads cannot say anything
+// about what is served: exit 4 (cannot confirm), not 1 (blocked).
+func TestPrecheckOfAPrefixNoReplicaReads(t *testing.T) {
+	g := fakeGate(t, ctltest.Fleet(), []ctl.Selector{{Backend: "canary_web", Server: "*"}})
+	g.Prefix = "gitlab-haproxy-agent/"
+	_, _, err := fleet.Precheck(context.Background(), g)
+	if !errors.Is(err, ctl.ErrCannotConfirm) || !errors.Is(err, ctl.ErrWrongReplica) || !strings.Contains(err.Error(), `reads KV prefix "hastate/"`) {
+		t.Fatalf("precheck of a prefix no replica reads: %v; want cannot confirm naming the prefix the replica reads", err)
+	}
+}

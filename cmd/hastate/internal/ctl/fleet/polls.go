@@ -19,7 +19,7 @@ func SelectedServers(fleet api.StateView, sels []ctl.Selector) (map[string]api.S
 	for _, sel := range sels {
 		rows := ctl.Select(fleet.Servers, sel)
 		if len(rows) == 0 {
-			return nil, ctl.NoMatch(sel, fleet.Servers)
+			return nil, ctl.NoMatch(sel, KnownRows(fleet))
 		}
 		for _, r := range rows {
 			if r.Server != state.Wildcard {

@@ -164,11 +164,11 @@ func (p *Prometheus) covers(ctx context.Context, rd Reading, servers map[string]
 // (not backend-wide keys), and lists by address the HAProxy nodes that
 // polled each within api.PollerTTL.
 func selectedPolled(ctx context.Context, r *fleet.Replica, sels []ctl.Selector) (map[string]bool, map[string][]string, error) {
-	view, err := r.Fleet(ctx)
+	view, err := r.Fleet(ctx, sels...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
 	}
-	if err := fleet.Missing(view.Replicas); err != nil {
+	if _, err := r.Live(ctx, view.Replicas); err != nil {
 		return nil, nil, err
 	}
 	rows, err := fleet.SelectedServers(view, sels)
@@ -182,11 +182,11 @@ func selectedPolled(ctx context.Context, r *fleet.Replica, sels []ctl.Selector) 
 	if len(servers) == 0 {
 		return nil, nil, fmt.Errorf("%w: %s select only backend-wide keys, no server an HAProxy polls: nothing to ask HAProxy about", ctl.ErrCannotConfirm, ctl.SelList(sels))
 	}
-	pv, err := r.Pollers(ctx)
+	pv, err := r.Pollers(ctx, sels...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
 	}
-	if err := fleet.Missing(pv.Replicas); err != nil {
+	if _, err := r.Live(ctx, pv.Replicas); err != nil {
 		return nil, nil, err
 	}
 	pollers := map[string][]string{}

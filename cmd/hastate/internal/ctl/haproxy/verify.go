@@ -155,7 +155,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 	var rep VerifyReport
 	view := o.Fleet
 	if view == nil {
-		v, err := o.Replica.Fleet(ctx)
+		v, err := o.Replica.Fleet(ctx, o.Selectors...)
 		if err != nil {
 			return rep, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
 		}
@@ -164,15 +164,18 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 	if err := fleet.Confirmable(*view); err != nil {
 		rep.Problems = append(rep.Problems, err.Error())
 	}
+	if _, err := o.Replica.Live(ctx, view.Replicas); err != nil {
+		rep.Problems = append(rep.Problems, err.Error())
+	}
 	rows, err := fleet.SelectedServers(*view, o.Selectors)
 	if err != nil {
 		return rep, err
 	}
-	pv, err := o.Replica.Pollers(ctx)
+	pv, err := o.Replica.Pollers(ctx, o.Selectors...)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
 	}
-	if err := fleet.Missing(pv.Replicas); err != nil {
+	if _, err := o.Replica.Live(ctx, pv.Replicas); err != nil {
 		rep.Problems = append(rep.Problems, err.Error())
 	}
 	polls := fleet.LatestPolls(pv, rows)

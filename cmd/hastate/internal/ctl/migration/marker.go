@@ -130,6 +130,8 @@ type Options struct {
 	// serves differently (they are named).
 	Force  bool
 	DryRun bool
+	// beforeWrite, for tests, runs between the read and the marker's CAS.
+	beforeWrite func()
 }
 
 // Start writes the marker (only if it does not exist: a
@@ -149,6 +151,9 @@ func Start(ctx context.Context, w write.Writer, o Options) (Migration, bool, err
 	if o.DryRun {
 		return m, false, nil
 	}
+	if o.beforeWrite != nil {
+		o.beforeWrite()
+	}
 	ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVCAS, Key: m.Key, Index: 0, Value: []byte(state.MarshalMigration(m.Marker))}}}
 	if err := w.Txn(ctx, ops, "nothing was written", "`hastate migration status` shows whether it was"); err != nil {
 		if errors.Is(err, write.ErrConflict) {
@@ -158,7 +163,41 @@ func Start(ctx context.Context, w write.Writer, o Options) (Migration, bool, err
 		return m, false, err
 	}
 	m.Marked = true
-	return m, true, nil
+	if o.Force {
+		return m, true, nil
+	}
+	return recheck(ctx, w, m)
+}
+
+// recheck reads the prefix again after the marker was written: the
+// marker's CAS covers only the marker, so a write that read it absent and
+// committed between Start's read and its CAS (a backend-wide drain, which
+// the per-node agents ignore) is seen only now. Every write after the CAS
+// depends on the marker (write.Options.Marker) and is planned as a
+// migration write. A key found now that the per-node agent serves
+// differently makes Start take its marker back (a CAS delete of the marker
+// as written) and refuse, naming the keys.
+func recheck(ctx context.Context, w write.Writer, m Migration) (Migration, bool, error) {
+	again, err := Read(ctx, w)
+	if err != nil {
+		return m, true, fmt.Errorf("the migration was marked, but the keys could not be read again to check that no concurrent write left one the per-node agent serves differently: %w; run `hastate migration status`", err)
+	}
+	if len(again.Unlike) == 0 {
+		return again, true, nil
+	}
+	undone := "the marker was removed again"
+	if again.Marked && state.MarshalMigration(again.Marker) == state.MarshalMigration(m.Marker) {
+		ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVDeleteCAS, Key: again.Key, Index: again.ModifyIndex}}}
+		if err := w.Txn(ctx, ops, "the marker stays", "`hastate migration status` shows whether it does"); err != nil {
+			undone = fmt.Sprintf("removing the marker again failed (%v): run `hastate migration finish`", err)
+		} else {
+			again.Marked = false
+		}
+	} else {
+		undone = "the marker was changed meanwhile by someone else and is left as it is"
+	}
+	return again, false, fmt.Errorf("refused: a concurrent write left %d keys the per-node agent serves differently from hastate while the migration was being marked (%s):\n  %s\n"+
+		"fix them (`hastate migration status` lists them again), then start the migration again", len(again.Unlike), undone, strings.Join(again.Unlike, "\n  "))
 }
 
 // Finish deletes the marker, on condition that it is the one

@@ -32,6 +32,9 @@ type Options struct {
 	// a stale Consul sync, a replica that did not answer, a haproxy.Prometheus
 	// that could not be read (nil: discarded).
 	Warn io.Writer
+	// Prefix is the KV prefix the operator means (--kv-prefix): a replica
+	// that reads another is warned about ("": not checked).
+	Prefix string
 }
 
 // Report is what status shows.
@@ -58,7 +61,7 @@ func Read(ctx context.Context, o Options) (Report, error) {
 	if warn == nil {
 		warn = io.Discard
 	}
-	v, err := o.Replica.Fleet(ctx)
+	v, err := o.Replica.Fleet(ctx, o.Selectors...)
 	if err != nil {
 		return Report{}, err
 	}
@@ -66,8 +69,10 @@ func Read(ctx context.Context, o Options) (Report, error) {
 	if w := v.KV.Warning; w != "" {
 		fmt.Fprintln(warn, "warning:", w)
 	}
-	if err := fleet.Missing(v.Replicas); err != nil {
+	if note, err := o.Replica.Live(ctx, v.Replicas); err != nil {
 		fmt.Fprintln(warn, "warning:", err)
+	} else if note != "" {
+		fmt.Fprintln(warn, "note:", note)
 	}
 	if !v.HoldsState {
 		fmt.Fprintln(warn, "warning: this replica holds no state yet; its answers are withheld")
@@ -75,12 +80,19 @@ func Read(ctx context.Context, o Options) (Report, error) {
 	sels := o.Selectors
 	if sels == nil {
 		sels = []ctl.Selector{{Backend: "*", Server: "*"}}
-	} else if err := ctl.Matched(v.Servers, sels); err != nil {
+	} else if err := ctl.Matched(fleet.KnownRows(v), sels); err != nil {
 		return Report{}, err
 	}
 	rep := Report{Rows: ctl.Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
 	if ci, err := o.Replica.Cluster(ctx); err == nil {
 		rep.Prefix = ci.KVPrefix
+		if o.Prefix != "" && ci.KVPrefix != "" && ci.KVPrefix != o.Prefix {
+			// A write with this prefix is refused; status says why what
+			// it shows is not what this prefix holds.
+			fmt.Fprintf(warn, "warning: replica %s at %s reads KV prefix %q, not %q (--kv-prefix / HASTATE_KV_PREFIX): no replica there serves %q, "+
+				"so this is the state of %q; a write with %q is refused; use --kv-prefix %s, or point HASTATE_ADDR / --addr at a replica that reads %q\n",
+				ci.NodeID, o.Replica.Addr(), ci.KVPrefix, o.Prefix, o.Prefix, ci.KVPrefix, o.Prefix, ci.KVPrefix, o.Prefix)
+		}
 	}
 	if o.HAProxy != nil {
 		rep.HAProxy, rep.HAProxyRows = haproxyColumn(ctx, *o.HAProxy, o.Replica, &v, sels, warn)

@@ -27,10 +27,12 @@ const (
 	// GuardMinReady: taking single servers out would leave a backend
 	// below --min-ready. --allow-below-min-ready lifts it.
 	GuardMinReady Guard = "capacity"
-	// GuardNoReplica: no replica (or not every replica) could be asked,
-	// or the replica did not catch up with Consul within --timeout:
-	// what only they know (who polls, capacity, that they read this
-	// prefix) cannot be checked. --allow-no-replica lifts it.
+	// GuardNoReplica: no replica could be asked, the replicas that
+	// answered cannot vouch for every HAProxy (one that polled recently
+	// is seen by none of them: fleet.Replica.Live), or the replica did not
+	// catch up with Consul within --timeout: what only they know (who
+	// polls, capacity, that they read this prefix) cannot be checked.
+	// --allow-no-replica lifts it.
 	GuardNoReplica Guard = "no replica to ask"
 )
 
@@ -203,10 +205,23 @@ func suggestPolled(sel ctl.Selector, rows []api.ServerState) string {
 }
 
 // minReady refuses to take individual servers out when that leaves a
-// backend with fewer than min ready servers among those HAProxy polls. A
-// server at 0% is not ready (HAProxy shows it as DRAIN).
-func minReady(rows []api.ServerState, out []ctl.Selector, min int) error {
-	type count struct{ before, after int }
+// backend with fewer than --min-ready ready servers among those HAProxy
+// polls. A server counts as ready only if the cluster shows it in rotation
+// and Consul agrees: its own key, or else its backend-wide key, absent or a
+// ready weight above 0% (a server at 0% is not ready: HAProxy shows it as
+// DRAIN). With guard (the capacity guard applies and every key of the
+// backends was read), the transaction depends on the own key of every
+// server counted ready afterwards and on the backend-wide key: a
+// concurrent write that takes one of them out (or drains the backend)
+// makes this one read and plan again, and then refuse. When those checks
+// would not fit in one transaction, it depends on the first --min-ready of
+// them, which is enough: they stay ready, so the backend keeps that many.
+func (pl *planner) minReady(out []ctl.Selector, guard bool) error {
+	want := pl.o.MinReady
+	type count struct {
+		before int
+		after  []KVKey // the own keys of the servers ready afterwards
+	}
 	counts := map[string]*count{}
 	affected := map[string]bool{}
 	outSet := map[ctl.Selector]bool{}
@@ -214,9 +229,14 @@ func minReady(rows []api.ServerState, out []ctl.Selector, min int) error {
 		affected[s.Backend] = true
 		outSet[s] = true
 	}
-	for _, r := range rows {
+	for _, r := range pl.rows {
 		if !affected[r.Backend] || r.Server == state.Wildcard || r.Polled == 0 || !r.InRotation() {
 			continue
+		}
+		own, okOwn := pl.kv.key(r.Backend, r.Server)
+		wild, okWild := pl.kv.key(r.Backend, state.Wildcard)
+		if guard && (!okOwn || !okWild || !consulReady(ServerKeys{Own: own, Backend: wild})) {
+			continue // Consul says it is out (or it was not read): not ready
 		}
 		c := counts[r.Backend]
 		if c == nil {
@@ -225,7 +245,7 @@ func minReady(rows []api.ServerState, out []ctl.Selector, min int) error {
 		}
 		c.before++
 		if !outSet[ctl.Selector{Backend: r.Backend, Server: r.Server}] {
-			c.after++
+			c.after = append(c.after, own)
 		}
 	}
 	var bad []string
@@ -234,14 +254,57 @@ func minReady(rows []api.ServerState, out []ctl.Selector, min int) error {
 		if c == nil {
 			c = &count{}
 		}
-		if c.after < min && c.after < c.before {
-			bad = append(bad, fmt.Sprintf("%s would have %d ready of the servers HAProxy polls (now %d)", b, c.after, c.before))
+		if len(c.after) < want && len(c.after) < c.before {
+			bad = append(bad, fmt.Sprintf("%s would have %d ready of the servers HAProxy polls (now %d)", b, len(c.after), c.before))
 		}
 	}
-	if len(bad) == 0 {
+	if len(bad) > 0 {
+		return fmt.Errorf("refused, nothing was written: %s, fewer than --min-ready %d (a server at 0%% is not ready: HAProxy shows it as DRAIN); "+
+			"drain the whole backend with <backend>/* if you mean to",
+			strings.Join(bad, "; "), want)
+	}
+	if !guard {
 		return nil
 	}
-	return fmt.Errorf("refused, nothing was written: %s, fewer than --min-ready %d (a server at 0%% is not ready: HAProxy shows it as DRAIN); "+
-		"drain the whole backend with <backend>/* if you mean to",
-		strings.Join(bad, "; "), min)
+	after := func(b string) []KVKey {
+		if c := counts[b]; c != nil {
+			return c.after
+		}
+		return nil
+	}
+	var deps []KVKey
+	for _, b := range slices.Sorted(maps.Keys(affected)) {
+		wild, _ := pl.kv.key(b, state.Wildcard)
+		deps = append(append(deps, wild), after(b)...)
+	}
+	room := MaxTxnKeys - txnLen(pl.p.Ops) - len(pl.deps) - 1
+	if len(deps) > room {
+		deps = deps[:0]
+		for _, b := range slices.Sorted(maps.Keys(affected)) {
+			wild, _ := pl.kv.key(b, state.Wildcard)
+			a := after(b)
+			deps = append(append(deps, wild), a[:min(len(a), want)]...)
+		}
+		pl.note("--min-ready: the transaction checks the keys of %d servers that stay ready (at least --min-ready %d per backend) and the backend-wide keys, not of every ready server: they do not all fit in one transaction",
+			len(deps)-len(affected), pl.o.MinReady)
+	}
+	for _, k := range deps {
+		pl.dep(k)
+	}
+	return nil
+}
+
+// consulReady reports whether Consul's keys leave a server in rotation:
+// its own key, or else its backend-wide key, absent or a ready weight
+// above 0%. An invalid value does not count as ready.
+func consulReady(k ServerKeys) bool {
+	key := k.Own
+	if !key.Present {
+		key = k.Backend
+	}
+	if !key.Present {
+		return true
+	}
+	v, ok := key.parsed()
+	return ok && v.Admin == state.Ready && !(v.WeightSet && v.Weight == 0)
 }

@@ -1,6 +1,7 @@
 package write
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -110,6 +111,10 @@ type Options struct {
 	// Marker is the migration marker as Consul held it (nil: not read):
 	// a dependency of the transaction, counted in its operations.
 	Marker *KVKey
+	// Live decides whether the replicas that answered the fleet read are
+	// enough (fleet.Replica.Live); nil: every replica must have answered
+	// (fleet.Missing).
+	Live func([]api.ReplicaAnswer) error
 }
 
 // intent is what a write does to the servers it reaches, decided once from
@@ -183,8 +188,14 @@ func PlanWrite(view *api.StateView, kv *KVRead, sels []ctl.Selector, o Options) 
 	pl := &planner{o: o, in: in, kv: kv, view: view, p: Plan{Command: o.Command}, seen: map[string]bool{}, deps: map[string]KVKey{},
 		needs: &kvNeeds{backends: map[string]bool{}, keys: map[string]bool{}}}
 	if view != nil {
-		pl.rows = view.Servers
-		if err := fleet.Missing(view.Replicas); err != nil {
+		// The view holds the selected backends; the others are named
+		// (for a selector that matches nothing and its did-you-mean).
+		pl.rows = fleet.KnownRows(*view)
+		live := o.Live
+		if live == nil {
+			live = fleet.Missing
+		}
+		if err := live(view.Replicas); err != nil {
 			if !o.Allow.NoReplica {
 				return pl.p, nil, fmt.Errorf("%w; %s", err, GuardNoReplica.advice(o.Allow))
 			}
@@ -201,6 +212,15 @@ func PlanWrite(view *api.StateView, kv *KVRead, sels []ctl.Selector, o Options) 
 			return pl.p, nil, err
 		}
 	}
+	capacity := in.out && view != nil && !o.Allow.BelowMinReady && o.MinReady > 0 && len(individual) > 0
+	if capacity {
+		// The capacity guard counts from Consul too: every key of the
+		// backends it counts is read.
+		for _, s := range individual {
+			pl.readBackend(s.Backend)
+			pl.read(s.Backend, state.Wildcard)
+		}
+	}
 	// Every key is read before a refusal is returned, so that a dry run
 	// shows the whole transaction it refused.
 	if pl.needs.any() {
@@ -212,6 +232,14 @@ func PlanWrite(view *api.StateView, kv *KVRead, sels []ctl.Selector, o Options) 
 	if o.Marker != nil {
 		pl.dep(*o.Marker)
 	}
+	if in.out && view != nil {
+		if err := pl.minReady(individual, capacity); err != nil {
+			if !o.Allow.BelowMinReady {
+				return pl.p, nil, fmt.Errorf("%w; %s", err, GuardMinReady.advice(o.Allow))
+			}
+			pl.lift(GuardMinReady, err.Error())
+		}
+	}
 	for _, k := range slices.Sorted(maps.Keys(pl.deps)) {
 		pl.p.Deps = append(pl.p.Deps, pl.deps[k])
 	}
@@ -222,14 +250,6 @@ func PlanWrite(view *api.StateView, kv *KVRead, sels []ctl.Selector, o Options) 
 	if n := txnLen(pl.p.Ops) + len(pl.checks()); n > MaxTxnKeys {
 		return pl.p, nil, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, and %d checks of keys the plan read are %d operations, more than one Consul transaction holds (%d); "+
 			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command (a backend-wide drain checks every own key of the backend unless --keep-own)", len(pl.p.Ops), len(pl.checks()), n, MaxTxnKeys)
-	}
-	if in.out && view != nil {
-		if err := minReady(pl.rows, individual, o.MinReady); err != nil {
-			if !o.Allow.BelowMinReady {
-				return pl.p, nil, fmt.Errorf("%w; %s", err, GuardMinReady.advice(o.Allow))
-			}
-			pl.lift(GuardMinReady, err.Error())
-		}
 	}
 	lifted := pl.p.liftedNames()
 	for i := range pl.p.Ops {
@@ -378,6 +398,13 @@ func (pl *planner) server(backend, srv string, literal bool) bool {
 	switch {
 	case in.clear && !k.Present:
 		if literal {
+			// A name with no key that the cluster does not know either
+			// is a typo (the runbook's zonal undrain is a clear): exit 3
+			// with did-you-mean, not a quiet "nothing to clear".
+			if err := pl.unpolled(ctl.Selector{Backend: backend, Server: srv}); pl.view != nil && errors.Is(err, ctl.ErrNoMatch) {
+				pl.refuse(fmt.Errorf("%w; nothing to clear: %s does not exist", err, k.Key))
+				return false
+			}
 			pl.note("nothing to clear: %s does not exist", k.Key)
 		}
 		return false
@@ -434,6 +461,10 @@ func (pl *planner) backendWide(backend string) {
 	pl.dep(w)
 	switch {
 	case in.clear && !w.Present:
+		if pl.view != nil && !pl.ix.known(backend) && len(pl.kv.ownKeys(backend)) == 0 {
+			pl.refuse(fmt.Errorf("%w; nothing to clear: %s does not exist", ctl.NoMatch(ctl.Selector{Backend: backend, Server: state.Wildcard}, pl.rows), w.Key))
+			return
+		}
 		pl.note("nothing to clear: %s does not exist", w.Key)
 		return
 	case in.clear:

@@ -326,3 +326,32 @@ func TestMarkerIsADependency(t *testing.T) {
 		t.Fatalf("with the marker's check: %v", err)
 	}
 }
+
+// Issue 34: the runbook's zonal undrain is a clear, so a typo must not
+// exit 0: clear of a name that has no key and that the cluster does not
+// know is "matched nothing" (exit 3) with a did-you-mean; clear of a
+// server the cluster knows whose key is already gone says so and passes.
+func TestClearOfATypo(t *testing.T) {
+	f := ctltest.Fleet()
+	for _, tt := range []struct {
+		arg, want string // want: "" passes, else the error says it
+	}{
+		{"canary_web/web-3", "did you mean canary_web/web-1"},
+		{"canary_wbe/web-1", "did you mean canary_web/web-1?"},
+		{"canary_wbe", "did you mean canary_web?"},
+		{"canary_web/web-1", ""}, // known (polled), no key: nothing to clear
+		{"canary_web", ""},       // known backend, no backend-wide key
+	} {
+		sels, err := ctl.ParseSelectors([]string{tt.arg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := planAll(t, f, kvOf(f, nil), sels, Options{Command: "clear", Prefix: "hastate/"})
+		switch {
+		case tt.want == "" && (err != nil || len(p.Ops) != 0 || !strings.Contains(strings.Join(p.Notes, " "), "nothing to clear")):
+			t.Errorf("clear %s: %v, notes %v; want nothing to clear, no error", tt.arg, err, p.Notes)
+		case tt.want != "" && (!errors.Is(err, ctl.ErrNoMatch) || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("clear %s: %v; want ErrNoMatch (exit 3) with %q", tt.arg, err, tt.want)
+		}
+	}
+}

@@ -105,7 +105,8 @@ func Write(ctx context.Context, req Request) (Plan, error) {
 type writeRun struct {
 	req       Request
 	gate      fleet.GateOptions
-	noReplica bool // the replica could not be asked (lifted)
+	noReplica bool   // the replica could not be asked (lifted)
+	liveNote  string // a replica did not answer, and why the others decide
 	lifted    []Lifted
 }
 
@@ -158,8 +159,18 @@ func (w *writeRun) plan(ctx context.Context) (Plan, error) {
 		}
 		opts := w.req.Options
 		opts.Migration, opts.MigrationKey, opts.Marker = marker.Present, marker.Key, &marker
+		opts.Live = func(answers []api.ReplicaAnswer) error {
+			note, err := w.req.Replica.Live(ctx, answers)
+			if note != "" {
+				w.liveNote = note
+			}
+			return err
+		}
 		plan, more, err := PlanWrite(view, kv, w.req.Selectors, opts)
 		plan.Lifted = append(append([]Lifted(nil), w.lifted...), plan.Lifted...)
+		if w.liveNote != "" {
+			plan.Notes = append(plan.Notes, w.liveNote)
+		}
 		if err != nil || !more.any() {
 			lifted := plan.liftedNames()
 			for i := range plan.Ops {
@@ -200,7 +211,9 @@ func (w *writeRun) fleetAt(ctx context.Context, index uint64) (*api.StateView, e
 	err := w.gate.Synced(wctx, index)
 	var v api.StateView
 	if err == nil {
-		v, err = w.req.Replica.Fleet(wctx)
+		// The servers of the backends the selectors name: what the
+		// plan expands and the capacity guard counts.
+		v, err = w.req.Replica.Fleet(wctx, fleet.BackendsOf(w.req.Selectors)...)
 	}
 	switch {
 	case err == nil:

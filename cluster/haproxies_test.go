@@ -1,0 +1,169 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/state"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// fakeSightings is one replica's poller table as the node sees it.
+type fakeSightings struct {
+	mu sync.Mutex
+	m  Sightings
+}
+
+func (f *fakeSightings) set(src string, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.m[src] = at
+}
+
+func (f *fakeSightings) get() Sightings {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := Sightings{}
+	for k, v := range f.m {
+		out[k] = v
+	}
+	return out
+}
+
+// The record of HAProxy nodes: what any replica saw reaches every
+// replica's record; nothing is written while a replica plays a release
+// below state.LevelRecorded (it would withhold on the entry), and it is
+// once that replica is upgraded. Each source's own sightings stay on the
+// replica that saw it: a source only n2 saw is recorded too.
+func TestHAProxiesRecordedOnceEveryVoterAdvertises(t *testing.T) {
+	seen := [3]*fakeSightings{{m: Sightings{}}, {m: Sightings{}}, {m: Sightings{}}}
+	nodes := startCluster(t, func(i int, o *Options) {
+		o.Sightings = seen[i].get
+		o.HAProxySyncEvery = 100 * time.Millisecond
+		if i == 2 {
+			o.MaxLevel = state.LevelMeta
+		}
+	})
+	now := time.Now()
+	seen[0].set("127.0.0.10", now)
+	seen[2].set("127.0.0.12", now)
+	testenv.Eventually(t, 20*time.Second, holdsf(func() bool {
+		for _, n := range nodes {
+			if n.fsm.level() != state.LevelMeta {
+				return false
+			}
+		}
+		return true
+	}, "the level did not rise to %d", state.LevelMeta))
+	testenv.Consistently(t, 2*time.Second, func() error {
+		for _, n := range nodes {
+			if rec, on := n.HAProxies(); on || len(rec) > 0 {
+				return fmt.Errorf("%s records %v (on %v) while n2 plays a release below level %d", n.opts.ID, rec, on, state.LevelRecorded)
+			}
+			if err := n.fsm.notUnderstood(); err != nil {
+				return fmt.Errorf("%s: %v", n.opts.ID, err)
+			}
+		}
+		return nil
+	})
+
+	o := nodes[2].opts
+	if err := nodes[2].Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	o.MaxLevel = 0
+	nodes[2] = startNode(t, o)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		for _, n := range nodes {
+			rec, on := n.HAProxies()
+			if !on || len(rec) != 2 || rec["127.0.0.10"].Last.IsZero() || rec["127.0.0.12"].Last.IsZero() {
+				return fmt.Errorf("%s records %v (on %v), want 127.0.0.10 and 127.0.0.12", n.opts.ID, rec, on)
+			}
+		}
+		return nil
+	})
+}
+
+// Write volume: with every source polling all the time, the leader writes
+// nothing between the coarse steps of the record (state.HAProxyCoarse),
+// however often it gathers.
+func TestHAProxiesWritesOnlyChanges(t *testing.T) {
+	var clock struct {
+		mu  sync.Mutex
+		now time.Time
+	}
+	clock.now = time.Now()
+	now := func() time.Time {
+		clock.mu.Lock()
+		defer clock.mu.Unlock()
+		return clock.now
+	}
+	seen := &fakeSightings{m: Sightings{}}
+	n := startLeader(t, Options{Sightings: seen.get, HAProxySyncEvery: 20 * time.Millisecond, Now: now})
+	for i := range 100 {
+		seen.set(fmt.Sprintf("127.0.0.%d", i+1), now())
+	}
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { rec, _ := n.HAProxies(); return len(rec) == 100 }, "100 sources not recorded"))
+	writes := testutil.ToFloat64(n.metrics.haproxyWrites)
+	// Every source polls again and again within the coarse step.
+	for range 10 {
+		clock.mu.Lock()
+		clock.now = clock.now.Add(state.HAProxyCoarse / 20)
+		clock.mu.Unlock()
+		for i := range 100 {
+			seen.set(fmt.Sprintf("127.0.0.%d", i+1), now())
+		}
+		// The loop gathers at least twice at this clock.
+		testenv.Consistently(t, 60*time.Millisecond, func() error {
+			got := testutil.ToFloat64(n.metrics.haproxyWrites)
+			return testenv.Expect(got == writes, "%v haproxies entries within one coarse step, want none", got-writes)
+		})
+	}
+	// Past the step: one entry moves every source.
+	clock.mu.Lock()
+	clock.now = clock.now.Add(state.HAProxyCoarse)
+	clock.mu.Unlock()
+	for i := range 100 {
+		seen.set(fmt.Sprintf("127.0.0.%d", i+1), now())
+	}
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool {
+		rec, _ := n.HAProxies()
+		return rec["127.0.0.1"].Last.Equal(now()) && rec["127.0.0.100"].Last.Equal(now())
+	}, "the record did not move past the coarse step"))
+	if got := testutil.ToFloat64(n.metrics.haproxyWrites) - writes; got != 1 {
+		t.Fatalf("%v entries to move 100 sources, want 1", got)
+	}
+}
+
+// The record rides in snapshots, and a replica of a release below
+// state.LevelRecorded refuses such a snapshot (the level says so first).
+func TestHAProxiesInSnapshot(t *testing.T) {
+	f := newFSM()
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: entry(t, command{Type: cmdLevel, Level: state.LevelRecorded})})
+	at := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: entry(t, command{Type: cmdHAProxies, HAProxies: &state.HAProxyChange{Seen: map[string]time.Time{"10.0.0.1": at}}})})
+	g, snap := roundTrip(t, f)
+	if rec := g.recordedHAProxies(); len(rec) != 1 || !rec["10.0.0.1"].Last.Equal(at) {
+		t.Fatalf("restored record %v from %s", rec, snap.String())
+	}
+	old := newFSM()
+	old.maxLevel = state.LevelMeta
+	if err := old.Restore(io.NopCloser(strings.NewReader(snap.String()))); err == nil || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("a replica capped at level %d restoring a level %d snapshot: %v", state.LevelMeta, state.LevelRecorded, err)
+	}
+	// An entry without its payload is skipped, on every replica alike.
+	var rejected []error
+	f.rejected = func(err error) { rejected = append(rejected, err) }
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 4, Data: []byte(`{"type":"haproxies"}`)})
+	if len(rejected) != 1 || f.notUnderstood() != nil {
+		t.Fatalf("payload-less entry: rejected %v, not understood %v", rejected, f.notUnderstood())
+	}
+}
