@@ -159,6 +159,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 		o                      app.Options
 		peers, logLevel, logF  string
 		tlsCert, tlsKey, tlsCA string
+		tlsPeerNames           []string
 		raftDial               string
 		rampStart              string
 	)
@@ -201,7 +202,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 				}
 				o.RaftDial[p.ID] = p.Address
 			}
-			if o.RaftTLS, err = cluster.MutualTLS(tlsCert, tlsKey, tlsCA); err != nil {
+			if o.RaftTLS, err = cluster.LoadRaftTLS(cluster.TLSFiles{Cert: tlsCert, Key: tlsKey, CA: tlsCA, PeerNames: tlsPeerNames}); err != nil {
 				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 			}
 			o.Logger = log.With(zap.String("node_id", o.NodeID))
@@ -236,7 +237,9 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and for \"hastate wait\" (0: the default); probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
-	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate")
+	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate (several while a CA is rotated)")
+	f.StringSliceVar(&tlsPeerNames, "raft-tls-peer-names", nil, "name,...: a peer's raft certificate must carry one of these as a subject alternative name (*.domain: one label) besides being signed by --raft-tls-ca (default: the hosts of --peers and --raft-advertise)")
+	f.DurationVar(&o.RaftTLSReloadInterval, "raft-tls-reload-interval", cluster.DefaultTLSReloadInterval, "how often the raft TLS files are re-read: a renewed certificate or CA bundle is used from the next handshake, without a restart")
 	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
 	f.StringVar(&logF, "log-format", "json", "json|console")
 	return c

@@ -7,7 +7,6 @@ package app
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,8 +73,11 @@ type Options struct {
 	// SnapshotInterval and SnapshotThreshold tune raft snapshots (0: 2m, 1024 entries).
 	SnapshotInterval  time.Duration
 	SnapshotThreshold uint64
-	// RaftTLS, when set, secures the raft port with mutual TLS.
-	RaftTLS *tls.Config
+	// RaftTLS, when set, secures the raft port with mutual TLS from files
+	// the node re-reads every RaftTLSReloadInterval (0:
+	// cluster.DefaultTLSReloadInterval).
+	RaftTLS               *cluster.RaftTLS
+	RaftTLSReloadInterval time.Duration
 	// The HTTP server's limits, so that no client holds a connection of
 	// --http-addr forever. HTTPReadTimeout bounds reading a request
 	// (0: 10s); HTTPWriteTimeout bounds a request from the end of its
@@ -304,7 +306,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
-		LeaderDuty: a.watchConsul, Version: version.Get().Version, MaxLevel: a.o.FeatureLevel, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial, BootstrapWithout: a.o.BootstrapWithout,
+		LeaderDuty: a.watchConsul, Version: version.Get().Version, MaxLevel: a.o.FeatureLevel, TLSFiles: a.o.RaftTLS, TLSReloadInterval: a.o.RaftTLSReloadInterval, DialOverride: a.o.RaftDial, BootstrapWithout: a.o.BootstrapWithout,
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},
