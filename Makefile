@@ -91,11 +91,17 @@ docs:
 CHART       := deploy/helm/hastate
 CHART_FILES := deploy/prometheus/alerts.yaml deploy/grafana/hastate.json
 
+# It also stamps VERSION into Chart.yaml's version and appVersion (the
+# default image tag), so that the chart and the binary of a release agree
+# (deploy/test checks it).
 chart-files:
 	@for src in $(CHART_FILES); do dst=$(CHART)/files/$$(basename $$src); \
 	  if [ -f $$src ]; then cmp -s $$src $$dst || { cp $$src $$dst; echo "chart-files: $$src -> $$dst"; }; \
 	  elif [ -f $$dst ]; then rm -f $$dst; echo "chart-files: $$src is gone: removed $$dst"; fi; \
 	done
+	@v=$$(cat VERSION); sed -e "s/^version: .*/version: $$v/" -e "s/^appVersion: .*/appVersion: \"$$v\"/" $(CHART)/Chart.yaml > $(CHART)/Chart.yaml.new; \
+	  if cmp -s $(CHART)/Chart.yaml $(CHART)/Chart.yaml.new; then rm $(CHART)/Chart.yaml.new; \
+	  else mv $(CHART)/Chart.yaml.new $(CHART)/Chart.yaml; echo "chart-files: Chart.yaml version and appVersion set to $$v (VERSION)"; fi
 
 # test-deploy: what ships outside the binary. helm lint, terraform fmt (when
 # terraform is installed: providers cannot be fetched, so no init/validate),
