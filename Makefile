@@ -19,7 +19,8 @@ build:
 # without overlay or a daemon), tagged $(IMAGE):<version> and $(IMAGE):latest
 # and saved as the OCI archive bin/hastate-image.tar. Offline: BASE=scratch.
 IMAGE      ?= hastate
-BASE       ?= gcr.io/distroless/static-debian12:nonroot
+# The Dockerfile's pinned base (deploy/test checks they are the same).
+BASE       ?= gcr.io/distroless/static-debian12:nonroot@sha256:afa5c872c891853ca7fcf1f12c3edb23f7eeef36189728842dd51042ff57f7ab
 IMAGE_TAG  := $(subst +,-,$(VERSION))
 PODMAN     ?= podman --storage-driver vfs
 PODMAN_BUILD_FLAGS ?= --network host --ulimit nofile=1024:4096 --ulimit nproc=1024:4096

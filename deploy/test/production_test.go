@@ -2,6 +2,7 @@ package deploytest
 
 import (
 	"os"
+	"regexp"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -260,4 +261,30 @@ func TestChartHelmTest(t *testing.T) {
 		t.Errorf("the test pod's labels %v are selected by the StatefulSet's selector", pod.Labels)
 	}
 	checkNetworkPolicy(t, r, ss, []string{"10.20.0.0/16"}, []string{"monitoring"})
+}
+
+// The image's base is pinned by digest, the same in the Dockerfile and the
+// Makefile (`make image`'s BASE), so that a build takes the reviewed base
+// and not whatever the tag points at that day.
+func TestImageBasePinnedByDigest(t *testing.T) {
+	pinned := regexp.MustCompile(`^gcr\.io/distroless/static-debian12:nonroot@sha256:[0-9a-f]{64}$`)
+	read := func(name, re string) string {
+		b, err := os.ReadFile(filepath.Join(repoRoot, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(re).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("%s: no default base found (%s)", name, re)
+		}
+		return string(m[1])
+	}
+	docker := read("Dockerfile", `(?m)^ARG BASE=(\S+)$`)
+	mk := read("Makefile", `(?m)^BASE\s+\?=\s*(\S+)$`)
+	if !pinned.MatchString(docker) {
+		t.Errorf("Dockerfile's default BASE %q is not pinned by digest", docker)
+	}
+	if docker != mk {
+		t.Errorf("Dockerfile's BASE %q and the Makefile's %q differ", docker, mk)
+	}
 }
