@@ -2,8 +2,8 @@ package deploytest
 
 import (
 	"os"
-	"regexp"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
