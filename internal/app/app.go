@@ -100,6 +100,14 @@ type Options struct {
 	// with readiness failing, so that a load balancer in front stops
 	// sending probes here before the agent listener closes (0: none).
 	ShutdownDelay time.Duration
+	// ReadyWhileStopping keeps readiness passing during ShutdownDelay
+	// (it still fails for every other reason). For Kubernetes with
+	// externalTrafficPolicy Local: kube-proxy goes on forwarding to a
+	// terminating pod only while it is serving (ready), and the node's
+	// health check, which counts no terminating pod, takes the node out
+	// of the load balancer meanwhile (KEP-1669). Off: readiness fails at
+	// once, for load balancers that check /-/readiness themselves.
+	ReadyWhileStopping bool
 
 	Logger *zap.Logger // nil: no logs
 	// Registry receives every metric of the replica (nil: a new one).
@@ -473,7 +481,11 @@ func (a *App) PrepareStop(ctx context.Context) {
 		return
 	}
 	a.stopping.Store(true)
-	a.log.Info("shutdown delay: readiness fails; agent probes are answered, and raft followed, until it ends",
+	readiness := "readiness fails"
+	if a.o.ReadyWhileStopping {
+		readiness = "readiness passes (--ready-while-stopping: the platform takes a terminating replica out)"
+	}
+	a.log.Info("shutdown delay: "+readiness+"; agent probes are answered, and raft followed, until it ends",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
 	t := time.NewTimer(a.o.ShutdownDelay)
@@ -520,7 +532,7 @@ type agentSource struct{ a *App }
 
 func (s agentSource) Snapshot() *state.Snapshot { return s.a.node.Confirmed() }
 func (r replica) Ready() (bool, string) {
-	if r.a.stopping.Load() {
+	if r.a.stopping.Load() && !r.a.o.ReadyWhileStopping {
 		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"
 	}
 	return r.a.node.Ready()
