@@ -36,6 +36,9 @@ func TestChartDefaults(t *testing.T) {
 		"data-dir":       "/var/lib/hastate",
 		"kv-prefix":      "hastate/",
 		"shutdown-delay": "29s", // 8 s × 3 + 5 s
+		// Serving while terminating: docs/deploy.md "One rollout step",
+		// TestE2ERolloutStepExternalTrafficPolicyLocal.
+		"ready-while-stopping": "true",
 		"raft-tls-cert":  "/etc/hastate/raft-tls/$(POD_NAME).crt",
 		"raft-tls-key":   "/etc/hastate/raft-tls/$(POD_NAME).key",
 		"raft-tls-ca":    "/etc/hastate/raft-tls/ca.crt",
