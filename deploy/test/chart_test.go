@@ -546,6 +546,11 @@ func checkChartCA(t *testing.T, r *Rendered) {
 	if root.Spec.SelfSigned == nil || caIss.Spec.CA == nil || caIss.Spec.CA.SecretName != caCrt.Spec.SecretName || !caCrt.Spec.IsCA {
 		t.Errorf("chart CA chain wrong: root %+v, CA issuer %+v, CA cert %+v", root.Spec, caIss.Spec, caCrt.Spec)
 	}
+	// A renewal of the CA with a new key would be a CA rotation that every
+	// replica's certificate fails, one Secret at a time.
+	if caCrt.Spec.PrivateKey.RotationPolicy != "Never" {
+		t.Errorf("the chart's CA Certificate rotationPolicy = %q, want Never (its renewal keeps the key)", caCrt.Spec.PrivateKey.RotationPolicy)
+	}
 	ss, _ := statefulSet(t, r)
 	for i := range int(*ss.Spec.Replicas) {
 		crt := r.get(t, "Certificate", fmt.Sprintf("t-hastate-raft-%d", i)).(*certificate)
