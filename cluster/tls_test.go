@@ -1,19 +1,12 @@
 package cluster
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,50 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// testCA signs test certificates.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var testSerial atomic.Int64
-
-func newTestCA(t *testing.T, cn string) *testCA {
+// leaf signs a certificate for names valid for life (testenv.CA.Leaf).
+func leaf(t *testing.T, ca *testenv.CA, life time.Duration, names ...string) (certPEM, keyPEM []byte, serial *big.Int) {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(testSerial.Add(1)), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(30 * 24 * time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return &testCA{cert: c, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// leaf signs a server-and-client certificate for names (IPs or DNS names)
-// valid for life; it returns the certificate and key PEM and the serial.
-func (ca *testCA) leaf(t *testing.T, life time.Duration, names ...string) (certPEM, keyPEM []byte, serial *big.Int) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(testSerial.Add(1)), Subject: pkix.Name{CommonName: names[0]},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(life).Truncate(time.Second),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	for _, n := range names {
-		if ip := net.ParseIP(n); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, n)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}), tmpl.SerialNumber
+	return ca.Leaf(t, names[0], time.Now().Add(life).Truncate(time.Second), names...)
 }
 
 // tlsDir holds one replica's three files.
@@ -172,12 +125,12 @@ func expiry(t *testing.T, r *RaftTLS, kind string) []float64 {
 // a CA bundle re-read lets a new CA in and, once the old one is dropped,
 // keeps the old one's certificates out.
 func TestRaftTLSReloadsChangedFiles(t *testing.T) {
-	ca := newTestCA(t, "raft CA 1")
+	ca := testenv.NewCA(t, "raft CA 1")
 	srv, cli := newTLSDir(t), newTLSDir(t)
-	c1, k1, s1 := ca.leaf(t, 48*time.Hour, "127.0.0.1")
-	srv.write(t, c1, k1, ca.pem)
-	cc, ck, _ := ca.leaf(t, 48*time.Hour, "127.0.0.1")
-	cli.write(t, cc, ck, ca.pem)
+	c1, k1, s1 := leaf(t, ca, 48*time.Hour, "127.0.0.1")
+	srv.write(t, c1, k1, ca.PEM)
+	cc, ck, _ := leaf(t, ca, 48*time.Hour, "127.0.0.1")
+	cli.write(t, cc, ck, ca.PEM)
 
 	r, err := LoadRaftTLS(srv.files("127.0.0.1"))
 	if err != nil {
@@ -199,7 +152,7 @@ func TestRaftTLSReloadsChangedFiles(t *testing.T) {
 	}
 
 	// Renewal: a new key and certificate, same CA.
-	c2, k2, s2 := ca.leaf(t, 90*24*time.Hour, "127.0.0.1")
+	c2, k2, s2 := leaf(t, ca, 90*24*time.Hour, "127.0.0.1")
 	srv.write(t, c2, k2, nil)
 	if changed, err := r.Reload(); !changed || err != nil {
 		t.Fatalf("Reload after renewal = %v, %v; want true, nil", changed, err)
@@ -216,7 +169,7 @@ func TestRaftTLSReloadsChangedFiles(t *testing.T) {
 
 	// A half-written renewal (new certificate, old key) does not load: the
 	// renewed certificate stays in use, counted once, failing until fixed.
-	c3, k3, s3 := ca.leaf(t, 90*24*time.Hour, "127.0.0.1")
+	c3, k3, s3 := leaf(t, ca, 90*24*time.Hour, "127.0.0.1")
 	srv.write(t, c3, nil, nil)
 	if changed, err := r.Reload(); changed || err == nil || !strings.Contains(err.Error(), "key pair") {
 		t.Fatalf("Reload of a mismatched pair = %v, %v; want false and a key pair error", changed, err)
@@ -247,8 +200,8 @@ func TestRaftTLSReloadsChangedFiles(t *testing.T) {
 	// CA rotation: both CAs in the bundle, then leaves of the new CA, then
 	// the old CA dropped. The server trusts a client of the new CA from
 	// the first step on, and refuses one of the old CA at the end.
-	ca2 := newTestCA(t, "raft CA 2")
-	srv.write(t, nil, nil, append(append([]byte{}, ca.pem...), ca2.pem...))
+	ca2 := testenv.NewCA(t, "raft CA 2")
+	srv.write(t, nil, nil, append(append([]byte{}, ca.PEM...), ca2.PEM...))
 	if _, err := r.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -256,8 +209,8 @@ func TestRaftTLSReloadsChangedFiles(t *testing.T) {
 		t.Errorf("ca expiry series %v, want one per CA of the bundle (2)", got)
 	}
 	newClient := newTLSDir(t)
-	nc, nk, _ := ca2.leaf(t, 48*time.Hour, "127.0.0.1")
-	newClient.write(t, nc, nk, append(append([]byte{}, ca.pem...), ca2.pem...))
+	nc, nk, _ := leaf(t, ca2, 48*time.Hour, "127.0.0.1")
+	newClient.write(t, nc, nk, append(append([]byte{}, ca.PEM...), ca2.PEM...))
 	nr, err := LoadRaftTLS(newClient.files("127.0.0.1"))
 	if err != nil {
 		t.Fatal(err)
@@ -265,8 +218,8 @@ func TestRaftTLSReloadsChangedFiles(t *testing.T) {
 	if _, err := handshake(addr, nr.Config()); err != nil {
 		t.Fatalf("a client of the new CA refused while the bundle holds both: %v", err)
 	}
-	c4, k4, s4 := ca2.leaf(t, 48*time.Hour, "127.0.0.1")
-	srv.write(t, c4, k4, ca2.pem)
+	c4, k4, s4 := leaf(t, ca2, 48*time.Hour, "127.0.0.1")
+	srv.write(t, c4, k4, ca2.PEM)
 	if _, err := r.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -282,12 +235,12 @@ func TestRaftTLSReloadsChangedFiles(t *testing.T) {
 // name is refused on both sides of a connection, with a message naming
 // what it carries and what was expected.
 func TestRaftTLSPinsPeersByName(t *testing.T) {
-	ca := newTestCA(t, "shared issuer")
+	ca := testenv.NewCA(t, "shared issuer")
 	member, stranger := newTLSDir(t), newTLSDir(t)
-	mc, mk, _ := ca.leaf(t, time.Hour, "hastate-0.hastate.ops.svc", "127.0.0.1")
-	member.write(t, mc, mk, ca.pem)
-	sc, sk, _ := ca.leaf(t, time.Hour, "grafana-0.grafana.ops.svc", "127.0.0.1")
-	stranger.write(t, sc, sk, ca.pem)
+	mc, mk, _ := leaf(t, ca, time.Hour, "hastate-0.hastate.ops.svc", "127.0.0.1")
+	member.write(t, mc, mk, ca.PEM)
+	sc, sk, _ := leaf(t, ca, time.Hour, "grafana-0.grafana.ops.svc", "127.0.0.1")
+	stranger.write(t, sc, sk, ca.PEM)
 
 	pinned := []string{"*.hastate.ops.svc"}
 	m, err := LoadRaftTLS(member.files(pinned...))
@@ -338,13 +291,13 @@ func TestRaftTLSPinsPeersByName(t *testing.T) {
 // and exports the expiry; rotating every node's certificate keeps the
 // cluster's term and its replication.
 func TestClusterReloadsRotatedCertificates(t *testing.T) {
-	ca := newTestCA(t, "raft CA")
+	ca := testenv.NewCA(t, "raft CA")
 	dirs := make([]tlsDir, 3)
 	rts := make([]*RaftTLS, 3)
 	for i := range dirs {
 		dirs[i] = newTLSDir(t)
-		c, k, _ := ca.leaf(t, 24*time.Hour, "127.0.0.1")
-		dirs[i].write(t, c, k, ca.pem)
+		c, k, _ := leaf(t, ca, 24*time.Hour, "127.0.0.1")
+		dirs[i].write(t, c, k, ca.PEM)
 		r, err := LoadRaftTLS(dirs[i].files())
 		if err != nil {
 			t.Fatal(err)
@@ -362,7 +315,7 @@ func TestClusterReloadsRotatedCertificates(t *testing.T) {
 	term := leaderOf(nodes).raft.CurrentTerm()
 	serials := make([]*big.Int, 3)
 	for i := range dirs {
-		c, k, s := ca.leaf(t, 60*24*time.Hour, "127.0.0.1")
+		c, k, s := leaf(t, ca, 60*24*time.Hour, "127.0.0.1")
 		serials[i] = s
 		dirs[i].write(t, c, k, nil)
 	}
