@@ -39,12 +39,12 @@ func TestChartDefaults(t *testing.T) {
 		// Serving while terminating: docs/deploy.md "One rollout step",
 		// TestE2ERolloutStepExternalTrafficPolicyLocal.
 		"ready-while-stopping": "true",
-		"raft-tls-cert":  "/etc/hastate/raft-tls/$(POD_NAME).crt",
-		"raft-tls-key":   "/etc/hastate/raft-tls/$(POD_NAME).key",
-		"raft-tls-ca":    "/etc/hastate/raft-tls/ca.crt",
-		"agent-addr":     ":9777",
-		"http-addr":      ":9778",
-		"raft-addr":      ":9779",
+		"raft-tls-cert":        "/etc/hastate/raft-tls/$(POD_NAME).crt",
+		"raft-tls-key":         "/etc/hastate/raft-tls/$(POD_NAME).key",
+		"raft-tls-ca":          "/etc/hastate/raft-tls/ca.crt",
+		"agent-addr":           ":9777",
+		"http-addr":            ":9778",
+		"raft-addr":            ":9779",
 	}
 	if c.Args[0] != "serve" {
 		t.Errorf("args[0] = %q, want serve", c.Args[0])
