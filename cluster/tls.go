@@ -52,9 +52,8 @@ type RaftTLS struct {
 	cur   atomic.Pointer[tlsMaterial]
 	pins  atomic.Pointer[[]string]
 
-	mu      sync.Mutex // serialises Reload
-	read    [3][]byte  // the files' bytes last read, loaded or not
-	failing atomic.Bool
+	mu   sync.Mutex // serialises Reload
+	read [3][]byte  // the files' bytes last read, loaded or not
 
 	reloads *prometheus.CounterVec
 	expiry  *prometheus.Desc
@@ -63,11 +62,10 @@ type RaftTLS struct {
 
 // tlsMaterial is what one successful load of the files gave.
 type tlsMaterial struct {
-	cert   *tls.Certificate
-	leaf   *x509.Certificate
-	pool   *x509.CertPool
-	cas    []*x509.Certificate
-	loaded time.Time
+	cert *tls.Certificate
+	leaf *x509.Certificate
+	pool *x509.CertPool
+	cas  []*x509.Certificate
 }
 
 // MutualTLS builds the raft port's TLS configuration from PEM files: this
@@ -187,7 +185,7 @@ func parseMaterial(read [3][]byte, f TLSFiles) (*tlsMaterial, error) {
 		return nil, fmt.Errorf("raft TLS certificate %s: %w", f.Cert, err)
 	}
 	cert.Leaf = leaf
-	m := &tlsMaterial{cert: &cert, leaf: leaf, pool: x509.NewCertPool(), loaded: time.Now()}
+	m := &tlsMaterial{cert: &cert, leaf: leaf, pool: x509.NewCertPool()}
 	rest := read[2]
 	for len(rest) > 0 {
 		var blk *pem.Block
@@ -233,13 +231,11 @@ func (r *RaftTLS) Reload() (changed bool, err error) {
 	r.read = read
 	if err != nil {
 		r.reloads.WithLabelValues("failed").Inc()
-		r.failing.Store(true)
 		r.failG.Set(1)
 		return false, err
 	}
 	r.cur.Store(m)
 	r.reloads.WithLabelValues("loaded").Inc()
-	r.failing.Store(false)
 	r.failG.Set(0)
 	return true, nil
 }
