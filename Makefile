@@ -19,7 +19,8 @@ build:
 # without overlay or a daemon), tagged $(IMAGE):<version> and $(IMAGE):latest
 # and saved as the OCI archive bin/hastate-image.tar. Offline: BASE=scratch.
 IMAGE      ?= hastate
-BASE       ?= gcr.io/distroless/static-debian12:nonroot
+# The Dockerfile's pinned base (deploy/test checks they are the same).
+BASE       ?= gcr.io/distroless/static-debian12:nonroot@sha256:afa5c872c891853ca7fcf1f12c3edb23f7eeef36189728842dd51042ff57f7ab
 IMAGE_TAG  := $(subst +,-,$(VERSION))
 PODMAN     ?= podman --storage-driver vfs
 PODMAN_BUILD_FLAGS ?= --network host --ulimit nofile=1024:4096 --ulimit nproc=1024:4096
@@ -99,11 +100,17 @@ docs:
 CHART       := deploy/helm/hastate
 CHART_FILES := deploy/prometheus/alerts.yaml deploy/grafana/hastate.json
 
+# It also stamps VERSION into Chart.yaml's version and appVersion (the
+# default image tag), so that the chart and the binary of a release agree
+# (deploy/test checks it).
 chart-files:
 	@for src in $(CHART_FILES); do dst=$(CHART)/files/$$(basename $$src); \
 	  if [ -f $$src ]; then cmp -s $$src $$dst || { cp $$src $$dst; echo "chart-files: $$src -> $$dst"; }; \
 	  elif [ -f $$dst ]; then rm -f $$dst; echo "chart-files: $$src is gone: removed $$dst"; fi; \
 	done
+	@v=$$(cat VERSION); sed -e "s/^version: .*/version: $$v/" -e "s/^appVersion: .*/appVersion: \"$$v\"/" $(CHART)/Chart.yaml > $(CHART)/Chart.yaml.new; \
+	  if cmp -s $(CHART)/Chart.yaml $(CHART)/Chart.yaml.new; then rm $(CHART)/Chart.yaml.new; \
+	  else mv $(CHART)/Chart.yaml.new $(CHART)/Chart.yaml; echo "chart-files: Chart.yaml version and appVersion set to $$v (VERSION)"; fi
 
 # test-deploy: what ships outside the binary. helm lint (with the one value
 # an install must give, the Consul token's Secret), terraform fmt (when
@@ -114,6 +121,8 @@ chart-files:
 test-deploy: chart-files build
 	@scripts/ensure-podman.sh
 	$$(scripts/ensure-helm.sh) lint --strict --set consul.existingSecret.name=hastate-consul $(CHART)
+	# ... and with its other required value, so that every template is linted.
+	$$(scripts/ensure-helm.sh) lint --strict --set consul.existingSecret.name=hastate-consul $(CHART) --set 'haproxyCIDRs={10.20.0.0/16}'
 	@if command -v terraform >/dev/null 2>&1; then terraform fmt -check -recursive deploy/terraform; \
 	else echo "test-deploy: terraform not installed: skipping terraform fmt (the HCL tests still run)"; fi
 	$(MAKE) image BASE=scratch

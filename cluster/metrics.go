@@ -41,7 +41,7 @@ type metrics struct {
 
 	level, levelWaiting, notUnderstood *prometheus.Desc
 
-	mirrorVerdict *prometheus.Desc
+	mirrorVerdict     *prometheus.Desc
 	haproxiesRecorded *prometheus.Desc
 
 	bootstrapWaiting                  *prometheus.Desc
@@ -150,9 +150,13 @@ func newMetricsUnset(n *Node) *metrics {
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	return append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.applyErrors, m.dutyFailures, m.withholds,
+	cs := append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.applyErrors, m.dutyFailures, m.withholds,
 		m.confirmRounds, m.confirmRound, m.unconfirmedChecks, m.haproxyWrites},
 		m.port.collectors()...)
+	if f := m.n.opts.TLSFiles; f != nil {
+		cs = append(cs, f.collectors()...)
+	}
+	return cs
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {

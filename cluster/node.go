@@ -70,6 +70,13 @@ type Options struct {
 	// require and verify client certificates: build it with MutualTLS.
 	// Nil: plain TCP (a multi-node cluster warns at start).
 	TLS *tls.Config
+	// TLSFiles, instead of TLS: mutual TLS from files (LoadRaftTLS) that
+	// the node re-reads every TLSReloadInterval (0:
+	// DefaultTLSReloadInterval), so that renewed certificates are used
+	// without a restart; their expiry is exported. Unless TLSFiles pins
+	// names, peers are pinned to the hosts of Peers and Advertise.
+	TLSFiles          *RaftTLS
+	TLSReloadInterval time.Duration
 	// MaxConnsPerIP and MaxConns cap the inbound connections open on the
 	// raft port from one remote address and in total; a connection over a
 	// cap is closed at once and counted. IdentifyTimeout is how long a new
@@ -158,6 +165,10 @@ func (o *Options) validate() error {
 		return errors.New("cluster: raft bind address is empty: set --raft-addr")
 	case o.Advertise == "":
 		return errors.New("cluster: raft advertise address is empty: set --raft-advertise")
+	case o.TLS != nil && o.TLSFiles != nil:
+		return errors.New("cluster: Options.TLS and Options.TLSFiles are both set: give one")
+	case o.TLSReloadInterval < 0:
+		return fmt.Errorf("cluster: TLS reload interval %s is negative: set --raft-tls-reload-interval to a positive duration", o.TLSReloadInterval)
 	case o.DataDir == "":
 		return errors.New("cluster: data dir is empty: set --data-dir")
 	}
@@ -280,6 +291,17 @@ func New(o Options) (_ *Node, err error) {
 	}
 	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
+	}
+	if o.TLSFiles != nil {
+		hosts := []string{hostOf(o.Advertise)}
+		for _, p := range o.Peers {
+			hosts = append(hosts, hostOf(p.Address))
+		}
+		o.TLSFiles.pinDefault(hosts)
+		o.TLS = o.TLSFiles.Config()
+		if o.TLSReloadInterval == 0 {
+			o.TLSReloadInterval = DefaultTLSReloadInterval
+		}
 	}
 	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{}), release: make(chan struct{}, 1)}
 	defer func() {
@@ -431,6 +453,13 @@ func New(o Options) (_ *Node, err error) {
 	if servers != nil {
 		n.wg.Add(1)
 		go n.bootstrap(r, servers) // see bootstrap.go: not while a peer may hold the cluster
+	}
+	if o.TLSFiles != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			o.TLSFiles.reloadLoop(n.stop, o.TLSReloadInterval, n.log.Named("tls"))
+		}()
 	}
 	n.wg.Add(6)
 	go n.confirmLoop()

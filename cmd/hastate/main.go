@@ -173,6 +173,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 		o                      app.Options
 		peers, logLevel, logF  string
 		tlsCert, tlsKey, tlsCA string
+		tlsPeerNames           []string
 		raftDial               string
 		rampStart              string
 	)
@@ -215,7 +216,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 				}
 				o.RaftDial[p.ID] = p.Address
 			}
-			if o.RaftTLS, err = cluster.MutualTLS(tlsCert, tlsKey, tlsCA); err != nil {
+			if o.RaftTLS, err = cluster.LoadRaftTLS(cluster.TLSFiles{Cert: tlsCert, Key: tlsKey, CA: tlsCA, PeerNames: tlsPeerNames}); err != nil {
 				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 			}
 			o.Logger = log.With(zap.String("node_id", o.NodeID))
@@ -247,12 +248,15 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&o.ConfirmWindow, "confirm-window", cluster.DefaultConfirmWindow, "how long a confirmation round waits for more checks to share it (0: none; see cluster/DESIGN.md for the measurements)")
 	f.DurationVar(&o.SnapshotInterval, "snapshot-interval", 2*time.Minute, "how often raft checks whether to snapshot")
 	f.Uint64Var(&o.SnapshotThreshold, "snapshot-threshold", 1024, "raft entries since the last snapshot that trigger a new one")
+	f.BoolVar(&o.ReadyWhileStopping, "ready-while-stopping", false, "keep /-/readiness passing during --shutdown-delay (Kubernetes >= 1.28 with externalTrafficPolicy Local: kube-proxy keeps forwarding to a terminating pod that is ready while the load balancer's node health check, which counts no terminating pod, drains the node); off: readiness fails at SIGTERM, for load balancers that check /-/readiness themselves")
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
 	f.IntVar(&o.FeatureLevel, "feature-level", 0, fmt.Sprintf("highest feature level this replica advertises (0: this release's, %d); 1 on every replica while upgrading from 0.13.0 keeps rolling back with the data directories safe: level 2's features (a meta key's until and ramp) wait", state.MaxLevel))
 	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and for \"hastate wait\" (0: the default); probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
-	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate")
+	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate (several while a CA is rotated)")
+	f.StringSliceVar(&tlsPeerNames, "raft-tls-peer-names", nil, "name,...: a peer's raft certificate must carry one of these as a subject alternative name (*.domain: one label) besides being signed by --raft-tls-ca (default: the hosts of --peers and --raft-advertise)")
+	f.DurationVar(&o.RaftTLSReloadInterval, "raft-tls-reload-interval", cluster.DefaultTLSReloadInterval, "how often the raft TLS files are re-read: a renewed certificate or CA bundle is used from the next handshake, without a restart")
 	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
 	f.StringVar(&logF, "log-format", "json", "json|console")
 	return c

@@ -27,3 +27,8 @@ output "haproxy_server_line" {
   description = "The haproxy.cfg server line to use, with <backend>, <server> and <addr>:<port> to fill in."
   value       = "server <server> <addr>:<port> check agent-check agent-addr ${google_compute_address.agent.address} agent-port 9777 agent-inter 2s agent-send \"<backend>/<server>\\n\""
 }
+
+output "haproxy_cidrs" {
+  description = "The chart's haproxyCIDRs: the same sources as the firewall rule, for the loadBalancerSourceRanges GKE makes its own rule from."
+  value       = var.haproxy_source_ranges
+}

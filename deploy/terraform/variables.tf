@@ -13,6 +13,22 @@ variable "project" {
   description = "GCP project of the VPC where the GKE cluster and the HAProxy nodes live."
 }
 
+variable "network_project" {
+  type        = string
+  description = "Shared VPC: the host project that owns network, subnetwork and the firewall rules, when it is not project (the service project, where the address is reserved). null: project."
+  default     = null
+  validation {
+    condition     = var.network_project == null || can(regex("^[a-z][-a-z0-9]{4,28}[a-z0-9]$", coalesce(var.network_project, "x")))
+    error_message = "network_project must be a GCP project ID (6-30 lower-case letters, digits and hyphens), or null."
+  }
+}
+
+variable "dns_project" {
+  type        = string
+  description = "Project of the Cloud DNS managed zone (often the Shared VPC host project). null: project."
+  default     = null
+}
+
 variable "region" {
   type        = string
   description = "GCP region of the GKE cluster (the internal address is regional)."
@@ -32,6 +48,10 @@ variable "address" {
   type        = string
   description = "A specific internal IP to reserve; null lets GCP pick a free one in the subnetwork."
   default     = null
+  validation {
+    condition     = var.address == null || (can(regex("^[0-9]{1,3}(\\.[0-9]{1,3}){3}$", coalesce(var.address, "x"))) && can(cidrhost("${coalesce(var.address, "x")}/32", 0)))
+    error_message = "address must be an IPv4 address such as 10.1.2.3 (no prefix length), or null."
+  }
 }
 
 variable "dns_managed_zone" {
@@ -54,33 +74,41 @@ variable "dns_ttl" {
   default     = 300
 }
 
-variable "haproxy_source_tags" {
-  type        = list(string)
-  description = "Network tags of the HAProxy VMs allowed to reach the agent port 9777 (with or instead of haproxy_source_ranges)."
-  default     = []
-}
-
 variable "haproxy_source_ranges" {
   type        = list(string)
-  description = "CIDRs of the HAProxy VMs allowed to reach the agent port 9777 (with or instead of haproxy_source_tags)."
-  default     = []
+  description = "CIDRs of the HAProxy VMs allowed to reach the agent port 9777: the same list as the chart's haproxyCIDRs (output haproxy_cidrs), which GKE turns into the load balancer's own firewall rule."
+  validation {
+    condition     = length(var.haproxy_source_ranges) > 0 && alltrue([for c in var.haproxy_source_ranges : can(cidrhost(c, 0)) && strcontains(c, "/")])
+    error_message = "haproxy_source_ranges must list at least one CIDR such as 10.20.0.0/16: the HAProxy nodes must reach port 9777, and no one else."
+  }
 }
 
 variable "gke_node_tags" {
   type        = list(string)
   description = "Network tags of the GKE nodes that run hastate (the targets of the firewall rules)."
+  validation {
+    condition     = length(var.gke_node_tags) > 0 && alltrue([for t in var.gke_node_tags : can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", t))])
+    error_message = "gke_node_tags must list the GKE nodes' network tags (at least one; lower-case, as GCP tags are): without one a rule would target every VM of the network."
+  }
 }
 
 variable "health_check_ranges" {
   type        = list(string)
   description = "Source ranges of Google's load balancer health checks."
   default     = ["35.191.0.0/16", "130.211.0.0/22"]
+  validation {
+    condition     = length(var.health_check_ranges) > 0 && alltrue([for c in var.health_check_ranges : can(cidrhost(c, 0)) && strcontains(c, "/")])
+    error_message = "health_check_ranges must be CIDRs."
+  }
 }
 
-variable "health_check_ports" {
-  type        = list(string)
-  description = "Node ports the health checks probe: kube-proxy's 10256 (externalTrafficPolicy Cluster) and the Service's health check node port range (Local)."
-  default     = ["10256", "30000-32767"]
+variable "health_check_port" {
+  type        = number
+  description = "The node port Google's health checks probe: the chart's agentService.healthCheckNodePort, pinned (externalTrafficPolicy Local), or 10256, kube-proxy's (Cluster)."
+  validation {
+    condition     = var.health_check_port == 10256 || (var.health_check_port >= 30000 && var.health_check_port <= 32767)
+    error_message = "health_check_port must be the agent Service's pinned healthCheckNodePort (30000-32767) or 10256."
+  }
 }
 
 variable "kv_prefix" {

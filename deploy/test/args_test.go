@@ -50,8 +50,8 @@ func runMain(m *testing.M) int {
 
 // TestChartArgsStartHastate feeds the rendered StatefulSet's args and env to
 // hastate itself, as the kubelet would for pod t-hastate-0: $(VAR)s
-// expanded, the volumes' files in place (the raft TLS files taken from the
-// chart's generated Secret). hastate has no parse-only flag, so it really
+// expanded, the volumes' files in place (the raft TLS files of an
+// existingSecret, written where the Secret volume's items put them). hastate has no parse-only flag, so it really
 // starts; to keep to loopback, flags appended after the chart's (the last
 // one wins) move the listeners to 127.0.0.1 and dial the other replicas
 // and Consul at closed loopback ports. Every other flag, --peers and
@@ -60,7 +60,7 @@ func runMain(m *testing.M) int {
 // exits 2 at once), answer /-/liveness, export hastate_raft_tls_enabled 1,
 // and stop on SIGTERM.
 func TestChartArgsStartHastate(t *testing.T) {
-	r := render(t, loadChart(t, chartDir), values(t, `consul: {token: s3cr3t}`))
+	r := render(t, loadChart(t, chartDir), values(t, "consul: {token: s3cr3t}\nraftTLS: {existingSecret: raft-certs}"))
 	ss, c := statefulSet(t, r)
 	pod := "t-hastate-0"
 
@@ -69,8 +69,11 @@ func TestChartArgsStartHastate(t *testing.T) {
 	for _, m := range c.VolumeMounts {
 		dir := t.TempDir()
 		paths[m.MountPath] = dir
-		if m.Name == "raft-tls" || m.Name == "consul-token" {
-			writeSecretVolume(t, r, volume(ss, m.Name), dir)
+		switch m.Name {
+		case "raft-tls":
+			writeSecretVolume(t, volume(ss, m.Name), dir)
+		case "consul-token":
+			writeRenderedSecretVolume(t, r, volume(ss, m.Name), dir)
 		}
 	}
 	// One pass, longest mount path first: a local dir is itself under
@@ -177,12 +180,38 @@ func get(addr, path string) string {
 	return string(b)
 }
 
-// writeSecretVolume writes the items of a Secret volume from the rendered
-// Secret into dir, as the kubelet would.
-func writeSecretVolume(t *testing.T, r *Rendered, v *corev1.Volume, dir string) {
+// writeSecretVolume writes the items of the existingSecret volume into dir,
+// as the kubelet would, from a test CA: ca.crt, and a certificate and key
+// for every <pod>.crt / <pod>.key item.
+func writeSecretVolume(t *testing.T, v *corev1.Volume, dir string) {
+	t.Helper()
+	if v == nil || v.Secret == nil || v.Secret.SecretName != "raft-certs" {
+		t.Fatalf("volume %+v: want the Secret volume of raftTLS.existingSecret", v)
+	}
+	cert, key, ca := testenv.WriteRaftTLS(t, t.TempDir())
+	from := map[string]string{".crt": cert, ".key": key}
+	for _, it := range v.Secret.Items {
+		src := from[filepath.Ext(it.Key)]
+		if it.Key == "ca.crt" {
+			src = ca
+		}
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatalf("Secret key %s: %v", it.Key, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, it.Path), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// writeRenderedSecretVolume writes the items of a Secret volume whose
+// Secret the chart renders (the Consul token from consul.token) into dir,
+// as the kubelet would.
+func writeRenderedSecretVolume(t *testing.T, r *Rendered, v *corev1.Volume, dir string) {
 	t.Helper()
 	if v == nil || v.Secret == nil {
-		t.Fatalf("volume %+v: want a Secret volume (the chart's generated TLS)", v)
+		t.Fatalf("volume %+v: want a Secret volume", v)
 	}
 	sec := r.get(t, "Secret", v.Secret.SecretName).(*corev1.Secret)
 	for _, it := range v.Secret.Items {

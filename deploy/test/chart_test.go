@@ -1,8 +1,6 @@
 package deploytest
 
 import (
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,12 +13,13 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 )
 
-// tokenOnly is the one value an install must give: the Secret of the
-// replicas' Consul token.
+// tokenOnly is the token's Secret, which an install must give besides the
+// HAProxy CIDRs (requiredValues has both).
 const tokenOnly = `consul: {existingSecret: {name: hastate-consul}}`
 
-// The defaults are what production gets with no values file but the token's
-// Secret (without it the chart refuses to render: TestChartRefusesAnonymousConsul):
+// The defaults are what production gets with only the required values
+// (requiredValues: the HAProxy CIDRs and the token's Secret; without the
+// token the chart refuses to render: TestChartRefusesAnonymousConsul):
 // check every fact the deploy guide promises.
 func TestChartDefaults(t *testing.T) {
 	r := render(t, loadChart(t, chartDir), values(t, tokenOnly))
@@ -42,12 +41,15 @@ func TestChartDefaults(t *testing.T) {
 		"data-dir":       "/var/lib/hastate",
 		"kv-prefix":      "hastate/",
 		"shutdown-delay": "29s", // 8 s × 3 + 5 s
-		"raft-tls-cert":  "/etc/hastate/raft-tls/$(POD_NAME).crt",
-		"raft-tls-key":   "/etc/hastate/raft-tls/$(POD_NAME).key",
-		"raft-tls-ca":    "/etc/hastate/raft-tls/ca.crt",
-		"agent-addr":     ":9777",
-		"http-addr":      ":9778",
-		"raft-addr":      ":9779",
+		// Serving while terminating: docs/deploy.md "One rollout step",
+		// TestE2ERolloutStepExternalTrafficPolicyLocal.
+		"ready-while-stopping": "true",
+		"raft-tls-cert":        "/etc/hastate/raft-tls/$(POD_NAME).crt",
+		"raft-tls-key":         "/etc/hastate/raft-tls/$(POD_NAME).key",
+		"raft-tls-ca":          "/etc/hastate/raft-tls/ca.crt",
+		"agent-addr":           ":9777",
+		"http-addr":            ":9778",
+		"raft-addr":            ":9779",
 	}
 	if c.Args[0] != "serve" {
 		t.Errorf("args[0] = %q, want serve", c.Args[0])
@@ -125,16 +127,18 @@ func TestChartDefaults(t *testing.T) {
 		t.Errorf("PDB selector %v does not select the pods %v", pdb.Spec.Selector.MatchLabels, ss.Spec.Template.Labels)
 	}
 
-	checkNetworkPolicy(t, r, ss, []string{"10.0.0.0/8"}, []string{"monitoring"})
-	checkGeneratedTLS(t, r, ss, c, 3)
+	checkNetworkPolicy(t, r, ss, []string{"10.20.0.0/16"}, []string{"monitoring"})
+	checkChartCA(t, r)
+	checkTLSFiles(t, c, tlsVolumeFiles(volume(ss, "raft-tls")), 3)
 
-	// Monitoring is off by default; cert-manager is not used.
-	for _, k := range []string{"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer", "ConfigMap"} {
+	// Monitoring is off by default; raft certificates come from
+	// cert-manager, and no Secret is rendered.
+	for _, k := range []string{"ServiceMonitor", "PodMonitoring", "PrometheusRule", "ConfigMap", "Secret"} {
 		if n := r.count(k); n != 0 {
 			t.Errorf("%d %s rendered by default, want none", n, k)
 		}
 	}
-	for _, want := range []string{"agent-check agent-addr <ILB-IP> agent-port 9777", "Raft mutual TLS: chart-generated CA"} {
+	for _, want := range []string{"agent-check agent-addr <ILB-IP> agent-port 9777", "Raft mutual TLS: certificates from cert-manager"} {
 		if !strings.Contains(r.Notes, want) {
 			t.Errorf("NOTES.txt lacks %q:\n%s", want, r.Notes)
 		}
@@ -166,8 +170,8 @@ agentService:
   healthCheck: {intervalSeconds: 10, unhealthyThreshold: 2}
 livenessProbe: {enabled: true}
 extraArgs: ["--pollers-max=400000"]
+haproxyCIDRs: [10.20.0.0/16, 10.30.0.0/16]
 networkPolicy:
-  agentCIDRs: [10.20.0.0/16, 10.30.0.0/16]
   httpNamespaces: [monitoring, ops-tools]
 metrics:
   serviceMonitor: {enabled: true}
@@ -236,10 +240,10 @@ metrics:
 	if sm == nil {
 		t.Fatal("no ServiceMonitor")
 	}
-	// The alert rules select job="hastate", whatever the release is called.
+	// One job per release: the alert rules aggregate by (namespace, job).
 	if eps := sm.(*monitoringv1.ServiceMonitor).Spec.Endpoints; len(eps) != 1 || len(eps[0].RelabelConfigs) != 1 ||
-		eps[0].RelabelConfigs[0].TargetLabel != "job" || fmt.Sprint(deref(eps[0].RelabelConfigs[0].Replacement)) != "hastate" {
-		t.Errorf("ServiceMonitor endpoints %+v: want the job label set to hastate", eps)
+		eps[0].RelabelConfigs[0].TargetLabel != "job" || fmt.Sprint(deref(eps[0].RelabelConfigs[0].Replacement)) != full {
+		t.Errorf("ServiceMonitor endpoints %+v: want the job label set to the release's %s", eps, full)
 	}
 	pr := r.get(t, "PrometheusRule", full)
 	if pr == nil {
@@ -406,7 +410,12 @@ func TestChartSchemaRejectsWrongTypes(t *testing.T) {
 		{"prefix without a slash", `consul: {kvPrefix: hastate}`, "/consul/kvPrefix"},
 		{"unknown top-level key", `replica: 3`, "replica"},
 		{"bad traffic policy", `agentService: {externalTrafficPolicy: local}`, "/agentService/externalTrafficPolicy"},
-		{"CIDRs as a string", `networkPolicy: {agentCIDRs: 10.0.0.0/8}`, "/networkPolicy/agentCIDRs"},
+		{"CIDRs as a string", `haproxyCIDRs: 10.0.0.0/8`, "/haproxyCIDRs"},
+		{"a CIDR without its length", `haproxyCIDRs: [10.0.0.1]`, "/haproxyCIDRs/0"},
+		{"the removed generated CA", `raftTLS: {generated: {caValidityDays: 10}}`, "generated"},
+		{"a partition below 0", `updateStrategy: {partition: -1}`, "/updateStrategy/partition"},
+		{"an unknown update strategy", `updateStrategy: {type: Recreate}`, "/updateStrategy/type"},
+		{"a health check port outside the node ports", `agentService: {healthCheckNodePort: 8080}`, "/agentService/healthCheckNodePort"},
 		{"ramp duration as a number", `ramp: {duration: 300}`, "/ramp/duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -551,57 +560,59 @@ func checkNetworkPolicy(t *testing.T, r *Rendered, ss *appsv1.StatefulSet, cidrs
 		t.Errorf("HTTP allowed from namespaces %v, want %v", gotNS, namespaces)
 	}
 	var gotCIDR []string
+	var testPods int
 	for _, f := range byPort[9777].From {
-		if f.IPBlock == nil || f.PodSelector != nil || f.NamespaceSelector != nil {
-			t.Errorf("agent rule peer %+v, want an ipBlock only", f)
-			continue
+		switch {
+		case f.IPBlock != nil && f.PodSelector == nil && f.NamespaceSelector == nil:
+			gotCIDR = append(gotCIDR, f.IPBlock.CIDR)
+		case f.IPBlock == nil && f.PodSelector != nil && f.NamespaceSelector == nil &&
+			f.PodSelector.MatchLabels["app.kubernetes.io/component"] == "helm-test" && !selects(f.PodSelector.MatchLabels, ss.Spec.Template.Labels):
+			testPods++ // the `helm test` pod, not a replica's labels
+		default:
+			t.Errorf("agent rule peer %+v, want an ipBlock or the helm test pod", f)
 		}
-		gotCIDR = append(gotCIDR, f.IPBlock.CIDR)
+	}
+	if testPods != 1 {
+		t.Errorf("agent rule admits the helm test pod %d times, want once", testPods)
 	}
 	if !slices.Equal(gotCIDR, cidrs) {
 		t.Errorf("agent port allowed from %v, want %v", gotCIDR, cidrs)
 	}
 }
 
-// checkGeneratedTLS: the chart's own CA signs one certificate per replica,
-// for server and client auth, named as the peers dial it; the pods get the
-// certificates and ca.crt but never ca.key.
-func checkGeneratedTLS(t *testing.T, r *Rendered, ss *appsv1.StatefulSet, c *corev1.Container, n int) {
+// checkChartCA: with cert-manager and no issuer given, a self-signed root
+// makes the cluster's own CA Certificate, a CA Issuer signs one Certificate
+// per replica with it, for server and client auth, named as the peers dial
+// it; no certificate or key is in the manifest itself.
+func checkChartCA(t *testing.T, r *Rendered) {
 	t.Helper()
-	sec := r.get(t, "Secret", "t-hastate-raft-tls").(*corev1.Secret)
-	if sec.Annotations["helm.sh/resource-policy"] != "keep" {
-		t.Errorf("raft TLS Secret lacks helm.sh/resource-policy: keep")
+	root := r.get(t, "Issuer", "t-hastate-raft-selfsigned").(*issuer)
+	caIss := r.get(t, "Issuer", "t-hastate-raft-ca").(*issuer)
+	caCrt := r.get(t, "Certificate", "t-hastate-raft-ca").(*certificate)
+	if root.Spec.SelfSigned == nil || caIss.Spec.CA == nil || caIss.Spec.CA.SecretName != caCrt.Spec.SecretName || !caCrt.Spec.IsCA {
+		t.Errorf("chart CA chain wrong: root %+v, CA issuer %+v, CA cert %+v", root.Spec, caIss.Spec, caCrt.Spec)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(sec.Data["ca.crt"]) {
-		t.Fatalf("ca.crt is not a PEM certificate")
+	// A renewal of the CA with a new key would be a CA rotation that every
+	// replica's certificate fails, one Secret at a time.
+	if caCrt.Spec.PrivateKey.RotationPolicy != "Never" {
+		t.Errorf("the chart's CA Certificate rotationPolicy = %q, want Never (its renewal keeps the key)", caCrt.Spec.PrivateKey.RotationPolicy)
 	}
-	for i := range n {
-		pod := fmt.Sprintf("t-hastate-%d", i)
-		blk, _ := pem.Decode(sec.Data[pod+".crt"])
-		if blk == nil {
-			t.Fatalf("%s.crt missing or not PEM", pod)
+	ss, _ := statefulSet(t, r)
+	for i := range int(*ss.Spec.Replicas) {
+		crt := r.get(t, "Certificate", fmt.Sprintf("t-hastate-raft-%d", i)).(*certificate)
+		host := fmt.Sprintf("t-hastate-%d.t-hastate.ops.svc", i)
+		if crt.Spec.IssuerRef.Name != "t-hastate-raft-ca" || crt.Spec.IssuerRef.Kind != "Issuer" || !slices.Contains(crt.Spec.DNSNames, host) {
+			t.Errorf("Certificate %d = %+v, want SAN %s from the chart's CA Issuer", i, crt.Spec, host)
 		}
-		crt, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		host := fmt.Sprintf("%s.t-hastate.ops.svc", pod)
-		if _, err := crt.Verify(x509.VerifyOptions{Roots: pool, DNSName: host, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-			t.Errorf("%s: not valid for server auth as %s: %v", pod, host, err)
-		}
-		if _, err := crt.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-			t.Errorf("%s: not valid for client auth: %v", pod, err)
-		}
-		if len(sec.Data[pod+".key"]) == 0 {
-			t.Errorf("%s.key missing", pod)
+		if !slices.Contains(crt.Spec.Usages, "server auth") || !slices.Contains(crt.Spec.Usages, "client auth") {
+			t.Errorf("Certificate %d usages = %v, want server and client auth", i, crt.Spec.Usages)
 		}
 	}
-	files := tlsVolumeFiles(volume(ss, "raft-tls"))
-	if slices.Contains(files, "ca.key") {
-		t.Errorf("the pods get the CA key: %v", files)
+	for _, pemType := range []string{"BEGIN CERTIFICATE", "PRIVATE KEY"} {
+		if strings.Contains(r.Manifest, pemType) {
+			t.Errorf("the manifest holds a %q block: no certificate or key may be rendered (every release revision would store it)", pemType)
+		}
 	}
-	checkTLSFiles(t, c, files, n)
 }
 
 // tlsVolumeFiles lists the file names the raft-tls volume puts in place.

@@ -13,6 +13,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/release"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -31,13 +32,21 @@ const (
 // beyond the built-in ones.
 const kubeVersion = "v1.30.0"
 
-var extraAPIs = chartutil.VersionSet{"monitoring.coreos.com/v1", "cert-manager.io/v1"}
+var extraAPIs = chartutil.VersionSet{"monitoring.coreos.com/v1", "cert-manager.io/v1", "monitoring.googleapis.com/v1"}
+
+// requiredValues are the values the chart cannot default: the HAProxy
+// CIDRs (TestChartNeedsHAProxyCIDRs shows a render without them fails)
+// and the Consul token (TestChartRefusesAnonymousConsul).
+// render adds them when a test's values do not set them.
+const requiredValues = "haproxyCIDRs: [10.20.0.0/16]\nconsul: {existingSecret: {name: hastate-consul}}\n"
 
 // Rendered is a chart rendered and strictly decoded, one typed object per
 // document, by kind and name.
 type Rendered struct {
-	Notes   string
-	objects map[string]any // "Kind/name"
+	Notes    string
+	Manifest string              // the documents, hooks excluded, as Helm applies them
+	objects  map[string]any      // "Kind/name", hooks included
+	hooks    map[string][]string // "Kind/name" of a hook → its events (test, pre-install, ...)
 }
 
 func (r *Rendered) get(t *testing.T, kind, name string) any {
@@ -98,6 +107,10 @@ func newObject(kind string) (any, error) {
 		return &certificate{}, nil
 	case "Issuer":
 		return &issuer{}, nil
+	case "Pod":
+		return &corev1.Pod{}, nil
+	case "PodMonitoring":
+		return &podMonitoring{}, nil
 	}
 	return nil, fmt.Errorf("kind %q: the test knows no API type for it (add one)", kind)
 }
@@ -129,6 +142,21 @@ type certificate struct {
 	} `json:"spec"`
 }
 
+// podMonitoring mirrors the fields of monitoring.googleapis.com/v1
+// PodMonitoring (Google Cloud Managed Service for Prometheus) the chart uses.
+type podMonitoring struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector  metav1.LabelSelector `json:"selector"`
+		Endpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Interval string `json:"interval"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
 type issuer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
@@ -154,32 +182,66 @@ func loadChart(t *testing.T, dir string) *chart.Chart {
 // a cluster (client only: fixed Kubernetes version, monitoring.coreos.com/v1
 // and cert-manager.io/v1 available) into release "t" in namespace "ops".
 func renderValues(ch *chart.Chart, vals map[string]any) (string, string, error) {
-	inst := action.NewInstall(&action.Configuration{})
-	inst.ClientOnly = true
-	inst.DryRun = true
-	inst.ReleaseName = "t"
-	inst.Namespace = "ops"
-	kv, err := chartutil.ParseKubeVersion(kubeVersion)
-	if err != nil {
-		return "", "", err
-	}
-	inst.KubeVersion = kv
-	inst.APIVersions = extraAPIs
-	rel, err := inst.Run(ch, vals)
+	rel, err := renderRelease(ch, vals)
 	if err != nil {
 		return "", "", err
 	}
 	return rel.Manifest, rel.Info.Notes, nil
 }
 
-// render renders ch with vals and decodes every document strictly.
+// renderRelease renders as renderValues does and returns the release,
+// hooks included.
+func renderRelease(ch *chart.Chart, vals map[string]any) (*release.Release, error) {
+	return renderWithKube(ch, vals, kubeVersion)
+}
+
+// renderWithKube renders for the Kubernetes version kube.
+func renderWithKube(ch *chart.Chart, vals map[string]any, kube string) (*release.Release, error) {
+	inst := action.NewInstall(&action.Configuration{})
+	inst.ClientOnly = true
+	inst.DryRun = true
+	inst.ReleaseName = "t"
+	inst.Namespace = "ops"
+	kv, err := chartutil.ParseKubeVersion(kube)
+	if err != nil {
+		return nil, err
+	}
+	inst.KubeVersion = kv
+	inst.APIVersions = extraAPIs
+	return inst.Run(ch, vals)
+}
+
+// render renders ch with vals (requiredValues added where vals lacks
+// them) and decodes every document, hooks included, strictly.
 func render(t *testing.T, ch *chart.Chart, vals map[string]any) *Rendered {
 	t.Helper()
-	manifest, notes, err := renderValues(ch, vals)
+	if vals == nil {
+		vals = map[string]any{}
+	}
+	for k, v := range values(t, requiredValues) {
+		if _, ok := vals[k]; !ok {
+			vals[k] = v
+		}
+	}
+	rel, err := renderRelease(ch, vals)
 	if err != nil {
 		t.Fatalf("render: %v", err)
 	}
-	r := &Rendered{Notes: notes, objects: map[string]any{}}
+	r := &Rendered{Notes: rel.Info.Notes, Manifest: rel.Manifest, objects: map[string]any{}, hooks: map[string][]string{}}
+	r.decode(t, rel.Manifest, nil)
+	for _, h := range rel.Hooks {
+		var events []string
+		for _, e := range h.Events {
+			events = append(events, string(e))
+		}
+		r.decode(t, h.Manifest, events)
+	}
+	return r
+}
+
+// decode adds the documents of manifest; events, for a hook's.
+func (r *Rendered) decode(t *testing.T, manifest string, events []string) {
+	t.Helper()
 	for _, doc := range strings.Split(manifest, "\n---") {
 		if strings.TrimSpace(stripComments(doc)) == "" {
 			continue
@@ -207,8 +269,10 @@ func render(t *testing.T, ch *chart.Chart, vals map[string]any) *Rendered {
 			t.Errorf("%s: namespace %q, want the release's (ops)", key, om.Metadata.Namespace)
 		}
 		r.objects[key] = obj
+		if events != nil {
+			r.hooks[key] = events
+		}
 	}
-	return r
 }
 
 func stripComments(doc string) string {

@@ -1,6 +1,8 @@
 package deploytest
 
 import (
+	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,11 +11,14 @@ import (
 	"testing"
 
 	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/ext/tryfunc"
 	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/convert"
 	"github.com/zclconf/go-cty/cty/function"
+	"github.com/zclconf/go-cty/cty/function/stdlib"
 )
 
 const tfDir = "../terraform"
@@ -142,48 +147,310 @@ func TestTerraformNothingHardCoded(t *testing.T) {
 }
 
 // Terraform owns only what GKE does not make: an INTERNAL address in the
-// given subnetwork, a DNS record, firewall rules for 9777 and the health
-// checks.
+// given subnetwork, protected from destruction (every haproxy.cfg names
+// it), a DNS record, and the firewall rules for 9777 (from the HAProxy
+// CIDRs only) and for the health checks (one port), in the network's
+// project (Shared VPC).
 func TestTerraformResources(t *testing.T) {
-	bodies := tfFiles(t)
-	var addr, fw *hclsyntax.Block
-	for path, body := range bodies {
+	res := map[string]*hclsyntax.Block{}
+	for path, body := range tfFiles(t) {
 		if filepath.Dir(path) != filepath.Clean(tfDir) {
 			continue
 		}
 		for _, b := range body.Blocks {
-			if b.Type == "resource" && b.Labels[0] == "google_compute_address" {
-				addr = b
-			}
-			if b.Type == "resource" && b.Labels[0] == "google_compute_firewall" && b.Labels[1] == "agent_from_haproxy" {
-				fw = b
+			if b.Type == "resource" {
+				res[b.Labels[0]+"."+b.Labels[1]] = b
 			}
 		}
 	}
-	if addr == nil || fw == nil {
-		t.Fatal("google_compute_address or the agent firewall rule missing")
+	addr, fw, hc := res["google_compute_address.agent"], res["google_compute_firewall.agent_from_haproxy"], res["google_compute_firewall.health_checks"]
+	if addr == nil || fw == nil || hc == nil {
+		t.Fatalf("address or firewall rules missing: %v", slices.Sorted(maps.Keys(res)))
 	}
 	if got := literalString(t, addr.Body.Attributes["address_type"]); got != "INTERNAL" {
 		t.Errorf("address_type = %q, want INTERNAL", got)
 	}
-	if _, ok := addr.Body.Attributes["subnetwork"]; !ok {
-		t.Errorf("the address names no subnetwork")
+	if refs := traversals(addr.Body.Attributes["subnetwork"]); !slices.Equal(refs, []string{"local.subnetwork"}) {
+		t.Errorf("the address's subnetwork is %v, want local.subnetwork (the host project's in a Shared VPC)", refs)
 	}
+	var protected bool
+	for _, b := range addr.Body.Blocks {
+		if b.Type == "lifecycle" {
+			if v, diags := b.Body.Attributes["prevent_destroy"].Expr.Value(nil); !diags.HasErrors() && v.True() {
+				protected = true
+			}
+		}
+	}
+	if !protected {
+		t.Errorf("google_compute_address.agent lacks lifecycle { prevent_destroy = true }")
+	}
+	for _, rule := range []*hclsyntax.Block{fw, hc} {
+		name := rule.Labels[1]
+		if refs := traversals(rule.Body.Attributes["project"]); !slices.Equal(refs, []string{"local.network_project"}) {
+			t.Errorf("%s: project %v, want local.network_project", name, refs)
+		}
+		if refs := traversals(rule.Body.Attributes["network"]); !slices.Equal(refs, []string{"local.network"}) {
+			t.Errorf("%s: network %v, want local.network", name, refs)
+		}
+		if _, ok := rule.Body.Attributes["source_tags"]; ok {
+			t.Errorf("%s: source_tags: the sources are CIDRs, the same as the chart's loadBalancerSourceRanges", name)
+		}
+	}
+	if got := allowedPorts(t, fw, nil); !slices.Equal(got, []string{"9777"}) {
+		t.Errorf("agent firewall allows %v, want only 9777", got)
+	}
+	if refs := traversals(fw.Body.Attributes["source_ranges"]); !slices.Equal(refs, []string{"var.haproxy_source_ranges"}) {
+		t.Errorf("agent firewall sources %v, want var.haproxy_source_ranges only", refs)
+	}
+	ctx := &hcl.EvalContext{Functions: tfFunctions(), Variables: map[string]cty.Value{
+		"var": cty.ObjectVal(map[string]cty.Value{"health_check_port": cty.NumberIntVal(32123)}),
+	}}
+	if got := allowedPorts(t, hc, ctx); !slices.Equal(got, []string{"32123"}) {
+		t.Errorf("health check firewall allows %v, want the one pinned port 32123", got)
+	}
+}
+
+// The locals put a Shared VPC's network, subnetwork and rules in the host
+// project, and change nothing for a VPC of the project's own.
+func TestTerraformSharedVPC(t *testing.T) {
+	locals := map[string]hcl.Expression{}
+	for path, body := range tfFiles(t) {
+		if filepath.Dir(path) != filepath.Clean(tfDir) {
+			continue
+		}
+		for _, b := range body.Blocks {
+			if b.Type == "locals" {
+				for n, a := range b.Body.Attributes {
+					locals[n] = a.Expr
+				}
+			}
+		}
+	}
+	eval := func(np cty.Value, subnet string) map[string]string {
+		vars := cty.ObjectVal(map[string]cty.Value{
+			"project": cty.StringVal("svc-project"), "network_project": np, "region": cty.StringVal("r1"),
+			"network": cty.StringVal("vpc"), "subnetwork": cty.StringVal(subnet),
+		})
+		out := map[string]cty.Value{}
+		// Locals refer to each other: evaluate until all are known.
+		for range 3 {
+			ctx := &hcl.EvalContext{Functions: tfFunctions(), Variables: map[string]cty.Value{"var": vars, "local": cty.ObjectVal(out)}}
+			for n, e := range locals {
+				if v, diags := e.Value(ctx); !diags.HasErrors() {
+					out[n] = v
+				}
+			}
+		}
+		got := map[string]string{}
+		for _, n := range []string{"network_project", "subnetwork", "network"} {
+			v, ok := out[n]
+			if !ok {
+				t.Fatalf("local.%s did not evaluate", n)
+			}
+			got[n] = v.AsString()
+		}
+		return got
+	}
+	own := eval(cty.NullVal(cty.String), "ops")
+	if want := map[string]string{"network_project": "svc-project", "subnetwork": "ops", "network": "vpc"}; !maps.Equal(own, want) {
+		t.Errorf("own VPC: %v, want %v", own, want)
+	}
+	shared := eval(cty.StringVal("host-project"), "ops")
+	if want := map[string]string{"network_project": "host-project", "subnetwork": "projects/host-project/regions/r1/subnetworks/ops", "network": "projects/host-project/global/networks/vpc"}; !maps.Equal(shared, want) {
+		t.Errorf("Shared VPC: %v, want %v", shared, want)
+	}
+	link := "projects/host-project/regions/r1/subnetworks/other"
+	if got := eval(cty.StringVal("host-project"), link)["subnetwork"]; got != link {
+		t.Errorf("a subnetwork given as a self link became %q", got)
+	}
+}
+
+// The variables' validations refuse what would open the firewall wider or
+// reserve no usable address: each bad value is refused with its message,
+// each good one passes.
+func TestTerraformValidations(t *testing.T) {
+	list := func(xs ...string) cty.Value {
+		if len(xs) == 0 {
+			return cty.ListValEmpty(cty.String)
+		}
+		var vs []cty.Value
+		for _, x := range xs {
+			vs = append(vs, cty.StringVal(x))
+		}
+		return cty.ListVal(vs)
+	}
+	for _, tc := range []struct {
+		variable string
+		value    cty.Value
+		ok       bool
+	}{
+		{"address", cty.NullVal(cty.String), true},
+		{"address", cty.StringVal("10.1.2.3"), true},
+		{"address", cty.StringVal("10.1.2"), false},
+		{"address", cty.StringVal("10.1.2.3/32"), false},
+		{"address", cty.StringVal("10.1.2.300"), false},
+		{"address", cty.StringVal("hastate.internal"), false},
+		{"haproxy_source_ranges", list("10.20.0.0/16", "10.30.4.0/24"), true},
+		{"haproxy_source_ranges", list(), false},
+		{"haproxy_source_ranges", list("10.20.0.0"), false},
+		{"haproxy_source_ranges", list("10.20.0.0/16", "everyone"), false},
+		{"haproxy_source_ranges", list("10.20.0.0/33"), false},
+		{"gke_node_tags", list("gke-ops-node"), true},
+		{"gke_node_tags", list(), false},
+		{"gke_node_tags", list("GKE Ops"), false},
+		{"health_check_port", cty.NumberIntVal(32123), true},
+		{"health_check_port", cty.NumberIntVal(10256), true},
+		{"health_check_port", cty.NumberIntVal(8080), false},
+		{"health_check_port", cty.NumberIntVal(32768), false},
+		{"network_project", cty.NullVal(cty.String), true},
+		{"network_project", cty.StringVal("gitlab-network-host"), true},
+		{"network_project", cty.StringVal("Host Project"), false},
+		{"health_check_ranges", list("35.191.0.0/16"), true},
+		{"health_check_ranges", list("35.191.0.0"), false},
+	} {
+		ok, msgs := validate(t, tc.variable, tc.value)
+		if ok != tc.ok {
+			t.Errorf("variable %s = %s: valid %v, want %v (%v)", tc.variable, tc.value.GoString(), ok, tc.ok, msgs)
+		}
+		if !ok && (len(msgs) == 0 || !strings.Contains(msgs[0], tc.variable)) {
+			t.Errorf("variable %s = %s: error messages %q do not name the variable", tc.variable, tc.value.GoString(), msgs)
+		}
+	}
+}
+
+// validate evaluates every validation block of the module's variable name
+// with var.name = v, as terraform plan would; it returns whether all hold
+// and the error messages of those that do not.
+func validate(t *testing.T, name string, v cty.Value) (bool, []string) {
+	t.Helper()
+	var blk *hclsyntax.Block
+	for path, body := range tfFiles(t) {
+		if filepath.Dir(path) != filepath.Clean(tfDir) {
+			continue
+		}
+		for _, b := range body.Blocks {
+			if b.Type == "variable" && b.Labels[0] == name {
+				blk = b
+			}
+		}
+	}
+	if blk == nil {
+		t.Fatalf("variable %q not found in the module", name)
+	}
+	ctx := &hcl.EvalContext{Functions: tfFunctions(), Variables: map[string]cty.Value{"var": cty.ObjectVal(map[string]cty.Value{name: v})}}
+	ok, n := true, 0
+	var msgs []string
+	for _, b := range blk.Body.Blocks {
+		if b.Type != "validation" {
+			continue
+		}
+		n++
+		res, diags := b.Body.Attributes["condition"].Expr.Value(ctx)
+		if diags.HasErrors() {
+			// Terraform reports a condition that fails to evaluate as an
+			// error too; here it means the test lacks a function.
+			t.Fatalf("variable %s: condition: %s", name, diags.Error())
+		}
+		if !res.True() {
+			ok = false
+			msgs = append(msgs, literalString(t, b.Body.Attributes["error_message"]))
+		}
+	}
+	if n == 0 {
+		t.Fatalf("variable %s has no validation", name)
+	}
+	return ok, msgs
+}
+
+// tfFunctions are the Terraform functions the module's expressions use,
+// from go-cty's standard library and hcl's tryfunc, and, for the few that
+// are Terraform's own, written here to Terraform's documented behaviour.
+func tfFunctions() map[string]function.Function {
+	str2 := func(f func(a, b string) bool) function.Function {
+		return function.New(&function.Spec{
+			Params: []function.Parameter{{Name: "a", Type: cty.String}, {Name: "b", Type: cty.String}},
+			Type:   function.StaticReturnType(cty.Bool),
+			Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+				return cty.BoolVal(f(args[0].AsString(), args[1].AsString())), nil
+			},
+		})
+	}
+	return map[string]function.Function{
+		"can":         tryfunc.CanFunc,
+		"regex":       stdlib.RegexFunc,
+		"length":      stdlib.LengthFunc,
+		"coalesce":    stdlib.CoalesceFunc,
+		"strcontains": str2(strings.Contains),
+		"endswith":    str2(strings.HasSuffix),
+		"tostring": function.New(&function.Spec{
+			Params: []function.Parameter{{Name: "v", Type: cty.DynamicPseudoType}},
+			Type:   function.StaticReturnType(cty.String),
+			Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+				return convert.Convert(args[0], cty.String)
+			},
+		}),
+		"alltrue": function.New(&function.Spec{
+			Params: []function.Parameter{{Name: "list", Type: cty.List(cty.Bool)}},
+			Type:   function.StaticReturnType(cty.Bool),
+			Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+				for _, v := range args[0].AsValueSlice() {
+					if !v.True() {
+						return cty.False, nil
+					}
+				}
+				return cty.True, nil
+			},
+		}),
+		// cidrhost(prefix, hostnum): an error for anything but an IPv4 or
+		// IPv6 prefix in CIDR notation, as Terraform's.
+		"cidrhost": function.New(&function.Spec{
+			Params: []function.Parameter{{Name: "prefix", Type: cty.String}, {Name: "hostnum", Type: cty.Number}},
+			Type:   function.StaticReturnType(cty.String),
+			Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+				_, n, err := net.ParseCIDR(args[0].AsString())
+				if err != nil {
+					return cty.UnknownVal(cty.String), err
+				}
+				return cty.StringVal(n.IP.String()), nil
+			},
+		}),
+	}
+}
+
+// allowedPorts evaluates the ports of a firewall rule's allow blocks.
+func allowedPorts(t *testing.T, rule *hclsyntax.Block, ctx *hcl.EvalContext) []string {
+	t.Helper()
 	var ports []string
-	for _, b := range fw.Body.Blocks {
+	for _, b := range rule.Body.Blocks {
 		if b.Type == "allow" {
-			v, diags := b.Body.Attributes["ports"].Expr.Value(nil)
+			v, diags := b.Body.Attributes["ports"].Expr.Value(ctx)
 			if diags.HasErrors() {
-				t.Fatal(diags.Error())
+				t.Fatalf("%s ports: %s", rule.Labels[1], diags.Error())
 			}
 			for _, p := range v.AsValueSlice() {
 				ports = append(ports, p.AsString())
 			}
 		}
 	}
-	if !slices.Equal(ports, []string{"9777"}) {
-		t.Errorf("agent firewall allows %v, want only 9777", ports)
+	return ports
+}
+
+// traversals names the variables and locals an attribute refers to.
+func traversals(a *hclsyntax.Attribute) []string {
+	if a == nil {
+		return nil
 	}
+	var out []string
+	for _, tr := range a.Expr.Variables() {
+		name := tr.RootName()
+		if len(tr) > 1 {
+			if at, ok := tr[1].(hcl.TraverseAttr); ok {
+				name += "." + at.Name
+			}
+		}
+		out = append(out, name)
+	}
+	return out
 }
 
 type rule struct{ kind, name, policy string }

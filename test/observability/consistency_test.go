@@ -44,11 +44,14 @@ func TestEveryUsedMetricExists(t *testing.T) {
 func scrapeShowcase(t *testing.T) map[string]bool {
 	t.Helper()
 	bin := testenv.BuildHastate(t, "../..")
+	// With raft TLS, as the chart runs it: its metrics show then.
+	cert, key, ca := testenv.WriteRaftTLS(t, t.TempDir())
 	_, hastate := testenv.StartShowcase(t, bin, "n1", map[string]string{
 		"hastate/state/web/a": `{"state":"drain","by":"alice","reason":"zonal maintenance"}`,
 		"hastate/state/web/b": "50%",
 		"hastate/state/web/x": "drian",
-	}, "--ramp-duration", "1h", "--ramp-interval", "10s")
+	}, "--ramp-duration", "1h", "--ramp-interval", "10s",
+		"--raft-tls-cert", cert, "--raft-tls-key", key, "--raft-tls-ca", ca)
 	web := hastate.HTTP
 
 	var fams map[string]*dto.MetricFamily

@@ -7,7 +7,6 @@ package app
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -84,8 +83,11 @@ type Options struct {
 	// SnapshotInterval and SnapshotThreshold tune raft snapshots (0: 2m, 1024 entries).
 	SnapshotInterval  time.Duration
 	SnapshotThreshold uint64
-	// RaftTLS, when set, secures the raft port with mutual TLS.
-	RaftTLS *tls.Config
+	// RaftTLS, when set, secures the raft port with mutual TLS from files
+	// the node re-reads every RaftTLSReloadInterval (0:
+	// cluster.DefaultTLSReloadInterval).
+	RaftTLS               *cluster.RaftTLS
+	RaftTLSReloadInterval time.Duration
 	// The HTTP server's limits, so that no client holds a connection of
 	// --http-addr forever. HTTPReadTimeout bounds reading a request
 	// (0: 10s); HTTPWriteTimeout bounds a request from the end of its
@@ -108,6 +110,14 @@ type Options struct {
 	// with readiness failing, so that a load balancer in front stops
 	// sending probes here before the agent listener closes (0: none).
 	ShutdownDelay time.Duration
+	// ReadyWhileStopping keeps readiness passing during ShutdownDelay
+	// (it still fails for every other reason). For Kubernetes with
+	// externalTrafficPolicy Local: kube-proxy goes on forwarding to a
+	// terminating pod only while it is serving (ready), and the node's
+	// health check, which counts no terminating pod, takes the node out
+	// of the load balancer meanwhile (KEP-1669). Off: readiness fails at
+	// once, for load balancers that check /-/readiness themselves.
+	ReadyWhileStopping bool
 
 	Logger *zap.Logger // nil: no logs
 	// Registry receives every metric of the replica (nil: a new one).
@@ -342,7 +352,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.node, err = cluster.New(cluster.Options{
 		ID: a.o.NodeID, BindAddr: a.o.RaftAddr, Advertise: a.o.RaftAdvertise, Peers: a.o.Peers,
 		DataDir: a.o.DataDir, Logger: a.log.Named("cluster"), Registerer: a.o.Registry,
-		LeaderDuty: a.watchConsul, Version: version.Get().Version, MaxLevel: a.o.FeatureLevel, TLS: a.o.RaftTLS, DialOverride: a.o.RaftDial, BootstrapWithout: a.o.BootstrapWithout,
+		LeaderDuty: a.watchConsul, Version: version.Get().Version, MaxLevel: a.o.FeatureLevel, TLSFiles: a.o.RaftTLS, TLSReloadInterval: a.o.RaftTLSReloadInterval, DialOverride: a.o.RaftDial, BootstrapWithout: a.o.BootstrapWithout,
 		PeerQueries: map[string]func() any{pollersQuery: func() any {
 			return a.pollers.List(time.Now().Add(-server.PollerWindow))
 		}},
@@ -536,7 +546,11 @@ func (a *App) PrepareStop(ctx context.Context) {
 		return
 	}
 	a.stopping.Store(true)
-	a.log.Info("shutdown delay: readiness fails; agent probes are answered, and raft followed, until it ends",
+	readiness := "readiness fails"
+	if a.o.ReadyWhileStopping {
+		readiness = "readiness passes (--ready-while-stopping: the platform takes a terminating replica out)"
+	}
+	a.log.Info("shutdown delay: "+readiness+"; agent probes are answered, and raft followed, until it ends",
 		zap.Duration("shutdown_delay", a.o.ShutdownDelay))
 	a.node.HandOver(ctx)
 	t := time.NewTimer(a.o.ShutdownDelay)
@@ -583,7 +597,7 @@ type agentSource struct{ a *App }
 
 func (s agentSource) Snapshot() *state.Snapshot { return s.a.node.Confirmed() }
 func (r replica) Ready() (bool, string) {
-	if r.a.stopping.Load() {
+	if r.a.stopping.Load() && !r.a.o.ReadyWhileStopping {
 		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"
 	}
 	return r.a.node.Ready()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hastate/hastate/cluster"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 	dto "github.com/prometheus/client_model/go"
@@ -71,8 +72,17 @@ func startShowcase(t *testing.T) *App {
 	consul.Put(t, "hastate/state/web/b", "50%")
 	consul.Put(t, "hastate/state/web/r", "drain")
 	consul.Put(t, "hastate/state/web/x", "drian")
+	// With raft TLS, so that its metrics (expiry, reloads) show.
+	rt, err := cluster.LoadRaftTLS(func() cluster.TLSFiles {
+		c, k, ca := testenv.WriteRaftTLS(t, t.TempDir())
+		return cluster.TLSFiles{Cert: c, Key: k, CA: ca}
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
 	a := startApp(t, consul.Addr(), "n1", func(o *Options) {
 		o.Ramp = state.RampPolicy{Start: 10, Duration: time.Hour, Interval: 10 * time.Second, Aggression: 1}
+		o.RaftTLS = rt
 	})
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(ask(t, a, "web/r") == "drain\n", "replica never answered drain") })
 	consul.Delete(t, "hastate/state/web/r")

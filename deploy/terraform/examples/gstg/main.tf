@@ -27,17 +27,19 @@ provider "consul" {}
 module "hastate" {
   source = "../.."
 
-  name                = "hastate-${var.environment}"
-  project             = var.project
-  region              = var.region
-  network             = var.network
-  subnetwork          = var.subnetwork
-  dns_managed_zone    = var.dns_managed_zone
-  dns_name            = "hastate.${var.dns_domain}"
-  haproxy_source_tags = var.haproxy_source_tags
-  gke_node_tags       = var.gke_node_tags
-  kv_prefix           = var.kv_prefix
-  labels              = { environment = var.environment, app = "hastate" }
+  name                  = "hastate-${var.environment}"
+  project               = var.project
+  network_project       = var.network_project
+  region                = var.region
+  network               = var.network
+  subnetwork            = var.subnetwork
+  dns_managed_zone      = var.dns_managed_zone
+  dns_name              = "hastate.${var.dns_domain}"
+  haproxy_source_ranges = var.haproxy_cidrs
+  gke_node_tags         = var.gke_node_tags
+  health_check_port     = var.health_check_port
+  kv_prefix             = var.kv_prefix
+  labels                = { environment = var.environment, app = "hastate" }
 }
 
 output "address" {
@@ -53,6 +55,11 @@ output "dns_name" {
 output "hastate_token_accessor_id" {
   description = "The read token for the chart's consul.existingSecret."
   value       = module.hastate.hastate_token_accessor_id
+}
+
+output "haproxy_cidrs" {
+  description = "Set as the chart's haproxyCIDRs."
+  value       = module.hastate.haproxy_cidrs
 }
 
 output "haproxy_server_line" {

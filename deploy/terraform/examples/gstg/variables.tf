@@ -34,9 +34,20 @@ variable "dns_domain" {
   description = "The zone's domain, ending with a dot (the record is hastate.<dns_domain>)."
 }
 
-variable "haproxy_source_tags" {
+variable "network_project" {
+  type        = string
+  description = "Shared VPC host project of the network, null when the VPC is the project's own."
+  default     = null
+}
+
+variable "haproxy_cidrs" {
   type        = list(string)
-  description = "Network tags of the environment's HAProxy VMs."
+  description = "CIDRs of the environment's HAProxy VMs (also the chart's haproxyCIDRs)."
+}
+
+variable "health_check_port" {
+  type        = number
+  description = "The chart's agentService.healthCheckNodePort (pinned)."
 }
 
 variable "gke_node_tags" {
