@@ -543,7 +543,7 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 			}
 			l := WaitLeader(t, 10*time.Second, hs[:2]...)
 			said = l.Cluster(t).Level.Waiting
-			return testenv.Expect(strings.Contains(said, "not every replica understands it") && strings.Contains(said, "n3 (") &&
+			return testenv.Expect(strings.Contains(said, "not every replica understands it") && strings.Contains(said, fmt.Sprintf("n3 (%s, level %d)", prevVersion, prevLevel)) &&
 				l.Metric(t, "hastate_cluster_level_waiting") == 1, "the leader does not report n3 below the level: %q", said)
 		})
 		t.Logf("n3 rolled back with its data after level %d: it says %q; the leader says %q", state.MaxLevel, n3, said)
@@ -598,6 +598,13 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	}
 }
 
+// mixedHold is how long a leader of this build leads a mixed cluster
+// before the level may rise: longer than the period of every leader loop
+// that writes entries (the record of HAProxy nodes: 5s), so that an entry
+// of a new kind written too early reaches the previous release's replica,
+// which then says it does not understand it.
+const mixedHold = 7 * time.Second
+
 // mixedGate checks this build's level gate with n2 and n3 on this build
 // and n1 still on the previous release: the level in force stays the
 // previous release's, on every replica, and (with a rise) every replica of
@@ -606,6 +613,9 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 // over (upgrade, as the roll does).
 func mixedGate(t *testing.T, hs []*Hastate, oldBin, prevVersion string, prevLevel int, upgrade func(string, *Hastate, string, ...string)) {
 	t.Helper()
+	// From here a replica of this build leads (at the latest once n1
+	// handed over): it holds for mixedHold.
+	since := time.Now()
 	if WaitLeader(t, 10*time.Second, hs...) == hs[0] {
 		upgrade(fmt.Sprintf("n1 restarts on %s, handing leadership to this build", prevVersion), hs[0], oldBin)
 	}
@@ -614,6 +624,9 @@ func mixedGate(t *testing.T, hs []*Hastate, oldBin, prevVersion string, prevLeve
 		t.Fatalf("n1 (%s) leads again after it handed leadership over", prevVersion)
 	}
 	nextLevel := fmt.Sprintf("level %d (", prevLevel+1)
+	// n1 as the gate names a member that answered its status query with
+	// the previous release and level.
+	n1 := fmt.Sprintf("n1 (%s, level %d)", prevVersion, prevLevel)
 	if wantLevelRise {
 		var said []string
 		testenv.Eventually(t, 10*time.Second, holds(func() bool {
@@ -622,18 +635,19 @@ func mixedGate(t *testing.T, hs []*Hastate, oldBin, prevVersion string, prevLeve
 			for _, h := range hs[1:] {
 				w := h.Cluster(t).Level.Waiting
 				said = append(said, h.NodeID+": "+w)
-				all = all && strings.Contains(w, nextLevel) && strings.Contains(w, "n1 (")
+				all = all && strings.Contains(w, nextLevel) && strings.Contains(w, n1)
 			}
 			return all
 		}, func() string {
-			return fmt.Sprintf("with n1 on %s, this build's replicas do not all say that level %d waits for n1: %q", prevVersion, prevLevel+1, said)
+			return fmt.Sprintf("with n1 on %s, this build's replicas do not all say that level %d waits for %s: %q", prevVersion, prevLevel+1, n1, said)
 		}))
 		t.Logf("mixed, %s leads: %s", leader.NodeID, said[0])
 	}
-	// Two rounds of the leader's gate (one a second): nothing rises, and
-	// n1 meets nothing it does not understand.
+	// For mixedHold since this build leads, and at least two rounds of
+	// its gate (one a second): nothing rises, and n1 meets nothing it
+	// does not understand.
 	var lv []string
-	consistently(t, 2*time.Second, func() bool {
+	consistently(t, max(2*time.Second, time.Until(since.Add(mixedHold))), func() bool {
 		lv = nil
 		for _, h := range hs {
 			in := h.Cluster(t).Level
