@@ -435,8 +435,8 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 		upgrade(fmt.Sprintf("forward, capped at %d: %s runs this build", prevLevel, h.NodeID), h, "", "--feature-level", capped)
 		if i == 2 {
 			// Mixed: a drain with each CLI, and one with --for from
-			// each that expires while mixed (level 2, a meta key's
-			// until and ramp, is in force on both releases).
+			// each that expires while mixed (a meta key's until and
+			// ramp count from level 2 on, in force on both releases).
 			write(oldOp, "oldcli", fixed("ready 100%"), fixed("drain"), "drain", "roll/oldcli", "--reason", "old CLI, mixed")
 			write(newOp, "newcli", fixed("ready 100%"), fixed("drain"), "drain", "roll/newcli", "--reason", "new CLI, mixed")
 			write(newOp, "newfor", fixed("ready 100%"), fixed("drain"), "drain", "roll/newfor", "--for", "3s", "--ramp", "3s")
