@@ -28,7 +28,7 @@ var (
 // VERSION file (a test holds them equal; CHANGELOG.md says what each
 // release changed). It is the version of a build nobody stamped: a plain
 // `go build` or `go install` names its release too.
-const Release = "0.14.0"
+const Release = "0.15.0"
 
 // Info is what a build says about itself.
 type Info struct {
