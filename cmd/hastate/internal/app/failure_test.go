@@ -160,11 +160,18 @@ func TestSyncedAtIsTheWatchsOwnAnswer(t *testing.T) {
 			<-r.Context().Done() // the blocking call never returns
 			return
 		}
-		answered.Add(1)
 		rw.Header().Set("X-Consul-Index", "7")
 		rw.Header().Set("X-Consul-KnownLeader", "true")
 		rw.Header().Set("X-Consul-LastContact", "0")
-		_, _ = rw.Write([]byte(`[{"Key":"hastate/state/web/s1","Value":"ZHJhaW4="}]`))
+		switch q := r.URL.Query(); {
+		case q.Has("keys"): // the leader's proof that its token may read the prefix
+			_, _ = rw.Write([]byte(`["hastate/state/"]`))
+		case q.Has("recurse"): // the watch's listing
+			answered.Add(1)
+			_, _ = rw.Write([]byte(`[{"Key":"hastate/state/web/s1","Value":"ZHJhaW4="}]`))
+		default: // the proof's direct reads: absent, as Consul answers
+			rw.WriteHeader(http.StatusNotFound)
+		}
 	}))
 	t.Cleanup(stuck.Close)
 	watchClient, err := kvsync.NewClient(stuck.URL)
@@ -181,7 +188,7 @@ func TestSyncedAtIsTheWatchsOwnAnswer(t *testing.T) {
 	var synced time.Time
 	testenv.Eventually(t, 10*time.Second, func() error {
 		synced = a.consulHealth().SyncedAt
-		return testenv.Expect(!synced.IsZero() && answered.Load() == 1, "the watch's first read was not applied")
+		return testenv.Expect(!synced.IsZero() && answered.Load() == 1, "the watch's first read was not applied (synced %s, %d reads answered)", synced, answered.Load())
 	})
 	before := a.probe.Health().LastOK
 	testenv.Eventually(t, 10*time.Second, func() error {
