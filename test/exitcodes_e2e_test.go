@@ -42,11 +42,11 @@ func readmeExitCodes(t *testing.T) []exitRow {
 	}
 	for i, r := range rows {
 		if r.code != i {
-			t.Fatalf("README's exit codes: row %d is code %d, want 0..4 in order: %v", i, r.code, rows)
+			t.Fatalf("README's exit codes: row %d is code %d, want 0..5 in order: %v", i, r.code, rows)
 		}
 	}
-	if len(rows) != 5 {
-		t.Fatalf("README's exit codes: %d rows, want 0..4: %v", len(rows), rows)
+	if len(rows) != 6 {
+		t.Fatalf("README's exit codes: %d rows, want 0..5: %v", len(rows), rows)
 	}
 	return rows
 }
@@ -117,13 +117,22 @@ func TestE2EExitCodes(t *testing.T) {
 			t.Fatalf("exit %d: the example %q is not a `hastate ...` command", r.code, r.example)
 		}
 		args, when := strings.Fields(m[1]), strings.TrimSpace(m[2])
+		run := op
 		switch {
 		case when == "while no replica answers":
 			hs[0].Kill()
-		case strings.HasPrefix(when, "while"):
+		case when == "with the replicas' read token (ACLs on)":
+			// A Consul with ACLs on and default deny, the shipped
+			// policies, a replica that reads with the read token, and the
+			// command run with that token too.
+			acl, read, _ := aclConsul(t)
+			h := StartHastate(t, HastateOptions{ConsulAddr: acl.Addr(), Args: []string{"--consul-token-file", tokenFile(t, read.SecretID)}})
+			run = h.Operator()
+			run.Env = append(run.Env, "CONSUL_HTTP_TOKEN="+read.SecretID)
+		case when != "" && !strings.HasPrefix(when, "("):
 			t.Fatalf("exit %d: the test does not know how to make %q", r.code, when)
 		}
-		out, code := op.RunCode(t, args...)
+		out, code := run.RunCode(t, args...)
 		if code != r.code {
 			t.Errorf("README: exit %d (%s) for `hastate %s` %s; it exits %d:\n%s", r.code, r.meaning, m[1], when, code, out)
 			continue

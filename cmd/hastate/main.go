@@ -71,7 +71,10 @@ Exit codes, the same for every command (the README's table):
   3  the selector matched nothing (a typo: the known backends are named)
   4  cannot confirm: hastate, Consul or Prometheus could not be read well
      enough to decide; gates and writes fail closed, so a pipeline tells
-     "drained on purpose" (1) from "hastate is broken" (4)`,
+     "drained on purpose" (1) from "hastate is broken" (4)
+  5  permission denied: Consul refused the command's token a read or a
+     write it needs (the message names the ACL rule that would allow it;
+     nothing was written)`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
