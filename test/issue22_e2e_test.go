@@ -70,7 +70,9 @@ func TestIssue22Check(t *testing.T) {
 		if out, code := op.RunCode(t, "drain", "gw/typo"); code == 0 {
 			t.Errorf("a write for a server no HAProxy polls went through:\n%s", out)
 		}
-		op.Run(t, "clear", "gw/typo", "--force")
+		// Nothing was written, and clear of a name no key and no
+		// server has is a typo (exit 3), --force or not.
+		op.RunExit(t, 3, "clear", "gw/typo", "--force")
 	})
 	t.Run("5 --force names each lifted guard", func(t *testing.T) {
 		op.Run(t, "drain", "gw/s2", "--force")

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"time"
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
@@ -24,6 +25,10 @@ func (e ReplicaUnknownError) Unwrap() []error { return []error{e.err, ctl.ErrCan
 // replica never reaches tells nothing. A mismatch is ctl.ErrWrongReplica,
 // naming both prefixes (or clusters); a replica that cannot tell is
 // ReplicaUnknownError.
+// identityWait is how long CheckReplica waits for a replica that cannot
+// say yet which Consul cluster it reads: a few of its 2s retries.
+const identityWait = 5 * time.Second
+
 func CheckReplica(ctx context.Context, c *consul.Client, consulAddr, prefix string, r *Replica) error {
 	ci, err := r.Cluster(ctx)
 	if err != nil {
@@ -41,6 +46,21 @@ func CheckReplica(ctx context.Context, c *consul.Client, consulAddr, prefix stri
 	mine, err := kvsync.ReadIdentity(ctx, c)
 	if err != nil {
 		return ctl.ConsulError(ctx, consulAddr, err, "nothing was written")
+	}
+	// A replica re-reads its Consul's identity every 2s while it fails
+	// (it started while Consul was down, say): this Consul answers, so it
+	// is waited for a moment, never longer than ctx.
+	for wait := time.Now().Add(identityWait); (ci.Consul == nil || ci.Consul.Cluster == "") && time.Now().Before(wait); {
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if again, err := r.Cluster(ctx); err == nil {
+			ci = again
+		}
 	}
 	if ci.Consul == nil || ci.Consul.Cluster == "" {
 		why := "it has not read its Consul yet"
