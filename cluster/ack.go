@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -97,11 +98,12 @@ type ackConns struct {
 	legacy map[raft.ServerID]time.Time
 }
 
-// ackConn is one peer's connection; busy while a round's request is in
-// flight on it (a later round skips the peer rather than wait behind it).
+// ackConn is one peer's connection. sem (capacity 1) is held while a
+// round's request is in flight on it; seq is that round (0: none).
 type ackConn struct {
-	mu sync.Mutex
-	lc lineConn
+	sem chan struct{}
+	lc  lineConn
+	seq atomic.Uint64
 }
 
 func (a *ackConns) conn(id raft.ServerID) *ackConn {
@@ -112,7 +114,7 @@ func (a *ackConns) conn(id raft.ServerID) *ackConn {
 	}
 	c, ok := a.conns[id]
 	if !ok {
-		c = &ackConn{}
+		c = &ackConn{sem: make(chan struct{}, 1)}
 		a.conns[id] = c
 	}
 	return c
@@ -141,9 +143,9 @@ func (a *ackConns) close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, c := range a.conns {
-		c.mu.Lock()
+		c.sem <- struct{}{}
 		c.lc.close()
-		c.mu.Unlock()
+		<-c.sem
 	}
 }
 
@@ -174,6 +176,10 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 		return nil // a cluster of one voter
 	}
 	seq := n.ackSeq.Add(1)
+	// over ends the round for its askAck goroutines that have not sent
+	// their request yet (see askAck).
+	over := make(chan struct{})
+	defer close(over)
 	now := time.Now()
 	results := make(chan ackResult, len(servers))
 	asked, legacy := 0, 0
@@ -189,7 +195,7 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			results <- n.askAck(s, ackRequest{ID: n.opts.ID, Term: term, Seq: seq}, deadline)
+			results <- n.askAck(s, ackRequest{ID: n.opts.ID, Term: term, Seq: seq}, deadline, over)
 		}()
 	}
 	var errs []string
@@ -217,15 +223,44 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 }
 
 // askAck asks one voter for its acknowledgement of this leader in
-// req.Term; a peer whose previous request is still in flight is skipped.
-func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time) ackResult {
+// req.Term, on the peer's kept-open connection. A request of an earlier
+// round still in flight on it (a slow peer) is waited for, until the
+// round is over (a quorum answered, or it failed) or deadline. A
+// goroutine of a round that is over sends nothing: one the scheduler ran
+// late would otherwise hold the connection with a request nobody waits
+// for, and the next round would find both peers busy and fail (measured:
+// 7–14 failed rounds per BenchmarkLeaderRoundCost run on a loaded machine
+// before this; cluster/DESIGN.md).
+func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-chan struct{}) ackResult {
 	r := ackResult{id: s.ID}
 	c := n.acks.conn(s.ID)
-	if !c.mu.TryLock() {
-		r.err = fmt.Errorf("%s: the previous round's request is still in flight", s.ID)
-		return r
+	select {
+	case c.sem <- struct{}{}:
+	default:
+		inFlight := c.seq.Load()
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		select {
+		case c.sem <- struct{}{}:
+		case <-over:
+			r.err = fmt.Errorf("%s: round %d was over before the request of round %d on the connection was answered", s.ID, req.Seq, inFlight)
+			return r
+		case <-t.C:
+			r.err = fmt.Errorf("%s: the request of round %d was still in flight at round %d's deadline", s.ID, inFlight, req.Seq)
+			return r
+		}
 	}
-	defer c.mu.Unlock()
+	defer func() {
+		c.seq.Store(0)
+		<-c.sem
+	}()
+	select {
+	case <-over:
+		r.err = fmt.Errorf("%s: round %d was over before its request was sent", s.ID, req.Seq)
+		return r
+	default:
+	}
+	c.seq.Store(req.Seq)
 	var ans ackAnswer
 	err := c.lc.ask(n.stream, n.dialAddress(s), ackQuery, fmt.Sprintf("%s %d %d\n", req.ID, req.Term, req.Seq), deadline, &ans)
 	switch {

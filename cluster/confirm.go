@@ -245,6 +245,13 @@ func (n *Node) noteRound(began time.Time, index uint64, err error) {
 	n.metrics.confirmRounds.WithLabelValues("failed").Inc()
 	n.conf.failSince.CompareAndSwap(0, began.UnixNano())
 	n.conf.lastErr.Store(&err)
+	if ok, hidden := n.failedLog.Allow(); ok {
+		// The checks of this round are answered nothing (HAProxy keeps
+		// their state); readiness fails once rounds fail for longer than
+		// --leaderless-grace.
+		n.log.Warn("a confirmation round failed: its checks get no answer", zap.Error(err),
+			zap.Duration("took", d), zap.Int64("failed_rounds_not_logged", hidden))
+	}
 }
 
 // confirmRound runs one round: it learns the leader's read index after the

@@ -257,12 +257,14 @@ type Node struct {
 	// follower's open read-index connection to the leader (confirmLoop's);
 	// acks and ackSeq are the leader's "ack" connections to its voters and
 	// the number of its last round (ack.go); unboundLog limits the log of
-	// read-index requests whose ID their certificate does not name.
+	// read-index requests whose ID their certificate does not name,
+	// failedLog that of failed rounds.
 	conf       confirmer
 	ri         lineConn
 	acks       ackConns
 	ackSeq     atomic.Uint64
 	unboundLog *ratelog.Limiter
+	failedLog  *ratelog.Limiter
 	kvState
 
 	// hadState: raft state was in --data-dir at start. bootDetail and
@@ -314,6 +316,7 @@ func New(o Options) (_ *Node, err error) {
 	n.leaderContact.Store(n.started.UnixNano())
 	n.conf.init(n.started)
 	n.unboundLog = ratelog.New(10*time.Second, nil)
+	n.failedLog = ratelog.New(10*time.Second, nil)
 	// Nothing is answered until the node has caught up with a leader.
 	n.withheld.set(withholdCatchingUp, true)
 	n.withheldSince[bitIndex(withholdCatchingUp)].Store(n.started.UnixNano())
