@@ -377,6 +377,10 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(failed(newL)-failed0[0], "ack_leader_failed_rounds")
 	b.ReportMetric(failed(oldL)-failed0[1], "verify_leader_failed_rounds")
+	if failed(newL) > failed0[0] {
+		// Why (a replica logs a failed round, at most one line per 10 s).
+		b.Logf("ack leader %s: %s", newL.NodeID, newL.LogLine(b, "a confirmation round failed"))
+	}
 	bare := merge(res[0]...)
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	merged := make([]loadResult, len(targets))
