@@ -56,8 +56,9 @@ func combineVerdict(h ConsulHealth, rec *state.MirrorSource) api.MirrorVerdict {
 
 // kvFailoverLoop hands leadership to a follower that can mirror when this
 // leader cannot: at once when its Consul or prefix is not the recorded
-// one (whatever KVFailoverAfter says), after KVFailoverAfter for any other
-// reason (never when it is negative). With no such follower
+// one or its token may not read the prefix (whatever KVFailoverAfter
+// says), after KVFailoverAfter for any other reason (never when it is
+// negative). With no such follower
 // it keeps leadership (applying nothing it cannot vouch for) and says so
 // when that changes and every 30s.
 func (n *Node) kvFailoverLoop(ctx context.Context) {
@@ -88,7 +89,10 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 		}
 		wait, retry := n.opts.KVFailoverAfter, n.opts.KVFailoverAfter
 		switch {
-		case v.Identity():
+		case v.Identity(), v.Reason == api.MirrorTokenCannotRead:
+			// Consul's own answer (another cluster or prefix; 403 on the
+			// read proof), not a guess from a timeout: a follower that
+			// can mirror takes over at once.
 			wait, retry = 0, identityRetry
 		case wait < 0:
 			continue // --kv-failover-after negative: never for a lost Consul

@@ -105,6 +105,27 @@ func TestLeaderOfAnotherConsulHandsOverToAFollowerThatMatches(t *testing.T) {
 	})
 }
 
+// A leader whose token may not read the prefix (Consul answered 403 to
+// the read proof) hands leadership at once, not after KVFailoverAfter (an
+// hour here), to a follower whose token can.
+func TestLeaderWhoseTokenCannotReadHandsOverAtOnce(t *testing.T) {
+	ok := api.MirrorVerdict{Reason: api.MirrorOK}
+	vs := &verdicts{v: []api.MirrorVerdict{ok, ok, ok}}
+	nodes := startCluster(t, func(i int, o *Options) {
+		o.ConsulHealth = vs.health(i)
+		o.KVFailoverAfter = time.Hour
+	})
+	old := applyOnLeader(t, nodes, 5, map[string]string{"state/web/s1": "drain"})
+	vs.set(indexOf(nodes, old), api.MirrorVerdict{Reason: api.MirrorTokenCannotRead,
+		Detail: "token accessor 1234 may not read hastate/: 403 (Permission denied)"})
+	start := time.Now()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		l := leaderOf(nodes)
+		return testenv.Expect(l != nil && l != old, "leadership stayed on %s, whose token cannot read", old.opts.ID)
+	})
+	t.Logf("leadership moved off the leader whose token cannot read after %s", time.Since(start).Round(time.Millisecond))
+}
+
 // A release before 0.15.0 reports only consul_reachable.
 func TestPeerStatusVerdictOfAnOlderRelease(t *testing.T) {
 	if v := (api.PeerStatus{ConsulReachable: true}).Verdict(); !v.CanMirror() {
