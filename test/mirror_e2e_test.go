@@ -51,6 +51,9 @@ func TestE2EReplicaOfAnotherConsulNeverLeadsTheMirror(t *testing.T) {
 		func() string { return "B's web/s3 was applied before anyone adopted B: " + hs[0].Ask(t, "web/s3") })
 	leader = WaitLeader(t, 20*time.Second, hs...)
 	op := leader.Operator()
+	if out := op.Run(t, "status"); !strings.Contains(out, "warning: no replica can mirror Consul (") || !strings.Contains(out, "other_cluster") {
+		t.Errorf("hastate status while no replica can mirror: no warning naming other_cluster:\n%s", out)
+	}
 	plan := op.RunExit(t, 2, "adopt-consul")
 	in := leader.Cluster(t)
 	if in.Consul == nil || in.Consul.ClusterID == "" || !strings.Contains(plan, in.Consul.ClusterID) || !strings.Contains(plan, "recorded in raft: cluster ") {

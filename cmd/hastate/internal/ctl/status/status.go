@@ -85,6 +85,9 @@ func Read(ctx context.Context, o Options) (Report, error) {
 	}
 	rep := Report{Rows: ctl.Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
 	if ci, err := o.Replica.Cluster(ctx); err == nil {
+		if w := mirrorWarning(ci); w != "" {
+			fmt.Fprintln(warn, "warning:", w)
+		}
 		rep.Prefix = ci.KVPrefix
 		if o.Prefix != "" && ci.KVPrefix != "" && ci.KVPrefix != o.Prefix {
 			// A write with this prefix is refused; status says why what
@@ -98,6 +101,35 @@ func Read(ctx context.Context, o Options) (Report, error) {
 		rep.HAProxy, rep.HAProxyRows = haproxyColumn(ctx, *o.HAProxy, o.Replica, &v, sels, warn)
 	}
 	return rep, nil
+}
+
+// mirrorWarning says which replicas cannot mirror Consul into raft, as
+// each reported it over the raft port ("" when every one that answered
+// can): what a leader among them would not apply, and whether any replica
+// could.
+func mirrorWarning(ci api.ClusterInfo) string {
+	var bad []string
+	reported := 0
+	for _, m := range ci.Members {
+		if m.Status == nil {
+			continue
+		}
+		reported++
+		if v := m.Status.Verdict(); !v.CanMirror() {
+			bad = append(bad, fmt.Sprintf("%s: %s", m.ID, v))
+		}
+	}
+	const see = `see docs/runbook.md, "A replica cannot mirror Consul"`
+	switch {
+	case len(bad) == 0:
+		return ""
+	case len(bad) == reported:
+		return fmt.Sprintf("no replica can mirror Consul (%s): the leader applies nothing, so what is written to Consul is not served and the fleet keeps its last state; %s",
+			strings.Join(bad, "; "), see)
+	default:
+		return fmt.Sprintf("%s cannot mirror Consul (%s): as leader it would apply nothing, and hands leadership to a replica that can; %s",
+			ctl.PluralN(len(bad), "replica", "replicas"), strings.Join(bad, "; "), see)
+	}
 }
 
 // haproxyColumn is status --haproxy: per selected server, whether every

@@ -97,3 +97,31 @@ func TestUnnamableKeyHintHasThePrefix(t *testing.T) {
 		t.Errorf("status lists a nested key without its delete command:\n%s", out.String())
 	}
 }
+
+// Issue 37 follow-up: status says which replicas cannot mirror Consul,
+// and that nothing written to Consul is served when none can.
+func TestMirrorWarning(t *testing.T) {
+	member := func(id string, v *api.MirrorVerdict) api.MemberInfo {
+		return api.MemberInfo{ID: id, Status: &api.PeerStatus{ID: id, ConsulReachable: true, Mirror: v}}
+	}
+	ok := &api.MirrorVerdict{Reason: api.MirrorOK}
+	other := &api.MirrorVerdict{Reason: api.MirrorOtherCluster, Detail: "cluster ID b, recorded a"}
+	denied := &api.MirrorVerdict{Reason: api.MirrorTokenCannotRead}
+	silent := api.MemberInfo{ID: "n9"} // did not answer: not counted
+	for _, c := range []struct {
+		name    string
+		members []api.MemberInfo
+		want    string // a regexp; "" for no warning
+	}{
+		{"all can", []api.MemberInfo{member("n1", ok), member("n2", ok), silent}, ""},
+		{"one cannot", []api.MemberInfo{member("n1", ok), member("n2", other), silent},
+			`^1 replica cannot mirror Consul \(n2: other_cluster: cluster ID b, recorded a\): as leader it would apply nothing, and hands leadership to a replica that can; see docs/runbook.md`},
+		{"none can", []api.MemberInfo{member("n1", denied), member("n2", other), silent},
+			`^no replica can mirror Consul \(n1: token_cannot_read; n2: other_cluster: .*\): the leader applies nothing, so what is written to Consul is not served`},
+	} {
+		got := mirrorWarning(api.ClusterInfo{Members: c.members})
+		if (c.want == "") != (got == "") || (c.want != "" && !regexp.MustCompile(c.want).MatchString(got)) {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}
