@@ -203,6 +203,33 @@ func StartAgentLB(t *testing.T, replicas []*Hastate, o LBOptions) *HAProxy {
 	return h
 }
 
+// StartConsulProxy404 starts a real HAProxy in HTTP mode in front of the
+// Consul at upstream that answers 404 with no Consul headers to every
+// request whose path begins with path (a load balancer or ingress without
+// that route) and passes everything else to Consul: what a replica whose
+// --consul-addr points at such a proxy reads. Its Frontend is the address
+// to give the replica.
+func StartConsulProxy404(t *testing.T, upstream, path string) *HAProxy {
+	t.Helper()
+	h := newHAProxy(t)
+	var cfg strings.Builder
+	// Blocking queries wait up to --kv-wait (10s): the timeouts are above it.
+	cfg.WriteString(h.global(30 * time.Second))
+	fmt.Fprintf(&cfg, `
+frontend consul_proxy
+    mode http
+    bind %s
+    http-request return status 404 content-type text/plain string "no route" if { path_beg %s }
+    default_backend consul
+
+backend consul
+    mode http
+    server consul %s
+`, h.Frontend, path, upstream)
+	h.run(t, cfg.String(), func(map[string]Row) string { return "" })
+	return h
+}
+
 // newHAProxy prepares an HAProxy's directory, admin socket and frontend
 // address.
 func newHAProxy(t *testing.T) *HAProxy {

@@ -95,6 +95,21 @@ func TestE2EReplicaOfAnotherPrefixNeverLeadsTheMirror(t *testing.T) {
 	mirrorMismatch(t, consulA, api.MirrorOtherPrefix, func(h *Hastate) { h.AddArgs("--kv-prefix", "another/") })
 }
 
+// A replica whose --consul-addr is a real HAProxy that answers 404 (no
+// Consul headers) for every KV path and passes the rest to the right Consul
+// reads an answer that is not Consul's: it never applies it (a bare 404
+// read as "nothing set" would undrain the fleet), says not_consul, and
+// hands leadership back when made leader (after --kv-failover-after, 5s
+// here: unlike another cluster, prefix or a refused token, a proxy's 404
+// may be a moment's misroute, so it is not taken as final at once).
+func TestE2EReplicaBehindAProxyThatAnswers404NeverLeadsTheMirror(t *testing.T) {
+	consulA := testenv.StartConsul(t, testenv.ConsulOptions{})
+	proxy := StartConsulProxy404(t, consulA.Addr(), "/v1/kv/")
+	mirrorMismatch(t, consulA, api.MirrorNotConsul, func(h *Hastate) {
+		h.AddArgs("--consul-addr", proxy.Frontend, "--kv-failover-after", "5s")
+	})
+}
+
 // mirrorMismatch starts three replicas on consulA with web/s1 drained and
 // web/s2 in maint, restarts one follower with repoint (another Consul,
 // another prefix), checks that it says want everywhere, makes it leader by
