@@ -106,6 +106,12 @@ func runAgentLoad(tb testing.TB, addr string, n int, reqs, answers [][]byte) loa
 // replica that cannot confirm, during an election) is counted, not fatal.
 func runAgentLoadOf(tb testing.TB, addr string, n int, reqs, answers [][]byte, tolerateEmpty bool) loadResult {
 	tb.Helper()
+	return runAgentLoadWith(tb, addr, benchWorkers, n, reqs, answers, tolerateEmpty)
+}
+
+// runAgentLoadWith is runAgentLoadOf with workers concurrent clients.
+func runAgentLoadWith(tb testing.TB, addr string, workers, n int, reqs, answers [][]byte, tolerateEmpty bool) loadResult {
+	tb.Helper()
 	var (
 		empty    atomic.Int64
 		next     atomic.Int64
@@ -113,12 +119,12 @@ func runAgentLoadOf(tb testing.TB, addr string, n int, reqs, answers [][]byte, t
 		errOnce  sync.Once
 		firstErr error
 	)
-	lats := make([][]time.Duration, benchWorkers)
+	lats := make([][]time.Duration, workers)
 	start := time.Now()
-	for w := range benchWorkers {
+	for w := range workers {
 		wg.Go(func() {
 			var buf [64]byte
-			lat := make([]time.Duration, 0, n/benchWorkers+1)
+			lat := make([]time.Duration, 0, n/workers+1)
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= n {
