@@ -37,17 +37,26 @@ func (vs *verdicts) set(i int, v api.MirrorVerdict) {
 	vs.mu.Unlock()
 }
 
+// verdictCluster starts three nodes whose mirror verdicts vs sets (all ok
+// at first) and that wait an hour (KVFailoverAfter) before handing over
+// for any reason that is not final, with a committed entry; old is the
+// leader that committed it.
+func verdictCluster(t *testing.T) (vs *verdicts, nodes []*testNode, old *testNode) {
+	t.Helper()
+	ok := api.MirrorVerdict{Reason: api.MirrorOK}
+	vs = &verdicts{v: []api.MirrorVerdict{ok, ok, ok}}
+	nodes = startCluster(t, func(i int, o *Options) {
+		o.ConsulHealth = vs.health(i)
+		o.KVFailoverAfter = time.Hour
+	})
+	return vs, nodes, applyOnLeader(t, nodes, 5, map[string]string{"state/web/s1": "drain"})
+}
+
 // A leader whose Consul is another cluster hands leadership at once (not
 // after KVFailoverAfter, an hour here) to the follower that can mirror,
 // never to one that cannot; the verdicts are reported over the raft port.
 func TestLeaderOfAnotherConsulHandsOverToAFollowerThatMatches(t *testing.T) {
-	ok := api.MirrorVerdict{Reason: api.MirrorOK}
-	vs := &verdicts{v: []api.MirrorVerdict{ok, ok, ok}}
-	nodes := startCluster(t, func(i int, o *Options) {
-		o.ConsulHealth = vs.health(i)
-		o.KVFailoverAfter = time.Hour
-	})
-	old := applyOnLeader(t, nodes, 5, map[string]string{"state/web/s1": "drain"})
+	vs, nodes, old := verdictCluster(t)
 	var good *testNode
 	for i, n := range nodes {
 		switch {
@@ -109,13 +118,7 @@ func TestLeaderOfAnotherConsulHandsOverToAFollowerThatMatches(t *testing.T) {
 // the read proof) hands leadership at once, not after KVFailoverAfter (an
 // hour here), to a follower whose token can.
 func TestLeaderWhoseTokenCannotReadHandsOverAtOnce(t *testing.T) {
-	ok := api.MirrorVerdict{Reason: api.MirrorOK}
-	vs := &verdicts{v: []api.MirrorVerdict{ok, ok, ok}}
-	nodes := startCluster(t, func(i int, o *Options) {
-		o.ConsulHealth = vs.health(i)
-		o.KVFailoverAfter = time.Hour
-	})
-	old := applyOnLeader(t, nodes, 5, map[string]string{"state/web/s1": "drain"})
+	vs, nodes, old := verdictCluster(t)
 	vs.set(indexOf(nodes, old), api.MirrorVerdict{Reason: api.MirrorTokenCannotRead,
 		Detail: "token accessor 1234 may not read hastate/: 403 (Permission denied)"})
 	start := time.Now()
