@@ -380,11 +380,25 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 	for _, clients := range []int{benchWorkers, 256} {
 		sfx := fmt.Sprintf("_c%d", clients)
 		res := make([][]loadResult, len(targets))
+		// The rounds' mean duration on each confirming replica (its own
+		// histogram), to tell the round trip from the wait for a round.
+		roundHosts := []*Hastate{newL, oldL, newF, oldF}
+		roundSum, roundCount := make([]float64, len(roundHosts)), make([]float64, len(roundHosts))
+		for i, h := range roundHosts {
+			roundSum[i], roundCount[i] = h.Metric(b, "hastate_confirm_round_seconds_sum"), h.Metric(b, "hastate_confirm_round_seconds_count")
+		}
 		for range b.N {
 			for range ratioRounds {
 				for i, tg := range targets {
 					res[i] = append(res[i], runAgentLoadWith(b, tg.addr, clients, ratioChecks, reqs, answers, i > 0))
 				}
+			}
+		}
+		for i, h := range roundHosts {
+			n := h.Metric(b, "hastate_confirm_round_seconds_count") - roundCount[i]
+			if n > 0 {
+				b.ReportMetric((h.Metric(b, "hastate_confirm_round_seconds_sum")-roundSum[i])/n*1e6, targets[i+1].name+"_round_mean_us"+sfx)
+				b.ReportMetric(float64(ratioRounds*ratioChecks)/n, targets[i+1].name+"_checks_per_round"+sfx)
 			}
 		}
 		bare := merge(res[0]...)
