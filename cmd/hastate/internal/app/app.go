@@ -358,7 +358,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}},
 		PeerArgQueries: map[string]func(json.RawMessage) any{server.PollsQuery: func(raw json.RawMessage) any {
 			return a.pollers.AnswerPolls(raw, a.o.NodeID)
-		}},
+		}, server.PollSummaryQuery: a.pollers.AnswerSummary},
 		Sightings: func() cluster.Sightings {
 			now := time.Now()
 			return a.pollers.Sightings(now.Add(-server.PollerWindow), now)
@@ -704,39 +704,11 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 	var out []api.Poll
 	var answers []api.ReplicaAnswer
 	total := 0
-	// A read of every poll (no limit) is asked in chunks, each its own
-	// query, so that no answer over the raft port grows with the table
-	// (1,000,000 pairs are about 150 MB of JSON).
-	chunked := q.Limit == 0
-	first := q
-	if chunked {
-		first.Limit = peerPollsChunk
-	}
-	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, first, peerPollsTimeout) {
-		ans, err := decodePolls(pa)
-		if err != nil || ans == nil {
-			ans, err = r.olderPeerPolls(id, q)
-		} else {
-			for chunked && len(ans.Polls) > 0 && len(ans.Polls)%peerPollsChunk == 0 && err == nil {
-				next := first
-				next.After = api.PollCursor(ans.Polls[len(ans.Polls)-1])
-				var more *server.PollsAnswer
-				if more, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && more != nil {
-					if len(more.Polls) == 0 {
-						break
-					}
-					ans.Polls = append(ans.Polls, more.Polls...)
-				} else if err == nil {
-					err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
-				}
-			}
-		}
+	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, firstPollsChunk(q), peerPollsTimeout) {
+		ans, err := r.restOfPolls(id, q, pa)
 		if err != nil {
 			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
 			continue
-		}
-		for i := range ans.Polls {
-			ans.Polls[i].Replica = id
 		}
 		out = append(out, ans.Polls...)
 		total += ans.Total
@@ -745,10 +717,122 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 	return out, total, answers
 }
 
+// firstPollsChunk is what is asked first of each peer for q: a read of
+// every poll (no limit) is asked in chunks, each its own query, so that no
+// answer over the raft port grows with the table (1,000,000 pairs are
+// about 150 MB of JSON).
+func firstPollsChunk(q server.PollsArg) server.PollsArg {
+	if q.Limit == 0 {
+		q.Limit = peerPollsChunk
+	}
+	return q
+}
+
+// restOfPolls completes one peer's answer pa to firstPollsChunk(q): the
+// chunks that follow, or, from a release that does not know
+// server.PollsQuery, every poll, selected here. Each poll names the peer.
+func (r replica) restOfPolls(id string, q server.PollsArg, pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
+	chunked, first := q.Limit == 0, firstPollsChunk(q)
+	ans, err := decodePolls(pa)
+	if err != nil || ans == nil {
+		ans, err = r.olderPeerPolls(id, q)
+	} else {
+		for chunked && len(ans.Polls) > 0 && len(ans.Polls)%peerPollsChunk == 0 && err == nil {
+			next := first
+			next.After = api.PollCursor(ans.Polls[len(ans.Polls)-1])
+			var more *server.PollsAnswer
+			if more, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && more != nil {
+				if len(more.Polls) == 0 {
+					break
+				}
+				ans.Polls = append(ans.Polls, more.Polls...)
+			} else if err == nil {
+				err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i := range ans.Polls {
+		ans.Polls[i].Replica = id
+	}
+	return ans, nil
+}
+
+// PeerSummaries asks the other replicas for the summary of their polls
+// that q selects (server.PollSummaryQuery), each in chunks of at most
+// peerSummaryChunk polls (whole servers), so that no answer over the raft
+// port grows with the table. A replica that does not know the query (a
+// release before it) is asked for its polls (PeerPollers' way), which
+// are summarized here.
+func (r replica) PeerSummaries(q server.SummaryArg) ([]server.PollSummary, []api.ReplicaAnswer) {
+	var out []server.PollSummary
+	var answers []api.ReplicaAnswer
+	q.Limit = peerSummaryChunk
+	for id, pa := range r.a.node.QueryPeersWith(server.PollSummaryQuery, q, peerPollsTimeout) {
+		sums, err := r.restOfSummary(id, q, pa)
+		if err != nil {
+			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
+			continue
+		}
+		out = append(out, sums...)
+		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
+	}
+	return out, answers
+}
+
+// restOfSummary completes one peer's answer pa to the first chunk q: the
+// chunks that follow, or, from a release that does not know the query,
+// its polls summarized here.
+func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAnswer) ([]server.PollSummary, error) {
+	sum, err := decodeSummary(pa)
+	if err == nil && sum == nil {
+		pq := server.PollsArg{Selectors: q.Selectors}
+		ans, err := r.restOfPolls(id, pq, r.a.node.QueryPeerWith(id, server.PollsQuery, firstPollsChunk(pq), peerPollsTimeout))
+		if err != nil {
+			return nil, err
+		}
+		return []server.PollSummary{server.SummarizePolls(ans.Polls, server.SummaryArg{Selectors: q.Selectors})}, nil
+	}
+	var out []server.PollSummary
+	for ; err == nil && sum != nil; sum, err = decodeSummary(r.a.node.QueryPeerWith(id, server.PollSummaryQuery, q, peerPollsTimeout)) {
+		out = append(out, *sum)
+		if sum.Next == "" {
+			return out, nil
+		}
+		if len(out) >= maxSummaryChunks {
+			return nil, fmt.Errorf("replica %s: more than %d chunks of %s (%d polls each)", id, maxSummaryChunks, server.PollSummaryQuery, peerSummaryChunk)
+		}
+		q.After = sum.Next
+	}
+	if err == nil {
+		err = fmt.Errorf("replica %s stopped answering %s", id, server.PollSummaryQuery)
+	}
+	return nil, err
+}
+
+// decodeSummary reads an answer to server.PollSummaryQuery; nil without
+// an error: the peer does not know the query.
+func decodeSummary(pa cluster.PeerAnswer) (*server.PollSummary, error) {
+	if pa.Err != nil {
+		return nil, pa.Err
+	}
+	var sum *server.PollSummary
+	err := json.Unmarshal(pa.Raw, &sum)
+	return sum, err
+}
+
 // peerPollsChunk is the most polls one answer to server.PollsQuery
-// carries when every poll is read; peerPollsTimeout bounds each answer.
+// carries when every poll is read; peerSummaryChunk the most polls one
+// answer to server.PollSummaryQuery carries (about 7 bytes each, some 2.5
+// MB of JSON), maxSummaryChunks the most chunks read of one peer (far
+// more than a table of --pollers-max pairs needs); peerPollsTimeout
+// bounds each answer.
 const (
 	peerPollsChunk   = 50_000
+	peerSummaryChunk = 250_000
+	maxSummaryChunks = 1000
 	peerPollsTimeout = 5 * time.Second
 )
 
