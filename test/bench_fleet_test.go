@@ -262,7 +262,7 @@ func sourceDial(src, addr string, req []byte, buf []byte) ([]byte, error) {
 // empty reply (the replica could not confirm in time, on a loaded
 // machine: HAProxy keeps its state and asks again next agent-inter) is
 // asked again and counted in empties.
-func pollFleet(b *testing.B, addr string, sources, servers, rounds int, want string) (checks, empties int) {
+func pollFleet(b testing.TB, addr string, sources, servers, rounds int, want string) (checks, empties int) {
 	total := sources * servers * rounds
 	var empty atomic.Int64
 	var next atomic.Int64

@@ -104,6 +104,11 @@ type Options struct {
 	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
 	// and counted (0: server.DefaultMaxPollers; negative is refused).
 	PollersMax int
+	// PeerReadChunk is the most polls one raft-port answer carries when
+	// this replica reads a peer's poller table (0: 250,000 summarized
+	// polls, 50,000 polls of /v1/pollers); a test lowers it to read a
+	// small table in several chunks.
+	PeerReadChunk int
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
 	// ShutdownDelay is how long PrepareStop keeps the replica answering probes
@@ -205,6 +210,9 @@ func (o *Options) validate() error {
 	}
 	if o.ConfirmTimeout < 0 || (o.ConfirmTimeout > 0 && o.ConfirmTimeout < time.Millisecond) {
 		return fmt.Errorf("--confirm-timeout %s is too short for a round trip to the raft leader: set at least 1ms, e.g. %s", o.ConfirmTimeout, cluster.DefaultConfirmTimeout)
+	}
+	if o.PeerReadChunk < 0 {
+		return fmt.Errorf("--peer-read-chunk %d is negative: set a positive number of polls, or 0 for the defaults", o.PeerReadChunk)
 	}
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
@@ -704,7 +712,7 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 	var out []api.Poll
 	var answers []api.ReplicaAnswer
 	total := 0
-	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, firstPollsChunk(q), peerPollsTimeout) {
+	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, r.firstPollsChunk(q), peerPollsTimeout) {
 		ans, err := r.restOfPolls(id, q, pa)
 		if err != nil {
 			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
@@ -718,36 +726,42 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 }
 
 // firstPollsChunk is what is asked first of each peer for q: a read of
-// every poll (no limit) is asked in chunks, each its own query, so that no
-// answer over the raft port grows with the table (1,000,000 pairs are
-// about 150 MB of JSON).
-func firstPollsChunk(q server.PollsArg) server.PollsArg {
-	if q.Limit == 0 {
-		q.Limit = peerPollsChunk
+// more polls than one chunk (or of every poll: no limit) is asked in
+// chunks, each its own query, so that no answer over the raft port grows
+// with the table or the page (1,000,000 pairs are about 150 MB of JSON).
+func (r replica) firstPollsChunk(q server.PollsArg) server.PollsArg {
+	if c := r.pollsChunk(); q.Limit == 0 || q.Limit > c {
+		q.Limit = c
 	}
 	return q
 }
 
-// restOfPolls completes one peer's answer pa to firstPollsChunk(q): the
-// chunks that follow, or, from a release that does not know
-// server.PollsQuery, every poll, selected here. Each poll names the peer.
+// pollsChunk and summaryChunk are the most polls one answer of a peer
+// carries (Options.PeerReadChunk).
+func (r replica) pollsChunk() int   { return cmp.Or(r.a.o.PeerReadChunk, peerPollsChunk) }
+func (r replica) summaryChunk() int { return cmp.Or(r.a.o.PeerReadChunk, peerSummaryChunk) }
+
+// restOfPolls completes one peer's answer pa to firstPollsChunk(q) up to
+// q.Limit polls (0: all): the chunks that follow, each after the last
+// poll of the one before, until one comes short; or, from a release that
+// does not know server.PollsQuery, every poll, selected here. Each poll
+// names the peer.
 func (r replica) restOfPolls(id string, q server.PollsArg, pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
-	chunked, first := q.Limit == 0, firstPollsChunk(q)
+	next := r.firstPollsChunk(q)
 	ans, err := decodePolls(pa)
 	if err != nil || ans == nil {
 		ans, err = r.olderPeerPolls(id, q)
 	} else {
-		for chunked && len(ans.Polls) > 0 && len(ans.Polls)%peerPollsChunk == 0 && err == nil {
-			next := first
-			next.After = api.PollCursor(ans.Polls[len(ans.Polls)-1])
-			var more *server.PollsAnswer
-			if more, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && more != nil {
-				if len(more.Polls) == 0 {
-					break
-				}
-				ans.Polls = append(ans.Polls, more.Polls...)
-			} else if err == nil {
+		for last := ans; err == nil && len(last.Polls) == next.Limit && (q.Limit == 0 || len(ans.Polls) < q.Limit); {
+			next.After = api.PollCursor(last.Polls[len(last.Polls)-1])
+			if q.Limit > 0 {
+				next.Limit = min(next.Limit, q.Limit-len(ans.Polls))
+			}
+			if last, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && last == nil {
 				err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
+			}
+			if err == nil {
+				ans.Polls = append(ans.Polls, last.Polls...)
 			}
 		}
 	}
@@ -769,7 +783,7 @@ func (r replica) restOfPolls(id string, q server.PollsArg, pa cluster.PeerAnswer
 func (r replica) PeerSummaries(q server.SummaryArg) ([]server.PollSummary, []api.ReplicaAnswer) {
 	var out []server.PollSummary
 	var answers []api.ReplicaAnswer
-	q.Limit = peerSummaryChunk
+	q.Limit = r.summaryChunk()
 	for id, pa := range r.a.node.QueryPeersWith(server.PollSummaryQuery, q, peerPollsTimeout) {
 		sums, err := r.restOfSummary(id, q, pa)
 		if err != nil {
@@ -789,7 +803,7 @@ func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAn
 	sum, err := decodeSummary(pa)
 	if err == nil && sum == nil {
 		pq := server.PollsArg{Selectors: q.Selectors}
-		ans, err := r.restOfPolls(id, pq, r.a.node.QueryPeerWith(id, server.PollsQuery, firstPollsChunk(pq), peerPollsTimeout))
+		ans, err := r.restOfPolls(id, pq, r.a.node.QueryPeerWith(id, server.PollsQuery, r.firstPollsChunk(pq), peerPollsTimeout))
 		if err != nil {
 			return nil, err
 		}
@@ -802,7 +816,7 @@ func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAn
 			return out, nil
 		}
 		if len(out) >= maxSummaryChunks {
-			return nil, fmt.Errorf("replica %s: more than %d chunks of %s (%d polls each)", id, maxSummaryChunks, server.PollSummaryQuery, peerSummaryChunk)
+			return nil, fmt.Errorf("replica %s: more than %d chunks of %s (%d polls each)", id, maxSummaryChunks, server.PollSummaryQuery, q.Limit)
 		}
 		q.After = sum.Next
 	}
