@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/internal/testenv"
@@ -22,6 +23,13 @@ func TestE2EPollersPeerReadInChunks(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{"--peer-read-chunk", "7"}})
 	n1, n2 := hs[0], hs[1]
+	// status warns (on stderr, in the output read here) until a leader
+	// mirrored Consul.
+	testenv.Eventually(t, 15*time.Second, func() error {
+		var v api.StateView
+		n2.GetJSON(t, "/v1/state", &v)
+		return testenv.Expect(v.KV.Synced && v.KV.Warning == "", "n2 does not report KV synced yet")
+	})
 	const sources, servers = 5, 12
 	pollFleet(t, n1.AgentAddr, sources, servers, 2, "ready 100%\n")
 	// The failover: source 0 asks n2 for the first server too.
