@@ -81,6 +81,13 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 	hs := StartCluster(b, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: args})
 	n1, n2 := hs[0], hs[1]
 	op := n2.Operator()
+	// Ready is not yet answering: until a leader mirrored Consul every
+	// answer is withheld (an empty reply).
+	testenv.Eventually(b, 30*time.Second, func() error {
+		var v api.StateView
+		n1.GetJSON(b, "/v1/state", &v)
+		return testenv.Expect(v.HoldsState && v.KV.Synced, "n1 holds no mirrored state yet")
+	})
 
 	// The baseline: the same agent load on n1 with an empty poller table
 	// and nothing else running (agent_p99_ratio divides by it).
