@@ -748,7 +748,7 @@ func (r replica) summaryChunk() int { return cmp.Or(r.a.o.PeerReadChunk, peerSum
 // names the peer.
 func (r replica) restOfPolls(id string, q server.PollsArg, pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
 	next := r.firstPollsChunk(q)
-	ans, err := decodePolls(pa)
+	ans, err := decodeAnswer[server.PollsAnswer](pa)
 	if err != nil || ans == nil {
 		ans, err = r.olderPeerPolls(id, q)
 	} else {
@@ -757,7 +757,7 @@ func (r replica) restOfPolls(id string, q server.PollsArg, pa cluster.PeerAnswer
 			if q.Limit > 0 {
 				next.Limit = min(next.Limit, q.Limit-len(ans.Polls))
 			}
-			if last, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && last == nil {
+			if last, err = decodeAnswer[server.PollsAnswer](r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && last == nil {
 				err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
 			}
 			if err == nil {
@@ -800,7 +800,7 @@ func (r replica) PeerSummaries(q server.SummaryArg) ([]server.PollSummary, []api
 // chunks that follow, or, from a release that does not know the query,
 // its polls summarized here.
 func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAnswer) ([]server.PollSummary, error) {
-	sum, err := decodeSummary(pa)
+	sum, err := decodeAnswer[server.PollSummary](pa)
 	if err == nil && sum == nil {
 		pq := server.PollsArg{Selectors: q.Selectors}
 		ans, err := r.restOfPolls(id, pq, r.a.node.QueryPeerWith(id, server.PollsQuery, r.firstPollsChunk(pq), peerPollsTimeout))
@@ -810,7 +810,7 @@ func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAn
 		return []server.PollSummary{server.SummarizePolls(ans.Polls, server.SummaryArg{Selectors: q.Selectors})}, nil
 	}
 	var out []server.PollSummary
-	for ; err == nil && sum != nil; sum, err = decodeSummary(r.a.node.QueryPeerWith(id, server.PollSummaryQuery, q, peerPollsTimeout)) {
+	for ; err == nil && sum != nil; sum, err = decodeAnswer[server.PollSummary](r.a.node.QueryPeerWith(id, server.PollSummaryQuery, q, peerPollsTimeout)) {
 		out = append(out, *sum)
 		if sum.Next == "" {
 			return out, nil
@@ -826,17 +826,6 @@ func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAn
 	return nil, err
 }
 
-// decodeSummary reads an answer to server.PollSummaryQuery; nil without
-// an error: the peer does not know the query.
-func decodeSummary(pa cluster.PeerAnswer) (*server.PollSummary, error) {
-	if pa.Err != nil {
-		return nil, pa.Err
-	}
-	var sum *server.PollSummary
-	err := json.Unmarshal(pa.Raw, &sum)
-	return sum, err
-}
-
 // peerPollsChunk is the most polls one answer to server.PollsQuery
 // carries when every poll is read; peerSummaryChunk the most polls one
 // answer to server.PollSummaryQuery carries (about 7 bytes each, some 2.5
@@ -850,13 +839,14 @@ const (
 	peerPollsTimeout = 5 * time.Second
 )
 
-// decodePolls reads an answer to server.PollsQuery; nil without an error:
-// the peer does not know the query (a release before it).
-func decodePolls(pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
+// decodeAnswer reads a peer's answer to a named query (server.PollsQuery,
+// server.PollSummaryQuery); nil without an error: the peer does not know
+// the query (a release before it).
+func decodeAnswer[T any](pa cluster.PeerAnswer) (*T, error) {
 	if pa.Err != nil {
 		return nil, pa.Err
 	}
-	var ans *server.PollsAnswer
+	var ans *T
 	err := json.Unmarshal(pa.Raw, &ans)
 	return ans, err
 }
