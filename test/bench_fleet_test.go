@@ -118,7 +118,10 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 	b.ReportMetric(float64(empties), "reg_empty_replies")
 	b.ReportMetric((heapAfter-heapBefore)/float64(pairs), "bytes/pair")
 
-	// status of one backend (10 servers), and of everything.
+	// status of one backend (10 servers), and of everything. At 1,000,000
+	// pairs registration outlasts api.PollerTTL: fs005's sources poll it
+	// again first, as HAProxy would have every agent-inter.
+	pollRange(b, n1.AgentAddr, sources, 50, 10, "ready 100%\n")
 	statusBackend := medianRun(b, 3, func() {
 		out := op.Run(b, "status", "fs005")
 		if !strings.Contains(out, "srv09") || strings.Contains(out, "fs006") || !strings.Contains(out, "100/100") {
@@ -228,6 +231,19 @@ func profileReplicas(b *testing.B, hs map[string]*Hastate, d time.Duration) (wai
 		})
 	}
 	return wg.Wait
+}
+
+// pollRange has every source poll servers from to from+n-1 once, each
+// answer checked against want.
+func pollRange(b testing.TB, addr string, sources, from, n int, want string) {
+	var buf [64]byte
+	for s := range sources {
+		for i := from; i < from+n; i++ {
+			if line, err := sourceDial(fleetSource(s), addr, []byte(fleetServer(i)+"\n"), buf[:]); err != nil || string(line) != want {
+				b.Fatalf("%s asking %s: %q, %v; want %q", fleetSource(s), fleetServer(i), line, err, want)
+			}
+		}
+	}
 }
 
 // medianRun runs f n times and returns the median duration.
