@@ -801,7 +801,9 @@ func (r replica) PeerSummaries(q server.SummaryArg) ([]server.PollSummary, []api
 // its polls summarized here.
 func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAnswer) ([]server.PollSummary, error) {
 	sum, err := decodeAnswer[server.PollSummary](pa)
-	if err == nil && sum == nil {
+	if err != nil || sum == nil {
+		// A release that does not know the query answers null, or
+		// resets the connection for the argument it did not read.
 		pq := server.PollsArg{Selectors: q.Selectors}
 		ans, err := r.restOfPolls(id, pq, r.a.node.QueryPeerWith(id, server.PollsQuery, r.firstPollsChunk(pq), peerPollsTimeout))
 		if err != nil {
