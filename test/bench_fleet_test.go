@@ -94,9 +94,10 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 	// and nothing else running (agent_p99_ratio divides by it).
 	reqs, answers := make([][]byte, 0, 2000), make([][]byte, 0, 2000)
 	for i := range 2000 {
-		// Not fs000, which wait below waits for: these checks come from
-		// 127.0.0.1, which would count as one more HAProxy there.
-		reqs = append(reqs, []byte(fleetServer(10+i*(servers-10)/2000)+"\n"))
+		// Not fs000 to fs005, which wait and status below look at:
+		// these checks come from 127.0.0.1, which would count as one
+		// more HAProxy there.
+		reqs = append(reqs, []byte(fleetServer(60+i*(servers-60)/2000)+"\n"))
 		answers = append(answers, []byte("ready 100%\n"))
 	}
 	// An empty reply (a confirmation round that failed on the loaded
