@@ -141,12 +141,14 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 	// Every server is shown, told its answer by every HAProxy that polls
 	// it. Polled counts the sources that asked within api.PollerTTL: on a
 	// loaded machine the registration of the first pairs can be older.
+	// The baseline's 127.0.0.1 is one more source of the servers it asked
+	// for, until its polls are older than the TTL.
 	polled := 0
 	for _, r := range rows {
-		if r.Polled > sources || r.Told != r.Polled {
-			b.Fatalf("status -o json: %s/%s polled by %d, told %d, of %d sources", r.Backend, r.Server, r.Polled, r.Told, sources)
+		if r.Polled > sources+1 || r.Told != r.Polled {
+			b.Fatalf("status -o json: %s/%s polled by %d, told %d, of %d sources (and 127.0.0.1)", r.Backend, r.Server, r.Polled, r.Told, sources)
 		}
-		polled += r.Polled
+		polled += min(r.Polled, sources)
 	}
 	b.ReportMetric(float64(polled)/float64(pairs), "polled_within_ttl_fraction")
 	b.ReportMetric(ms(statusBackend), "status_backend_ms")
