@@ -32,6 +32,10 @@ type Replica interface {
 	// at most q.Limit, 0: all), each Poll naming its replica, how many
 	// they hold in all, and which replicas answered (for ?scope=cluster).
 	PeerPollers(q PollsArg) (polls []api.Poll, total int, answers []api.ReplicaAnswer)
+	// PeerSummaries returns the other replicas' summaries of the polls
+	// q selects (every poll of them; see PollSummary), and which
+	// replicas answered (for /v1/state?scope=cluster).
+	PeerSummaries(q SummaryArg) (sums []PollSummary, answers []api.ReplicaAnswer)
 	// Recorded is the cluster's record of which HAProxy nodes exist, and
 	// whether the feature level in force keeps it.
 	Recorded() (state.HAProxies, bool)
@@ -89,6 +93,7 @@ func NewHTTPHandler(o HTTPOptions) http.Handler {
 		mux.HandleFunc("POST /v1/consul/adopt", adoptHandler(o.Adopter))
 	}
 	mux.HandleFunc("GET /{$}", h.page)
+	registerDebug(mux)
 	return mux
 }
 
@@ -210,12 +215,12 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	if !q.filter.All() {
 		v.Selectors = q.sels
 	}
-	arg := PollsArg{Selectors: q.sels}
-	polls := h.localPolls(arg)
+	arg := SummaryArg{Selectors: q.sels}
+	sums := []PollSummary{h.o.Pollers.Summary(time.Now().Add(-PollerWindow), arg)}
 	if cluster {
 		v.Scope = "cluster"
-		peers, _, answers := h.peerPolls(arg)
-		polls, v.Replicas = append(polls, peers...), answers
+		peers, answers := h.o.Replica.PeerSummaries(arg)
+		sums, v.Replicas = append(sums, peers...), withSelf(answers, h.o.NodeID)
 	}
 	var invalid []state.Entry
 	for _, e := range snap.Entries() {
@@ -250,18 +255,23 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		}
 	}
 	now := time.Now()
-	merged := api.MergePolls(polls)
-	told, kept := toldCounts(merged, now)
+	merged := MergeSummaries(sums)
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
 			seen[t] = true
 		}
 		// A manual probe does not make a server known.
-		for _, p := range merged {
-			if t := (state.Target{Backend: p.Backend, Server: p.Server}); !seen[t] && p.FromHAProxy(now) {
-				seen[t] = true
-				targets = append(targets, t)
+		for t, m := range merged {
+			if seen[t] {
+				continue
+			}
+			for _, p := range m {
+				if p.fromHAProxy(now.UnixMilli()) {
+					seen[t] = true
+					targets = append(targets, t)
+					break
+				}
 			}
 		}
 	}
@@ -287,17 +297,13 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	targets, cutServers := cut(targets, q.limit)
 	for _, t := range targets {
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		for _, answer := range told[t] {
-			row.Polled++
-			if answer == row.Answer {
-				row.Told++
-			}
-		}
+		told, kept := toldOf(merged[t], now.UnixMilli(), rowTold != nil)
+		row.Polled, row.Told = told.polled, told.told(row.Answer)
 		if row.Withheld {
-			keepsOf(&row, kept[t])
+			keepsOf(&row, kept)
 		}
 		if rowTold != nil {
-			rowTold(row, told[t])
+			rowTold(row, told.by)
 		}
 		v.Servers = append(v.Servers, row)
 	}
@@ -309,32 +315,43 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	return v
 }
 
-// toldCounts returns, for each server, the last answer each HAProxy polling
-// it at now was told, over the polls of every replica (an HAProxy asks
+// toldAnswers are the answers the HAProxy nodes polling one server were
+// last told: how many poll it, how many were told each answer ("":
+// withheld) and, when asked for (byHAProxy), the answer by HAProxy.
+type toldAnswers struct {
+	polled  int
+	answers map[string]int
+	by      map[string]string
+}
+
+func (t toldAnswers) told(answer string) int { return t.answers[answer] }
+
+// toldOf counts, for one server, the last answer each HAProxy polling it
+// at now was told, over the polls of every replica merged (an HAProxy asks
 // every replica behind the load balancer; the latest answer counts), and,
 // for those withheld, how many keep each earlier answer. A manual probe is
 // no HAProxy (api.Poll.FromHAProxy).
-func toldCounts(merged map[api.PollKey]api.Poll, now time.Time) (told map[state.Target]map[string]string, kept map[state.Target]map[string]int) {
-	told, kept = map[state.Target]map[string]string{}, map[state.Target]map[string]int{}
-	for _, p := range merged {
-		if !p.Polling(now) {
+func toldOf(polls []mergedPoll, nowMs int64, byHAProxy bool) (told toldAnswers, kept map[string]int) {
+	told.answers, kept = map[string]int{}, map[string]int{}
+	if byHAProxy {
+		told.by = map[string]string{}
+	}
+	for _, p := range polls {
+		if !p.polling(nowMs) {
 			continue
-		}
-		t := state.Target{Backend: p.Backend, Server: p.Server}
-		if told[t] == nil {
-			told[t] = map[string]string{}
 		}
 		answer := p.Answer
 		if p.Withheld {
 			answer = ""
 			if p.Kept != "" {
-				if kept[t] == nil {
-					kept[t] = map[string]int{}
-				}
-				kept[t][p.Kept]++
+				kept[p.Kept]++
 			}
 		}
-		told[t][p.HAProxy] = answer
+		told.polled++
+		told.answers[answer]++
+		if byHAProxy {
+			told.by[p.Source] = answer
+		}
 	}
 	return told, kept
 }
@@ -355,21 +372,20 @@ func keepsOf(row *api.ServerState, kept map[string]int) {
 // they hold, and, sorted, which replicas answered (this one included).
 func (h *httpAPI) peerPolls(q PollsArg) ([]api.Poll, int, []api.ReplicaAnswer) {
 	polls, total, answers := h.o.Replica.PeerPollers(q)
-	answers = append(answers, api.ReplicaAnswer{ID: h.o.NodeID, Answered: true})
+	return polls, total, withSelf(answers, h.o.NodeID)
+}
+
+// withSelf adds this replica (id) to the peers' answers, sorted.
+func withSelf(answers []api.ReplicaAnswer, id string) []api.ReplicaAnswer {
+	answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
 	slices.SortFunc(answers, func(a, b api.ReplicaAnswer) int { return strings.Compare(a.ID, b.ID) })
-	return polls, total, answers
+	return answers
 }
 
 // PollerWindow is how far back /v1/pollers looks: an HAProxy that has not
 // asked for this long is forgotten. (Counting as polling takes asking
 // within api.PollerTTL.)
 const PollerWindow = 10 * time.Minute
-
-// localPolls returns this replica's polls that q selects.
-func (h *httpAPI) localPolls(q PollsArg) []api.Poll {
-	rows, _ := h.localSelect(q)
-	return rows
-}
 
 func (h *httpAPI) localSelect(q PollsArg) ([]api.Poll, int) {
 	if h.o.Pollers == nil {
@@ -428,8 +444,7 @@ func (h *httpAPI) haproxies(w http.ResponseWriter, _ *http.Request) {
 	if h.o.Pollers != nil {
 		seen[h.o.NodeID] = h.o.Pollers.Sightings(now.Add(-PollerWindow), now)
 	}
-	answers = append(answers, api.ReplicaAnswer{ID: h.o.NodeID, Answered: true})
-	slices.SortFunc(answers, func(a, b api.ReplicaAnswer) int { return strings.Compare(a.ID, b.ID) })
+	answers = withSelf(answers, h.o.NodeID)
 	nodes := map[string]*api.HAProxyNode{}
 	node := func(src string) *api.HAProxyNode {
 		n := nodes[src]

@@ -63,6 +63,20 @@ func (f *fakeReplica) PeerPollers(q PollsArg) ([]api.Poll, int, []api.ReplicaAns
 	return rows, total, answered
 }
 
+// PeerSummaries summarizes PeerPollers' polls, through the wire form.
+func (f *fakeReplica) PeerSummaries(q SummaryArg) ([]PollSummary, []api.ReplicaAnswer) {
+	polls, _, answered := f.PeerPollers(PollsArg{Selectors: q.Selectors})
+	raw, err := json.Marshal(SummarizePolls(polls, q))
+	if err != nil {
+		panic(err)
+	}
+	var sum PollSummary
+	if err := json.Unmarshal(raw, &sum); err != nil {
+		panic(err)
+	}
+	return []PollSummary{sum}, answered
+}
+
 func (f *fakeReplica) Recorded() (state.HAProxies, bool) {
 	if f.recorded == nil {
 		return state.HAProxies{}, false

@@ -47,6 +47,22 @@ func TestE2EOperatorStateReachesHAProxy(t *testing.T) {
 	hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr()})
 	hap := StartHAProxy(t, hs.AgentAddr, beWeb, beAPI)
 	op := hs.Operator("--allow-unknown") // writes before HAProxy has polled every server
+	// clear of a server nobody polled and no key names exits 3 (a typo):
+	// reset clears every server, so HAProxy must have polled each first.
+	testenv.Eventually(t, 15*time.Second, func() error {
+		var v api.StateView
+		hs.GetJSON(t, "/v1/state", &v)
+		known := map[string]bool{}
+		for _, r := range v.Servers {
+			known[r.Backend+"/"+r.Server] = true
+		}
+		for _, s := range allServers() {
+			if !known[s] {
+				return fmt.Errorf("HAProxy has not polled %s yet", s)
+			}
+		}
+		return nil
+	})
 
 	// Every subtest starts with no keys and every server UP at full weight.
 	reset := func(t *testing.T) {

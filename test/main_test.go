@@ -59,6 +59,12 @@ func buildHastate(dir string) (string, error) {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
+	// HASTATE_E2E_TAGS builds the binary with build tags, e.g.
+	// hastate_pprof for the replicas' /debug/pprof/ (a benchmark's
+	// profiles; see BenchmarkFleetOperator).
+	if tags := os.Getenv("HASTATE_E2E_TAGS"); tags != "" {
+		args = append(args, "-tags", tags)
+	}
 	args = append(args, "./cmd/hastate")
 	start := time.Now()
 	cmd := exec.Command(goBin, args...)

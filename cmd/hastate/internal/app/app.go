@@ -104,6 +104,11 @@ type Options struct {
 	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
 	// and counted (0: server.DefaultMaxPollers; negative is refused).
 	PollersMax int
+	// PeerReadChunk is the most polls one raft-port answer carries when
+	// this replica reads a peer's poller table (0: 250,000 summarized
+	// polls, 50,000 polls of /v1/pollers); a test lowers it to read a
+	// small table in several chunks.
+	PeerReadChunk int
 	// ShutdownTimeout bounds Stop when its context has no deadline (0: 20s).
 	ShutdownTimeout time.Duration
 	// ShutdownDelay is how long PrepareStop keeps the replica answering probes
@@ -205,6 +210,9 @@ func (o *Options) validate() error {
 	}
 	if o.ConfirmTimeout < 0 || (o.ConfirmTimeout > 0 && o.ConfirmTimeout < time.Millisecond) {
 		return fmt.Errorf("--confirm-timeout %s is too short for a round trip to the raft leader: set at least 1ms, e.g. %s", o.ConfirmTimeout, cluster.DefaultConfirmTimeout)
+	}
+	if o.PeerReadChunk < 0 {
+		return fmt.Errorf("--peer-read-chunk %d is negative: set a positive number of polls, or 0 for the defaults", o.PeerReadChunk)
 	}
 	if o.PollersMax < 0 {
 		return fmt.Errorf("--pollers-max %d is negative: set a positive number of (HAProxy, server) pairs, or 0 for %d", o.PollersMax, server.DefaultMaxPollers)
@@ -358,7 +366,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}},
 		PeerArgQueries: map[string]func(json.RawMessage) any{server.PollsQuery: func(raw json.RawMessage) any {
 			return a.pollers.AnswerPolls(raw, a.o.NodeID)
-		}},
+		}, server.PollSummaryQuery: a.pollers.AnswerSummary},
 		Sightings: func() cluster.Sightings {
 			now := time.Now()
 			return a.pollers.Sightings(now.Add(-server.PollerWindow), now)
@@ -704,39 +712,11 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 	var out []api.Poll
 	var answers []api.ReplicaAnswer
 	total := 0
-	// A read of every poll (no limit) is asked in chunks, each its own
-	// query, so that no answer over the raft port grows with the table
-	// (1,000,000 pairs are about 150 MB of JSON).
-	chunked := q.Limit == 0
-	first := q
-	if chunked {
-		first.Limit = peerPollsChunk
-	}
-	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, first, peerPollsTimeout) {
-		ans, err := decodePolls(pa)
-		if err != nil || ans == nil {
-			ans, err = r.olderPeerPolls(id, q)
-		} else {
-			for chunked && len(ans.Polls) > 0 && len(ans.Polls)%peerPollsChunk == 0 && err == nil {
-				next := first
-				next.After = api.PollCursor(ans.Polls[len(ans.Polls)-1])
-				var more *server.PollsAnswer
-				if more, err = decodePolls(r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && more != nil {
-					if len(more.Polls) == 0 {
-						break
-					}
-					ans.Polls = append(ans.Polls, more.Polls...)
-				} else if err == nil {
-					err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
-				}
-			}
-		}
+	for id, pa := range r.a.node.QueryPeersWith(server.PollsQuery, r.firstPollsChunk(q), peerPollsTimeout) {
+		ans, err := r.restOfPolls(id, q, pa)
 		if err != nil {
 			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
 			continue
-		}
-		for i := range ans.Polls {
-			ans.Polls[i].Replica = id
 		}
 		out = append(out, ans.Polls...)
 		total += ans.Total
@@ -745,20 +725,130 @@ func (r replica) PeerPollers(q server.PollsArg) ([]api.Poll, int, []api.ReplicaA
 	return out, total, answers
 }
 
+// firstPollsChunk is what is asked first of each peer for q: a read of
+// more polls than one chunk (or of every poll: no limit) is asked in
+// chunks, each its own query, so that no answer over the raft port grows
+// with the table or the page (1,000,000 pairs are about 150 MB of JSON).
+func (r replica) firstPollsChunk(q server.PollsArg) server.PollsArg {
+	if c := r.pollsChunk(); q.Limit == 0 || q.Limit > c {
+		q.Limit = c
+	}
+	return q
+}
+
+// pollsChunk and summaryChunk are the most polls one answer of a peer
+// carries (Options.PeerReadChunk).
+func (r replica) pollsChunk() int   { return cmp.Or(r.a.o.PeerReadChunk, peerPollsChunk) }
+func (r replica) summaryChunk() int { return cmp.Or(r.a.o.PeerReadChunk, peerSummaryChunk) }
+
+// restOfPolls completes one peer's answer pa to firstPollsChunk(q) up to
+// q.Limit polls (0: all): the chunks that follow, each after the last
+// poll of the one before, until one comes short; or, from a release that
+// does not know server.PollsQuery, every poll, selected here. Each poll
+// names the peer.
+func (r replica) restOfPolls(id string, q server.PollsArg, pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
+	next := r.firstPollsChunk(q)
+	ans, err := decodeAnswer[server.PollsAnswer](pa)
+	if err != nil || ans == nil {
+		ans, err = r.olderPeerPolls(id, q)
+	} else {
+		for last := ans; err == nil && len(last.Polls) == next.Limit && (q.Limit == 0 || len(ans.Polls) < q.Limit); {
+			next.After = api.PollCursor(last.Polls[len(last.Polls)-1])
+			if q.Limit > 0 {
+				next.Limit = min(next.Limit, q.Limit-len(ans.Polls))
+			}
+			if last, err = decodeAnswer[server.PollsAnswer](r.a.node.QueryPeerWith(id, server.PollsQuery, next, peerPollsTimeout)); err == nil && last == nil {
+				err = fmt.Errorf("replica %s stopped answering %s", id, server.PollsQuery)
+			}
+			if err == nil {
+				ans.Polls = append(ans.Polls, last.Polls...)
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i := range ans.Polls {
+		ans.Polls[i].Replica = id
+	}
+	return ans, nil
+}
+
+// PeerSummaries asks the other replicas for the summary of their polls
+// that q selects (server.PollSummaryQuery), each in chunks of at most
+// peerSummaryChunk polls (whole servers), so that no answer over the raft
+// port grows with the table. A replica that does not know the query (a
+// release before it) is asked for its polls (PeerPollers' way), which
+// are summarized here.
+func (r replica) PeerSummaries(q server.SummaryArg) ([]server.PollSummary, []api.ReplicaAnswer) {
+	var out []server.PollSummary
+	var answers []api.ReplicaAnswer
+	q.Limit = r.summaryChunk()
+	for id, pa := range r.a.node.QueryPeersWith(server.PollSummaryQuery, q, peerPollsTimeout) {
+		sums, err := r.restOfSummary(id, q, pa)
+		if err != nil {
+			answers = append(answers, api.ReplicaAnswer{ID: id, Error: err.Error()})
+			continue
+		}
+		out = append(out, sums...)
+		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
+	}
+	return out, answers
+}
+
+// restOfSummary completes one peer's answer pa to the first chunk q: the
+// chunks that follow, or, from a release that does not know the query,
+// its polls summarized here.
+func (r replica) restOfSummary(id string, q server.SummaryArg, pa cluster.PeerAnswer) ([]server.PollSummary, error) {
+	sum, err := decodeAnswer[server.PollSummary](pa)
+	if err != nil || sum == nil {
+		// A release that does not know the query answers null, or
+		// resets the connection for the argument it did not read.
+		pq := server.PollsArg{Selectors: q.Selectors}
+		ans, err := r.restOfPolls(id, pq, r.a.node.QueryPeerWith(id, server.PollsQuery, r.firstPollsChunk(pq), peerPollsTimeout))
+		if err != nil {
+			return nil, err
+		}
+		return []server.PollSummary{server.SummarizePolls(ans.Polls, server.SummaryArg{Selectors: q.Selectors})}, nil
+	}
+	var out []server.PollSummary
+	for ; err == nil && sum != nil; sum, err = decodeAnswer[server.PollSummary](r.a.node.QueryPeerWith(id, server.PollSummaryQuery, q, peerPollsTimeout)) {
+		out = append(out, *sum)
+		if sum.Next == "" {
+			return out, nil
+		}
+		if len(out) >= maxSummaryChunks {
+			return nil, fmt.Errorf("replica %s: more than %d chunks of %s (%d polls each)", id, maxSummaryChunks, server.PollSummaryQuery, q.Limit)
+		}
+		q.After = sum.Next
+	}
+	if err == nil {
+		err = fmt.Errorf("replica %s stopped answering %s", id, server.PollSummaryQuery)
+	}
+	return nil, err
+}
+
 // peerPollsChunk is the most polls one answer to server.PollsQuery
-// carries when every poll is read; peerPollsTimeout bounds each answer.
+// carries when every poll is read; peerSummaryChunk the most polls one
+// answer to server.PollSummaryQuery carries (about 7 bytes each, some 2.5
+// MB of JSON), maxSummaryChunks the most chunks read of one peer (far
+// more than a table of --pollers-max pairs needs); peerPollsTimeout
+// bounds each answer.
 const (
 	peerPollsChunk   = 50_000
+	peerSummaryChunk = 250_000
+	maxSummaryChunks = 1000
 	peerPollsTimeout = 5 * time.Second
 )
 
-// decodePolls reads an answer to server.PollsQuery; nil without an error:
-// the peer does not know the query (a release before it).
-func decodePolls(pa cluster.PeerAnswer) (*server.PollsAnswer, error) {
+// decodeAnswer reads a peer's answer to a named query (server.PollsQuery,
+// server.PollSummaryQuery); nil without an error: the peer does not know
+// the query (a release before it).
+func decodeAnswer[T any](pa cluster.PeerAnswer) (*T, error) {
 	if pa.Err != nil {
 		return nil, pa.Err
 	}
-	var ans *server.PollsAnswer
+	var ans *T
 	err := json.Unmarshal(pa.Raw, &ans)
 	return ans, err
 }

@@ -1,0 +1,378 @@
+package server
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
+)
+
+// The summary of a replica's polls is what /v1/state (scope=cluster, the
+// status page) needs of each poll to count, per server, the HAProxy nodes
+// that poll it and were told its answer: which source, when it last
+// asked, what it was told (or kept) and whether it asked more than once.
+// Sources and answers are interned once per answer, and each server's
+// polls are packed (a few bytes each) instead of a JSON object per poll:
+// at 200,000 pairs a peer's answer is about 1.5 MB instead of 30 MB, and
+// neither side sorts or allocates per poll (cluster/DESIGN.md, "The
+// operator path at fleet size"). The asker merges the replicas' summaries
+// per (server, source): a source that polled one server through two
+// replicas counts once, with its latest poll (MergeSummaries).
+
+// PollSummaryQuery is the peer query (over the raft port) that answers a
+// PollSummary for a SummaryArg. Releases before it answer null: they are
+// asked PollsQuery, or "pollers", and their polls are summarized by the
+// asker (SummarizePolls).
+const PollSummaryQuery = "poll-summary"
+
+// SummaryArg is PollSummaryQuery's argument: the selectors (none: all),
+// the server cursor (api.ServerCursor) after which to start, and the
+// most polls an answer carries (whole servers: an answer holds every poll
+// of each server it names; 0: all).
+type SummaryArg struct {
+	Selectors []string `json:"selectors,omitempty"`
+	After     string   `json:"after,omitempty"`
+	Limit     int      `json:"limit,omitempty"`
+}
+
+// PollSummary is one replica's polls of the selected servers, by server
+// in cursor order.
+type PollSummary struct {
+	// Sources are the HAProxy addresses, Answers the answer lines
+	// (without LF) that SourcePoll indexes; Answers[0] is "" (withheld,
+	// or none kept).
+	Sources []string
+	Answers []string
+	Servers []ServerPolls
+	// Next, when not "", is the cursor of the last server of a cut
+	// answer: ask again after it.
+	Next string
+}
+
+// ServerPolls are the polls of one server, at most one per source.
+type ServerPolls struct {
+	Backend, Server string
+	Polls           []SourcePoll
+}
+
+// SourcePoll is one source's polls of one server on one replica.
+type SourcePoll struct {
+	Source int32 // index into PollSummary.Sources
+	Answer int32 // index into PollSummary.Answers; 0: withheld
+	Kept   int32 // when withheld: the answer kept (index; 0: none)
+	// Count is how often it asked, capped at 2: what the asker needs is
+	// whether it asked more than once (api.Poll.FromHAProxy).
+	Count uint32
+	// LastMs is when it last asked, in Unix milliseconds (no pointer:
+	// a summary of 200,000 polls is nothing for the collector to scan).
+	LastMs int64
+}
+
+// Summary returns the pairs asked about since since of the servers
+// q.Selectors match, after q.After, in at most q.Limit polls (whole
+// servers; at least one server). It never holds a shard's lock while it
+// reads the entries (the agent's Record takes the same locks), and it
+// allocates per server, not per poll. A bad selector selects nothing.
+func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
+	out := PollSummary{Sources: []string{}, Answers: []string{""}, Servers: []ServerPolls{}}
+	f, err := api.ParseFilter(q.Selectors)
+	if err != nil || p == nil {
+		return out
+	}
+	srcs := map[string]int32{}         // by the address's bytes
+	answers := map[string]int32{"": 0} // by the line, LF included
+	byServer := map[string]int{}       // index into polls, by "backend/server"
+	var polls [][]SourcePoll
+	refs := make([]pollRef, 0, p.Len()/pollerShards+16)
+	for i := range p.shards {
+		refs = p.shards[i].refs(refs[:0])
+		for _, r := range refs {
+			ipb, req := r.key[1:1+int(r.key[0])], r.key[1+int(r.key[0]):]
+			if q.After != "" && req <= q.After {
+				continue
+			}
+			b, s, _ := strings.Cut(req, "/")
+			if !f.Match(b, s) {
+				continue
+			}
+			r.e.mu.Lock()
+			last, line, kept, count := r.e.last, r.e.answer, r.e.kept, r.e.count
+			r.e.mu.Unlock()
+			if last.Before(since) {
+				continue
+			}
+			si, ok := srcs[ipb]
+			if !ok {
+				si = int32(len(out.Sources))
+				srcs[ipb] = si
+				addr, _ := netip.AddrFromSlice([]byte(ipb))
+				out.Sources = append(out.Sources, addr.String())
+			}
+			sp := SourcePoll{Source: si, Count: uint32(min(count, 2)), LastMs: last.UnixMilli()}
+			sp.Answer = intern(answers, &out.Answers, line)
+			if line == nil {
+				sp.Kept = intern(answers, &out.Answers, kept)
+			}
+			j, ok := byServer[req]
+			if !ok {
+				j = len(polls)
+				byServer[req] = j
+				polls = append(polls, nil)
+			}
+			polls[j] = append(polls[j], sp)
+		}
+		// The walk is the operator's, the CPU the agent's: let its
+		// goroutines run between shards.
+		runtime.Gosched()
+	}
+	n := 0
+	for _, req := range slices.Sorted(maps.Keys(byServer)) {
+		sp := polls[byServer[req]]
+		if q.Limit > 0 && n > 0 && n+len(sp) > q.Limit {
+			out.Next = out.Servers[len(out.Servers)-1].cursor()
+			break
+		}
+		b, s, _ := strings.Cut(req, "/")
+		out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: sp})
+		n += len(sp)
+	}
+	return out
+}
+
+func (sp ServerPolls) cursor() string { return api.ServerCursor(sp.Backend, sp.Server) }
+
+// intern returns the index of line (nil: 0) in list, adding it.
+func intern(idx map[string]int32, list *[]string, line []byte) int32 {
+	if line == nil {
+		return 0
+	}
+	if i, ok := idx[string(line)]; ok {
+		return i
+	}
+	i := int32(len(*list))
+	idx[string(line)] = i
+	*list = append(*list, strings.TrimSuffix(string(line), "\n"))
+	return i
+}
+
+type pollRef struct {
+	key string
+	e   *pollEntry
+}
+
+// refs appends the shard's entries to dst, holding its read lock only
+// while it copies the pointers.
+func (sh *pollerShard) refs(dst []pollRef) []pollRef {
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	for k, e := range sh.m {
+		dst = append(dst, pollRef{k, e})
+	}
+	return dst
+}
+
+// AnswerSummary answers PollSummaryQuery: the polls within PollerWindow
+// that the argument selects.
+func (p *Pollers) AnswerSummary(raw json.RawMessage) any {
+	var q SummaryArg
+	if err := json.Unmarshal(raw, &q); err != nil {
+		return PollSummary{Sources: []string{}, Answers: []string{""}, Servers: []ServerPolls{}}
+	}
+	return p.Summary(time.Now().Add(-PollerWindow), q)
+}
+
+// SummarizePolls is Summary over a list of polls (a peer's, from a
+// release that answers polls, not summaries): those q selects, every one
+// (an older peer's answer is not cut).
+func SummarizePolls(polls []api.Poll, q SummaryArg) PollSummary {
+	out := PollSummary{Sources: []string{}, Answers: []string{""}, Servers: []ServerPolls{}}
+	f, err := api.ParseFilter(q.Selectors)
+	if err != nil {
+		return out
+	}
+	srcs, answers := map[string]int32{}, map[string]int32{"": 0}
+	byServer := map[state.Target][]SourcePoll{}
+	line := func(s string) []byte { return []byte(s + "\n") }
+	for _, p := range polls {
+		if !f.Match(p.Backend, p.Server) || (q.After != "" && api.ServerCursor(p.Backend, p.Server) <= q.After) {
+			continue
+		}
+		si, ok := srcs[p.HAProxy]
+		if !ok {
+			si = int32(len(out.Sources))
+			srcs[p.HAProxy] = si
+			out.Sources = append(out.Sources, p.HAProxy)
+		}
+		sp := SourcePoll{Source: si, Count: uint32(min(p.Count, 2)), LastMs: p.LastAsked.UnixMilli()}
+		if !p.Withheld {
+			sp.Answer = intern(answers, &out.Answers, line(p.Answer))
+		} else if p.Kept != "" {
+			sp.Kept = intern(answers, &out.Answers, line(p.Kept))
+		}
+		t := state.Target{Backend: p.Backend, Server: p.Server}
+		byServer[t] = append(byServer[t], sp)
+	}
+	for _, t := range slices.SortedFunc(maps.Keys(byServer), func(a, b state.Target) int {
+		return strings.Compare(api.ServerCursor(a.Backend, a.Server), api.ServerCursor(b.Backend, b.Server))
+	}) {
+		out.Servers = append(out.Servers, ServerPolls{Backend: t.Backend, Server: t.Server, Polls: byServer[t]})
+	}
+	return out
+}
+
+// The wire form: the server's polls packed as uvarints (source, answer,
+// kept, count, age in milliseconds before at), base64 in JSON.
+type wireSummary struct {
+	At      int64        `json:"at_unix_ms"`
+	Sources []string     `json:"sources"`
+	Answers []string     `json:"answers"`
+	Servers []wireServer `json:"servers"`
+	Next    string       `json:"next,omitempty"`
+}
+
+type wireServer struct {
+	Backend string `json:"backend"`
+	Server  string `json:"server"`
+	Polls   []byte `json:"polls"`
+}
+
+// MarshalJSON writes the wire form.
+func (s PollSummary) MarshalJSON() ([]byte, error) {
+	at := time.Now().UnixMilli()
+	w := wireSummary{At: at, Sources: s.Sources, Answers: s.Answers, Servers: make([]wireServer, len(s.Servers)), Next: s.Next}
+	var buf []byte
+	for i, sv := range s.Servers {
+		buf = buf[:0]
+		for _, p := range sv.Polls {
+			buf = binary.AppendUvarint(buf, uint64(p.Source))
+			buf = binary.AppendUvarint(buf, uint64(p.Answer))
+			buf = binary.AppendUvarint(buf, uint64(p.Kept))
+			buf = binary.AppendUvarint(buf, uint64(p.Count))
+			buf = binary.AppendUvarint(buf, uint64(max(at-p.LastMs, 0)))
+		}
+		w.Servers[i] = wireServer{Backend: sv.Backend, Server: sv.Server, Polls: slices.Clone(buf)}
+	}
+	return json.Marshal(w)
+}
+
+var errBadSummary = errors.New("poll summary: malformed polls")
+
+// UnmarshalJSON reads the wire form; an index out of its table is an
+// error.
+func (s *PollSummary) UnmarshalJSON(b []byte) error {
+	var w wireSummary
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	if len(w.Answers) == 0 {
+		w.Answers = []string{""}
+	}
+	*s = PollSummary{Sources: w.Sources, Answers: w.Answers, Servers: make([]ServerPolls, len(w.Servers)), Next: w.Next}
+	for i, ws := range w.Servers {
+		sv := ServerPolls{Backend: ws.Backend, Server: ws.Server}
+		for buf := ws.Polls; len(buf) > 0; {
+			var v [5]uint64
+			for j := range v {
+				x, n := binary.Uvarint(buf)
+				if n <= 0 {
+					return fmt.Errorf("%w: server %s/%s", errBadSummary, ws.Backend, ws.Server)
+				}
+				v[j], buf = x, buf[n:]
+			}
+			if v[0] >= uint64(len(w.Sources)) || v[1] >= uint64(len(w.Answers)) || v[2] >= uint64(len(w.Answers)) {
+				return fmt.Errorf("%w: server %s/%s: an index beyond the tables", errBadSummary, ws.Backend, ws.Server)
+			}
+			sv.Polls = append(sv.Polls, SourcePoll{Source: int32(v[0]), Answer: int32(v[1]), Kept: int32(v[2]),
+				Count: uint32(min(v[3], 2)), LastMs: w.At - int64(v[4])})
+		}
+		s.Servers[i] = sv
+	}
+	return nil
+}
+
+// mergedPoll is one source's polls of one server over every replica: the
+// latest answer (Withheld: none), what it keeps, whether it asked more
+// than once.
+type mergedPoll struct {
+	Source, Answer, Kept string
+	Withheld             bool
+	Count                uint32
+	LastMs               int64
+}
+
+// fromHAProxy and polling are api.Poll's rules (FromHAProxy, Polling) at
+// now (Unix milliseconds).
+func (m mergedPoll) fromHAProxy(nowMs int64) bool {
+	return m.Count > 1 || nowMs-m.LastMs < api.ProbeGrace.Milliseconds()
+}
+
+func (m mergedPoll) polling(nowMs int64) bool {
+	return m.fromHAProxy(nowMs) && nowMs-m.LastMs <= api.PollerTTL.Milliseconds()
+}
+
+// MergeSummaries merges replicas' summaries into, per server, one poll per
+// source address, as api.MergePolls merges polls: the latest answer and
+// time, what another replica told it when the latest is withheld without
+// one, counts summed. It is the union of the sources, not a sum: a source
+// that polled a server through two replicas (after a load balancer's
+// failover) is one.
+func MergeSummaries(sums []PollSummary) map[state.Target][]mergedPoll {
+	out := map[state.Target][]mergedPoll{}
+	var twice []state.Target // servers more than one summary holds
+	for _, s := range sums {
+		for _, sv := range s.Servers {
+			t := state.Target{Backend: sv.Backend, Server: sv.Server}
+			m, ok := out[t]
+			if ok {
+				twice = append(twice, t)
+			} else {
+				m = make([]mergedPoll, 0, len(sv.Polls))
+			}
+			for _, p := range sv.Polls {
+				m = append(m, mergedPoll{Source: s.Sources[p.Source], Answer: s.Answers[p.Answer], Withheld: p.Answer == 0,
+					Kept: s.Answers[p.Kept], Count: p.Count, LastMs: p.LastMs})
+			}
+			out[t] = m
+		}
+	}
+	for _, t := range twice {
+		out[t] = foldSources(out[t])
+	}
+	return out
+}
+
+// foldSources merges the polls of one source into one, in their order
+// (api.MergePolls' rules: a later one wins only when strictly newer).
+func foldSources(m []mergedPoll) []mergedPoll {
+	slices.SortStableFunc(m, func(a, b mergedPoll) int { return strings.Compare(a.Source, b.Source) })
+	out := m[:0]
+	for _, p := range m {
+		if len(out) == 0 || out[len(out)-1].Source != p.Source {
+			out = append(out, p)
+			continue
+		}
+		old := out[len(out)-1]
+		newer, older := old, p
+		if p.LastMs > old.LastMs {
+			newer, older = p, old
+		}
+		if newer.Withheld && newer.Kept == "" {
+			newer.Kept = older.Kept
+			if !older.Withheld {
+				newer.Kept = older.Answer
+			}
+		}
+		newer.Count = min(old.Count+p.Count, 2)
+		out[len(out)-1] = newer
+	}
+	return out
+}

@@ -1,0 +1,204 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
+)
+
+// roundTrip sends a summary through its wire form, as a peer's answer
+// travels over the raft port.
+func roundTrip(t *testing.T, s PollSummary) PollSummary {
+	t.Helper()
+	raw, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out PollSummary
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	return out
+}
+
+// oracleTold is what /v1/state counted before summaries: every replica's
+// polls as api.Poll, merged by api.MergePolls, then, per server, the last
+// answer of each HAProxy polling it ("": withheld) and what the withheld
+// ones keep.
+func oracleTold(polls []api.Poll, now time.Time) (map[state.Target]map[string]string, map[state.Target]map[string]int) {
+	told, kept := map[state.Target]map[string]string{}, map[state.Target]map[string]int{}
+	for _, p := range api.MergePolls(polls) {
+		if !p.Polling(now) {
+			continue
+		}
+		t := state.Target{Backend: p.Backend, Server: p.Server}
+		if told[t] == nil {
+			told[t] = map[string]string{}
+		}
+		answer := p.Answer
+		if p.Withheld {
+			answer = ""
+			if p.Kept != "" {
+				if kept[t] == nil {
+					kept[t] = map[string]int{}
+				}
+				kept[t][p.Kept]++
+			}
+		}
+		told[t][p.HAProxy] = answer
+	}
+	return told, kept
+}
+
+// Summaries of several replicas, merged, count what merging every poll
+// counted: per server, each HAProxy once (union over the replicas, not a
+// sum), told its latest answer, a withheld one keeping what another
+// replica told it. Random tables, each replica's through the wire form.
+func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
+	now := time.Now().Truncate(time.Millisecond)
+	answers := [][]byte{[]byte("ready 100%\n"), []byte("drain\n"), []byte("maint\n"), nil}
+	for seed := range uint64(50) {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		var all []api.Poll
+		var sums []PollSummary
+		for r := range 3 {
+			p := newPollers(t, PollersOptions{})
+			for range rng.IntN(300) {
+				src := &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+rng.IntN(6)))}
+				req := fmt.Appendf(nil, "b%d/s%d", rng.IntN(3), rng.IntN(4))
+				// Ages across the TTL and the probe grace, in whole
+				// milliseconds (the wire's resolution).
+				at := now.Add(-time.Duration(rng.IntN(90_000)) * time.Millisecond)
+				p.Record(src, req, answers[rng.IntN(len(answers))], at)
+			}
+			for _, pl := range p.List(time.Time{}) {
+				pl.Replica = fmt.Sprint("r", r)
+				all = append(all, pl)
+			}
+			sums = append(sums, roundTrip(t, p.Summary(time.Time{}, SummaryArg{})))
+		}
+		wantTold, wantKept := oracleTold(all, now)
+		merged := MergeSummaries(sums)
+		for tgt, m := range merged {
+			told, kept := toldOf(m, now.UnixMilli(), true)
+			if len(wantTold[tgt]) == 0 && told.polled == 0 {
+				continue
+			}
+			if fmt.Sprint(told.by) != fmt.Sprint(wantTold[tgt]) || told.polled != len(wantTold[tgt]) {
+				t.Fatalf("seed %d: %v told %v (polled %d), merging every poll: %v", seed, tgt, told.by, told.polled, wantTold[tgt])
+			}
+			if fmt.Sprint(kept) != fmt.Sprint(wantKept[tgt]) && !(len(kept) == 0 && len(wantKept[tgt]) == 0) {
+				t.Fatalf("seed %d: %v keeps %v, merging every poll: %v", seed, tgt, kept, wantKept[tgt])
+			}
+		}
+		for tgt, w := range wantTold {
+			if _, ok := merged[tgt]; !ok && len(w) > 0 {
+				t.Fatalf("seed %d: %v missing from the merged summaries", seed, tgt)
+			}
+		}
+	}
+}
+
+// An HAProxy that polled one server through two replicas (a load
+// balancer's failover) counts once, told the answer of its latest poll.
+func TestMergeSummariesOneSourceThroughTwoReplicas(t *testing.T) {
+	now := time.Now().Truncate(time.Millisecond)
+	src := &net.TCPAddr{IP: net.ParseIP("127.0.0.10")}
+	a, b := newPollers(t, PollersOptions{}), newPollers(t, PollersOptions{})
+	for i := range 2 {
+		a.Record(src, []byte("web/a"), []byte("ready 100%\n"), now.Add(time.Duration(i-10)*time.Second))
+	}
+	b.Record(src, []byte("web/a"), []byte("drain\n"), now.Add(-time.Second))
+	merged := MergeSummaries([]PollSummary{roundTrip(t, a.Summary(time.Time{}, SummaryArg{})), roundTrip(t, b.Summary(time.Time{}, SummaryArg{}))})
+	told, _ := toldOf(merged[state.Target{Backend: "web", Server: "a"}], now.UnixMilli(), true)
+	if told.polled != 1 || told.told("drain") != 1 || told.told("ready 100%") != 0 {
+		t.Fatalf("told %+v, want one HAProxy told drain", told)
+	}
+}
+
+// Summary selects, starts after the cursor, and cuts at whole servers,
+// naming the last server of a cut answer; following Next reads every
+// poll once.
+func TestSummaryChunksAtWholeServers(t *testing.T) {
+	now := time.Now()
+	p := newPollers(t, PollersOptions{})
+	for s := range 5 {
+		for src := range 3 {
+			p.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+src))}, fmt.Appendf(nil, "web/s%d", s), []byte("ready 100%\n"), now)
+		}
+	}
+	p.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 10)}, []byte("api/x"), []byte("drain\n"), now)
+
+	q := SummaryArg{Selectors: []string{"web"}, Limit: 4}
+	var servers []string
+	for range 10 {
+		s := roundTrip(t, p.Summary(time.Time{}, q))
+		if len(s.Servers) == 0 {
+			t.Fatal("an answer with no server")
+		}
+		n := 0
+		for _, sv := range s.Servers {
+			servers = append(servers, sv.Backend+"/"+sv.Server)
+			n += len(sv.Polls)
+			if len(sv.Polls) != 3 {
+				t.Fatalf("%s/%s: %d polls, want all 3", sv.Backend, sv.Server, len(sv.Polls))
+			}
+		}
+		if n > 4 && len(s.Servers) > 1 {
+			t.Fatalf("%d polls in an answer limited to 4", n)
+		}
+		if s.Next == "" {
+			break
+		}
+		if s.Next != servers[len(servers)-1] {
+			t.Fatalf("next %q, last server %q", s.Next, servers[len(servers)-1])
+		}
+		q.After = s.Next
+	}
+	if want := []string{"web/s0", "web/s1", "web/s2", "web/s3", "web/s4"}; !slices.Equal(servers, want) {
+		t.Fatalf("servers %v, want %v", servers, want)
+	}
+}
+
+// A malformed or out-of-table answer is an error, not a poll.
+func TestPollSummaryRejectsBadWire(t *testing.T) {
+	for _, raw := range []string{
+		`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"servers":[{"backend":"b","server":"s","polls":"BQ=="}]}`,     // a truncated poll
+		`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"servers":[{"backend":"b","server":"s","polls":"BQAAAgA="}]}`, // source 5 of 1
+		`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"servers":[{"backend":"b","server":"s","polls":"AAcAAgA="}]}`, // answer 7 of 1
+	} {
+		var s PollSummary
+		if err := json.Unmarshal([]byte(raw), &s); err == nil {
+			t.Errorf("%s: decoded %+v, want an error", raw, s)
+		}
+	}
+}
+
+// The summary a peer answers holds no pointer per poll and, at fleet
+// size, a few bytes a poll on the wire.
+func TestPollSummaryWireSize(t *testing.T) {
+	p := newPollers(t, PollersOptions{})
+	now := time.Now()
+	for s := range 200 {
+		for src := range 100 {
+			p.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+src))}, fmt.Appendf(nil, "fs%03d/srv%02d", s/10, s%10), []byte("ready 100%\n"), now)
+		}
+	}
+	raw, err := json.Marshal(p.Summary(time.Time{}, SummaryArg{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if per := float64(len(raw)) / 20_000; per > 12 {
+		t.Errorf("%.1f bytes a poll on the wire, want at most 12", per)
+	}
+	if polls := len(roundTrip(t, p.Summary(time.Time{}, SummaryArg{})).Servers); polls != 200 {
+		t.Errorf("%d servers after the round trip, want 200", polls)
+	}
+}
