@@ -26,7 +26,9 @@ const (
 	PauseLong Kind = "pause-long"
 	// Wipe: SIGKILL a follower and remove its data directory; start it
 	// empty once the others have moved on (it rejoins from the leader's
-	// snapshot), then make it leader by leadership transfer.
+	// snapshot), then make it leader by leadership transfer (the leader's
+	// SIGTERM, with the other followers stopped so that the transfer picks
+	// it); the run fails unless it led.
 	Wipe Kind = "wipe"
 	// Transfer: the leader hands leadership over (SIGTERM: a rolling
 	// restart's shutdown transfers it) and is started again when the
