@@ -709,15 +709,13 @@ func (f tokenFigures) String(lb, direct []history.Answer, writes []history.Write
 	}
 	since := func(at time.Time) string { return sinceOrNever(at, f.Revoked) }
 	ok, asked, longest := withheldDuring(lb, f.Revoked, till)
+	byReplica := map[string][]history.Answer{}
+	for _, a := range direct {
+		byReplica[a.Poller] = append(byReplica[a.Poller], a)
+	}
 	var per []string
-	for _, p := range slices.Sorted(maps.Keys(pollersOf(direct))) {
-		var mine []history.Answer
-		for _, a := range direct {
-			if a.Poller == p {
-				mine = append(mine, a)
-			}
-		}
-		o, n, l := withheldDuring(mine, f.Revoked, till)
+	for _, p := range slices.Sorted(maps.Keys(byReplica)) {
+		o, n, l := withheldDuring(byReplica[p], f.Revoked, till)
 		per = append(per, fmt.Sprintf("%s %d/%d (longest withheld %s)", strings.TrimPrefix(p, "direct-"), o, n, l.Round(time.Millisecond)))
 	}
 	served, pending, slowest := 0, 0, time.Duration(0)
@@ -744,14 +742,6 @@ func later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-func pollersOf(as []history.Answer) map[string]bool {
-	out := map[string]bool{}
-	for _, a := range as {
-		out[a.Poller] = true
-	}
-	return out
 }
 
 // withheldDuring counts the checks begun within [from, till] and those
