@@ -51,7 +51,11 @@ import (
 // it, pending when never seen; each answered check a read; no answer no
 // operation), plus internal/history's rules (no answer a key never held,
 // no step back for any poller) for their messages, and every replica and
-// the fleet converged a bounded time after the last fault. A failing
+// the fleet converged a bounded time after the last fault. During a token
+// fault every replica is also asked directly, and those checks join the
+// judged history. The run also fails when a wiped replica was not made
+// leader, or a leader whose token Consul refuses leads longer than
+// --kv-failover-after and a hand-over once it saw the refusal. A failing
 // history is written as porcupine's HTML visualisation under
 // test/artifacts/ (or $HASTATE_ARTIFACTS); the seed is logged.
 //
