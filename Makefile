@@ -142,7 +142,8 @@ bench: deps
 # seeds (default 20, one after another from a fresh seed, each logged) of
 # SOAK (default 2m) of faults each, instead of make test's one seed of 30s;
 # each seed's history is judged by porcupine and its figures (operations
-# checked, violations, longest withheld stretch) end the log.
+# checked, violations, longest withheld stretch, what each token fault did)
+# end the log.
 # HASTATE_NEMESIS_SEED=<n> starts from seed n (SOAK_SEEDS=1 repeats one).
 SOAK ?= 2m
 SOAK_SEEDS ?= 20

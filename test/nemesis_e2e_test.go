@@ -1,10 +1,12 @@
 package test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -31,14 +33,29 @@ import (
 // nemesis): SIGKILL, SIGSTOP/SIGCONT, raft links cut, Consul killed, the
 // leader paused past the election timeout while a write is committed, a
 // follower's disk wiped (it rejoins from a snapshot) and then made leader,
-// a leadership hand-over, the load balancer cut from one replica.
+// a leadership hand-over, the load balancer cut from one replica, the
+// leader's Consul token revoked and then restored.
+//
+// Consul runs as production does: ACLs on, default deny, and the shipped
+// policies (deploy/terraform/policies). Each replica reads with its own
+// token of the shipped read policy, in its own --consul-token-file (so
+// that one replica's can be revoked; the shipped Terraform makes one
+// token for all, which is TestE2EACLReplicasWithoutTokenNeverGuess's
+// case); the CLI and the Consul API write with the shipped writer
+// policy's token. The replicas run with --kv-failover-after 3s instead of
+// 30s, so that a revoked leader hands over within a short schedule's
+// token fault (nemesis.TokenHold).
 //
 // Judged: the whole history by porcupine (history.Linearizable: a register
 // per server; each write from its call until a replica was seen serving
 // it, pending when never seen; each answered check a read; no answer no
 // operation), plus internal/history's rules (no answer a key never held,
 // no step back for any poller) for their messages, and every replica and
-// the fleet converged a bounded time after the last fault. A failing
+// the fleet converged a bounded time after the last fault. During a token
+// fault every replica is also asked directly, and those checks join the
+// judged history. The run also fails when a wiped replica was not made
+// leader, or a leader whose token Consul refuses leads longer than
+// --kv-failover-after and a hand-over once it saw the refusal. A failing
 // history is written as porcupine's HTML visualisation under
 // test/artifacts/ (or $HASTATE_ARTIFACTS); the seed is logged.
 //
@@ -128,8 +145,8 @@ func TestE2ENemesis(t *testing.T) {
 // TestE2EHistoryCheck is a fixed schedule of the nemesis (issue 23's
 // leader kill and follower cut, issue 33's long leader pause with a write,
 // a wiped follower that rejoins from a snapshot and is made leader, the
-// load balancer cut from a follower, Consul restarted), judged by the same
-// checks.
+// load balancer cut from a follower, Consul restarted, the leader's token
+// revoked and restored), judged by the same checks.
 func TestE2EHistoryCheck(t *testing.T) {
 	plan := []nemesis.Fault{
 		{Kind: nemesis.Kill, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: 3 * time.Second},
@@ -138,24 +155,43 @@ func TestE2EHistoryCheck(t *testing.T) {
 		{Kind: nemesis.LBCut, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 3 * time.Second},
 		{Kind: nemesis.Cut, Target: nemesis.Follower, Gap: 2 * time.Second, Hold: 4 * time.Second},
 		{Kind: nemesis.Consul, Target: nemesis.None, Gap: 2 * time.Second, Hold: 3 * time.Second},
+		{Kind: nemesis.Token, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: nemesis.TokenHold},
 	}
 	runNemesis(t, 1, 3, plan)
 }
 
+// nemesisFailoverAfter is the replicas' --kv-failover-after: a leader
+// whose token Consul refuses hands over this long after the refusal was
+// found (30s by default; shorter, so that a token fault of
+// nemesis.TokenHold sees it).
+const nemesisFailoverAfter = 3 * time.Second
+
+// tokenHandOver bounds how long a leader whose token is refused takes,
+// past --kv-failover-after, to hand over: its failover loop's tick (1s),
+// its ask of the peers' verdicts (2s at most) and the transfer.
+const tokenHandOver = 5 * time.Second
+
 // nemesisRun is the shared state of one run: what was written and told.
 type nemesisRun struct {
-	consul  *testenv.Consul
-	kv      *api.KV
-	hs      []*Hastate
-	servers []string   // backend/server
-	pick    *rand.Rand // which follower a fault hits (seeded; used by the test's goroutine only)
+	consul *testenv.Consul
+	kv     *api.KV // the management token's: reads what was written
+	// writerKV and writerTok are the shipped writer policy's (the
+	// writers'); tokens[i] and tokenFiles[i] replica hs[i]'s read token.
+	writerKV   *api.KV
+	writerTok  testenv.Token
+	tokens     []testenv.Token
+	tokenFiles []string
+	hs         []*Hastate
+	servers    []string   // backend/server
+	pick       *rand.Rand // which follower a fault hits, how a token is restored (seeded; used by the test's goroutine only)
 
 	mu      sync.Mutex
 	writes  []history.Write
-	answers []history.Answer
-	counts  map[string]int // figures: "cli", "cli failed", "consul", ...
-	errs    []string       // harness errors from goroutines (reported by the test)
-	cliErrs []string       // the first failed CLI writes, for the log
+	answers []history.Answer // through the load balancer
+	direct  []history.Answer // asked of one replica directly (during token faults)
+	counts  map[string]int   // figures: "cli", "cli failed", "consul", ...
+	errs    []string         // harness errors from goroutines (reported by the test)
+	cliErrs []string         // the first failed CLI writes, for the log
 }
 
 func (r *nemesisRun) count(what string) {
@@ -179,18 +215,36 @@ type nemesisSummary struct {
 	Linear                 string
 	LongestWithheld        time.Duration
 	WithheldDuring         string
+	Token                  []string // per token fault: tokenFigures
 }
 
 func (s nemesisSummary) String() string {
-	return fmt.Sprintf("operations checked %d (%d reads, %d writes of which %d pending), violations %d (porcupine: %s), longest withheld stretch %s (%s)",
-		s.Reads+s.Writes, s.Reads, s.Writes, s.Pending, s.Violations, s.Linear, s.LongestWithheld.Round(time.Millisecond), s.WithheldDuring)
+	tok := "no token fault"
+	if len(s.Token) > 0 {
+		tok = "token faults: " + strings.Join(s.Token, "; ")
+	}
+	return fmt.Sprintf("operations checked %d (%d reads, %d writes of which %d pending), violations %d (porcupine: %s), longest withheld stretch %s (%s); %s",
+		s.Reads+s.Writes, s.Reads, s.Writes, s.Pending, s.Violations, s.Linear, s.LongestWithheld.Round(time.Millisecond), s.WithheldDuring, tok)
 }
 
 func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) nemesisSummary {
-	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true})
-	args := []string{"--snapshot-threshold", fmt.Sprint(nemesisSnapshotThreshold), "--snapshot-interval", "1s"}
+	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true, ACL: true})
+	_, writerTok := consul.ShippedTokens(t, kvPrefix)
+	args := []string{"--snapshot-threshold", fmt.Sprint(nemesisSnapshotThreshold), "--snapshot-interval", "1s",
+		"--kv-failover-after", nemesisFailoverAfter.String()}
 	args = append(args, strings.Fields(os.Getenv("HASTATE_NEMESIS_SERVE_ARGS"))...)
 	hs := NewCluster(t, replicas, HastateOptions{ConsulAddr: consul.Addr(), Args: args})
+	var tokens []testenv.Token
+	var files []string
+	for _, h := range hs {
+		tok := consul.CreateToken(t, "hastate replica "+h.NodeID, "hastate-read")
+		tokens, files = append(tokens, tok), append(files, tokenFile(t, tok.SecretID))
+		h.AddArgs("--consul-token-file", files[len(files)-1])
+	}
+	writerClient, err := api.NewClient(&api.Config{Address: consul.Addr(), Token: writerTok.SecretID})
+	if err != nil {
+		t.Fatal(err)
+	}
 	fnet := newFaultNet()
 	mesh := newRaftMesh(t, fnet, hs)
 	StartAll(t, hs...)
@@ -203,7 +257,8 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 	lb := StartAgentLB(t, hs, LBOptions{Inter: 500 * time.Millisecond, Fall: 2, Rise: 2,
 		Addrs: func(i int) (string, string) { return lbLinks[i][0].Addr, lbLinks[i][1].Addr }})
 	be := Backend{Name: nemesisBackend}
-	r := &nemesisRun{consul: consul, kv: consul.Client(t).KV(), hs: hs, counts: map[string]int{}, pick: rand.New(rand.NewPCG(seed, 3))}
+	r := &nemesisRun{consul: consul, kv: consul.Client(t).KV(), writerKV: writerClient.KV(), writerTok: writerTok, tokens: tokens, tokenFiles: files,
+		hs: hs, counts: map[string]int{}, pick: rand.New(rand.NewPCG(seed, 3))}
 	for i := range nemesisServers + 1 {
 		be.Servers = append(be.Servers, fmt.Sprintf("s%02d", i+1))
 		r.servers = append(r.servers, fmt.Sprintf("%s/s%02d", nemesisBackend, i+1))
@@ -251,12 +306,13 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 	}
 	var windows []window
 	var notes []string // what the faults did that the schedule does not say
+	var tokenFaults []tokenFigures
 	began := time.Now()
 	var lastEnd time.Time
 	for i, f := range plan {
 		<-time.After(f.Gap)
 		h, what := r.target(t, f.Target)
-		if len(r.hs) == 1 && (f.Kind == nemesis.Wipe || f.Kind == nemesis.PauseLong || f.Kind == nemesis.Transfer) {
+		if len(r.hs) == 1 && (f.Kind == nemesis.Wipe || f.Kind == nemesis.PauseLong || f.Kind == nemesis.Transfer || f.Kind == nemesis.Token) {
 			f.Kind = nemesis.Kill // one replica: nobody to take over or to rejoin from
 		}
 		injected := time.Now()
@@ -302,6 +358,10 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 			for _, l := range ls {
 				l.Heal(t)
 			}
+		case nemesis.Token:
+			tf := r.tokenFault(t, h, f.Hold)
+			lastEnd = tf.Restored
+			tokenFaults = append(tokenFaults, tf)
 		case nemesis.Consul:
 			consul.Kill()
 			<-time.After(f.Hold)
@@ -329,10 +389,13 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 			h.Start(t)
 			h.WaitReady(t)
 			installed := h.LogContains(t, "Installed remote snapshot")
-			made, cycles := r.makeLeader(t, h)
+			made, handOvers := r.makeLeader(t, h)
 			lastEnd = time.Now()
-			notes = append(notes, fmt.Sprintf("fault %d: %s %s: rejoined at commit index %d from a snapshot %v; made leader %v after %d hand-overs",
-				i+1, f.Kind, h.NodeID, commit, installed, made, cycles))
+			if !made {
+				t.Errorf("fault %d: %s: the wiped replica %s was not made leader in %d hand-overs", i+1, f.Kind, h.NodeID, handOvers)
+			}
+			notes = append(notes, fmt.Sprintf("fault %d: %s %s: rejoined at commit index %d from a snapshot %v; led %v after %d hand-overs",
+				i+1, f.Kind, h.NodeID, commit, installed, made, handOvers))
 		}
 		faults[f.Kind]++
 		for _, x := range hs {
@@ -375,7 +438,10 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 	for _, n := range notes {
 		t.Logf("%s", n)
 	}
-	violations := model.Check(r.answers)
+	// The direct checks of the token faults are judged with the others
+	// (the figures below are the load balancer's).
+	judgedAnswers := append(slices.Clone(r.answers), r.direct...)
+	violations := model.Check(judgedAnswers)
 	violations = append(violations, model.CheckConverged(nodeIDs(hs), samples, deadline)...)
 	if fleetAt.IsZero() || fleetAt.After(deadline) {
 		violations = append(violations, history.Violation{Kind: history.NotConverged, Answer: history.Answer{Poller: "haproxy fleet"},
@@ -407,7 +473,7 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 	}
 
 	// The verdict on the whole history, in real time across pollers.
-	lin := history.Linearizable(r.writes, r.answers, 3*time.Minute)
+	lin := history.Linearizable(r.writes, judgedAnswers, 3*time.Minute)
 	if !lin.Ok() {
 		dir, err := history.ArtifactsDir()
 		if err != nil {
@@ -429,6 +495,9 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 	}
 	sum := nemesisSummary{Reads: lin.Reads, Writes: lin.Writes, Pending: lin.Pending, Violations: len(violations) + len(lin.Failing),
 		Linear: string(lin.Result), LongestWithheld: longest, WithheldDuring: fmt.Sprintf("from +%s, overlapping %s", longestAt.Sub(began).Round(time.Second), overlapping)}
+	for _, tf := range tokenFaults {
+		sum.Token = append(sum.Token, tf.String(r.answers, r.direct, r.writes))
+	}
 
 	// The QPS floor: a thin history proves little.
 	if rate := float64(judged) / pollFor.Seconds(); rate < minAnsweredPerSecond {
@@ -550,20 +619,263 @@ func (r *nemesisRun) waitCommit(hs []*Hastate, n uint64, timeout time.Duration) 
 	return best
 }
 
-// makeLeader hands leadership over (SIGTERM of the leader, which transfers
-// it before it exits, then started again) until h leads, at most 6 times;
-// it reports whether h leads and how many hand-overs it took.
+// makeLeader makes h leader by the hand-over of a rolling restart: a
+// SIGTERM of the leader, whose shutdown transfers leadership to the
+// follower raft finds furthest ahead (raft's pickServer: the highest next
+// index, a tie going to the first in the configuration, which is why a
+// plain SIGTERM did not always pick h). So the other followers are stopped
+// (SIGSTOP) first, until the leader has committed an entry past the last
+// index its log had once they stopped: only h can have acknowledged it,
+// so h alone is furthest ahead and is picked. They are resumed (SIGCONT)
+// as soon as h leads or the old leader has exited, and the old leader is
+// started again. At most 3 hand-overs; it returns whether h leads and how
+// many hand-overs it took.
 func (r *nemesisRun) makeLeader(t *testing.T, h *Hastate) (bool, int) {
-	for cycle := range 6 {
+	t.Helper()
+	for n := range 3 {
 		l := WaitLeader(t, 30*time.Second, r.hs...)
 		if l == h {
-			return true, cycle
+			return true, n
 		}
-		l.Stop(t)
+		rest := others(others(r.hs, l), h)
+		for _, o := range rest {
+			o.Signal(t, syscall.SIGSTOP)
+		}
+		if err := r.commitPastLog(l, 15*time.Second); err != nil {
+			// The writers' entries did not come: the hand-over may still
+			// pick h (a tie), and the next round tries again.
+			t.Logf("make %s leader: %v", h.NodeID, err)
+		}
+		sent := l.Signal(t, syscall.SIGTERM)
+		deadline := time.Now().Add(stopTimeout)
+		for time.Now().Before(deadline) && !l.proc.Exited() {
+			if st, err := h.raftStateWith(quickClient); err == nil && st == "leader" {
+				break
+			}
+			<-time.After(20 * time.Millisecond)
+		}
+		for _, o := range rest {
+			o.Signal(t, syscall.SIGCONT)
+		}
+		if code, took := l.Wait(t, sent); code != 0 {
+			t.Errorf("make %s leader: %s exited %d after SIGTERM (took %s)", h.NodeID, l.NodeID, code, took)
+		}
 		l.Start(t)
 		l.WaitReady(t)
 	}
-	return WaitLeader(t, 30*time.Second, r.hs...) == h, 6
+	return WaitLeader(t, 30*time.Second, r.hs...) == h, 3
+}
+
+// commitPastLog waits until leader l has committed an entry past the last
+// index of its log when it was asked (its own raft_last_index), at most
+// timeout.
+func (r *nemesisRun) commitPastLog(l *Hastate, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last uint64
+	for time.Now().Before(deadline) {
+		ci, err := quickCluster(l)
+		if err == nil && last == 0 {
+			for _, m := range ci.Members {
+				if m.ID == l.NodeID && m.Status != nil {
+					last = m.Status.RaftLastIndex
+				}
+			}
+		}
+		if err == nil && last > 0 && ci.CommitIndex > last {
+			return nil
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not commit past its last index %d within %s", l.NodeID, last, timeout)
+}
+
+// tokenFigures are what one token fault did.
+type tokenFigures struct {
+	Replica    string
+	Restore    string    // "rotated" (a new token in its file) or "re-created" (the same accessor and secret)
+	Revoked    time.Time // the token deleted
+	Found      time.Time // the replica's /v1/cluster named the refused token (zero: never seen)
+	HandedAt   time.Time // the replica no longer led (zero: it still led at the restore)
+	HandedTo   string
+	Led        time.Duration // the longest the replica led once the refusal was seen
+	ByFailover bool          // its hastate_raft_kv_failovers_total rose: it handed over itself
+	Restored   time.Time     // access restored
+	Recovered  time.Time     // the replica's token read again (zero: not within the bound)
+}
+
+// String says what the fault did, with the answers (through the load
+// balancer, and direct) and the writes between the revocation and the
+// recovery.
+func (f tokenFigures) String(lb, direct []history.Answer, writes []history.Write) string {
+	till := f.Recovered
+	if till.IsZero() {
+		till = f.Restored
+	}
+	since := func(at time.Time) string { return sinceOrNever(at, f.Revoked) }
+	ok, asked, longest := withheldDuring(lb, f.Revoked, till)
+	byReplica := map[string][]history.Answer{}
+	for _, a := range direct {
+		byReplica[a.Poller] = append(byReplica[a.Poller], a)
+	}
+	var per []string
+	for _, p := range slices.Sorted(maps.Keys(byReplica)) {
+		o, n, l := withheldDuring(byReplica[p], f.Revoked, till)
+		per = append(per, fmt.Sprintf("%s %d/%d (longest withheld %s)", strings.TrimPrefix(p, "direct-"), o, n, l.Round(time.Millisecond)))
+	}
+	served, pending, slowest := 0, 0, time.Duration(0)
+	for _, w := range writes {
+		if w.Began.Before(f.Revoked) || w.Began.After(till) {
+			continue
+		}
+		if w.Ended.IsZero() {
+			pending++
+		} else {
+			served++
+			slowest = max(slowest, w.Ended.Sub(w.Began))
+		}
+	}
+	return fmt.Sprintf("%s's token revoked: refusal seen after %s, handed over after %s to %s (by its failover %v; led %s at most after the refusal was seen), %s after %s, reading again %s after the revocation; "+
+		"through the load balancer %d of %d checks answered (longest withheld %s); directly %s; writes begun meanwhile %d served (the slowest %s after its call), %d pending",
+		f.Replica, since(f.Found), since(f.HandedAt), cmp.Or(f.HandedTo, "nobody"), f.ByFailover, f.Led.Round(time.Millisecond), f.Restore, f.Restored.Sub(f.Revoked).Round(time.Millisecond), since(f.Recovered),
+		ok, asked, longest.Round(time.Millisecond), strings.Join(per, ", "), served, slowest.Round(time.Millisecond), pending)
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// withheldDuring counts the checks begun within [from, till] and those
+// answered, and returns the longest stretch within it in which none was
+// answered.
+func withheldDuring(as []history.Answer, from, till time.Time) (answered, asked int, longest time.Duration) {
+	var in []history.Answer
+	for _, a := range as {
+		if !a.Began.Before(from) && !a.Began.After(till) {
+			in = append(in, a)
+			asked++
+			if a.Line != "" {
+				answered++
+			}
+		}
+	}
+	longest, _ = longestWithheld(in, from)
+	last := from
+	for _, a := range in {
+		if a.Line != "" && a.Ended.After(last) {
+			last = a.Ended
+		}
+	}
+	return answered, asked, max(longest, till.Sub(last))
+}
+
+// tokenFault revokes leader h's Consul token (`consul acl token delete`),
+// holds that for hold and until h no longer leads (it must hand over
+// after --kv-failover-after), then restores access: by the run's seeded
+// pick a new token of the shipped read policy written to h's token file
+// (a rotation) or the same accessor and secret created again (a
+// revocation undone); and waits until h's token reads again. Every
+// replica is asked directly meanwhile, and those checks join the judged
+// history.
+func (r *nemesisRun) tokenFault(t *testing.T, h *Hastate, hold time.Duration) tokenFigures {
+	t.Helper()
+	i := slices.Index(r.hs, h)
+	f := tokenFigures{Replica: h.NodeID}
+	stop := make(chan struct{})
+	var askers sync.WaitGroup
+	seed := r.pick.Uint64()
+	for j, x := range r.hs {
+		askers.Add(1)
+		go func() {
+			defer askers.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(j)))
+			tickUntil(stop, 20*time.Millisecond, func() {
+				a := r.check("direct-"+x.NodeID, x.AgentAddr, r.servers[rng.IntN(len(r.servers))])
+				r.mu.Lock()
+				r.direct = append(r.direct, a)
+				r.mu.Unlock()
+			})
+		}()
+	}
+	defer func() { close(stop); askers.Wait() }()
+
+	failovers := h.Metric(t, "hastate_raft_kv_failovers_total")
+	r.consul.DeleteToken(t, r.tokens[i])
+	f.Revoked = time.Now()
+	// h leads now; leadSince is the start of its current stretch as
+	// leader (zero while it does not lead).
+	leadSince := f.Revoked
+	deadline := f.Revoked.Add(hold + nemesisFailoverAfter + 30*time.Second)
+	for time.Now().Before(deadline) {
+		ci, err := quickCluster(h)
+		now := time.Now()
+		if err == nil {
+			if f.Found.IsZero() && ci.ConsulToken != nil && ci.ConsulToken.Problem != nil {
+				f.Found = now
+			}
+			switch leads := ci.State == "leader"; {
+			case leads && leadSince.IsZero():
+				leadSince = now // elected again while its token is refused
+			case !leads && !leadSince.IsZero():
+				f.Led = max(f.Led, now.Sub(later(leadSince, f.Found)))
+				leadSince = time.Time{}
+				if f.HandedAt.IsZero() {
+					f.HandedAt = now
+				}
+			}
+			if !f.HandedAt.IsZero() && f.HandedTo == "" && ci.LeaderID != h.NodeID {
+				f.HandedTo = ci.LeaderID // "" during the election
+			}
+		}
+		if leadSince.IsZero() && f.HandedTo != "" && now.Sub(f.Revoked) >= hold {
+			break
+		}
+		<-time.After(100 * time.Millisecond)
+	}
+	if !leadSince.IsZero() {
+		f.Led = max(f.Led, time.Since(later(leadSince, f.Found)))
+	}
+	// A leader whose token Consul refuses hands over after
+	// --kv-failover-after (its own failover, or an election: a
+	// starved leader loses its lease first; both count): it leads
+	// no longer than that and a hand-over once the refusal is found.
+	f.ByFailover = h.Metric(t, "hastate_raft_kv_failovers_total") > failovers
+	if bound := nemesisFailoverAfter + tokenHandOver; !leadSince.IsZero() || f.Found.IsZero() || f.Led > bound {
+		t.Errorf("%s, whose token was revoked: refusal seen after %s, led for %s after it (bound %s: --kv-failover-after and a hand-over), still leads %v: "+
+			"a leader whose token cannot read must hand over after --kv-failover-after", h.NodeID, sinceOrNever(f.Found, f.Revoked), f.Led.Round(time.Millisecond), bound, !leadSince.IsZero())
+	}
+
+	want := r.tokens[i].AccessorID
+	if r.pick.IntN(2) == 0 {
+		f.Restore = "re-created"
+		r.consul.RecreateToken(t, r.tokens[i], "hastate replica "+h.NodeID+", restored", "hastate-read")
+	} else {
+		f.Restore = "rotated"
+		r.tokens[i] = r.consul.CreateToken(t, "hastate replica "+h.NodeID+", rotated", "hastate-read")
+		want = r.tokens[i].AccessorID
+		writeToken(t, r.tokenFiles[i], r.tokens[i].SecretID)
+	}
+	f.Restored = time.Now()
+	var last string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); <-time.After(100 * time.Millisecond) {
+		ci, err := quickCluster(h)
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		last = fmt.Sprintf("consul_token %+v, mirror %+v", ci.ConsulToken, ci.Mirror)
+		if ci.ConsulToken != nil && ci.ConsulToken.Problem == nil && ci.ConsulToken.AccessorID == want && ci.Mirror != nil && ci.Mirror.CanMirror() {
+			f.Recovered = time.Now()
+			break
+		}
+	}
+	if f.Recovered.IsZero() {
+		t.Errorf("%s: its token %s (%s) does not read within 30s: %s", h.NodeID, want, f.Restore, last)
+	}
+	return f
 }
 
 // faultWrite is the long pause's write: the other value of server than its
@@ -574,7 +886,7 @@ func (r *nemesisRun) faultWrite(server string, last *keyState, began time.Time) 
 	if last.present {
 		value = "ready"
 	}
-	if _, err := r.kv.Put(&api.KVPair{Key: stateKey(server), Value: []byte(value)}, nil); err != nil {
+	if _, err := r.writerKV.Put(&api.KVPair{Key: stateKey(server), Value: []byte(value)}, nil); err != nil {
 		r.count("fault write failed")
 	}
 	return r.learn(server, began, "fault", last)
@@ -688,7 +1000,7 @@ func (r *nemesisRun) cliWriter(rng *rand.Rand, servers []string, stop <-chan str
 		}
 		args = append(args, "--force", "--timeout", "5s")
 		o := op
-		o.Env = []string{"HASTATE_ADDR=http://" + r.hs[n%len(r.hs)].HTTPAddr}
+		o.Env = []string{"HASTATE_ADDR=http://" + r.hs[n%len(r.hs)].HTTPAddr, "CONSUL_HTTP_TOKEN=" + r.writerTok.SecretID}
 		began := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		out, err := o.command(ctx, args...).CombinedOutput()
@@ -720,7 +1032,7 @@ func (r *nemesisRun) consulWriter(rng *rand.Rand, servers []string, stop <-chan 
 	for _, s := range servers {
 		keys[s] = &keyState{}
 	}
-	kv := r.kv
+	kv := r.writerKV
 	for {
 		select {
 		case <-stop:
@@ -760,22 +1072,27 @@ func (r *nemesisRun) consulWriter(rng *rand.Rand, servers []string, stop <-chan 
 // until stop is closed.
 func (r *nemesisRun) poller(name, addr string, rng *rand.Rand, stop <-chan struct{}) {
 	tickUntil(stop, 10*time.Millisecond, func() {
-		srv := r.servers[rng.IntN(len(r.servers))]
-		began := time.Now()
-		kind, ans, _ := probeAgent(addr, srv)
-		a := history.Answer{Poller: name, Server: srv, Began: began, Ended: time.Now()}
-		switch kind {
-		case probeAnswered:
-			a.Line = ans
-		case probeFailed:
-			if ans != "" {
-				a.Line = ans // malformed: judged (never held)
-			}
-		}
+		a := r.check(name, addr, r.servers[rng.IntN(len(r.servers))])
 		r.mu.Lock()
 		r.answers = append(r.answers, a)
 		r.mu.Unlock()
 	})
+}
+
+// check is one agent check of srv at addr, as poller name saw it.
+func (r *nemesisRun) check(name, addr, srv string) history.Answer {
+	began := time.Now()
+	kind, ans, _ := probeAgent(addr, srv)
+	a := history.Answer{Poller: name, Server: srv, Began: began, Ended: time.Now()}
+	switch kind {
+	case probeAnswered:
+		a.Line = ans
+	case probeFailed:
+		if ans != "" {
+			a.Line = ans // malformed: judged (never held)
+		}
+	}
+	return a
 }
 
 // sampleConvergence asks every replica directly for every server every

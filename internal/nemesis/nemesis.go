@@ -26,7 +26,9 @@ const (
 	PauseLong Kind = "pause-long"
 	// Wipe: SIGKILL a follower and remove its data directory; start it
 	// empty once the others have moved on (it rejoins from the leader's
-	// snapshot), then make it leader by leadership transfer.
+	// snapshot), then make it leader by leadership transfer (the leader's
+	// SIGTERM, with the other followers stopped so that the transfer picks
+	// it); the run fails unless it led.
 	Wipe Kind = "wipe"
 	// Transfer: the leader hands leadership over (SIGTERM: a rolling
 	// restart's shutdown transfers it) and is started again when the
@@ -36,15 +38,28 @@ const (
 	// replica; heal them when the fault ends. The replica stays in the
 	// cluster.
 	LBCut Kind = "lb-cut"
+	// Token: revoke the leader's Consul token (`consul acl token delete`)
+	// while writes go on, hold it for at least TokenHold (the leader
+	// holds its last state, applies nothing, and hands leadership to a
+	// follower whose token can read after --kv-failover-after), then
+	// restore access: a new token written to that replica's token file
+	// (a rotation) or the same accessor and secret created again (a
+	// revocation undone). The leader's: a follower's token is read only
+	// once it leads.
+	Token Kind = "token"
 )
 
-// Kinds are the kinds Plan draws from, equally likely. (A Consul token
-// revoked and restored is not among them yet: it is the ACL work's.)
-var Kinds = []Kind{Kill, Pause, Cut, Consul, PauseLong, Wipe, Transfer, LBCut}
+// Kinds are the kinds Plan draws from, equally likely.
+var Kinds = []Kind{Kill, Pause, Cut, Consul, PauseLong, Wipe, Transfer, LBCut, Token}
 
 // LongPause is the shortest hold of a PauseLong fault: above the replicas'
 // election timeout (1s) and a -race election on two busy cores.
 const LongPause = 3 * time.Second
+
+// TokenHold is the shortest hold of a Token fault: the test's
+// --kv-failover-after (3s), the probe that finds the token refused (every
+// 2s) and a hand-over, on two busy cores.
+const TokenHold = 8 * time.Second
 
 // Target says which replica a fault hits. The roles are resolved when the
 // fault starts (which replica leads depends on the run).
@@ -107,6 +122,8 @@ func Plan(seed uint64, o Options) []Fault {
 			f.Target, f.Hold = Leader, max(f.Hold, LongPause)
 		case Transfer:
 			f.Target = Leader
+		case Token:
+			f.Target, f.Hold = Leader, max(f.Hold, TokenHold)
 		case Wipe:
 			f.Target = Follower
 		default:

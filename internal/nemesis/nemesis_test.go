@@ -20,7 +20,7 @@ func TestPlanRepeatsForASeed(t *testing.T) {
 	for _, f := range a {
 		total += f.Gap + f.Hold
 		seen[f.Kind] = true
-		if f.Hold < time.Second || f.Hold > 6*time.Second || f.Gap < time.Second || f.Gap > 3*time.Second {
+		if f.Hold < time.Second || (f.Hold > 6*time.Second && f.Kind != Token) || f.Gap < time.Second || f.Gap > 3*time.Second {
 			t.Errorf("%v: outside the default bounds", f)
 		}
 		switch f.Kind {
@@ -32,6 +32,10 @@ func TestPlanRepeatsForASeed(t *testing.T) {
 			if f.Target != Leader {
 				t.Errorf("%v: a transfer is the leader's", f)
 			}
+		case Token:
+			if f.Target != Leader || f.Hold != TokenHold {
+				t.Errorf("%v: a token fault is the leader's, held %s (every default hold is shorter)", f, TokenHold)
+			}
 		case Wipe:
 			if f.Target != Follower {
 				t.Errorf("%v: a wipe is a follower's", f)
@@ -41,7 +45,7 @@ func TestPlanRepeatsForASeed(t *testing.T) {
 			t.Errorf("%v: a replica fault needs a target, a Consul fault has none", f)
 		}
 	}
-	if total < o.Duration || total > o.Duration+9*time.Second {
+	if total < o.Duration || total > o.Duration+3*time.Second+TokenHold {
 		t.Errorf("schedule fills %s, want %s (plus one fault at most)", total, o.Duration)
 	}
 	if len(seen) != len(Kinds) {

@@ -81,14 +81,27 @@ func (c *Consul) SetPolicyRules(t testing.TB, name, rules string) {
 // CreateToken makes a token carrying the named policies.
 func (c *Consul) CreateToken(t testing.TB, description string, policies ...string) Token {
 	t.Helper()
+	return c.createToken(t, &api.ACLToken{Description: description}, policies)
+}
+
+// RecreateToken creates tok again, with its accessor and secret, carrying
+// the named policies: a deleted token restored (`consul acl token create
+// -accessor <id> -secret <secret>`), so that a client still holding the
+// secret is let in again without being told a new one.
+func (c *Consul) RecreateToken(t testing.TB, tok Token, description string, policies ...string) {
+	t.Helper()
+	c.createToken(t, &api.ACLToken{AccessorID: tok.AccessorID, SecretID: tok.SecretID, Description: description}, policies)
+}
+
+func (c *Consul) createToken(t testing.TB, tok *api.ACLToken, policies []string) Token {
+	t.Helper()
 	c.needACL(t)
-	tok := &api.ACLToken{Description: description}
 	for _, p := range policies {
 		tok.Policies = append(tok.Policies, &api.ACLTokenPolicyLink{Name: p})
 	}
 	got, _, err := c.Client(t).ACL().TokenCreate(tok, nil)
 	if err != nil {
-		t.Fatalf("testenv: consul acl token create %q (policies %v): %v", description, policies, err)
+		t.Fatalf("testenv: consul acl token create %q (accessor %q, policies %v): %v", tok.Description, tok.AccessorID, policies, err)
 	}
 	return Token{AccessorID: got.AccessorID, SecretID: got.SecretID}
 }

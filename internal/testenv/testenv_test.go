@@ -54,6 +54,43 @@ func TestStartConsulPersistentSurvivesRestart(t *testing.T) {
 	}
 }
 
+// A persistent Consul with ACLs keeps its policies and tokens across a
+// restart (the nemesis restarts it with the replicas' tokens in use), and
+// a deleted token created again with its accessor and secret is let in
+// again.
+func TestPersistentACLConsulKeepsTokens(t *testing.T) {
+	t.Parallel()
+	c := StartConsul(t, ConsulOptions{Persistent: true, ACL: true})
+	c.Put(t, "hastate/state/web/a", "drain")
+	read, _ := c.ShippedTokens(t, "hastate/")
+	list := func() error {
+		cl, err := api.NewClient(&api.Config{Address: c.Addr(), Token: read.SecretID})
+		if err != nil {
+			return err
+		}
+		pairs, _, err := cl.KV().List("hastate/", &api.QueryOptions{RequireConsistent: true})
+		if err == nil && len(pairs) != 1 {
+			err = fmt.Errorf("listed %d keys, want 1", len(pairs))
+		}
+		return err
+	}
+	if err := list(); err != nil {
+		t.Fatalf("the read token before the restart: %v", err)
+	}
+	c.Restart(t)
+	if err := list(); err != nil {
+		t.Fatalf("the read token after the restart: %v", err)
+	}
+	c.DeleteToken(t, read)
+	if err := list(); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("the deleted token lists: %v, want 403", err)
+	}
+	c.RecreateToken(t, read, "hastate replicas, restored", "hastate-read")
+	if err := list(); err != nil {
+		t.Fatalf("the re-created token: %v", err)
+	}
+}
+
 func TestStartConsulOnChosenPort(t *testing.T) {
 	t.Parallel()
 	port := FreePort(t)
