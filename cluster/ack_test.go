@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/internal/testenv"
 )
 
 // TestLeaderRoundWaitsForABusyPeer: a leader's round in which one peer's
@@ -29,6 +30,14 @@ func TestLeaderRoundWaitsForABusyPeer(t *testing.T) {
 	}
 	proxies[li][indexOf(nodes, cut)].setCut(true)
 	t.Cleanup(func() { proxies[li][indexOf(nodes, cut)].setCut(false) })
+	// Until the cut takes (a connection the proxy had not tracked yet),
+	// the cut peer may still acknowledge.
+	open := make(chan struct{})
+	cutPeer := raft.Server{ID: raft.ServerID(cut.opts.ID), Address: raft.ServerAddress(cut.opts.Advertise), Suffrage: raft.Voter}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		r := l.askAck(cutPeer, ackRequest{ID: l.opts.ID, Term: l.raft.CurrentTerm(), Seq: l.ackSeq.Add(1)}, time.Now().Add(200*time.Millisecond), open)
+		return testenv.Expect(!r.ok, "%s still acknowledges through the cut", cut.opts.ID)
+	})
 
 	c := l.acks.conn(raft.ServerID(busy.opts.ID))
 	c.sem <- struct{}{} // an earlier round's request in flight
