@@ -34,15 +34,11 @@ import (
 // asker (SummarizePolls).
 const PollSummaryQuery = "poll-summary"
 
-// SummaryArg is PollSummaryQuery's argument: the selectors (none: all),
-// the server cursor (api.ServerCursor) after which to start, and the
-// most polls an answer carries (whole servers: an answer holds every poll
-// of each server it names; 0: all).
-type SummaryArg struct {
-	Selectors []string `json:"selectors,omitempty"`
-	After     string   `json:"after,omitempty"`
-	Limit     int      `json:"limit,omitempty"`
-}
+// SummaryArg is PollSummaryQuery's argument, PollsArg's fields read by
+// server: After is a server cursor (api.ServerCursor), not a poll cursor,
+// and Limit the most polls an answer carries in whole servers (an answer
+// holds every poll of each server it names; 0: all).
+type SummaryArg = PollsArg
 
 // PollSummary is one replica's polls of the selected servers, by server
 // in cursor order.
