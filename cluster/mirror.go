@@ -68,6 +68,7 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 		badSince    time.Time // first tick of the current streak of a verdict other than ok
 		lastAttempt time.Time
 		saidAlone   time.Time
+		unread      bool // the streak is of a Consul that answers, its identity not read yet
 	)
 	for {
 		select {
@@ -75,15 +76,28 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		v := n.MirrorVerdict()
+		h := n.consulHealth()
+		v := n.verdictOf(h)
 		if v.CanMirror() {
-			badSince, saidAlone = time.Time{}, time.Time{}
+			badSince, saidAlone, unread = time.Time{}, time.Time{}, false
 			continue
 		}
 		now := time.Now()
+		// Consul answers again but its identity is not read yet (this
+		// replica started while Consul was down; the wiring re-reads it
+		// every 2s while that fails): a streak of its own, so that an
+		// outage longer than KVFailoverAfter does not hand over in the
+		// seconds before the re-read. It hands over if the identity
+		// stays unread for KVFailoverAfter.
+		if u := h.Reachable && h.Source == nil && v.Reason == api.MirrorConsulUnreachable; u != unread {
+			unread = u
+			if u {
+				badSince = time.Time{}
+			}
+		}
 		if badSince.IsZero() {
 			badSince = now
-			if !v.Since.IsZero() && v.Since.Before(now) {
+			if !unread && !v.Since.IsZero() && v.Since.Before(now) {
 				badSince = v.Since
 			}
 		}

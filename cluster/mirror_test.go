@@ -398,3 +398,93 @@ func onLeader(t *testing.T, nodes []*testNode, f func(l *testNode) error) error 
 	})
 	return err
 }
+
+// sourceHealth is a settable Consul health per node, with the source it
+// reads (nil: its identity not read yet).
+type sourceHealth struct {
+	mu     sync.Mutex
+	since  []time.Time // zero: reachable
+	source []*state.MirrorSource
+}
+
+func (sh *sourceHealth) health(i int) func() ConsulHealth {
+	return func() ConsulHealth {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return ConsulHealth{Reachable: sh.since[i].IsZero(), FailingSince: sh.since[i], Checked: time.Now(), Source: sh.source[i]}
+	}
+}
+
+func (sh *sourceHealth) set(i int, since time.Time, src *state.MirrorSource) {
+	sh.mu.Lock()
+	sh.since[i], sh.source[i] = since, src
+	sh.mu.Unlock()
+}
+
+// A leader whose Consul comes back after an outage longer than
+// KVFailoverAfter, but which has not read Consul's identity again yet (it
+// started while Consul was down, so it cannot tell which cluster it
+// reads), keeps leadership while the identity is read: the wait starts
+// again when Consul answers. Before, the outage's streak went on, and it
+// handed over to a follower in the seconds before the re-read (soak seed
+// ...117). If the identity stays unread for KVFailoverAfter, it hands over.
+func TestLeaderKeepsLeadershipWhileConsulIdentityIsReadAgain(t *testing.T) {
+	const failoverAfter = 3 * time.Second
+	a := state.MirrorSource{ClusterID: "aaaa", Datacenter: "dc1", Servers: "127.0.0.1:8300", Prefix: "hastate/"}
+	sh := &sourceHealth{since: make([]time.Time, 3), source: []*state.MirrorSource{&a, &a, &a}}
+	nodes := startCluster(t, func(i int, o *Options) {
+		o.ConsulHealth = sh.health(i)
+		o.KVFailoverAfter = failoverAfter
+	})
+	testenv.Eventually(t, 15*time.Second, func() error {
+		l := leaderOf(nodes)
+		return testenv.Expect(l != nil && l.fsm.level() == state.LevelRecorded, "level 3 not in force")
+	})
+	if err := applyRead(t, nodes, state.KVRead{Index: 500, KV: map[string]string{"state/web/s1": "drain"}, Source: &a}); err != nil {
+		t.Fatal(err)
+	}
+	l := leaderOf(nodes)
+	li := indexOf(nodes, l)
+	stays := func(d time.Duration, phase string) {
+		t.Helper()
+		testenv.Consistently(t, d, func() error {
+			return testenv.Expect(leaderOf(nodes) == l, "%s: leadership moved off %s", phase, l.opts.ID)
+		})
+	}
+
+	// Every replica's Consul has been down for 10s; the leader's has
+	// restarted without an identity. No follower can mirror, so it keeps
+	// leadership (and its first tick tries a hand-over: the old streak's
+	// retry falls inside the next phase).
+	long := time.Now().Add(-10 * time.Second)
+	for i := range nodes {
+		sh.set(i, long, &a)
+	}
+	sh.set(li, long, nil)
+	stays(2500*time.Millisecond, "every Consul down")
+	// Consul answers every replica; the leader has not read its identity
+	// yet (a new streak: no hand-over for failoverAfter), the followers
+	// can mirror.
+	for i := range nodes {
+		sh.set(i, time.Time{}, &a)
+	}
+	sh.set(li, time.Time{}, nil)
+	stays(failoverAfter-750*time.Millisecond, "Consul back, the leader's identity not read yet")
+	if v := l.MirrorVerdict(); v.Reason != api.MirrorConsulUnreachable {
+		t.Fatalf("verdict of a leader that has not read Consul's identity: %v, want consul_unreachable", v)
+	}
+	sh.set(li, time.Time{}, &a)
+	stays(2*time.Second, "identity read again")
+
+	// The identity stays unread: it hands over after failoverAfter.
+	sh.set(li, time.Time{}, nil)
+	start := time.Now()
+	testenv.Eventually(t, failoverAfter+5*time.Second, func() error {
+		return testenv.Expect(leaderOf(nodes) != l && leaderOf(nodes) != nil, "leadership stayed on %s, whose Consul identity stays unread", l.opts.ID)
+	})
+	took := time.Since(start)
+	if took < failoverAfter-time.Second {
+		t.Errorf("handed over %s after the identity went unread, want about %s (KVFailoverAfter)", took.Round(time.Millisecond), failoverAfter)
+	}
+	t.Logf("the leader whose identity stayed unread handed over after %s", took.Round(time.Millisecond))
+}
