@@ -49,6 +49,12 @@ const (
 	// (an older release) is asked the older way before it is asked again
 	// (it may have been upgraded meanwhile).
 	legacyRecheck = 30 * time.Second
+	// ackHedge is how long a round waits for the peers asked first (as
+	// many as a quorum needs, the one that confirmed the last round among
+	// them) before it asks the others too; a peer that fails is replaced
+	// at once. Asking only what a quorum needs halves the followers' ack
+	// work in a cluster of three (cluster/DESIGN.md, the leader's round).
+	ackHedge = 2 * time.Millisecond
 )
 
 // ackRequest is a leader's acknowledgement request: who asks, in which
@@ -93,9 +99,29 @@ func isQuorum(servers []raft.Server, acked map[raft.ServerID]bool) bool {
 // ackConns are the leader's open "ack" connections, one per peer, and the
 // peers that answered the query with null (an older release): when.
 type ackConns struct {
-	mu     sync.Mutex
-	conns  map[raft.ServerID]*ackConn
-	legacy map[raft.ServerID]time.Time
+	mu        sync.Mutex
+	conns     map[raft.ServerID]*ackConn
+	legacy    map[raft.ServerID]time.Time
+	preferred raft.ServerID // the peer whose ack made the last quorum
+}
+
+// preferredFirst moves the preferred peer to the front of peers.
+func (a *ackConns) preferredFirst(peers []raft.Server) {
+	a.mu.Lock()
+	p := a.preferred
+	a.mu.Unlock()
+	for i, s := range peers {
+		if s.ID == p {
+			peers[0], peers[i] = peers[i], peers[0]
+			break
+		}
+	}
+}
+
+func (a *ackConns) prefer(id raft.ServerID) {
+	a.mu.Lock()
+	a.preferred = id
+	a.mu.Unlock()
 }
 
 // ackConn is one peer's connection. sem (capacity 1) is held while a
@@ -181,30 +207,68 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 	over := make(chan struct{})
 	defer close(over)
 	now := time.Now()
-	results := make(chan ackResult, len(servers))
-	asked, legacy := 0, 0
+	var peers []raft.Server
+	legacy, voters, selfVoter := 0, 0, false
 	for _, s := range servers {
-		if s.Suffrage != raft.Voter || string(s.ID) == n.opts.ID {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		if string(s.ID) == n.opts.ID {
+			selfVoter = true
 			continue
 		}
 		if n.acks.isLegacy(s.ID, now) {
 			legacy++
 			continue
 		}
-		asked++
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			results <- n.askAck(s, ackRequest{ID: n.opts.ID, Term: term, Seq: seq}, deadline, over)
-		}()
+		peers = append(peers, s)
+	}
+	// What a quorum needs beyond this leader's own vote is asked first,
+	// the peer that confirmed the last round among it: with three voters
+	// that one acknowledgement alone.
+	need := voters/2 + 1
+	if selfVoter {
+		need--
+	}
+	n.acks.preferredFirst(peers)
+	results := make(chan ackResult, len(peers))
+	asked, next := 0, 0
+	ask := func(k int) {
+		for ; k > 0 && next < len(peers); k-- {
+			s := peers[next]
+			next++
+			asked++
+			n.wg.Add(1)
+			go func() {
+				defer n.wg.Done()
+				results <- n.askAck(s, ackRequest{ID: n.opts.ID, Term: term, Seq: seq}, deadline, over)
+			}()
+		}
+	}
+	ask(need)
+	var hedge <-chan time.Time
+	if next < len(peers) {
+		t := time.NewTimer(n.opts.ackHedge)
+		defer t.Stop()
+		hedge = t.C
 	}
 	var errs []string
-	for range asked {
-		r := <-results
+	for answered := 0; answered < asked; {
+		var r ackResult
+		select {
+		case <-hedge:
+			hedge = nil
+			ask(len(peers))
+			continue
+		case r = <-results:
+			answered++
+		}
 		switch {
 		case r.ok:
 			acked[r.id] = true
 			if isQuorum(servers, acked) {
+				n.acks.prefer(r.id)
 				return nil
 			}
 		case r.legacy:
@@ -212,8 +276,13 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 			n.acks.setLegacy(r.id, time.Now())
 			n.log.Info("a voter runs an older release without the ack query; the leader confirms with raft's VerifyLeader while it is needed for a quorum",
 				zap.String("peer_id", string(r.id)))
+			ask(1)
 		default:
 			errs = append(errs, r.err.Error())
+			ask(1)
+		}
+		if answered == asked {
+			ask(len(peers)) // every request answered, no quorum yet: ask the rest now
 		}
 	}
 	if legacy > 0 {
@@ -231,8 +300,19 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 // for, and the next round would find both peers busy and fail (measured:
 // 7–14 failed rounds per BenchmarkLeaderRoundCost run on a loaded machine
 // before this; cluster/DESIGN.md).
-func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-chan struct{}) ackResult {
-	r := ackResult{id: s.ID}
+func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-chan struct{}) (r ackResult) {
+	r.id = s.ID
+	notSent := false // the round was over first
+	defer func() {
+		switch {
+		case r.ok:
+			n.metrics.confirmAcks.WithLabelValues("acked").Inc()
+		case notSent:
+			n.metrics.confirmAcks.WithLabelValues("not_sent").Inc()
+		default:
+			n.metrics.confirmAcks.WithLabelValues("failed").Inc()
+		}
+	}()
 	c := n.acks.conn(s.ID)
 	select {
 	case c.sem <- struct{}{}:
@@ -243,6 +323,7 @@ func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-
 		select {
 		case c.sem <- struct{}{}:
 		case <-over:
+			notSent = true
 			r.err = fmt.Errorf("%s: round %d was over before the request of round %d on the connection was answered", s.ID, req.Seq, inFlight)
 			return r
 		case <-t.C:
@@ -256,6 +337,7 @@ func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-
 	}()
 	select {
 	case <-over:
+		notSent = true
 		r.err = fmt.Errorf("%s: round %d was over before its request was sent", s.ID, req.Seq)
 		return r
 	default:

@@ -29,6 +29,7 @@ type metrics struct {
 	withholds         *prometheus.CounterVec
 	confirmRounds     *prometheus.CounterVec
 	confirmRound      prometheus.Histogram
+	confirmAcks       *prometheus.CounterVec
 	unconfirmedChecks prometheus.Counter
 	haproxyWrites     prometheus.Counter
 	port              *portMetrics // the raft port's connections and TLS
@@ -56,6 +57,9 @@ func newMetrics(n *Node) *metrics {
 	}
 	m.confirmRounds.WithLabelValues("confirmed")
 	m.confirmRounds.WithLabelValues("failed")
+	for _, r := range []string{"acked", "failed", "not_sent"} {
+		m.confirmAcks.WithLabelValues(r)
+	}
 	return m
 }
 
@@ -85,6 +89,8 @@ func newMetricsUnset(n *Node) *metrics {
 		confirmRound: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "hastate_confirm_round_seconds", Help: "Per replica: duration of each confirmation round (what a check waits at most for it, besides the round in flight when it arrived).",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
+		confirmAcks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hastate_confirm_acks_total", Help: "Per replica, as leader: acknowledgement requests of its confirmation rounds to its voters, by result: acked (the voter is in the leader's term), failed (unreachable, another term, an older release, or not answered by the deadline), not_sent (the round was over before the request was sent). A round asks what a quorum needs (one voter of three) at once and the others only after 2ms or on a failure, so requests per confirmed round (hastate_confirm_rounds_total) near 1 in a cluster of three is the healthy figure; near 2, every round waits for its first voter for 2ms."}, []string{"result"}),
 		unconfirmedChecks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_agent_unconfirmed_total", Help: "Per replica: agent checks answered nothing because no confirmation round succeeded within --confirm-timeout after they arrived (HAProxy keeps the server's state)."}),
 		haproxyWrites: prometheus.NewCounter(prometheus.CounterOpts{
@@ -151,7 +157,7 @@ func newMetricsUnset(n *Node) *metrics {
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
 	cs := append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.applyErrors, m.dutyFailures, m.withholds,
-		m.confirmRounds, m.confirmRound, m.unconfirmedChecks, m.haproxyWrites},
+		m.confirmRounds, m.confirmRound, m.confirmAcks, m.unconfirmedChecks, m.haproxyWrites},
 		m.port.collectors()...)
 	if f := m.n.opts.TLSFiles; f != nil {
 		cs = append(cs, f.collectors()...)

@@ -149,6 +149,9 @@ type Options struct {
 	// legacyReadIndex (tests) plays a release before the read-index query:
 	// "readindex" and "ack" are answered null.
 	legacyReadIndex bool
+	// ackHedge (tests; 0: the ackHedge constant) is how long the leader's
+	// round waits for the voters it asked first before it asks the rest.
+	ackHedge time.Duration
 	// afterBarrier (tests) runs in the leader duty when raft's Barrier
 	// returned, before its term is checked.
 	afterBarrier func()
@@ -208,6 +211,7 @@ func (o *Options) validate() error {
 	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
 	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
 	o.ConfirmTimeout = cmp.Or(o.ConfirmTimeout, DefaultConfirmTimeout)
+	o.ackHedge = cmp.Or(o.ackHedge, ackHedge)
 	if o.ConfirmTimeout < 0 {
 		return fmt.Errorf("cluster: confirm timeout %s is negative: set --confirm-timeout to a positive duration, e.g. %s", o.ConfirmTimeout, DefaultConfirmTimeout)
 	}
