@@ -3,10 +3,14 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -193,45 +197,137 @@ func agentCheck(addr string, req, buf []byte) ([]byte, error) {
 // startBaselineResponder serves kv as a minimal agent responder would.
 func startBaselineResponder(tb testing.TB, kv map[string]string) string {
 	tb.Helper()
-	answers := make(map[string]string, len(kv))
-	for k, v := range kv {
-		a, err := state.ParseValue(v)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		answers[strings.TrimPrefix(k, state.StatePrefix)] = state.ValueAnswer(a).String() + "\n"
+	answers, err := bareAnswers(kv)
+	if err != nil {
+		tb.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(2 * time.Second))
-				line, err := bufio.NewReader(c).ReadString('\n')
-				if err != nil {
-					return
-				}
-				a, ok := answers[strings.TrimRight(line, "\r\n")]
-				if !ok {
-					a = "ready 100%\n"
-				}
-				c.Write([]byte(a))
-			})
-		}
-	})
+	wg.Go(func() { serveBare(ln, answers, &wg) })
 	tb.Cleanup(func() {
 		ln.Close()
 		wg.Wait()
 	})
 	return ln.Addr().String()
+}
+
+// bareAnswers are the minimal responder's answers to kv's servers.
+func bareAnswers(kv map[string]string) (map[string]string, error) {
+	answers := make(map[string]string, len(kv))
+	for k, v := range kv {
+		a, err := state.ParseValue(v)
+		if err != nil {
+			return nil, err
+		}
+		answers[strings.TrimPrefix(k, state.StatePrefix)] = state.ValueAnswer(a).String() + "\n"
+	}
+	return answers, nil
+}
+
+// serveBare answers agent checks on ln as a minimal responder does (one
+// line in, the answer out, close), until ln is closed.
+func serveBare(ln net.Listener, answers map[string]string, wg *sync.WaitGroup) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		wg.Go(func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				return
+			}
+			a, ok := answers[strings.TrimRight(line, "\r\n")]
+			if !ok {
+				a = "ready 100%\n"
+			}
+			c.Write([]byte(a))
+		})
+	}
+}
+
+// bareProcessEnv names the file of the kv a test binary started by
+// startBaselineProcess serves as the bare responder (instead of running
+// tests).
+const bareProcessEnv = "HASTATE_BENCH_BARE_KV"
+
+// startBaselineProcess is startBaselineResponder in a process of its own
+// (this test binary again, bareProcessMain), as each hastate replica is:
+// beside replicas, an in-process responder would share the load
+// generator's Go runtime and measure the placement as much as the server.
+// It stops when the test ends (its stdin closes).
+func startBaselineProcess(tb testing.TB, kv map[string]string) string {
+	tb.Helper()
+	f := filepath.Join(tb.TempDir(), "kv.json")
+	data, err := json.Marshal(kv)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), bareProcessEnv+"="+f)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			tb.Errorf("bare responder process: %v", err)
+		}
+	})
+	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		tb.Fatalf("bare responder process: no address: %v", err)
+	}
+	return strings.TrimSpace(addr)
+}
+
+// bareProcessMain is the bare responder process: it serves the kv of
+// file, prints its address and runs until its stdin closes.
+func bareProcessMain(file string) int {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bare responder:", err)
+		return 1
+	}
+	var kv map[string]string
+	if err := json.Unmarshal(data, &kv); err != nil {
+		fmt.Fprintln(os.Stderr, "bare responder:", err)
+		return 1
+	}
+	answers, err := bareAnswers(kv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bare responder:", err)
+		return 1
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bare responder:", err)
+		return 1
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { serveBare(ln, answers, &wg) })
+	fmt.Println(ln.Addr().String())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	ln.Close()
+	wg.Wait()
+	return 0
 }
 
 // startHastateAgent serves kv with server.AgentServer.

@@ -352,7 +352,8 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 	kv, reqs, answers := benchKV()
 	consul := testenv.StartConsul(b, testenv.ConsulOptions{})
 	putKV(b, consul, kv)
-	baseAddr := startBaselineResponder(b, kv)
+	baseAddr := startBaselineProcess(b, kv)
+	inprocAddr := startBaselineResponder(b, kv)
 	start := func(bin string) (leader, follower *Hastate) {
 		hs := NewCluster(b, 3, HastateOptions{ConsulAddr: consul.Addr()})
 		for _, h := range hs {
@@ -371,7 +372,7 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 	failed0 := []float64{failed(newL), failed(oldL)}
 	targets := []struct{ name, addr string }{
 		{"baseline", baseAddr}, {"ack_leader", newL.AgentAddr}, {"verify_leader", oldL.AgentAddr},
-		{"ack_follower", newF.AgentAddr}, {"verify_follower", oldF.AgentAddr},
+		{"ack_follower", newF.AgentAddr}, {"verify_follower", oldF.AgentAddr}, {"bare_in_process", inprocAddr},
 	}
 	for _, tg := range targets {
 		runAgentLoad(b, tg.addr, 2*benchWorkers, reqs, answers) // warm up
@@ -445,10 +446,10 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 		b.ReportMetric(us(merged[1].quantile(0.50)-merged[2].quantile(0.50)), "ack_vs_verify_leader_p50_us"+sfx)
 		b.ReportMetric(us(merged[1].quantile(0.99)-merged[2].quantile(0.99)), "ack_vs_verify_leader_p99_us"+sfx)
 		for r := range res[1] {
-			b.Logf("%d clients, round %d: bare %.0f/s then %.0f/s (p50 %v p99 %v); ack leader %.0f/s (%.2f) p50 %v p99 %v; verify leader %.0f/s (%.2f) p50 %v p99 %v; ack follower %.2f; verify follower %.2f", clients, r+1,
+			b.Logf("%d clients, round %d: bare %.0f/s then %.0f/s (p50 %v p99 %v); ack leader %.0f/s (%.2f) p50 %v p99 %v; verify leader %.0f/s (%.2f) p50 %v p99 %v; ack follower %.2f; verify follower %.2f; bare in the bench's process %.2f", clients, r+1,
 				res[0][2*r].rate(), res[0][2*r+1].rate(), res[0][2*r].quantile(0.5), res[0][2*r].quantile(0.99),
 				res[1][r].rate(), ratios[1][r], res[1][r].quantile(0.5), res[1][r].quantile(0.99),
-				res[2][r].rate(), ratios[2][r], res[2][r].quantile(0.5), res[2][r].quantile(0.99), ratios[3][r], ratios[4][r])
+				res[2][r].rate(), ratios[2][r], res[2][r].quantile(0.5), res[2][r].quantile(0.99), ratios[3][r], ratios[4][r], ratios[5][r])
 		}
 	}
 	b.StopTimer()
@@ -464,7 +465,7 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 // saturatedRounds is BenchmarkLeaderRoundCost's rounds at 256 clients:
 // more than at 32, since their ratio is the round's small CPU cost and
 // the machine's drift is of its size.
-const saturatedRounds = 7
+const saturatedRounds = 11
 
 // spread is the least, the median and the greatest of xs.
 func spread(xs []float64) (lo, med, hi float64) {

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	flag.Parse()
+	if f := os.Getenv(bareProcessEnv); f != "" {
+		return bareProcessMain(f)
+	}
 	dir, err := os.MkdirTemp("", "hastate-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: temp dir for the hastate binary:", err)
