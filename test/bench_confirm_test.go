@@ -330,20 +330,29 @@ const leaderRoundBase = "c5d2ecb"
 // confirmation round (ack.go: a quorum of voters answering "ack" in its
 // term) beside the round it replaces (raft's VerifyLeader), in one run:
 // two three-replica clusters of real processes on one Consul, this build
-// and the base revision's (built from git), loaded in alternating rounds
-// with the bare Go responder of BenchmarkAgentCheckRatio. It reports, for
-// each cluster's leader and a follower, the throughput ratio to the bare
-// responder and the p50/p99 latency added to it, and the leader's p50/p99
-// difference between the two rounds, at two loads (metric suffix):
+// and the base revision's (built from git), loaded in rounds with the
+// bare Go responder of BenchmarkAgentCheckRatio, run in a process of its
+// own as each replica is (startBaselineProcess; the same responder in
+// the bench's own process, which shares the clients' Go runtime, is
+// reported beside it as bare_in_process). Each round measures the bare
+// responder, then every target in an order that rotates from round to
+// round, then the bare responder again; a target's throughput ratio is
+// the median over the rounds of its rate over the mean of that round's
+// two bare rates (min and max reported too), since the machine drifts
+// within a run by more than the round costs. It reports, for each
+// cluster's leader and a follower, that ratio and the p50/p99 latency
+// added to the bare responder, the leader's p50/p99 difference between
+// the two rounds, each replica's mean round and checks per round, and the
+// ack leader's requests per round, at two loads (metric suffix):
 //
-//   - c32: 32 closed-loop clients. Every check in flight waits for the
-//     same round, so throughput is bound by latency: 32 / (service +
-//     round). Quiet two cores give the bare responder ~2.5 ms p50 and a
-//     cross-process round trip ~1.5 ms there, so any confirmation that
-//     waits for a peer shows here, ack and VerifyLeader alike.
+//   - c32: 32 closed-loop clients, 3 rounds. Every check in flight waits
+//     for the same round, so throughput is bound by latency: 32 /
+//     (service + round). Any confirmation that waits for a peer shows
+//     here, ack and VerifyLeader alike.
 //
-//   - c256: 256 closed-loop clients, enough to keep both cores busy:
-//     throughput is bound by CPU, so the ratio is the round's CPU cost.
+//   - c256: 256 closed-loop clients, 11 rounds, enough to keep both cores
+//     busy: throughput is bound by CPU, so the ratio is the round's CPU
+//     cost (the followers' included: they share the two cores).
 //
 //     go test -run '^$' -bench LeaderRoundCost -benchtime 1x ./test/
 func BenchmarkLeaderRoundCost(b *testing.B) {
