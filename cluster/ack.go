@@ -183,8 +183,9 @@ type ackResult struct {
 	err    error
 }
 
-// confirmLeadership runs the leader's round in term: it asks every other
-// voter of the latest configuration for its term and returns once a
+// confirmLeadership runs the leader's round in term: it asks the other
+// voters of the latest configuration for their term (what a quorum needs
+// at once, the rest on a failure or after the hedge) and returns once a
 // quorum (this leader included) answered term, or an error when that can
 // no longer happen or deadline passes. A configuration in which the
 // acknowledging voters cannot make a quorum without peers of an older
