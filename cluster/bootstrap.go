@@ -163,7 +163,7 @@ func (n *Node) probePeers(peers []raft.Server, timeouts map[raft.ServerID]time.D
 		go func() {
 			defer wg.Done()
 			p := peerProbe{id: string(s.ID)}
-			st, err := n.stream.queryStatus(n.dialAddress(s), timeout)
+			st, err := n.stream.QueryStatus(n.dialAddress(s), timeout)
 			switch {
 			case err != nil && isTimeout(err):
 				p.why = fmt.Sprintf("did not answer within %s (%v)", timeout, err)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
-	"github.com/hastate/hastate/state"
+	"github.com/hastate/hastate/cluster/leader"
 
 	"github.com/hashicorp/raft"
 )
@@ -15,46 +15,6 @@ import (
 // reachability (for the leader's Consul failover) and the cluster-wide view
 // of the KV sync, which is the leader's report and reads the same on every
 // replica.
-
-// ConsulHealth is one node's view of its Consul, from the wiring.
-type ConsulHealth struct {
-	// Reachable: this node can read the KV prefix and, on the leader, its
-	// watch is delivering (not failing reads or applies).
-	Reachable bool
-	// FailingSince is when Consul became unreachable (zero when reachable).
-	FailingSince time.Time
-	Checked      time.Time
-	// SyncedAt is, on the leader, the last time its mirror was known to
-	// hold Consul's content, and SyncedIndex the Consul index it then held;
-	// zero when it has not synced in this term.
-	SyncedAt    time.Time
-	SyncedIndex uint64
-	// TokenProblem is set while Consul refuses this node's token what the
-	// mirror needs (on the leader: its watch holds the last state).
-	TokenProblem *api.TokenProblem
-	// Verdict is whether this node could mirror Consul into raft if it
-	// led, and why not, as far as the wiring knows (Consul unreachable,
-	// not Consul, the token). The zero Reason is read from Reachable:
-	// MirrorOK or MirrorConsulUnreachable. The node adds what it knows
-	// (Node.MirrorVerdict): whether Source is the one recorded in raft.
-	Verdict api.MirrorVerdict
-	// Source is the Consul cluster and prefix this node reads (nil: not
-	// known yet, e.g. Consul has not answered since the start).
-	Source *state.MirrorSource
-}
-
-// verdict is h's mirror verdict, its zero Reason read from Reachable.
-func (h ConsulHealth) verdict() api.MirrorVerdict {
-	switch {
-	case h.Verdict.Reason != "":
-		return h.Verdict
-	case h.Reachable:
-		return api.MirrorVerdict{Reason: api.MirrorOK}
-	default:
-		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Since: h.FailingSince,
-			Detail: "this replica cannot read Consul (check CONSUL_HTTP_ADDR / --consul-addr, TLS, the token and the Consul servers)"}
-	}
-}
 
 // Bounds of the KV view.
 const (
@@ -87,7 +47,7 @@ type kvReport struct {
 // KVView returns the cluster's view of its Consul sync.
 func (n *Node) KVView() api.KVView {
 	now := time.Now()
-	kvIndex, _, _ := n.fsm.info()
+	kvIndex, _, _ := n.fsm.Info()
 	var v api.KVView
 	if n.raft.State() == raft.Leader {
 		h := n.consulHealth()
@@ -103,7 +63,7 @@ func (n *Node) KVView() api.KVView {
 		v.SyncedIndex = kvIndex
 	} else {
 		v = api.KVView{LeaderID: r.leader, Synced: r.synced, SyncAge: r.age + now.Sub(r.at), SyncedIndex: kvIndex}
-		if n.fsm.index.Load() >= r.stateIndex {
+		if n.fsm.Index() >= r.stateIndex {
 			v.SyncedIndex = max(kvIndex, r.consulIndex)
 		}
 		v.Known = now.Sub(r.at) <= kvReportFresh
@@ -139,14 +99,14 @@ func kvWarning(v api.KVView, staleAfter time.Duration) string {
 	return ""
 }
 
-// consulHealth is the wiring's ConsulHealth; without one, Consul counts as
+// consulHealth is the wiring's leader.ConsulHealth; without one, Consul counts as
 // reachable and the mirror, once it holds state, as in sync.
-func (n *Node) consulHealth() ConsulHealth {
+func (n *Node) consulHealth() leader.ConsulHealth {
 	if n.opts.ConsulHealth != nil {
 		return n.opts.ConsulHealth()
 	}
-	h := ConsulHealth{Reachable: true, Checked: time.Now()}
-	if _, _, synced := n.fsm.info(); synced {
+	h := leader.ConsulHealth{Reachable: true, Checked: time.Now()}
+	if _, _, synced := n.fsm.Info(); synced {
 		h.SyncedAt = h.Checked
 	}
 	return h
@@ -175,7 +135,7 @@ func (n *Node) leaderReportLoop() {
 			continue
 		}
 		asked = time.Now()
-		st, err := n.stream.queryStatus(n.dialAddress(raft.Server{ID: id, Address: addr}), kvReportEvery)
+		st, err := n.stream.QueryStatus(n.dialAddress(raft.Server{ID: id, Address: addr}), kvReportEvery)
 		if err != nil || st.ID != string(id) || st.State != stateName(raft.Leader) {
 			continue
 		}

@@ -17,9 +17,6 @@ import (
 )
 
 const (
-	// largeChange is the number of keys an entry sets or deletes from
-	// which its apply is followed by returning memory to the OS.
-	largeChange = 5000
 	// releaseGap is the least time between two returns: a run of large
 	// entries is followed by one.
 	releaseGap = 5 * time.Second

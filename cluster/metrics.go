@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -19,58 +20,32 @@ import (
 type metrics struct {
 	n                 *Node
 	leaderChanges     prometheus.Counter
-	applyDuration     prometheus.Histogram
-	kvFailovers       prometheus.Counter
 	rampSteps         prometheus.Counter
 	entryLag          prometheus.Histogram
 	rampPolicyInvalid *prometheus.Desc // computed from raft at scrape
 	applyErrors       prometheus.Counter
-	dutyFailures      prometheus.Counter
-	withholds         *prometheus.CounterVec
-	confirmRounds     *prometheus.CounterVec
-	confirmRound      prometheus.Histogram
-	confirmAcks       *prometheus.CounterVec
-	unconfirmedChecks prometheus.Counter
-	haproxyWrites     prometheus.Counter
-	port              *portMetrics // the raft port's connections and TLS
+	port              *raftport.Metrics // the raft port's connections and TLS
 
 	rampsActive, serverWeight, serverState, serverSince, rampStepDue, rampInterval *prometheus.Desc
 
 	state, applied, commit, lastContact, term, keys, holds *prometheus.Desc
 
-	kvSyncAge, kvReachable, leaderless, withheld, contactAge *prometheus.Desc
+	kvSyncAge, kvReachable, leaderless *prometheus.Desc
 
 	level, levelWaiting, notUnderstood *prometheus.Desc
 
 	mirrorVerdict     *prometheus.Desc
 	haproxiesRecorded *prometheus.Desc
 
-	bootstrapWaiting                  *prometheus.Desc
-	confirmAge, confirmFailing, grace *prometheus.Desc
+	bootstrapWaiting *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
-	m := newMetricsUnset(n)
-	for _, r := range withholdReasons() {
-		label, _ := r.info()
-		m.withholds.WithLabelValues(label) // every reason's series exists from the start, at 0
-	}
-	m.confirmRounds.WithLabelValues("confirmed")
-	m.confirmRounds.WithLabelValues("failed")
-	for _, r := range []string{"acked", "failed", "not_sent"} {
-		m.confirmAcks.WithLabelValues(r)
-	}
-	return m
-}
-
-func newMetricsUnset(n *Node) *metrics {
 	return &metrics{
 		n:    n,
-		port: newPortMetrics(),
+		port: raftport.NewMetrics(),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_raft_leader_changes_total", Help: "Per replica: changes of the raft leader this replica observed, losing the leader included (an election usually counts 2: the loss and the new leader). More than a few elections an hour is flapping."}),
-		kvFailovers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_raft_kv_failovers_total", Help: "Per replica: times this replica, as leader, handed leadership to a follower because it could not read Consul."}),
 		entryLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "hastate_raft_entry_lag_seconds", Help: "Per replica: time from the leader writing an entry to this replica applying it: commit plus replication latency (across hosts it includes their clock offset).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
@@ -80,29 +55,8 @@ func newMetricsUnset(n *Node) *metrics {
 			"1 when <prefix>config/ramp is invalid and ignored (the --ramp-* flags apply), 0 when it is absent or valid. From raft: the same on every replica in sync. hastate status and the status page show the key and why.", nil, nil),
 		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_fsm_apply_errors_total", Help: "Per replica: committed raft entries this replica could not apply as written (undecodable, unknown type, invalid ramp policy, a panic while applying): each is logged and skipped, or applied without ramps, identically on every replica. Any increase is a bug to report."}),
-		dutyFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_leader_duty_failures_total", Help: "Per replica: times this replica, as leader, could not run its duty (building the Consul watch) and handed leadership over or retried."}),
-		withholds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hastate_withhold_starts_total", Help: "Per replica: times this replica began to withhold every agent answer (and fail readiness) for a reason: leaderless (no contact with a raft leader for longer than --leaderless-grace), catching_up (behind a leader after start or a cut-off; counted from a cut-off, not at start), not_understood (applied a raft entry of a newer release), unconfirmed (no confirmation with the leader for longer than --leaderless-grace)."}, []string{"reason"}),
-		confirmRounds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hastate_confirm_rounds_total", Help: "Per replica: confirmation rounds (read index: the leader's commit index, learned after the checks of the batch arrived and verified by a quorum, then applied here) by result: confirmed, failed (no leader, the leader unreachable or not verified, not applied within --confirm-timeout). One round serves every check that arrived while the one before was in flight."}, []string{"result"}),
-		confirmRound: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "hastate_confirm_round_seconds", Help: "Per replica: duration of each confirmation round (what a check waits at most for it, besides the round in flight when it arrived).",
-			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
-		confirmAcks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hastate_confirm_acks_total", Help: "Per replica, as leader: acknowledgement requests of its confirmation rounds to its voters, by result: acked (the voter is in the leader's term), failed (unreachable, another term, an older release, or not answered by the deadline), not_sent (the round was over before the request was sent). A round asks what a quorum needs (one voter of three) at once and the others only after 2ms or on a failure, so requests per confirmed round (hastate_confirm_rounds_total) near 1 in a cluster of three is the healthy figure; near 2, every round waits for its first voter for 2ms."}, []string{"result"}),
-		unconfirmedChecks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_agent_unconfirmed_total", Help: "Per replica: agent checks answered nothing because no confirmation round succeeded within --confirm-timeout after they arrived (HAProxy keeps the server's state)."}),
-		haproxyWrites: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hastate_haproxies_writes_total", Help: "Leader only: haproxies entries written to raft (the record of which HAProxy nodes exist). At most one every 5s; in a steady fleet about one every 30s (each source's last poll is recorded to within 30s)."}),
 		haproxiesRecorded: prometheus.NewDesc("hastate_haproxies_recorded",
 			"HAProxy nodes (source addresses) the cluster records as having polled within 10 minutes (from raft: the same on every replica in sync; 0 until every replica runs 0.15.0 or later). Operator commands read it to tell an HAProxy only a lost replica saw.", nil, nil),
-		confirmAge: prometheus.NewDesc("hastate_confirm_age_seconds",
-			"Per replica: seconds since this replica last confirmed with the raft leader that it serves every committed change (a confirmation round; an idle replica runs one every 250ms). Every check waits for such a round; above --leaderless-grace the replica has answered nothing for that long (alert HastateReplicaUnconfirmed) and fails readiness (hastate_withheld reason unconfirmed or leaderless).", nil, nil),
-		confirmFailing: prometheus.NewDesc("hastate_confirm_failing_seconds",
-			"Per replica: seconds for which every confirmation round has failed (0 after a success): for so long this replica has answered no agent check.", nil, nil),
-		grace: prometheus.NewDesc("hastate_leaderless_grace_seconds",
-			"Per replica: its --leaderless-grace, the age of the last leader contact (or of failing confirmations) past which it withholds and fails readiness. Alerts compare hastate_confirm_age_seconds with it.", nil, nil),
 		rampsActive: prometheus.NewDesc("hastate_ramps_active", "Undrain ramps in progress (from raft: the same on every replica in sync).", nil, nil),
 		serverState: prometheus.NewDesc("hastate_server_state",
 			"Always 1: the effective state of each server (or backend wildcard, server \"*\") with a non-default state: drain, maint, weight (an explicit N%), ramping (an undrain ramp sets its weight) or withheld (invalid key without a last valid value: no answer). Servers answered ready 100% have no series. by is the writer named in the key's JSON value (cut to 64 bytes). From raft: the same on every replica in sync.",
@@ -119,9 +73,6 @@ func newMetricsUnset(n *Node) *metrics {
 		rampInterval: prometheus.NewDesc("hastate_ramp_interval_seconds",
 			"Step interval of each ramp in progress (its policy's --ramp-interval or <prefix>config/ramp interval). From raft: the same on every replica in sync.",
 			[]string{"backend", "server"}, nil),
-		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "hastate_raft_apply_duration_seconds", Help: "Leader only (observed where the entry was written): time from raft Apply to the entry being committed by a quorum and applied on the leader: the raft commit latency.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		state:       prometheus.NewDesc("hastate_raft_state", "Per replica: 1 for the raft state this replica is in (leader, follower, candidate, shutdown), 0 for the others. sum(hastate_raft_state{state=\"leader\"}) is 1 in a healthy cluster.", []string{"state"}, nil),
 		applied:     prometheus.NewDesc("hastate_raft_applied_index", "Per replica: last raft index handed to the state machine; replicas in sync show the same.", nil, nil),
 		commit:      prometheus.NewDesc("hastate_raft_commit_index", "Per replica: last raft index this replica knows committed.", nil, nil),
@@ -147,20 +98,16 @@ func newMetricsUnset(n *Node) *metrics {
 			"Per replica: 1 for each peer of --peers that a replica with no raft state waits for before it bootstraps (the peer does not answer, or not in time); no series while it does not wait. /-/readiness says why.", []string{"peer"}, nil),
 		leaderless: prometheus.NewDesc("hastate_raft_leaderless_seconds",
 			"Per replica: seconds this replica has been without a known raft leader (0 with one). Past --leaderless-grace since its last contact with a leader it withholds answers (see hastate_withheld).", nil, nil),
-		withheld: prometheus.NewDesc("hastate_withheld",
-			"Per replica: 1 for each reason this replica is withholding every agent answer and failing readiness (leaderless: no contact with a raft leader for longer than --leaderless-grace; catching_up: behind a leader since start or a cut-off; not_understood: applied a raft entry of a newer release, until upgraded; unconfirmed: no confirmation with the leader for longer than --leaderless-grace), 0 otherwise. HAProxy keeps each server's last state for checks it sends here.", []string{"reason"}, nil),
-		contactAge: prometheus.NewDesc("hastate_raft_leader_contact_age_seconds",
-			"Per replica: seconds since this replica's last contact with a raft leader (a heartbeat or entry; about 0 on the leader). Past --leaderless-grace it withholds answers.", nil, nil),
 	}
 }
 
 // owned are the collectors the node updates itself.
 func (m *metrics) owned() []prometheus.Collector {
-	cs := append([]prometheus.Collector{m.leaderChanges, m.applyDuration, m.kvFailovers, m.rampSteps, m.entryLag, m.applyErrors, m.dutyFailures, m.withholds,
-		m.confirmRounds, m.confirmRound, m.confirmAcks, m.unconfirmedChecks, m.haproxyWrites},
-		m.port.collectors()...)
+	cs := append([]prometheus.Collector{m.leaderChanges, m.rampSteps, m.entryLag, m.applyErrors, m.n.reads.Collector()},
+		m.port.Collectors()...)
+	cs = append(cs, m.n.duties.Collectors()...)
 	if f := m.n.opts.TLSFiles; f != nil {
-		cs = append(cs, f.collectors()...)
+		cs = append(cs, f.Collectors()...)
 	}
 	return cs
 }
@@ -172,7 +119,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.rampPolicyInvalid, m.rampsActive, m.serverWeight, m.serverState, m.serverSince, m.rampStepDue, m.rampInterval} {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.withheld, m.contactAge, m.level, m.levelWaiting, m.notUnderstood, m.mirrorVerdict, m.confirmAge, m.confirmFailing, m.grace, m.bootstrapWaiting, m.haproxiesRecorded} {
+	for _, d := range []*prometheus.Desc{m.state, m.applied, m.commit, m.lastContact, m.term, m.keys, m.holds, m.kvSyncAge, m.kvReachable, m.leaderless, m.level, m.levelWaiting, m.notUnderstood, m.mirrorVerdict, m.bootstrapWaiting, m.haproxiesRecorded} {
 		ch <- d
 	}
 }
@@ -220,12 +167,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.kvSyncAge, prometheus.GaugeValue, kv.SyncAgeSeconds)
 	ch <- prometheus.MustNewConstMetric(m.kvReachable, prometheus.GaugeValue, boolGauge(kv.Reachable))
 	ch <- prometheus.MustNewConstMetric(m.leaderless, prometheus.GaugeValue, m.n.leaderless().Seconds())
-	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.fsm.level()), "applied")
-	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.maxLevel()), "build")
-	ch <- prometheus.MustNewConstMetric(m.haproxiesRecorded, prometheus.GaugeValue, float64(m.n.fsm.recordedLen()))
-	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.IsLeader() && m.n.levelWaiting.Load() != nil))
-	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.notUnderstood() != nil))
-	ch <- prometheus.MustNewConstMetric(m.contactAge, prometheus.GaugeValue, m.n.leaderContactAge().Seconds())
+	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.fsm.Level()), "applied")
+	ch <- prometheus.MustNewConstMetric(m.level, prometheus.GaugeValue, float64(m.n.fsm.MaxLevel()), "build")
+	ch <- prometheus.MustNewConstMetric(m.haproxiesRecorded, prometheus.GaugeValue, float64(m.n.fsm.HAProxiesLen()))
+	ch <- prometheus.MustNewConstMetric(m.levelWaiting, prometheus.GaugeValue, boolGauge(m.n.duties.Waiting()))
+	ch <- prometheus.MustNewConstMetric(m.notUnderstood, prometheus.GaugeValue, boolGauge(m.n.fsm.NotUnderstood() != nil))
 	verdict := m.n.MirrorVerdict()
 	for _, r := range api.MirrorReasons() {
 		ch <- prometheus.MustNewConstMetric(m.mirrorVerdict, prometheus.GaugeValue, boolGauge(verdict.Reason == r), string(r))
@@ -233,15 +179,6 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	_, waiting := m.n.bootstrapWaiting()
 	for _, p := range waiting {
 		ch <- prometheus.MustNewConstMetric(m.bootstrapWaiting, prometheus.GaugeValue, 1, p)
-	}
-	_, at := m.n.conf.lastConfirmed()
-	now := time.Now()
-	ch <- prometheus.MustNewConstMetric(m.confirmAge, prometheus.GaugeValue, max(now.Sub(at), 0).Seconds())
-	ch <- prometheus.MustNewConstMetric(m.confirmFailing, prometheus.GaugeValue, m.n.conf.failingFor(now).Seconds())
-	ch <- prometheus.MustNewConstMetric(m.grace, prometheus.GaugeValue, m.n.opts.LeaderlessGrace.Seconds())
-	for _, r := range withholdReasons() {
-		label, _ := r.info()
-		ch <- prometheus.MustNewConstMetric(m.withheld, prometheus.GaugeValue, boolGauge(m.n.withheld.has(r)), label)
 	}
 }
 

@@ -12,13 +12,15 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/hastate/hastate/cluster/confirm"
+	"github.com/hastate/hastate/cluster/fsm"
+	"github.com/hastate/hastate/cluster/leader"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/lifecycle"
-	"github.com/hastate/hastate/internal/ratelog"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -42,11 +44,25 @@ const (
 	DefaultLeaderlessGrace = 3 * time.Second
 )
 
-// Errors returned by Node.
+// Errors returned by Node, from its leader's duties.
 var (
 	// ErrNotLeader: a write was attempted on a follower. Only the leader
 	// applies KV changes; the caller should stop its leader duty.
-	ErrNotLeader = errors.New("not the raft leader")
+	ErrNotLeader = leader.ErrNotLeader
+	// ErrAdoptRefused wraps every refusal of Adopt.
+	ErrAdoptRefused = leader.ErrAdoptRefused
+)
+
+// Defaults of Options, from the parts that use them.
+const (
+	// DefaultConfirmTimeout is Options.ConfirmTimeout's default: how long a
+	// check waits for its confirmation before it is answered nothing.
+	DefaultConfirmTimeout = confirm.DefaultConfirmTimeout
+	// DefaultConfirmWindow is Options.ConfirmWindow's default (none).
+	DefaultConfirmWindow = confirm.DefaultConfirmWindow
+	// RampConfigKey is the KV key, relative to the prefix, of the ramp
+	// policy override.
+	RampConfigKey = leader.RampConfigKey
 )
 
 // Options configure a Node. Required: ID, BindAddr, Advertise, DataDir.
@@ -75,26 +91,20 @@ type Options struct {
 	// DefaultTLSReloadInterval), so that renewed certificates are used
 	// without a restart; their expiry is exported. Unless TLSFiles pins
 	// names, peers are pinned to the hosts of Peers and Advertise.
-	TLSFiles          *RaftTLS
+	TLSFiles          *raftport.RaftTLS
 	TLSReloadInterval time.Duration
-	// MaxConnsPerIP and MaxConns cap the inbound connections open on the
-	// raft port from one remote address and in total; a connection over a
-	// cap is closed at once and counted. IdentifyTimeout is how long a new
-	// connection has to complete the TLS handshake and send its kind byte.
-	// Zero: DefaultMaxConnsPerIP (64), DefaultMaxConns (1024),
-	// DefaultIdentifyTimeout (3s).
-	MaxConnsPerIP   int
-	MaxConns        int
-	IdentifyTimeout time.Duration
+	// PortLimits cap the inbound connections of the raft port
+	// (raftport.Limits; zero fields: its defaults).
+	PortLimits raftport.Limits
 
 	Logger     *zap.Logger           // nil: no logs
 	Registerer prometheus.Registerer // nil: metrics not registered
-	LeaderDuty LeaderDuty            // nil: none
+	LeaderDuty leader.Duty           // nil: none
 	// ConsulHealth reports this node's own Consul reachability. Followers
 	// report it to the leader over the raft port; a leader whose Consul has
 	// been unreachable for KVFailoverAfter hands leadership to a follower
 	// that can reach it. nil: always reachable (no failover).
-	ConsulHealth func() ConsulHealth
+	ConsulHealth func() leader.ConsulHealth
 	// Ramp is the base undrain ramp policy; <prefix>config/ramp in the
 	// mirrored KV overrides it. Zero: no ramps.
 	Ramp state.RampPolicy
@@ -149,7 +159,7 @@ type Options struct {
 	// legacyReadIndex (tests) plays a release before the read-index query:
 	// "readindex" and "ack" are answered null.
 	legacyReadIndex bool
-	// ackHedge (tests; 0: the ackHedge constant) is how long the leader's
+	// ackHedge (tests; 0: confirm's default) is how long the leader's
 	// round waits for the voters it asked first before it asks the rest.
 	ackHedge time.Duration
 	// afterBarrier (tests) runs in the leader duty when raft's Barrier
@@ -192,8 +202,12 @@ func (o *Options) validate() error {
 			return fmt.Errorf("cluster: --bootstrap-without %q is not in --peers", id)
 		}
 	}
-	if err := o.validatePort(); err != nil {
-		return err
+	var err error
+	if o.PortLimits, err = o.PortLimits.WithDefaults(); err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	if err := raftport.CheckTLS(o.TLS); err != nil {
+		return fmt.Errorf("cluster: %w", err)
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -211,7 +225,6 @@ func (o *Options) validate() error {
 	o.ElectionTimeout = cmp.Or(o.ElectionTimeout, time.Second)
 	o.LeaderlessGrace = cmp.Or(o.LeaderlessGrace, DefaultLeaderlessGrace)
 	o.ConfirmTimeout = cmp.Or(o.ConfirmTimeout, DefaultConfirmTimeout)
-	o.ackHedge = cmp.Or(o.ackHedge, ackHedge)
 	if o.ConfirmTimeout < 0 {
 		return fmt.Errorf("cluster: confirm timeout %s is negative: set --confirm-timeout to a positive duration, e.g. %s", o.ConfirmTimeout, DefaultConfirmTimeout)
 	}
@@ -224,51 +237,23 @@ func (o *Options) validate() error {
 	return nil
 }
 
-// Node is one hastate raft replica.
+// Node is one hastate raft replica: raft, wired to its parts (the raft
+// port, the state machine, confirmed reads, the leader's duties), and the
+// node's own view of the cluster (status, readiness, peer queries, the
+// leader's KV report).
 type Node struct {
 	opts      Options
 	log       *zap.Logger
 	raft      *raft.Raft
-	fsm       *fsm
+	fsm       *fsm.FSM
 	store     *raftboltdb.BoltStore
 	transport *raft.NetworkTransport
 	logs      raft.LogStore // the log store behind raft (its cache included)
-	stream    *streamLayer
+	stream    *raftport.Layer
+	reads     *confirm.Reads
+	duties    *leader.Duties
 	metrics   *metrics
 	observer  *raft.Observer
-
-	// withheld is the set of reasons not to answer (withhold.go);
-	// withheldSince is when each reason last came into force.
-	withheld      withholdSet
-	withheldSince [maxWithholdReasons]atomic.Int64
-	// leaderContact is when this node last had contact with a leader
-	// (unix nanoseconds, kept by contactLoop); barrierTerm is the term in
-	// which this node, as leader, last completed its barrier.
-	leaderContact atomic.Int64
-	barrierTerm   atomic.Uint64
-	// ledUntil is when this node last lost leadership (unix nanoseconds,
-	// set by leadershipLoop; 0: never led).
-	ledUntil      atomic.Int64
-	lastBadPolicy atomic.Pointer[string]
-	// levelWaiting is what the leader's level gate waits for (nil: nothing).
-	levelWaiting atomic.Pointer[string]
-	// readSource is the source of the reads this leader accepted, and
-	// the term it accepted them in (nil: none yet): what the mirror holds
-	// came from it, so the level gate records it once
-	// state.LevelRecorded is in force (see recordReadSource).
-	readSource atomic.Pointer[termSource]
-	// conf is the confirmation of answers (confirm.go); ri is the
-	// follower's open read-index connection to the leader (confirmLoop's);
-	// acks and ackSeq are the leader's "ack" connections to its voters and
-	// the number of its last round (ack.go); unboundLog limits the log of
-	// read-index requests whose ID their certificate does not name,
-	// failedLog that of failed rounds.
-	conf       confirmer
-	ri         lineConn
-	acks       ackConns
-	ackSeq     atomic.Uint64
-	unboundLog *ratelog.Limiter
-	failedLog  *ratelog.Limiter
 	kvState
 
 	// hadState: raft state was in --data-dir at start. bootDetail and
@@ -299,14 +284,14 @@ func New(o Options) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: data dir %s: %w", o.DataDir, err)
 	}
 	if o.TLSFiles != nil {
-		hosts := []string{hostOf(o.Advertise)}
+		addrs := []string{o.Advertise}
 		for _, p := range o.Peers {
-			hosts = append(hosts, hostOf(p.Address))
+			addrs = append(addrs, p.Address)
 		}
-		o.TLSFiles.pinDefault(hosts)
+		o.TLSFiles.PinDefault(addrs)
 		o.TLS = o.TLSFiles.Config()
 		if o.TLSReloadInterval == 0 {
-			o.TLSReloadInterval = DefaultTLSReloadInterval
+			o.TLSReloadInterval = raftport.DefaultTLSReloadInterval
 		}
 	}
 	n := &Node{opts: o, log: o.Logger, stop: make(chan struct{}), release: make(chan struct{}, 1)}
@@ -317,29 +302,22 @@ func New(o Options) (_ *Node, err error) {
 	}()
 	n.started = time.Now()
 	n.leaderSeen.Store(n.started.UnixNano())
-	n.leaderContact.Store(n.started.UnixNano())
-	n.conf.init(n.started)
-	n.unboundLog = ratelog.New(10*time.Second, nil)
-	n.failedLog = ratelog.New(10*time.Second, nil)
-	// Nothing is answered until the node has caught up with a leader.
-	n.withheld.set(withholdCatchingUp, true)
-	n.withheldSince[bitIndex(withholdCatchingUp)].Store(n.started.UnixNano())
 	// The metrics exist before raft starts: the FSM reports into them as
-	// soon as raft applies an entry.
+	// soon as raft applies an entry, and confirmed reads as soon as the
+	// FSM advances.
 	n.metrics = newMetrics(n)
-	n.fsm = newFSM()
-	if o.MaxLevel > 0 {
-		n.fsm.maxLevel = min(o.MaxLevel, state.MaxLevel)
-	}
-	n.fsm.stepped = func(k int) { n.metrics.rampSteps.Add(float64(k)) }
-	n.fsm.lag = func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) }
-	n.fsm.large = n.noteLarge
-	n.fsm.advanced = n.conf.advanced
-	n.fsm.notUnderstoodFn = func(err error) { n.withhold(withholdNotUnderstood, true, zap.Error(err)) }
-	n.fsm.rejected = func(err error) {
-		n.metrics.applyErrors.Inc()
-		n.log.Error("raft entry not applied as written; every replica skips it the same way (report this with the entry's index)", zap.Error(err))
-	}
+	n.fsm = fsm.New(fsm.Options{
+		MaxLevel:      o.MaxLevel,
+		Stepped:       func(k int) { n.metrics.rampSteps.Add(float64(k)) },
+		Lag:           func(d time.Duration) { n.metrics.entryLag.Observe(d.Seconds()) },
+		Large:         n.noteLarge,
+		Advanced:      func() { n.reads.Advanced() },
+		NotUnderstood: func(err error) { n.reads.NotUnderstood(err) },
+		Rejected: func(err error) {
+			n.metrics.applyErrors.Inc()
+			n.log.Error("raft entry not applied as written; every replica skips it the same way (report this with the entry's index)", zap.Error(err))
+		},
+	})
 
 	store, err := raftboltdb.NewBoltStore(filepath.Join(o.DataDir, "raft.db"))
 	if err != nil {
@@ -347,26 +325,32 @@ func New(o Options) (_ *Node, err error) {
 	}
 	n.store = store
 	n.stops.Add("raft log store", func(context.Context) error { return store.Close() })
+	logs := fsm.NewLogCache(logCacheEntries, store) // see fsm/logcache.go
+	n.logs = logs
 	hlog := newHCLog(o.Logger, "raft")
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(o.DataDir, 3, hlog)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: snapshot store in %s: %w", o.DataDir, err)
 	}
-	sl, err := newStreamLayer(streamConfig{
-		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: n.queries(), ArgQueries: o.PeerArgQueries, ReadIndex: n.answerReadIndex, Ack: n.answerAck, LegacyReadIndex: o.legacyReadIndex,
-		Log: o.Logger.Named("transport"), Metrics: n.metrics.port, Peers: len(o.Peers),
-		MaxConnsPerIP: o.MaxConnsPerIP, MaxConns: o.MaxConns, IdentifyTimeout: o.IdentifyTimeout,
+	sl, err := raftport.New(raftport.Config{
+		Bind: o.BindAddr, Advertise: o.Advertise, TLS: o.TLS, Status: n.peerStatus, Queries: n.queries(), ArgQueries: o.PeerArgQueries, Lines: n.lineQueries(),
+		Log: o.Logger.Named("transport"), Metrics: n.metrics.port, Peers: len(o.Peers), Limits: o.PortLimits,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	n.stream = sl
+	n.reads = confirm.New(confirm.Options{
+		ID: o.ID, State: n.fsm, Log: logs, Transport: portTransport{sl}, Dial: n.dialServer,
+		Timeout: o.ConfirmTimeout, Window: o.ConfirmWindow, Grace: o.LeaderlessGrace, AckHedge: o.ackHedge,
+		Started: n.started, Logger: o.Logger,
+	})
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: sl, MaxPool: 3, Timeout: 5 * time.Second, Logger: hlog,
 		ServerAddressProvider: newDialOverride(o),
 		// No pipelined replication: raft (v1.7.3) can deadlock it (see
-		// noPipelining in transport.go).
-		MaxRPCsInFlight: noPipelining,
+		// raftport.NoPipelining).
+		MaxRPCsInFlight: raftport.NoPipelining,
 	})
 	n.stops.Add("raft transport", func(context.Context) error {
 		n.transport.CloseStreams()
@@ -394,22 +378,25 @@ func New(o Options) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: read raft state in %s: %w", o.DataDir, err)
 	}
-	logs := newLogCache(logCacheEntries, store) // see logcache.go
-	n.logs = logs
-	// Raft dials through patientTransport (see redial.go).
-	trans := &patientTransport{NetworkTransport: n.transport}
+	// Raft dials through the patient transport (raftport/redial.go).
+	trans := &raftport.PatientTransport{NetworkTransport: n.transport}
 	r, err := raft.NewRaft(cfg, n.fsm, logs, store, snaps, trans)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
-	trans.raft.Store(r)
+	trans.SetRaft(r)
 	n.stops.Add("raft", func(context.Context) error { return r.Shutdown().Error() })
 	// A snapshot older than version 3 does not carry the FSM's index; the
 	// snapshot's own raft index is as good.
 	if v, err := strconv.ParseUint(r.Stats()["last_snapshot_index"], 10, 64); err == nil && v > 0 {
-		n.fsm.index.CompareAndSwap(0, v)
+		n.fsm.StartIndex(v)
 	}
+	n.duties = leader.New(leader.Options{
+		ID: o.ID, Raft: r, FSM: n.fsm, Peers: peers{n}, BarrierDone: n.reads.BarrierDone, ConsulHealth: o.ConsulHealth, Duty: o.LeaderDuty,
+		Ramp: o.Ramp, Now: o.Now, ApplyTimeout: o.ApplyTimeout, KVFailoverAfter: o.KVFailoverAfter, HAProxySyncEvery: o.HAProxySyncEvery,
+		Logger: o.Logger, AfterBarrier: o.afterBarrier,
+	})
 	n.hadState = hasState
 	var servers []raft.Server // the configuration the bootstrap loop uses
 	if !hasState {
@@ -456,7 +443,14 @@ func New(o Options) (_ *Node, err error) {
 		return nil
 	})
 
-	sl.serveQueries()
+	// Confirmed reads run before the port answers queries: a follower's
+	// read-index request is answered by them.
+	n.reads.Start(raftView{r})
+	n.stops.Add("confirmed reads", func(context.Context) error {
+		n.reads.Stop()
+		return nil
+	})
+	sl.ServeQueries()
 	if servers != nil {
 		n.wg.Add(1)
 		go n.bootstrap(r, servers) // see bootstrap.go: not while a peer may hold the cluster
@@ -465,21 +459,17 @@ func New(o Options) (_ *Node, err error) {
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			o.TLSFiles.reloadLoop(n.stop, o.TLSReloadInterval, n.log.Named("tls"))
+			o.TLSFiles.ReloadLoop(n.stop, o.TLSReloadInterval, n.log.Named("tls"))
 		}()
 	}
-	n.wg.Add(6)
-	go n.confirmLoop()
+	n.wg.Add(4)
 	go n.leadershipLoop(notify)
 	go n.observeLoop(obs)
-	go n.contactLoop()
 	go n.leaderReportLoop()
 	go n.releaseLoop()
 	n.stops.Add("node loops", func(context.Context) error {
 		close(n.stop)
 		n.wg.Wait()
-		n.ri.close()
-		n.acks.close()
 		return nil
 	})
 	// Registered last, so it runs first: a leader hands over leadership
@@ -493,7 +483,7 @@ func New(o Options) (_ *Node, err error) {
 
 // Snapshot returns the current serving snapshot (nil while the node holds
 // no state). It never blocks.
-func (n *Node) Snapshot() *state.Snapshot { return n.fsm.serving.Load() }
+func (n *Node) Snapshot() *state.Snapshot { return n.fsm.Serving() }
 
 // Shutdown hands leadership to another voter when this node leads (bounded
 // by ctx), stops the leader duty, then stops raft and closes the stores:

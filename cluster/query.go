@@ -12,11 +12,12 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cluster/raftport"
 )
 
 func (n *Node) peerStatus() api.PeerStatus {
-	st := api.PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load(),
-		Level: n.maxLevel(), Version: n.opts.Version}
+	st := api.PeerStatus{ID: n.opts.ID, ConsulReachable: true, State: stateName(n.raft.State()), AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.Index(),
+		Level: n.fsm.MaxLevel(), Version: n.opts.Version}
 	holds := n.holdsRaftState()
 	st.HoldsRaftState, st.RaftLastIndex = &holds, n.raft.LastIndex()
 	if lc := n.raft.LastContact(); !lc.IsZero() && n.raft.State() != raft.Leader {
@@ -33,7 +34,7 @@ func (n *Node) peerStatus() api.PeerStatus {
 		st.KVSynced, st.KVSyncAgeSeconds, st.KVSyncedIndex, st.KVTokenProblem = v.Synced, v.SyncAgeSeconds, v.SyncedIndex, v.TokenProblem
 		// Read after the synced index: the state that holds it is
 		// applied by the time the watch records it.
-		st.StateIndex = n.fsm.index.Load()
+		st.StateIndex = n.fsm.Index()
 	}
 	return st
 }
@@ -45,7 +46,7 @@ func (n *Node) PeerStatuses(timeout time.Duration) map[string]api.PeerStatus {
 	out := map[string]api.PeerStatus{n.opts.ID: n.peerStatus()}
 	var mu sync.Mutex
 	n.forEachPeer(func(s raft.Server) {
-		if st, err := n.stream.queryStatus(n.dialAddress(s), timeout); err == nil {
+		if st, err := n.stream.QueryStatus(n.dialAddress(s), timeout); err == nil {
 			mu.Lock()
 			out[string(s.ID)] = st
 			mu.Unlock()
@@ -69,7 +70,7 @@ func (n *Node) QueryPeers(name string, timeout time.Duration) map[string]PeerAns
 	out := map[string]PeerAnswer{}
 	var mu sync.Mutex
 	n.forEachPeer(func(s raft.Server) {
-		raw, err := n.stream.query(n.dialAddress(s), name, timeout)
+		raw, err := n.stream.Query(n.dialAddress(s), name, timeout)
 		mu.Lock()
 		out[string(s.ID)] = PeerAnswer{Raw: raw, Err: err}
 		mu.Unlock()
@@ -85,7 +86,7 @@ func (n *Node) QueryPeer(id, name string, timeout time.Duration) PeerAnswer {
 	}
 	for _, s := range cf.Configuration().Servers {
 		if string(s.ID) == id {
-			raw, err := n.stream.query(n.dialAddress(s), name, timeout)
+			raw, err := n.stream.Query(n.dialAddress(s), name, timeout)
 			return PeerAnswer{Raw: raw, Err: err}
 		}
 	}
@@ -104,7 +105,7 @@ func (n *Node) QueryPeerWith(id, name string, arg any, timeout time.Duration) Pe
 	}
 	for _, s := range cf.Configuration().Servers {
 		if string(s.ID) == id {
-			raw, err := n.stream.queryWith(n.dialAddress(s), name, a, timeout)
+			raw, err := n.stream.QueryWith(n.dialAddress(s), name, a, timeout)
 			return PeerAnswer{Raw: raw, Err: err}
 		}
 	}
@@ -123,7 +124,7 @@ func (n *Node) QueryPeersWith(name string, arg any, timeout time.Duration) map[s
 		var raw json.RawMessage
 		qerr := err
 		if qerr == nil {
-			raw, qerr = n.stream.queryWith(n.dialAddress(s), name, a, timeout)
+			raw, qerr = n.stream.QueryWith(n.dialAddress(s), name, a, timeout)
 		}
 		mu.Lock()
 		out[string(s.ID)] = PeerAnswer{Raw: raw, Err: qerr}
@@ -164,36 +165,87 @@ func (n *Node) forEachPeer(f func(raft.Server)) {
 	wg.Wait()
 }
 
-func (n *Node) dialAddress(s raft.Server) string {
-	if a, ok := n.opts.DialOverride[string(s.ID)]; ok {
+func (n *Node) dialAddress(s raft.Server) string { return n.dialServer(s.ID, s.Address) }
+
+// dialServer is where to dial the server id whose configured address is
+// addr: its --raft-dial override, if any.
+func (n *Node) dialServer(id raft.ServerID, addr raft.ServerAddress) string {
+	if a, ok := n.opts.DialOverride[string(id)]; ok {
 		return a
 	}
-	return string(s.Address)
+	return string(addr)
 }
 
-// dialOverride maps server IDs to dial addresses; an error makes raft use
-// the configured address. raft logs a warning for every error, and asks on
-// every RPC (its own ID included), so the map holds every known server.
-type dialOverride map[string]string
-
-// newDialOverride returns nil (raft dials the configured addresses) without
-// overrides; else the overrides on top of --peers and this node's own
-// advertised address.
+// newDialOverride is raft's ServerAddressProvider: nil (raft dials the
+// configured addresses) without overrides; else the overrides on top of
+// --peers and this node's own advertised address.
 func newDialOverride(o Options) raft.ServerAddressProvider {
 	if len(o.DialOverride) == 0 {
 		return nil
 	}
-	d := dialOverride{o.ID: o.Advertise}
+	known := map[string]string{o.ID: o.Advertise}
 	for _, p := range o.Peers {
-		d[p.ID] = p.Address
+		known[p.ID] = p.Address
 	}
-	maps.Copy(d, o.DialOverride)
-	return d
+	return raftport.NewDialOverride(known, o.DialOverride)
 }
 
-func (d dialOverride) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
-	if a, ok := d[string(id)]; ok {
-		return raft.ServerAddress(a), nil
+// sightingsQuery is the named query that returns a replica's sightings.
+const sightingsQuery = "sightings"
+
+// sightingsTimeout bounds each peer's answer to the sightings query.
+const sightingsTimeout = 2 * time.Second
+
+// Sightings is what one replica saw: each HAProxy source that polled it
+// and when it last did.
+type Sightings map[string]time.Time
+
+// localSightings is this replica's sightings (none without the wiring's).
+func (n *Node) localSightings() Sightings {
+	if n.opts.Sightings == nil {
+		return Sightings{}
 	}
-	return "", fmt.Errorf("no dial override for %s", id)
+	return n.opts.Sightings()
+}
+
+// PeerSightings asks every member for its sightings (this node answers for
+// itself). Members that did not answer are in failed with their error; a
+// member of a release that knows no such query answers null and is failed
+// too (it cannot say what it saw).
+func (n *Node) PeerSightings() (seen map[string]Sightings, failed map[string]error) {
+	seen = map[string]Sightings{n.opts.ID: n.localSightings()}
+	failed = map[string]error{}
+	for id, pa := range n.QueryPeers(sightingsQuery, sightingsTimeout) {
+		var s Sightings
+		err := pa.Err
+		if err == nil {
+			err = json.Unmarshal(pa.Raw, &s)
+		}
+		if err == nil && s == nil {
+			err = errOlderRelease
+		}
+		if err != nil {
+			failed[id] = err
+			continue
+		}
+		seen[id] = s
+	}
+	return seen, failed
+}
+
+// errOlderRelease is a peer's null answer to a query it does not know.
+var errOlderRelease = errorString("it runs a release that does not answer this query")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// sightingsAnswer is the sightings query's answer: never null (null is what
+// a release without the query answers).
+func (n *Node) sightingsAnswer() any {
+	s := n.localSightings()
+	if s == nil {
+		s = Sightings{}
+	}
+	return maps.Clone(s)
 }

@@ -5,11 +5,11 @@ package cluster
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 )
 
 // Ready reports whether the replica holds state and answers: it has caught
@@ -18,7 +18,7 @@ import (
 // human-readable detail either way. The withhold reasons (withhold.go) are
 // the one place that decides it.
 func (n *Node) Ready() (bool, string) {
-	_, _, synced := n.fsm.info()
+	_, _, synced := n.fsm.Info()
 	switch {
 	case !synced:
 		if d, _ := n.bootstrapWaiting(); d != "" {
@@ -33,11 +33,11 @@ func (n *Node) Ready() (bool, string) {
 			d += "; this replica cannot mirror Consul either (" + v.String() + ")"
 		}
 		return false, d
-	case n.withheld.any():
-		return false, "holds state but withholds every answer: " + n.withheldDetails(time.Now())
+	case n.reads.Withholding():
+		return false, "holds state but withholds every answer: " + n.reads.WithheldDetails(time.Now())
 	}
 	d := "holds state and caught up with a leader"
-	if c := n.confirmTrouble(time.Now()); c != "" {
+	if c := n.reads.ConfirmTrouble(time.Now()); c != "" {
 		d += "; answers nothing: " + c
 	}
 	if w := n.KVView().Warning; w != "" {
@@ -49,81 +49,21 @@ func (n *Node) Ready() (bool, string) {
 	return true, d
 }
 
-// withheldDetails is the readiness detail of each reason in force, with
-// how long it has been (and the confirmation's trouble, if any).
-func (n *Node) withheldDetails(now time.Time) string {
-	var parts []string
-	for _, r := range withholdReasons() {
-		if n.withheld.has(r) {
-			_, d := r.info()
-			since := time.Unix(0, n.withheldSince[bitIndex(r)].Load())
-			parts = append(parts, d+" (for "+roundFor(now.Sub(since))+")")
-		}
-	}
-	if c := n.confirmTrouble(now); c != "" && !n.withheld.has(withholdLeaderless) {
-		parts = append(parts, c)
-	}
-	return strings.Join(parts, "; ")
-}
-
-// confirmTrouble says for how long confirmation rounds have failed, and
-// why ("" while the last one succeeded).
-func (n *Node) confirmTrouble(now time.Time) string {
-	f := n.conf.failingFor(now)
-	if f == 0 {
-		return ""
-	}
-	s := "cannot confirm with the leader for " + roundFor(f)
-	if err := n.conf.lastError(); err != nil {
-		s += " (" + err.Error() + ")"
-	}
-	return s
-}
-
-// roundFor rounds a duration for people: 1.2s, 350ms.
-func roundFor(d time.Duration) string {
-	if d >= time.Second {
-		return d.Round(100 * time.Millisecond).String()
-	}
-	return d.Round(time.Millisecond).String()
-}
-
-// confirmInfo is /v1/cluster's confirm.
-func (n *Node) confirmInfo(now time.Time) api.ConfirmInfo {
-	idx, at := n.conf.lastConfirmed()
-	ci := api.ConfirmInfo{
-		LastConfirmedSeconds: max(now.Sub(at), 0).Seconds(), ConfirmedIndex: idx,
-		FailingSeconds: n.conf.failingFor(now).Seconds(), TimeoutSeconds: n.opts.ConfirmTimeout.Seconds(),
-	}
-	if err := n.conf.lastError(); err != nil {
-		ci.Error = err.Error()
-	}
-	switch {
-	case n.withheld.any():
-		ci.NotAnswering = n.withheldDetails(now)
-	case ci.FailingSeconds > 0:
-		ci.NotAnswering = n.confirmTrouble(now)
-	default:
-		ci.Answering = true
-	}
-	return ci
-}
-
 // Info returns the node's view of the cluster.
 func (n *Node) Info() api.ClusterInfo {
 	addr, lid := n.raft.LeaderWithID()
-	kvIndex, keys, synced := n.fsm.info()
+	kvIndex, keys, synced := n.fsm.Info()
 	in := api.ClusterInfo{
 		NodeID: n.opts.ID, State: stateName(n.raft.State()), LeaderID: string(lid), LeaderAddr: string(addr),
-		AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.index.Load(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
-		KVIndex: kvIndex, KVKeys: keys, KVDigest: n.fsm.digest(), HoldsState: synced, CaughtUp: !n.withheld.has(withholdCatchingUp), Withholding: n.withheld.labels(),
-		KV: n.KVView(), Confirm: n.confirmInfo(time.Now()), LeaderlessSeconds: n.leaderless().Seconds(), Members: []api.MemberInfo{},
+		AppliedIndex: n.raft.AppliedIndex(), StateIndex: n.fsm.Index(), CommitIndex: n.raft.CommitIndex(), Term: n.raft.CurrentTerm(),
+		KVIndex: kvIndex, KVKeys: keys, KVDigest: n.fsm.Digest(), HoldsState: synced, CaughtUp: n.reads.CaughtUp(), Withholding: n.reads.Labels(),
+		KV: n.KVView(), Confirm: n.reads.Info(time.Now()), LeaderlessSeconds: n.leaderless().Seconds(), Members: []api.MemberInfo{},
 	}
 	if lc := n.raft.LastContact(); !lc.IsZero() && in.State != "leader" {
 		in.LastContact = time.Since(lc).Round(time.Millisecond).String()
 	}
 	statuses := n.PeerStatuses(time.Second)
-	in.Level, in.Version = n.levelInfo(statuses), n.opts.Version
+	in.Level, in.Version = n.duties.LevelInfo(statuses), n.opts.Version
 	v := n.MirrorVerdict()
 	in.Mirror, in.Source = &v, n.RecordedSource()
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
@@ -153,3 +93,21 @@ func stateName(s raft.RaftState) string {
 
 // IsLeader reports whether this node is the raft leader.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Confirmed returns the serving snapshot for an agent answer that arrived
+// now, once a confirmation round that began after it succeeded: nil
+// (answer nothing) while any withhold reason is in force, or when no round
+// confirms within Options.ConfirmTimeout (confirm.Reads.Confirmed). It
+// allocates nothing.
+func (n *Node) Confirmed() *state.Snapshot { return n.reads.Confirmed() }
+
+// Serving returns the serving snapshot unless a withhold reason is in
+// force (nil then), without confirming it with the leader. It never
+// blocks and never allocates.
+func (n *Node) Serving() *state.Snapshot { return n.reads.Serving() }
+
+// ListenerFailed receives an error when the raft port stopped accepting
+// connections for another reason than Shutdown (an Accept error that is
+// not temporary). The replica then cannot follow raft while it may look
+// ready; its owner should stop it and exit so that it is restarted.
+func (n *Node) ListenerFailed() <-chan error { return n.stream.Failed() }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/cmd/hastate/internal/app"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
 	"github.com/hastate/hastate/internal/version"
@@ -219,7 +220,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 				}
 				o.RaftDial[p.ID] = p.Address
 			}
-			if o.RaftTLS, err = cluster.LoadRaftTLS(cluster.TLSFiles{Cert: tlsCert, Key: tlsKey, CA: tlsCA, PeerNames: tlsPeerNames}); err != nil {
+			if o.RaftTLS, err = raftport.LoadRaftTLS(raftport.TLSFiles{Cert: tlsCert, Key: tlsKey, CA: tlsCA, PeerNames: tlsPeerNames}); err != nil {
 				return fmt.Errorf("%w: %v", ctl.ErrUsage, err)
 			}
 			o.Logger = log.With(zap.String("node_id", o.NodeID))
@@ -261,7 +262,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.StringVar(&tlsKey, "raft-tls-key", "", "PEM key for --raft-tls-cert")
 	f.StringVar(&tlsCA, "raft-tls-ca", "", "PEM CA that signed every replica's raft certificate (several while a CA is rotated)")
 	f.StringSliceVar(&tlsPeerNames, "raft-tls-peer-names", nil, "name,...: a peer's raft certificate must carry one of these as a subject alternative name (*.domain: one label) besides being signed by --raft-tls-ca (default: the hosts of --peers and --raft-advertise)")
-	f.DurationVar(&o.RaftTLSReloadInterval, "raft-tls-reload-interval", cluster.DefaultTLSReloadInterval, "how often the raft TLS files are re-read: a renewed certificate or CA bundle is used from the next handshake, without a restart")
+	f.DurationVar(&o.RaftTLSReloadInterval, "raft-tls-reload-interval", raftport.DefaultTLSReloadInterval, "how often the raft TLS files are re-read: a renewed certificate or CA bundle is used from the next handshake, without a restart")
 	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
 	f.StringVar(&logF, "log-format", "json", "json|console")
 	return c

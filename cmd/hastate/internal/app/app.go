@@ -19,6 +19,8 @@ import (
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/cluster/leader"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/lifecycle"
 	"github.com/hastate/hastate/internal/version"
 	"github.com/hastate/hastate/kvsync"
@@ -85,8 +87,8 @@ type Options struct {
 	SnapshotThreshold uint64
 	// RaftTLS, when set, secures the raft port with mutual TLS from files
 	// the node re-reads every RaftTLSReloadInterval (0:
-	// cluster.DefaultTLSReloadInterval).
-	RaftTLS               *cluster.RaftTLS
+	// raftport.DefaultTLSReloadInterval).
+	RaftTLS               *raftport.RaftTLS
 	RaftTLSReloadInterval time.Duration
 	// The HTTP server's limits, so that no client holds a connection of
 	// --http-addr forever. HTTPReadTimeout bounds reading a request
@@ -490,9 +492,9 @@ func (a *App) sweepPollers(ctx context.Context) {
 // last answer (a blocking query answers at least every --kv-wait), never
 // the probe's: a probe that succeeds while the watch is stuck would hide
 // it. The probe (every 2s) is what notices a dead Consul fast.
-func (a *App) consulHealth() cluster.ConsulHealth {
+func (a *App) consulHealth() leader.ConsulHealth {
 	p := a.probe.Health()
-	h := cluster.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p),
+	h := leader.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p),
 		Source: a.source.Load(), TokenProblem: p.TokenProblem}
 	w := a.watcher.Load()
 	if w == nil {

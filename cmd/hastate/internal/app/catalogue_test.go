@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hastate/hastate/cluster"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 	dto "github.com/prometheus/client_model/go"
@@ -73,9 +73,9 @@ func startShowcase(t *testing.T) *App {
 	consul.Put(t, "hastate/state/web/r", "drain")
 	consul.Put(t, "hastate/state/web/x", "drian")
 	// With raft TLS, so that its metrics (expiry, reloads) show.
-	rt, err := cluster.LoadRaftTLS(func() cluster.TLSFiles {
+	rt, err := raftport.LoadRaftTLS(func() raftport.TLSFiles {
 		c, k, ca := testenv.WriteRaftTLS(t, t.TempDir())
-		return cluster.TLSFiles{Cert: c, Key: k, CA: ca}
+		return raftport.TLSFiles{Cert: c, Key: k, CA: ca}
 	}())
 	if err != nil {
 		t.Fatal(err)

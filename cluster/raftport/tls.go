@@ -1,4 +1,4 @@
-package cluster
+package raftport
 
 import (
 	"bytes"
@@ -137,15 +137,16 @@ func checkPeerName(p string) error {
 	return nil
 }
 
-// pinDefault pins the peers to hosts unless names were given; New calls it
-// with the hosts of Options.Peers and Options.Advertise.
-func (r *RaftTLS) pinDefault(hosts []string) {
+// PinDefault pins the peers to the hosts of addrs (host:port, or a bare
+// host) unless names were given; the node calls it with its peers'
+// addresses and its own advertised one.
+func (r *RaftTLS) PinDefault(addrs []string) {
 	if r.pins.Load() != nil {
 		return
 	}
 	var pins []string
-	for _, h := range hosts {
-		if h != "" && !slices.Contains(pins, h) {
+	for _, a := range addrs {
+		if h := hostOf(a); h != "" && !slices.Contains(pins, h) {
 			pins = append(pins, h)
 		}
 	}
@@ -354,8 +355,8 @@ func hostOf(addr string) string {
 	return addr
 }
 
-// collectors are RaftTLS's metrics, registered with the node's.
-func (r *RaftTLS) collectors() []prometheus.Collector {
+// Collectors are the certificate expiry metrics, registered with the node's.
+func (r *RaftTLS) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{r.reloads, r.failG, tlsExpiry{r}}
 }
 
@@ -380,9 +381,9 @@ func (e tlsExpiry) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// reloadLoop re-reads the files every interval until stop is closed, and
+// ReloadLoop re-reads the files every interval until stop is closed, and
 // logs each change once.
-func (r *RaftTLS) reloadLoop(stop <-chan struct{}, every time.Duration, log *zap.Logger) {
+func (r *RaftTLS) ReloadLoop(stop <-chan struct{}, every time.Duration, log *zap.Logger) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	var lastErr string

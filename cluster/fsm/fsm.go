@@ -1,4 +1,4 @@
-package cluster
+package fsm
 
 import (
 	"encoding/json"
@@ -14,9 +14,9 @@ import (
 	"github.com/hastate/hastate/state"
 )
 
-// command is one raft log entry. Entries are JSON so that a newer binary
+// Command is one raft log entry. Entries are JSON so that a newer binary
 // can read what an older one wrote; unknown types are rejected loudly.
-type command struct {
+type Command struct {
 	Type    string       `json:"type"`
 	KVIndex uint64       `json:"kv_index,omitempty"`
 	Change  state.Change `json:"change"`
@@ -50,25 +50,25 @@ type command struct {
 // type. So a new type is written only once every voter advertises a level
 // that includes it (gate.go): level, from 0.14.0 on, is written only then.
 const (
-	cmdKV     = "kv"
-	cmdRamp   = "ramp"
-	cmdExpire = "expire"
-	cmdLevel  = "level"
-	// cmdSource (state.LevelRecorded, 0.15.0) records the mirror's
+	CmdKV     = "kv"
+	CmdRamp   = "ramp"
+	CmdExpire = "expire"
+	CmdLevel  = "level"
+	// CmdSource (state.LevelRecorded, 0.15.0) records the mirror's
 	// Consul cluster and prefix; written only once every voter
 	// advertises that level.
-	cmdSource = "source"
-	// cmdHAProxies records which HAProxy nodes exist (haproxies.go),
+	CmdSource = "source"
+	// CmdHAProxies records which HAProxy nodes exist (haproxies.go),
 	// written only once state.LevelRecorded is in force.
-	cmdHAProxies = "haproxies"
+	CmdHAProxies = "haproxies"
 )
 
-// applyResult is what Apply returns to the leader that wrote the entry.
-type applyResult struct {
-	events []state.RampEvent
+// ApplyResult is what Apply returns to the leader that wrote the entry.
+type ApplyResult struct {
+	Events []state.RampEvent // the ramps the entry started and ended
 }
 
-// snapshotVersion is written into every FSM snapshot. Restore accepts this
+// SnapshotVersion is written into every FSM snapshot. Restore accepts this
 // version and older ones; bump it when the persisted shape changes and keep
 // reading the old shape.
 //
@@ -89,9 +89,9 @@ type applyResult struct {
 // voter understands only once it reads version 6; a mirror without a
 // source writes version 5 (or 4), which release 0.14.0 restores.
 const (
-	snapshotVersion      = 6
-	snapshotVersionLevel = 5 // what a mirror above state.LevelBase without a source writes
-	snapshotVersionBase  = 4 // what a mirror at state.LevelBase writes
+	SnapshotVersion      = 6
+	SnapshotVersionLevel = 5 // what a mirror above state.LevelBase without a source writes
+	SnapshotVersionBase  = 4 // what a mirror at state.LevelBase writes
 )
 
 type fsmSnapshotData struct {
@@ -109,10 +109,10 @@ type fsmSnapshotData struct {
 	HAProxies state.HAProxies `json:"haproxies,omitempty"`
 }
 
-// fsm applies committed entries to the mirror and publishes a new immutable
+// FSM applies committed entries to the mirror and publishes a new immutable
 // serving snapshot after each one. Only raft's FSM goroutine writes; the
 // leader's diffing reads under mu; the hot path only loads serving.
-type fsm struct {
+type FSM struct {
 	mu      sync.Mutex
 	mirror  *state.Mirror
 	kvIndex uint64
@@ -135,19 +135,7 @@ type fsm struct {
 	haproxies state.HAProxies
 
 	serving atomic.Pointer[state.Snapshot]
-	stepped func(int) // called with the number of ramp steps applied; may be nil
-	// lag is called with the time from the leader writing an entry to this
-	// replica applying it; may be nil.
-	lag func(time.Duration)
-	// rejected is called for every entry Apply skips or applies only in
-	// part; may be nil.
-	rejected func(error)
-	// large is called after a restore or an entry that changed at least
-	// largeChange keys (see memory.go); may be nil.
-	large func()
-	// advanced is called after index moved (the confirmation loop waits
-	// on it); may be nil.
-	advanced func()
+	o       Options
 
 	// maxLevel is the highest feature level this replica understands
 	// (state.MaxLevel; lower only in tests that play an older release).
@@ -160,23 +148,70 @@ type fsm struct {
 	// set, Snapshot refuses, so the entry stays in the raft log and is met
 	// again after a restart. Read under mu.
 	stuck error
-	// notUnderstoodFn is called once, with stuck, when it is set; may be nil.
-	notUnderstoodFn func(error)
 }
 
-func newFSM() *fsm {
-	return &fsm{mirror: state.NewMirror(), maxLevel: state.MaxLevel, haproxies: state.HAProxies{}}
+// Options are what the FSM reports to its node; every field may be nil
+// (zero).
+type Options struct {
+	// MaxLevel is the highest feature level this replica understands (0:
+	// state.MaxLevel; lower in tests that play an older release).
+	MaxLevel int
+	// Stepped is called with the number of ramp steps applied.
+	Stepped func(int)
+	// Lag is called with the time from the leader writing an entry to this
+	// replica applying it.
+	Lag func(time.Duration)
+	// Rejected is called for every entry Apply skips or applies only in
+	// part.
+	Rejected func(error)
+	// Large is called after a restore or an entry that changed at least
+	// LargeChange keys (the node then returns memory to the OS).
+	Large func()
+	// Advanced is called after the index moved (the confirmation loop
+	// waits on it).
+	Advanced func()
+	// NotUnderstood is called once, with the reason, when the replica
+	// meets an entry it does not understand.
+	NotUnderstood func(error)
 }
 
-// notUnderstood returns why the replica withholds every answer, or nil.
-func (f *fsm) notUnderstood() error {
+// LargeChange is the number of keys an entry sets or deletes from which
+// Options.Large is called after it is applied.
+const LargeChange = 5000
+
+// New returns an FSM that holds no state.
+func New(o Options) *FSM {
+	f := &FSM{mirror: state.NewMirror(), maxLevel: state.MaxLevel, haproxies: state.HAProxies{}, o: o}
+	if o.MaxLevel > 0 {
+		f.maxLevel = min(o.MaxLevel, state.MaxLevel)
+	}
+	return f
+}
+
+// Index is the raft index of the last entry the serving snapshot holds.
+func (f *FSM) Index() uint64 { return f.index.Load() }
+
+// StartIndex sets the index, while none is known, to the raft index of
+// the snapshot the node started from (a snapshot older than version 3 does
+// not carry it).
+func (f *FSM) StartIndex(i uint64) { f.index.CompareAndSwap(0, i) }
+
+// Serving is the serving snapshot (nil while the FSM holds no state). It
+// never blocks.
+func (f *FSM) Serving() *state.Snapshot { return f.serving.Load() }
+
+// MaxLevel is the highest feature level this replica understands.
+func (f *FSM) MaxLevel() int { return f.maxLevel }
+
+// NotUnderstood returns why the replica withholds every answer, or nil.
+func (f *FSM) NotUnderstood() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.stuck
 }
 
-// level returns the feature level in force.
-func (f *fsm) level() int {
+// Level returns the feature level in force.
+func (f *FSM) Level() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.mirror.Level()
@@ -184,7 +219,7 @@ func (f *fsm) level() int {
 
 // stop records an entry this replica cannot understand and withholds
 // every answer from now on.
-func (f *fsm) stop(index uint64, err error) error {
+func (f *FSM) stop(index uint64, err error) error {
 	err = f.reject(index, err)
 	f.mu.Lock()
 	first := f.stuck == nil
@@ -192,20 +227,20 @@ func (f *fsm) stop(index uint64, err error) error {
 		f.stuck = err
 	}
 	f.mu.Unlock()
-	if first && f.notUnderstoodFn != nil {
-		f.notUnderstoodFn(err)
+	if first && f.o.NotUnderstood != nil {
+		f.o.NotUnderstood(err)
 	}
 	return err
 }
 
-// ramps returns the ramps in progress.
-func (f *fsm) ramps() []state.Ramp {
+// Ramps returns the ramps in progress.
+func (f *FSM) Ramps() []state.Ramp {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.mirror.Ramps()
 }
 
-var _ raft.FSM = (*fsm)(nil)
+var _ raft.FSM = (*FSM)(nil)
 
 // Apply is total: no committed entry can crash a replica, since every
 // replica would crash again on it when it replays its log. An entry that
@@ -214,29 +249,29 @@ var _ raft.FSM = (*fsm)(nil)
 // invalid (written by an older leader that did not validate it) is applied
 // with ramps off. All of this depends on the entry alone, so every replica
 // does the same.
-func (f *fsm) Apply(l *raft.Log) any {
+func (f *FSM) Apply(l *raft.Log) any {
 	defer f.advance(l.Index)
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	var c command
+	var c Command
 	if err := json.Unmarshal(l.Data, &c); err != nil {
 		return f.reject(l.Index, fmt.Errorf("undecodable entry: %w", err))
 	}
-	if f.lag != nil && !c.At.IsZero() {
+	if f.o.Lag != nil && !c.At.IsZero() {
 		// Observed once the entry is applied and served (deferred calls
 		// run last first: after the switch below, before advance).
-		defer func() { f.lag(time.Since(c.At)) }()
+		defer func() { f.o.Lag(time.Since(c.At)) }()
 	}
 	switch c.Type {
-	case cmdKV:
+	case CmdKV:
 		policy := c.Ramp
 		if err := policy.Validate(); err != nil && policy != (state.RampPolicy{}) {
 			f.reject(l.Index, fmt.Errorf("%w; the change is applied without ramps", err))
 			policy = state.RampPolicy{}
 		}
-		if f.large != nil && len(c.Change.Set)+len(c.Change.Delete) >= largeChange {
-			defer f.large()
+		if f.o.Large != nil && len(c.Change.Set)+len(c.Change.Delete) >= LargeChange {
+			defer f.o.Large()
 		}
 		return f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent {
 			events := m.ApplyAt(c.Change, c.At, policy)
@@ -244,20 +279,20 @@ func (f *fsm) Apply(l *raft.Log) any {
 			f.kvGen++
 			return events
 		})
-	case cmdExpire:
+	case CmdExpire:
 		policy := c.Ramp
 		if err := policy.Validate(); err != nil && policy != (state.RampPolicy{}) {
 			f.reject(l.Index, fmt.Errorf("%w; the keys expire without ramps", err))
 			policy = state.RampPolicy{}
 		}
 		return f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent { return m.Expire(c.Expire, c.At, policy) })
-	case cmdRamp:
+	case CmdRamp:
 		res := f.mutate(l.Index, func(m *state.Mirror) []state.RampEvent { return m.ApplySteps(c.Steps) })
-		if f.stepped != nil {
-			f.stepped(len(c.Steps.Weights) + len(c.Steps.Done))
+		if f.o.Stepped != nil {
+			f.o.Stepped(len(c.Steps.Weights) + len(c.Steps.Done))
 		}
 		return res
-	case cmdLevel:
+	case CmdLevel:
 		if c.Level > f.maxLevel {
 			return f.stop(l.Index, fmt.Errorf("feature level %d is above this release's %d (written by a newer hastate): "+
 				"this replica withholds every answer until it runs that release; upgrade it", c.Level, f.maxLevel))
@@ -266,7 +301,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 			m.SetLevel(c.Level)
 			return nil
 		})
-	case cmdSource:
+	case CmdSource:
 		if c.Source == nil {
 			return f.reject(l.Index, errors.New("a source entry without a source; skipped"))
 		}
@@ -280,7 +315,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 			}
 			return nil
 		})
-	case cmdHAProxies:
+	case CmdHAProxies:
 		if c.HAProxies == nil {
 			return f.reject(l.Index, errors.New("haproxies entry without its change; skipped"))
 		}
@@ -298,7 +333,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 // mirror holds then is still published, rebuilt in full (the mirror may
 // have changed where it had not yet noted it), so serving matches the
 // mirror.
-func (f *fsm) mutate(index uint64, apply func(*state.Mirror) []state.RampEvent) (res any) {
+func (f *FSM) mutate(index uint64, apply func(*state.Mirror) []state.RampEvent) (res any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	defer func() {
@@ -309,35 +344,35 @@ func (f *fsm) mutate(index uint64, apply func(*state.Mirror) []state.RampEvent) 
 	}()
 	events := apply(f.mirror)
 	f.publishLocked()
-	return applyResult{events: events}
+	return ApplyResult{Events: events}
 }
 
 // reject reports an entry the FSM cannot apply as it stands and returns the
 // error for the leader that wrote it.
-func (f *fsm) reject(index uint64, err error) error {
+func (f *FSM) reject(index uint64, err error) error {
 	err = fmt.Errorf("raft entry %d: %w", index, err)
-	if f.rejected != nil {
-		f.rejected(err)
+	if f.o.Rejected != nil {
+		f.o.Rejected(err)
 	}
 	return err
 }
 
 // advance records that the mirror holds the entries up to i.
-func (f *fsm) advance(i uint64) {
-	// Only raft's FSM goroutine writes, apart from Node.New's one
+func (f *FSM) advance(i uint64) {
+	// Only raft's FSM goroutine writes, apart from StartIndex's one
 	// compare-and-swap from 0 to the startup snapshot's index, which every
 	// later entry exceeds.
 	if i > f.index.Load() {
 		f.index.Store(i)
-		if f.advanced != nil {
-			f.advanced()
+		if f.o.Advanced != nil {
+			f.o.Advanced()
 		}
 	}
 }
 
 // publishLocked swaps in the serving snapshot of the mirror. The mirror
 // rebuilds only the backends the last entry touched (see state.Mirror.Snapshot).
-func (f *fsm) publishLocked() {
+func (f *FSM) publishLocked() {
 	if f.mirror.Synced() {
 		f.serving.Store(f.mirror.Snapshot())
 	} else {
@@ -346,7 +381,7 @@ func (f *fsm) publishLocked() {
 }
 
 // publishFullLocked is publishLocked with every backend rebuilt.
-func (f *fsm) publishFullLocked() {
+func (f *FSM) publishFullLocked() {
 	if f.mirror.Synced() {
 		f.serving.Store(f.mirror.RebuildSnapshot())
 	} else {
@@ -354,10 +389,10 @@ func (f *fsm) publishFullLocked() {
 	}
 }
 
-// diff returns the change that turns the mirror into kv, the values the
+// Diff returns the change that turns the mirror into kv, the values the
 // changed keys hold now (absent keys are missing), and whether the mirror
 // already holds state.
-func (f *fsm) diff(r state.KVRead) (c state.Change, old map[string]string, synced bool) {
+func (f *FSM) Diff(r state.KVRead) (c state.Change, old map[string]string, synced bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if r.Base != 0 && r.Base == f.kvIndex {
@@ -378,44 +413,44 @@ func (f *fsm) diff(r state.KVRead) (c state.Change, old map[string]string, synce
 	return c, old, f.mirror.Synced()
 }
 
-// recorded returns the mirror's recorded source (nil: none) and the
+// Recorded returns the mirror's recorded source (nil: none) and the
 // Consul index the mirror holds.
-func (f *fsm) recorded() (*state.MirrorSource, uint64) {
+func (f *FSM) Recorded() (*state.MirrorSource, uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.source, f.kvIndex
 }
 
-func (f *fsm) info() (kvIndex uint64, keys int, synced bool) {
+func (f *FSM) Info() (kvIndex uint64, keys int, synced bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.kvIndex, f.mirror.Len(), f.mirror.Synced()
 }
 
-// due returns the keys to expire at now and the raw value of key.
-func (f *fsm) due(now time.Time, key string) ([]string, string, bool) {
+// Due returns the keys to expire at now and the raw value of key.
+func (f *FSM) Due(now time.Time, key string) ([]string, string, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	raw, ok := f.mirror.Raw(key)
 	return f.mirror.Due(now), raw, ok
 }
 
-// recordedHAProxies returns a copy of the record of which HAProxy nodes
+// HAProxies returns a copy of the record of which HAProxy nodes
 // exist.
-func (f *fsm) recordedHAProxies() state.HAProxies {
+func (f *FSM) HAProxies() state.HAProxies {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.haproxies.Clone()
 }
 
-func (f *fsm) recordedLen() int {
+func (f *FSM) HAProxiesLen() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.haproxies)
 }
 
-// digest is state.Digest of the mirrored KV content.
-func (f *fsm) digest() string {
+// Digest is state.Digest of the mirrored KV content.
+func (f *FSM) Digest() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.digestVal == "" || f.digestGen != f.kvGen {
@@ -424,7 +459,7 @@ func (f *fsm) digest() string {
 	return f.digestVal
 }
 
-func (f *fsm) kv() map[string]string {
+func (f *FSM) KV() map[string]string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.mirror.KV()
@@ -443,18 +478,18 @@ var errStuckNoSnapshot = errors.New("no snapshot is taken while a raft entry is 
 // this one or an older one, to read. Raft logs the refusal and tries again
 // at its next snapshot interval; the log grows until the replica is
 // upgraded.
-func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.stuck != nil {
 		return nil, fmt.Errorf("%w: %v", errStuckNoSnapshot, f.stuck)
 	}
-	version := snapshotVersionBase
+	version := SnapshotVersionBase
 	switch {
 	case f.source != nil || len(f.haproxies) > 0:
-		version = snapshotVersion
+		version = SnapshotVersion
 	case f.mirror.Level() > state.LevelBase:
-		version = snapshotVersionLevel
+		version = SnapshotVersionLevel
 	}
 	d := fsmSnapshotData{Version: version, KVIndex: f.kvIndex, Index: f.index.Load(), Mirror: f.mirror.Export(), Source: f.source}
 	if len(f.haproxies) > 0 {
@@ -463,14 +498,14 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return &fsmSnapshot{data: d}, nil
 }
 
-func (f *fsm) Restore(rc io.ReadCloser) error {
+func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	var d fsmSnapshotData
 	if err := json.NewDecoder(rc).Decode(&d); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
-	if d.Version > snapshotVersion {
-		return fmt.Errorf("restore snapshot: version %d is newer than this binary's %d: upgrade hastate", d.Version, snapshotVersion)
+	if d.Version > SnapshotVersion {
+		return fmt.Errorf("restore snapshot: version %d is newer than this binary's %d: upgrade hastate", d.Version, SnapshotVersion)
 	}
 	if d.Mirror.Level > f.maxLevel {
 		return fmt.Errorf("restore snapshot: feature level %d is above this binary's %d: upgrade hastate", d.Mirror.Level, f.maxLevel)
@@ -485,13 +520,13 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.kvIndex = d.KVIndex
 	f.source = d.Source
 	f.kvGen++
-	if f.large != nil {
-		defer f.large()
+	if f.o.Large != nil {
+		defer f.o.Large()
 	}
 	f.publishLocked()
 	f.index.Store(d.Index) // after the snapshot that holds it is served
-	if f.advanced != nil {
-		f.advanced()
+	if f.o.Advanced != nil {
+		f.o.Advanced()
 	}
 	return nil
 }
@@ -507,3 +542,12 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (s *fsmSnapshot) Release() {}
+
+// Raw is the mirrored value of key (relative to the prefix).
+func (f *FSM) Raw(key string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mirror.Raw(key)
+}
+
+

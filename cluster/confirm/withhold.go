@@ -1,4 +1,4 @@
-package cluster
+package confirm
 
 // This file holds the one place that decides whether a replica answers
 // agent checks and is ready: a small set of withhold reasons, each set and
@@ -118,23 +118,23 @@ func (s *withholdSet) labels() []string {
 }
 
 // withhold turns reason r on or off, and logs and counts the change.
-func (n *Node) withhold(r withholdReason, on bool, fields ...zap.Field) {
-	if !n.withheld.set(r, on) {
+func (rs *Reads) withhold(r withholdReason, on bool, fields ...zap.Field) {
+	if !rs.withheld.set(r, on) {
 		return
 	}
 	label, detail := r.info()
 	now := time.Now()
 	fields = append(fields, zap.String("reason", label))
 	if on {
-		n.withheldSince[bitIndex(r)].Store(now.UnixNano())
-		n.metrics.withholds.WithLabelValues(label).Inc()
-		n.log.Warn("withholding agent answers and failing readiness: "+detail, fields...)
+		rs.withheldSince[bitIndex(r)].Store(now.UnixNano())
+		rs.m.withholds.WithLabelValues(label).Inc()
+		rs.log.Warn("withholding agent answers and failing readiness: "+detail, fields...)
 		return
 	}
-	since := time.Unix(0, n.withheldSince[bitIndex(r)].Load())
-	n.log.Info("no longer withholding for this reason", append(fields,
+	since := time.Unix(0, rs.withheldSince[bitIndex(r)].Load())
+	rs.log.Info("no longer withholding for this reason", append(fields,
 		zap.Duration("withheld_for", now.Sub(since).Round(time.Millisecond)),
-		zap.Bool("answering", !n.withheld.any()))...)
+		zap.Bool("answering", !rs.withheld.any()))...)
 }
 
 func bitIndex(r withholdReason) int { return bits.TrailingZeros32(uint32(r)) }
@@ -147,11 +147,11 @@ const maxWithholdReasons = 8
 // would answer from its applied state alone. The agent answers from
 // Confirmed (confirm.go), which adds the confirmation. It never blocks and
 // never allocates.
-func (n *Node) Serving() *state.Snapshot {
-	if n.withheld.any() {
+func (rs *Reads) Serving() *state.Snapshot {
+	if rs.withheld.any() {
 		return nil
 	}
-	return n.fsm.serving.Load()
+	return rs.o.State.Serving()
 }
 
 // contactEvery is how often contactLoop gathers the withhold inputs.
@@ -239,8 +239,8 @@ func caughtUp(leading, barrierDone bool, stateIndex, leaderStateIndex uint64) bo
 // while catching up), the last confirmation. It also asks the
 // confirmation loop for a round when none ran for a while, so that a
 // replica without checks still knows whether it could answer.
-func (n *Node) contactLoop() {
-	defer n.wg.Done()
+func (rs *Reads) contactLoop() {
+	defer rs.wg.Done()
 	t := time.NewTicker(contactEvery)
 	defer t.Stop()
 	var (
@@ -250,65 +250,65 @@ func (n *Node) contactLoop() {
 	)
 	for {
 		select {
-		case <-n.stop:
+		case <-rs.stop:
 			return
 		case <-t.C:
 		}
 		now := time.Now()
-		addr, id := n.raft.LeaderWithID()
-		leading := n.raft.State() == raft.Leader
+		addr, id := rs.raft.LeaderWithID()
+		leading := rs.raft.State() == raft.Leader
 		if leading {
 			led = now
 		}
 		// The tick before a step-down may be late (a loaded machine):
 		// the moment leadership was lost is when this node last led.
-		if lu := time.Unix(0, n.ledUntil.Load()); lu.After(led) {
+		if lu := time.Unix(0, rs.ledUntil.Load()); lu.After(led) {
 			led = lu
 		}
-		contact := n.started
-		for _, c := range []time.Time{led, n.raft.LastContact()} {
+		contact := rs.o.Started
+		for _, c := range []time.Time{led, rs.raft.LastContact()} {
 			if c.After(contact) {
 				contact = c
 			}
 		}
-		n.leaderContact.Store(contact.UnixNano())
+		rs.leaderContact.Store(contact.UnixNano())
 		if id != leader {
 			leader, target = id, 0
 		}
-		was := n.withheld.bits.Load()
-		barrierDone := leading && n.barrierTerm.Load() != 0 && n.barrierTerm.Load() == n.raft.CurrentTerm()
-		if !leading && was&uint32(withholdCatchingUp) != 0 && target == 0 && id != "" && string(id) != n.opts.ID &&
-			now.Sub(contact) <= n.opts.LeaderlessGrace {
-			st, err := n.stream.queryStatus(n.dialAddress(raft.Server{ID: id, Address: addr}), 500*time.Millisecond)
-			if err == nil && st.ID == string(id) && st.State == stateName(raft.Leader) && st.StateIndex != 0 {
+		was := rs.withheld.bits.Load()
+		barrierDone := leading && rs.barrierTerm.Load() != 0 && rs.barrierTerm.Load() == rs.raft.CurrentTerm()
+		if !leading && was&uint32(withholdCatchingUp) != 0 && target == 0 && id != "" && string(id) != rs.o.ID &&
+			now.Sub(contact) <= rs.o.Grace {
+			st, err := rs.o.Transport.Status(rs.dial(raft.Server{ID: id, Address: addr}), 500*time.Millisecond)
+			if err == nil && st.ID == string(id) && st.Leader && st.StateIndex != 0 {
 				target = st.StateIndex
 			}
 		}
-		ci, cat := n.conf.lastConfirmed()
+		ci, cat := rs.conf.lastConfirmed()
 		var failing time.Time
-		if fs := n.conf.failSince.Load(); fs != 0 {
+		if fs := rs.conf.failSince.Load(); fs != 0 {
 			failing = time.Unix(0, fs)
 		}
 		in := withholdInputs{
-			Now: now, LastContact: contact, Grace: n.opts.LeaderlessGrace, Was: was,
-			CaughtUp:     caughtUp(leading, barrierDone, n.fsm.index.Load(), target),
-			FailingSince: failing, ConfirmedIndex: ci, StateIndex: n.fsm.index.Load(),
-			NotUnderstood: n.fsm.notUnderstood() != nil,
+			Now: now, LastContact: contact, Grace: rs.o.Grace, Was: was,
+			CaughtUp:     caughtUp(leading, barrierDone, rs.o.State.Index(), target),
+			FailingSince: failing, ConfirmedIndex: ci, StateIndex: rs.o.State.Index(),
+			NotUnderstood: rs.o.State.NotUnderstood() != nil,
 		}
 		next := decideWithhold(in)
 		if next&uint32(withholdLeaderless) != 0 {
 			target = 0 // from a cut-off, ask the leader again
 		}
-		n.applyWithhold(was, next, in, leader, target)
+		rs.applyWithhold(was, next, in, leader, target)
 		if now.Sub(cat) > confirmRefresh {
-			n.conf.wake()
+			rs.conf.wake()
 		}
 	}
 }
 
 // applyWithhold turns the reasons of next on and off (logged and counted
 // by withhold) with the fields that say why.
-func (n *Node) applyWithhold(was, next uint32, in withholdInputs, leader raft.ServerID, target uint64) {
+func (rs *Reads) applyWithhold(was, next uint32, in withholdInputs, leader raft.ServerID, target uint64) {
 	for _, r := range withholdReasons() {
 		on := next&uint32(r) != 0
 		if on == (was&uint32(r) != 0) {
@@ -318,24 +318,24 @@ func (n *Node) applyWithhold(was, next uint32, in withholdInputs, leader raft.Se
 		switch {
 		case r == withholdLeaderless && on:
 			fields = []zap.Field{zap.Duration("last_contact_ago", in.Now.Sub(in.LastContact).Round(time.Millisecond)),
-				zap.Duration("leaderless_grace", in.Grace), zap.String("raft_state", stateName(n.raft.State()))}
+				zap.Duration("leaderless_grace", in.Grace), zap.String("raft_state", strings.ToLower(rs.raft.State().String()))}
 		case r == withholdLeaderless:
 			fields = []zap.Field{zap.String("leader_id", string(leader))}
 		case r == withholdCatchingUp && !on:
 			fields = []zap.Field{zap.Uint64("state_index", in.StateIndex), zap.Uint64("leader_state_index", target), zap.String("leader_id", string(leader))}
 		case r == withholdUnconfirmed:
-			fields = []zap.Field{zap.Duration("confirm_failing_for", n.conf.failingFor(in.Now).Round(time.Millisecond)),
+			fields = []zap.Field{zap.Duration("confirm_failing_for", rs.conf.failingFor(in.Now).Round(time.Millisecond)),
 				zap.Uint64("confirmed_index", in.ConfirmedIndex), zap.Uint64("state_index", in.StateIndex)}
-			if err := n.conf.lastError(); err != nil && on {
+			if err := rs.conf.lastError(); err != nil && on {
 				fields = append(fields, zap.Error(err))
 			}
 		}
-		n.withhold(r, on, fields...)
+		rs.withhold(r, on, fields...)
 	}
 }
 
 // leaderContactAge is how long ago this node last had contact with a
 // leader (0 while it leads), as contactLoop last saw it.
-func (n *Node) leaderContactAge() time.Duration {
-	return max(time.Since(time.Unix(0, n.leaderContact.Load())), 0)
+func (rs *Reads) leaderContactAge() time.Duration {
+	return max(time.Since(time.Unix(0, rs.leaderContact.Load())), 0)
 }

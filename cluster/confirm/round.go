@@ -1,4 +1,4 @@
-package cluster
+package confirm
 
 // This file holds the confirmation of agent answers: linearizable reads by
 // read index, as etcd's linearizableReadLoop does it. Before a replica
@@ -24,13 +24,9 @@ package cluster
 // non-blocking send, a pooled timer and a channel receive.
 
 import (
-	"bufio"
-	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"slices"
 	"sync"
@@ -56,12 +52,9 @@ const (
 	// confirmRefresh: contactLoop asks for a round when none succeeded
 	// for this long, so that an idle replica knows whether it can answer.
 	confirmRefresh = 250 * time.Millisecond
-	// readIndexQuery is the named query a follower asks the leader for
+	// ReadIndexQuery is the named query a follower asks the leader for
 	// its read index; the connection stays open for the next rounds.
-	readIndexQuery = "readindex"
-	// readIndexIdle closes a read-index connection that carried no round
-	// for this long.
-	readIndexIdle = 30 * time.Second
+	ReadIndexQuery = "readindex"
 )
 
 // Errors of a confirmation round.
@@ -100,6 +93,8 @@ type confirmer struct {
 	okAt      atomic.Int64  // unix ns of the last confirmed round (start counts)
 	failSince atomic.Int64  // unix ns of the first failed round since the last success; 0: none
 	lastErr   atomic.Pointer[error]
+	// rounds counts the rounds begun.
+	rounds atomic.Uint64
 	// legacy is the leader that answered "readindex" with null (an older
 	// release), asked for its status instead while it leads in that term:
 	// an upgrade restarts it, so it leads again, if ever, in a later term,
@@ -179,97 +174,98 @@ func (c *confirmer) await(timeout time.Duration) bool {
 // (answer nothing) while any withhold reason is in force, or when no round
 // confirms within Options.ConfirmTimeout. It allocates nothing; it blocks
 // for a round trip to the leader at most once per batch.
-func (n *Node) Confirmed() *state.Snapshot {
-	if n.withheld.any() {
+func (rs *Reads) Confirmed() *state.Snapshot {
+	if rs.withheld.any() {
 		return nil
 	}
-	if !n.conf.await(n.opts.ConfirmTimeout) {
-		n.metrics.unconfirmedChecks.Inc()
+	if !rs.conf.await(rs.o.Timeout) {
+		rs.m.unconfirmedChecks.Inc()
 		return nil
 	}
-	if n.withheld.any() {
+	if rs.withheld.any() {
 		return nil
 	}
-	return n.fsm.serving.Load()
+	return rs.o.State.Serving()
 }
 
 // confirmLoop runs the rounds: it waits until a round is wanted, waits the
 // batching window, swaps in the next notifier and runs the round for every
 // reader of the one it took.
-func (n *Node) confirmLoop() {
-	defer n.wg.Done()
+func (rs *Reads) confirmLoop() {
+	defer rs.wg.Done()
 	var window *time.Timer
-	if n.opts.ConfirmWindow > 0 {
+	if rs.o.Window > 0 {
 		window = time.NewTimer(time.Hour)
 		window.Stop()
 	}
 	for {
 		select {
-		case <-n.stop:
-			nr := n.conf.next.Swap(newReadNotifier())
+		case <-rs.stop:
+			nr := rs.conf.next.Swap(newReadNotifier())
 			nr.err = errConfirmStopped
 			close(nr.done)
 			return
-		case <-n.conf.wakeCh:
+		case <-rs.conf.wakeCh:
 		}
 		if window != nil {
-			window.Reset(n.opts.ConfirmWindow)
+			window.Reset(rs.o.Window)
 			select {
-			case <-n.stop:
+			case <-rs.stop:
 				window.Stop()
 				continue
 			case <-window.C:
 			}
 		}
-		nr := n.conf.next.Swap(newReadNotifier())
+		nr := rs.conf.next.Swap(newReadNotifier())
+		rs.conf.rounds.Add(1)
 		began := time.Now()
-		nr.index, nr.err = n.confirmRound(began.Add(n.opts.ConfirmTimeout))
-		n.noteRound(began, nr.index, nr.err)
+		nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))
+		rs.noteRound(began, nr.index, nr.err)
 		close(nr.done)
 	}
 }
 
 // noteRound records a round's result for the withhold decision, the
 // metrics and the status.
-func (n *Node) noteRound(began time.Time, index uint64, err error) {
+func (rs *Reads) noteRound(began time.Time, index uint64, err error) {
 	d := time.Since(began)
-	n.metrics.confirmRound.Observe(d.Seconds())
+	rs.m.confirmRound.Observe(d.Seconds())
 	if err == nil {
-		n.metrics.confirmRounds.WithLabelValues("confirmed").Inc()
-		n.conf.okIndex.Store(index)
-		n.conf.okAt.Store(time.Now().UnixNano())
-		n.conf.failSince.Store(0)
-		n.conf.lastErr.Store(nil)
+		rs.m.confirmRounds.WithLabelValues("confirmed").Inc()
+		rs.conf.okIndex.Store(index)
+		rs.conf.okAt.Store(time.Now().UnixNano())
+		rs.conf.failSince.Store(0)
+		rs.conf.lastErr.Store(nil)
 		return
 	}
-	n.metrics.confirmRounds.WithLabelValues("failed").Inc()
-	n.conf.failSince.CompareAndSwap(0, began.UnixNano())
-	n.conf.lastErr.Store(&err)
-	if ok, hidden := n.failedLog.Allow(); ok {
+	rs.m.confirmRounds.WithLabelValues("failed").Inc()
+	rs.conf.failSince.CompareAndSwap(0, began.UnixNano())
+	rs.conf.lastErr.Store(&err)
+	if ok, hidden := rs.failedLog.Allow(); ok {
 		// The checks of this round are answered nothing (HAProxy keeps
 		// their state); readiness fails once rounds fail for longer than
 		// --leaderless-grace.
-		n.log.Warn("a confirmation round failed: its checks get no answer", zap.Error(err),
+		rs.log.Warn("a confirmation round failed: its checks get no answer", zap.Error(err),
 			zap.Duration("took", d), zap.Int64("failed_rounds_not_logged", hidden))
 	}
 }
 
 // confirmRound runs one round: it learns the leader's read index after the
 // round began and waits, until deadline, for the FSM to serve it.
-func (n *Node) confirmRound(deadline time.Time) (uint64, error) {
+func (rs *Reads) confirmRound(deadline time.Time) (uint64, error) {
 	var (
 		index uint64
 		err   error
 	)
-	if n.raft.State() == raft.Leader {
-		index, err = n.leaderReadIndex(deadline)
+	if rs.raft.State() == raft.Leader {
+		index, err = rs.leaderReadIndex(deadline)
 	} else {
-		index, err = n.followerReadIndex(deadline)
+		index, err = rs.followerReadIndex(deadline)
 	}
 	if err != nil {
 		return 0, err
 	}
-	return index, n.waitApplied(index, deadline)
+	return index, rs.waitApplied(index, deadline)
 }
 
 // leaderReadIndex is the read index on the leader: the commit index read
@@ -280,19 +276,19 @@ func (n *Node) confirmRound(deadline time.Time) (uint64, error) {
 // term may not yet know the commit index of the terms before (raft's
 // rule: a leader commits nothing of an earlier term until an entry of its
 // own is committed).
-func (n *Node) leaderReadIndex(deadline time.Time) (uint64, error) {
-	term := n.raft.CurrentTerm()
-	if n.barrierTerm.Load() != term {
+func (rs *Reads) leaderReadIndex(deadline time.Time) (uint64, error) {
+	term := rs.raft.CurrentTerm()
+	if rs.barrierTerm.Load() != term {
 		return 0, errLeaderNotReady
 	}
-	commit := n.raft.CommitIndex()
-	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+	commit := rs.raft.CommitIndex()
+	if rs.raft.State() != raft.Leader || rs.raft.CurrentTerm() != term {
 		return 0, fmt.Errorf("lost leadership in term %d", term)
 	}
-	if err := n.confirmLeadership(term, deadline); err != nil {
+	if err := rs.confirmLeadership(term, deadline); err != nil {
 		return 0, err
 	}
-	return n.readIndexTarget(commit)
+	return rs.readIndexTarget(commit)
 }
 
 // readIndexTarget is the state index (the FSM's: the raft index of the
@@ -310,12 +306,12 @@ func (n *Node) leaderReadIndex(deadline time.Time) (uint64, error) {
 // index then asked every replica for an index no command would reach
 // until the next write.) An entry missing above the log's first index is
 // a store fault: the round fails.
-func (n *Node) readIndexTarget(commit uint64) (uint64, error) {
-	have := n.fsm.index.Load()
+func (rs *Reads) readIndexTarget(commit uint64) (uint64, error) {
+	have := rs.o.State.Index()
 	var l raft.Log
 	for i := commit; i > have; i-- {
-		if err := n.logs.GetLog(i, &l); err != nil {
-			first, ferr := n.logs.FirstIndex()
+		if err := rs.o.Log.GetLog(i, &l); err != nil {
+			first, ferr := rs.o.Log.FirstIndex()
 			if ferr == nil && (first == 0 || i < first) {
 				return have, nil
 			}
@@ -333,24 +329,24 @@ func (n *Node) readIndexTarget(commit uint64) (uint64, error) {
 // query with null: then its status query gives its state index, which is
 // what that release's leader served (weaker: it is not verified against a
 // quorum; see DESIGN.md, mixed releases).
-func (n *Node) followerReadIndex(deadline time.Time) (uint64, error) {
-	term := n.raft.CurrentTerm()
-	addr, id := n.raft.LeaderWithID()
-	if n.raft.CurrentTerm() != term {
+func (rs *Reads) followerReadIndex(deadline time.Time) (uint64, error) {
+	term := rs.raft.CurrentTerm()
+	addr, id := rs.raft.LeaderWithID()
+	if rs.raft.CurrentTerm() != term {
 		return 0, fmt.Errorf("term changed from %d while asking who leads", term)
 	}
-	if id == "" || string(id) == n.opts.ID {
+	if id == "" || string(id) == rs.o.ID {
 		return 0, errNoLeader
 	}
-	dial := n.dialAddress(raft.Server{ID: id, Address: addr})
-	if old := n.conf.legacy.Load(); old == nil || old.id != id || old.term != term {
-		n.conf.legacy.Store(nil)
+	dial := rs.dial(raft.Server{ID: id, Address: addr})
+	if old := rs.conf.legacy.Load(); old == nil || old.id != id || old.term != term {
+		rs.conf.legacy.Store(nil)
 		var ans readIndexAnswer
-		err := n.ri.ask(n.stream, dial, readIndexQuery, fmt.Sprintf("%s %d\n", n.opts.ID, term), deadline, &ans)
+		known, err := rs.ri.Ask(dial, ReadIndexQuery, fmt.Sprintf("%s %d\n", rs.o.ID, term), deadline, &ans)
 		switch {
-		case errors.Is(err, errReadIndexUnknown):
-			n.conf.legacy.Store(&legacyLeader{id: id, term: term})
-			n.log.Info("the raft leader runs an older release without the read-index query; confirming with its status while it leads",
+		case !known:
+			rs.conf.legacy.Store(&legacyLeader{id: id, term: term})
+			rs.log.Info("the raft leader runs an older release without the read-index query; confirming with its status while it leads",
 				zap.String("leader_id", string(id)))
 		case err != nil:
 			return 0, fmt.Errorf("read index from leader %s: %w", id, err)
@@ -362,11 +358,11 @@ func (n *Node) followerReadIndex(deadline time.Time) (uint64, error) {
 			return ans.Index, nil
 		}
 	}
-	st, err := n.stream.queryStatus(dial, time.Until(deadline))
+	st, err := rs.o.Transport.Status(dial, time.Until(deadline))
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("status of leader %s: %w", id, err)
-	case st.ID != string(id) || st.State != stateName(raft.Leader):
+	case st.ID != string(id) || !st.Leader:
 		return 0, fmt.Errorf("status of leader %s: it is %s %s", id, st.ID, st.State)
 	case st.StateIndex == 0:
 		return 0, fmt.Errorf("status of leader %s: no state index", id)
@@ -375,18 +371,18 @@ func (n *Node) followerReadIndex(deadline time.Time) (uint64, error) {
 }
 
 // waitApplied waits until the FSM serves index, at most until deadline.
-func (n *Node) waitApplied(index uint64, deadline time.Time) error {
-	if n.fsm.index.Load() >= index {
+func (rs *Reads) waitApplied(index uint64, deadline time.Time) error {
+	if rs.o.State.Index() >= index {
 		return nil
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	for n.fsm.index.Load() < index {
+	for rs.o.State.Index() < index {
 		select {
-		case <-n.conf.applied:
+		case <-rs.conf.applied:
 		case <-t.C:
-			return fmt.Errorf("apply index %d (at %d): %w", index, n.fsm.index.Load(), errConfirmTimeout)
-		case <-n.stop:
+			return fmt.Errorf("apply index %d (at %d): %w", index, rs.o.State.Index(), errConfirmTimeout)
+		case <-rs.stop:
 			return errConfirmStopped
 		}
 	}
@@ -419,50 +415,50 @@ type readIndexRequest struct {
 // the certificate of a mutual TLS connection, nil on plain TCP), it
 // answers the read index of its next round (ack.go, shared with its own
 // checks), which began after the request arrived.
-func (n *Node) answerReadIndex(req readIndexRequest, peer *x509.Certificate) readIndexAnswer {
-	term := n.raft.CurrentTerm()
+func (rs *Reads) answerReadIndex(req readIndexRequest, peer *x509.Certificate) readIndexAnswer {
+	term := rs.raft.CurrentTerm()
 	switch {
-	case n.raft.State() != raft.Leader:
-		return readIndexAnswer{ID: n.opts.ID, Error: "not the leader"}
+	case rs.raft.State() != raft.Leader:
+		return readIndexAnswer{ID: rs.o.ID, Error: "not the leader"}
 	case req.Term != term:
-		return readIndexAnswer{ID: n.opts.ID, Error: fmt.Sprintf("term %d, not the follower's %d", term, req.Term)}
-	case n.barrierTerm.Load() != term:
-		return readIndexAnswer{ID: n.opts.ID, Error: errLeaderNotReady.Error()}
+		return readIndexAnswer{ID: rs.o.ID, Error: fmt.Sprintf("term %d, not the follower's %d", term, req.Term)}
+	case rs.barrierTerm.Load() != term:
+		return readIndexAnswer{ID: rs.o.ID, Error: errLeaderNotReady.Error()}
 	}
-	if n.ackIsQuorum(req.ID) && n.peerIs(peer, req.ID) {
-		commit := n.raft.CommitIndex()
-		if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
-			return readIndexAnswer{ID: n.opts.ID, Error: "lost leadership"}
+	if rs.ackIsQuorum(req.ID) && rs.peerIs(peer, req.ID) {
+		commit := rs.raft.CommitIndex()
+		if rs.raft.State() != raft.Leader || rs.raft.CurrentTerm() != term {
+			return readIndexAnswer{ID: rs.o.ID, Error: "lost leadership"}
 		}
-		index, err := n.readIndexTarget(commit)
+		index, err := rs.readIndexTarget(commit)
 		if err != nil {
-			return readIndexAnswer{ID: n.opts.ID, Error: err.Error()}
+			return readIndexAnswer{ID: rs.o.ID, Error: err.Error()}
 		}
-		return readIndexAnswer{ID: n.opts.ID, Index: index}
+		return readIndexAnswer{ID: rs.o.ID, Index: index}
 	}
-	nr := n.conf.next.Load()
-	n.conf.wake()
-	t := time.NewTimer(n.opts.ConfirmTimeout)
+	nr := rs.conf.next.Load()
+	rs.conf.wake()
+	t := time.NewTimer(rs.o.Timeout)
 	defer t.Stop()
 	select {
 	case <-nr.done:
 	case <-t.C:
-		return readIndexAnswer{ID: n.opts.ID, Error: errConfirmTimeout.Error()}
+		return readIndexAnswer{ID: rs.o.ID, Error: errConfirmTimeout.Error()}
 	}
 	if nr.err != nil {
-		return readIndexAnswer{ID: n.opts.ID, Error: nr.err.Error()}
+		return readIndexAnswer{ID: rs.o.ID, Error: nr.err.Error()}
 	}
-	return readIndexAnswer{ID: n.opts.ID, Index: nr.index}
+	return readIndexAnswer{ID: rs.o.ID, Index: nr.index}
 }
 
 // ackIsQuorum reports whether this leader's vote and the acknowledgement
 // of the voter id make a quorum of the latest configuration.
-func (n *Node) ackIsQuorum(id string) bool {
-	cf := n.raft.GetConfiguration()
-	if cf.Error() != nil {
+func (rs *Reads) ackIsQuorum(id string) bool {
+	servers, err := rs.raft.Configuration()
+	if err != nil {
 		return false
 	}
-	return ackIsQuorum(cf.Configuration().Servers, n.opts.ID, id)
+	return ackIsQuorum(servers, rs.o.ID, id)
 }
 
 // ackIsQuorum reports whether the acknowledgement of the voter id (another
@@ -484,17 +480,17 @@ func ackIsQuorum(servers []raft.Server, self, id string) bool {
 // address in the raft configuration (the name its peers dial, which the
 // README requires as its SAN). A request whose ID is not bound is still
 // answered, from the leader's own round; the mismatch is logged.
-func (n *Node) peerIs(cert *x509.Certificate, id string) bool {
+func (rs *Reads) peerIs(cert *x509.Certificate, id string) bool {
 	if cert == nil {
 		return true
 	}
-	cf := n.raft.GetConfiguration()
-	if cf.Error() != nil {
+	servers, err := rs.raft.Configuration()
+	if err != nil {
 		return false
 	}
-	err := certIsFor(cf.Configuration().Servers, cert, id)
-	if ok, _ := n.unboundLog.Allow(); err != nil && ok {
-		n.log.Warn("a read-index request names a member its TLS certificate is not for; it is not taken as that member's acknowledgement (the leader confirms with its own round): give each replica a certificate for the host of its --peers address",
+	err = certIsFor(servers, cert, id)
+	if ok, _ := rs.unboundLog.Allow(); err != nil && ok {
+		rs.log.Warn("a read-index request names a member its TLS certificate is not for; it is not taken as that member's acknowledgement (the leader confirms with its own round): give each replica a certificate for the host of its --peers address",
 			zap.String("peer_id", id), zap.Error(err))
 	}
 	return err == nil
@@ -521,98 +517,14 @@ func certNamesHost(cert *x509.Certificate, address string) error {
 	return cert.VerifyHostname(host)
 }
 
-// serveReadIndex answers read-index requests on one connection, one line
-// each ("<id> <term>"), until the peer closes or stays idle for
-// readIndexIdle. On a mutual TLS connection the peer's certificate goes
-// with each request (answerReadIndex binds the request's ID to it).
-func (s *streamLayer) serveReadIndex(c net.Conn, r *bufio.Reader) {
-	var peer *x509.Certificate
-	if tc, ok := c.(*tls.Conn); ok {
-		if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
-			peer = certs[0]
-		}
+// ServeReadIndex answers one read-index request line ("<id> <term>") of
+// a connection kept open (the transport's line handler for
+// ReadIndexQuery). peer is the certificate of a mutual TLS connection
+// (nil on plain TCP): answerReadIndex binds the request's ID to it.
+func (rs *Reads) ServeReadIndex(peer *x509.Certificate, line string) (any, bool) {
+	var req readIndexRequest
+	if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
+		return readIndexAnswer{Error: fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)}, true
 	}
-	serveLines(c, r, func(line string) (any, bool) {
-		var req readIndexRequest
-		if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
-			return readIndexAnswer{Error: fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)}, true
-		}
-		return s.readIndex(req, peer), true
-	})
-}
-
-// serveLines answers each request line on a connection kept open with one
-// JSON value (answer's; false: close the connection instead), until the
-// peer closes or stays idle for readIndexIdle.
-func serveLines(c net.Conn, r *bufio.Reader, answer func(line string) (any, bool)) {
-	enc := json.NewEncoder(c)
-	for {
-		_ = c.SetReadDeadline(time.Now().Add(readIndexIdle))
-		line, err := readLine(r, 128)
-		if err != nil {
-			return
-		}
-		v, ok := answer(line)
-		if !ok {
-			return
-		}
-		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		if err := enc.Encode(v); err != nil {
-			return
-		}
-	}
-}
-
-// errReadIndexUnknown: the peer answered the read-index query with null
-// (a release before it).
-var errReadIndexUnknown = errors.New("the peer does not know the read-index query")
-
-// lineConn is a connection kept open for one named query answered line
-// by line (a follower's "readindex" to its leader, a leader's "ack" to a
-// voter); one request at a time.
-type lineConn struct {
-	addr string
-	c    net.Conn
-	dec  *json.Decoder
-}
-
-// ask sends one request line to addr, reusing the open connection when it
-// goes there (a new one starts with the query's name), and decodes the
-// answer into v. An answer of null is errReadIndexUnknown: the peer runs a
-// release without the query.
-func (lc *lineConn) ask(s *streamLayer, addr, query, line string, deadline time.Time, v any) error {
-	if lc.c != nil && lc.addr != addr {
-		lc.close()
-	}
-	if lc.c == nil {
-		c, err := s.dial(addr, connQuery, time.Until(deadline))
-		if err != nil {
-			return err
-		}
-		lc.c, lc.addr, lc.dec = c, addr, json.NewDecoder(c)
-		line = query + "\n" + line
-	}
-	_ = lc.c.SetWriteDeadline(deadline)
-	if _, err := io.WriteString(lc.c, line); err != nil {
-		lc.close()
-		return err
-	}
-	_ = lc.c.SetReadDeadline(deadline)
-	var raw json.RawMessage
-	if err := lc.dec.Decode(&raw); err != nil {
-		lc.close() // a late answer would be taken for the next round's
-		return err
-	}
-	if string(raw) == "null" {
-		lc.close()
-		return errReadIndexUnknown
-	}
-	return json.Unmarshal(raw, v)
-}
-
-func (lc *lineConn) close() {
-	if lc.c != nil {
-		lc.c.Close()
-	}
-	lc.c, lc.dec, lc.addr = nil, nil, ""
+	return rs.answerReadIndex(req, peer), true
 }

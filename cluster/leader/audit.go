@@ -1,4 +1,4 @@
-package cluster
+package leader
 
 import (
 	"maps"
@@ -94,13 +94,13 @@ func cutValue(s string) string {
 // logInvalid logs every state key the change sets to something that does
 // not parse, once per key and value: the change holds only what differs
 // from the mirror, so a value is logged when it arrives and not again.
-func (n *Node) logInvalid(c state.Change) {
+func (d *Duties) logInvalid(c state.Change) {
 	for _, k := range slices.Sorted(maps.Keys(c.Set)) {
 		if !strings.HasPrefix(k, state.StatePrefix) {
 			continue
 		}
 		if err := state.CheckKV(k, c.Set[k]); err != nil {
-			n.log.Warn("ignoring an invalid KV value: the server keeps its last valid state (fix or delete the key)",
+			d.log.Warn("ignoring an invalid KV value: the server keeps its last valid state (fix or delete the key)",
 				zap.String("key", cutValue(k)), zap.String("value", cutValue(c.Set[k])), zap.String("reason", err.Error()))
 		}
 	}

@@ -1,18 +1,10 @@
-package cluster
+package leader
 
 // This file holds what the cluster does while a migration from the
 // runbook's per-node agent is marked (state.MigrationKey): no undrain
 // ramps, as the per-node agent has none.
 
 import "github.com/hastate/hastate/state"
-
-// Raw returns one mirrored KV key's value (key relative to the prefix),
-// without copying the whole mirror as KV does.
-func (n *Node) Raw(key string) (string, bool) {
-	n.fsm.mu.Lock()
-	defer n.fsm.mu.Unlock()
-	return n.fsm.mirror.Raw(key)
-}
 
 // noRampWhile returns p without undrain ramps (duration 0) while a
 // migration from the per-node agent is marked (state.MigrationKey): the

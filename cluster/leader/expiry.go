@@ -1,9 +1,10 @@
-package cluster
+package leader
 
 import (
 	"context"
 	"time"
 
+	"github.com/hastate/hastate/cluster/fsm"
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
@@ -17,7 +18,7 @@ const expiryEvery = 250 * time.Millisecond
 // treats the key as absent from then on (an expired drain ramps back up).
 // hastate never writes KV: the key stays in Consul, marked expired in
 // status, until an operator changes or clears it.
-func (n *Node) expiryLoop(ctx context.Context) {
+func (d *Duties) expiryLoop(ctx context.Context) {
 	t := time.NewTicker(expiryEvery)
 	defer t.Stop()
 	for {
@@ -26,18 +27,18 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := n.now()
-		keys, raw, ok := n.fsm.due(now, RampConfigKey)
+		now := d.now()
+		keys, raw, ok := d.o.FSM.Due(now, RampConfigKey)
 		if len(keys) == 0 {
 			continue
 		}
-		_, migrating := n.Raw(state.MigrationKey)
-		res, raftIndex, err := n.apply(ctx, command{Type: cmdExpire, Expire: keys, At: now, Ramp: noRampWhile(migrating, n.rampPolicy(raw, ok))})
+		_, migrating := d.o.FSM.Raw(state.MigrationKey)
+		res, raftIndex, err := d.apply(ctx, fsm.Command{Type: fsm.CmdExpire, Expire: keys, At: now, Ramp: noRampWhile(migrating, d.rampPolicy(raw, ok))})
 		if err != nil {
-			n.log.Warn("expiring states not applied; retrying", zap.Strings("keys", keys), zap.Error(err))
+			d.log.Warn("expiring states not applied; retrying", zap.Strings("keys", keys), zap.Error(err))
 			continue
 		}
-		n.log.Info("states expired: the keys now count as absent", zap.Strings("keys", keys), zap.Uint64("raft_index", raftIndex))
-		n.logRampEvents(res.events)
+		d.log.Info("states expired: the keys now count as absent", zap.Strings("keys", keys), zap.Uint64("raft_index", raftIndex))
+		d.logRampEvents(res.Events)
 	}
 }

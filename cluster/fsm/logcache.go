@@ -1,4 +1,4 @@
-package cluster
+package fsm
 
 // This file keeps the recent raft entries decoded. Raft reads the entry
 // before the next one to send for every AppendEntries, the idle ones sent
@@ -18,26 +18,26 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// largeEntry is the size of an entry's data above which the cache keeps it
+// LargeEntry is the size of an entry's data above which the cache keeps it
 // only while it is one of the newest two.
-const largeEntry = 256 << 10
+const LargeEntry = 256 << 10
 
-// logCache is a raft.LogStore that keeps the last entries it stored (a
+// LogCache is a raft.LogStore that keeps the last entries it stored (a
 // ring of fixed size) in front of store.
-type logCache struct {
+type LogCache struct {
 	store raft.LogStore
 
 	mu   sync.RWMutex
 	ring []*raft.Log // by index modulo its length
 }
 
-var _ raft.LogStore = (*logCache)(nil)
+var _ raft.LogStore = (*LogCache)(nil)
 
-func newLogCache(entries int, store raft.LogStore) *logCache {
-	return &logCache{store: store, ring: make([]*raft.Log, entries)}
+func NewLogCache(entries int, store raft.LogStore) *LogCache {
+	return &LogCache{store: store, ring: make([]*raft.Log, entries)}
 }
 
-func (c *logCache) GetLog(index uint64, l *raft.Log) error {
+func (c *LogCache) GetLog(index uint64, l *raft.Log) error {
 	c.mu.RLock()
 	cached := c.ring[index%uint64(len(c.ring))]
 	c.mu.RUnlock()
@@ -48,11 +48,11 @@ func (c *logCache) GetLog(index uint64, l *raft.Log) error {
 	return c.store.GetLog(index, l)
 }
 
-func (c *logCache) StoreLog(l *raft.Log) error { return c.StoreLogs([]*raft.Log{l}) }
+func (c *LogCache) StoreLog(l *raft.Log) error { return c.StoreLogs([]*raft.Log{l}) }
 
 // StoreLogs stores logs, then caches them; a large entry older than the
 // newest two leaves the cache.
-func (c *logCache) StoreLogs(logs []*raft.Log) error {
+func (c *LogCache) StoreLogs(logs []*raft.Log) error {
 	if err := c.store.StoreLogs(logs); err != nil {
 		return fmt.Errorf("store raft entries: %w", err)
 	}
@@ -66,18 +66,18 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 		c.ring[l.Index%uint64(len(c.ring))] = l
 	}
 	for i, l := range c.ring {
-		if l != nil && l.Index+1 < newest && len(l.Data) > largeEntry {
+		if l != nil && l.Index+1 < newest && len(l.Data) > LargeEntry {
 			c.ring[i] = nil
 		}
 	}
 	return nil
 }
 
-func (c *logCache) FirstIndex() (uint64, error) { return c.store.FirstIndex() }
-func (c *logCache) LastIndex() (uint64, error)  { return c.store.LastIndex() }
+func (c *LogCache) FirstIndex() (uint64, error) { return c.store.FirstIndex() }
+func (c *LogCache) LastIndex() (uint64, error)  { return c.store.LastIndex() }
 
 // DeleteRange empties the cache, then deletes from the store.
-func (c *logCache) DeleteRange(min, max uint64) error {
+func (c *LogCache) DeleteRange(min, max uint64) error {
 	c.mu.Lock()
 	clear(c.ring)
 	c.mu.Unlock()

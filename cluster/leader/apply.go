@@ -1,4 +1,4 @@
-package cluster
+package leader
 
 // This file holds the leader's KV apply path: a full read of the prefix
 // becomes one raft entry holding the differences, under the ramp policy in
@@ -14,19 +14,17 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cluster/fsm"
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
-
-// KV returns a copy of the mirrored KV content (keys relative to the prefix).
-func (n *Node) KV() map[string]string { return n.fsm.kv() }
 
 // ApplyKV makes the replicated mirror equal kv, a full read of the prefix at
 // Consul index index, as one raft entry holding only the differences. It
 // writes nothing when nothing differs and the mirror already holds state.
 // Only the leader may call it; others get ErrNotLeader.
-func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) error {
-	return n.ApplyRead(ctx, state.KVRead{Index: index, KV: kv})
+func (d *Duties) ApplyKV(ctx context.Context, index uint64, kv map[string]string) error {
+	return d.ApplyRead(ctx, state.KVRead{Index: index, KV: kv})
 }
 
 // ApplyRead is ApplyKV for a read that may say what changed since an
@@ -41,47 +39,47 @@ func (n *Node) ApplyKV(ctx context.Context, index uint64, kv map[string]string) 
 // read from the recorded cluster at an index below the one the mirror
 // holds is refused with state.ErrIndexBehind until the reader read again
 // and Consul confirmed it (r.Reread).
-func (n *Node) ApplyRead(ctx context.Context, r state.KVRead) error {
-	if n.raft.State() != raft.Leader {
+func (d *Duties) ApplyRead(ctx context.Context, r state.KVRead) error {
+	if d.o.Raft.State() != raft.Leader {
 		return ErrNotLeader
 	}
-	if err := n.checkSource(ctx, r); err != nil {
+	if err := d.checkSource(ctx, r); err != nil {
 		return err
 	}
 	index, kv := r.Index, r.KV
-	change, old, synced := n.fsm.diff(r)
+	change, old, synced := d.o.FSM.Diff(r)
 	if change.Empty() && synced {
 		return nil
 	}
 	raw, ok := kv[RampConfigKey]
 	_, migrating := kv[state.MigrationKey]
-	policy := noRampWhile(migrating, n.rampPolicy(raw, ok))
-	res, raftIndex, err := n.apply(ctx, command{Type: cmdKV, KVIndex: index, Change: change, At: n.now(), Ramp: policy})
+	policy := noRampWhile(migrating, d.rampPolicy(raw, ok))
+	res, raftIndex, err := d.apply(ctx, fsm.Command{Type: fsm.CmdKV, KVIndex: index, Change: change, At: d.now(), Ramp: policy})
 	if err != nil {
 		return fmt.Errorf("cluster: apply KV change (%d set, %d deleted): %w", len(change.Set), len(change.Delete), err)
 	}
-	n.log.Info("kv change applied", append([]zap.Field{zap.Uint64("kv_index", index), zap.Uint64("raft_index", raftIndex),
+	d.log.Info("kv change applied", append([]zap.Field{zap.Uint64("kv_index", index), zap.Uint64("raft_index", raftIndex),
 		zap.Int("set", len(change.Set)), zap.Int("deleted", len(change.Delete))}, changeFields(change, old)...)...)
-	n.logInvalid(change)
-	n.logRampEvents(res.events)
+	d.logInvalid(change)
+	d.logRampEvents(res.Events)
 	return nil
 }
 
 // checkSource decides whether r may be applied given the source recorded
 // in raft, and records r's source when none is and the level allows it.
-func (n *Node) checkSource(ctx context.Context, r state.KVRead) error {
+func (d *Duties) checkSource(ctx context.Context, r state.KVRead) error {
 	if r.Source == nil {
 		return nil
 	}
-	rec, held := n.fsm.recorded()
+	rec, held := d.o.FSM.Recorded()
 	if rec == nil {
-		if n.fsm.level() < state.LevelRecorded {
+		if d.o.FSM.Level() < state.LevelRecorded {
 			// 0.14.0 voters do not know the entry: as before, and the
 			// level gate records the source once it can.
-			n.readSource.Store(&termSource{src: *r.Source, term: n.raft.CurrentTerm()})
+			d.readSource.Store(&termSource{src: *r.Source, term: d.o.Raft.CurrentTerm()})
 			return nil
 		}
-		return n.recordSource(ctx, r.Source)
+		return d.recordSource(ctx, r.Source)
 	}
 	if v := api.SourceVerdict(*r.Source, *rec); !v.CanMirror() {
 		return &api.MirrorError{Verdict: v}
@@ -95,7 +93,7 @@ func (n *Node) checkSource(ctx context.Context, r state.KVRead) error {
 	cur := *r.Source
 	cur.ClusterID, cur.Datacenter = cmp.Or(cur.ClusterID, rec.ClusterID), cmp.Or(cur.Datacenter, rec.Datacenter)
 	if cur != *rec {
-		return n.recordSource(ctx, &cur)
+		return d.recordSource(ctx, &cur)
 	}
 	return nil
 }
@@ -107,13 +105,13 @@ type termSource struct {
 }
 
 // recordSource writes the source entry that ties the mirror to src.
-func (n *Node) recordSource(ctx context.Context, src *state.MirrorSource) error {
+func (d *Duties) recordSource(ctx context.Context, src *state.MirrorSource) error {
 	s := *src
-	_, idx, err := n.apply(ctx, command{Type: cmdSource, Source: &s, At: n.now()})
+	_, idx, err := d.apply(ctx, fsm.Command{Type: fsm.CmdSource, Source: &s, At: d.now()})
 	if err != nil {
 		return fmt.Errorf("cluster: record the mirror's Consul source: %w", err)
 	}
-	n.log.Info("recorded the Consul cluster and prefix of the mirror: reads from any other are refused from now on",
+	d.log.Info("recorded the Consul cluster and prefix of the mirror: reads from any other are refused from now on",
 		zap.Stringer("source", &s), zap.Uint64("raft_index", idx))
 	return nil
 }
@@ -122,29 +120,26 @@ func (n *Node) recordSource(ctx context.Context, src *state.MirrorSource) error 
 // source of the reads this leader applied before it was (a cluster that
 // formed, or was upgraded, below the level): without it nothing would be
 // recorded until the prefix next changes.
-func (n *Node) recordReadSource(ctx context.Context) {
-	ts := n.readSource.Load()
-	if ts == nil || ts.term != n.raft.CurrentTerm() || n.fsm.level() < state.LevelRecorded {
+func (d *Duties) recordReadSource(ctx context.Context) {
+	ts := d.readSource.Load()
+	if ts == nil || ts.term != d.o.Raft.CurrentTerm() || d.o.FSM.Level() < state.LevelRecorded {
 		return // none read in this term: the term's next read records it
 	}
 	src := &ts.src
-	if rec, _ := n.fsm.recorded(); rec != nil {
+	if rec, _ := d.o.FSM.Recorded(); rec != nil {
 		return
 	}
-	if err := n.recordSource(ctx, src); err != nil {
-		n.log.Warn("recording the mirror's Consul source not applied; the next read records it", zap.Error(err))
+	if err := d.recordSource(ctx, src); err != nil {
+		d.log.Warn("recording the mirror's Consul source not applied; the next read records it", zap.Error(err))
 	}
 }
 
 // RecordedSource is the Consul cluster and prefix recorded with the
 // mirror (nil: none yet).
-func (n *Node) RecordedSource() *state.MirrorSource {
-	s, _ := n.fsm.recorded()
+func (d *Duties) RecordedSource() *state.MirrorSource {
+	s, _ := d.o.FSM.Recorded()
 	return s
 }
-
-// ErrAdoptRefused wraps every refusal of Adopt.
-var ErrAdoptRefused = errors.New("adopt refused")
 
 // Adopt records src as the mirror's source in place of the one recorded:
 // the operator's "this Consul was restored (or rebuilt); mirror it from
@@ -152,11 +147,11 @@ var ErrAdoptRefused = errors.New("adopt refused")
 // says none, its servers) the operator confirmed: Adopt refuses if src is
 // another. The Consul index held is forgotten (it was the other
 // cluster's); the next read from src is applied as any first read.
-func (n *Node) Adopt(ctx context.Context, src state.MirrorSource, want string) (old *state.MirrorSource, err error) {
-	if n.raft.State() != raft.Leader {
+func (d *Duties) Adopt(ctx context.Context, src state.MirrorSource, want string) (old *state.MirrorSource, err error) {
+	if d.o.Raft.State() != raft.Leader {
 		return nil, ErrNotLeader
 	}
-	if lvl := n.fsm.level(); lvl < state.LevelRecorded {
+	if lvl := d.o.FSM.Level(); lvl < state.LevelRecorded {
 		return nil, fmt.Errorf("%w: feature level %d is in force, the source is recorded from level %d on (a rolling upgrade has not finished: /v1/cluster level)",
 			ErrAdoptRefused, lvl, state.LevelRecorded)
 	}
@@ -164,88 +159,74 @@ func (n *Node) Adopt(ctx context.Context, src state.MirrorSource, want string) (
 		return nil, fmt.Errorf("%w: this leader's Consul is %s, not %q: run the command against a replica whose Consul is the one to adopt, or check the ID",
 			ErrAdoptRefused, src, want)
 	}
-	old, _ = n.fsm.recorded()
-	if _, idx, err := n.apply(ctx, command{Type: cmdSource, Source: &src, Adopt: true, At: n.now()}); err != nil {
+	old, _ = d.o.FSM.Recorded()
+	if _, idx, err := d.apply(ctx, fsm.Command{Type: fsm.CmdSource, Source: &src, Adopt: true, At: d.now()}); err != nil {
 		return old, fmt.Errorf("cluster: adopt %s: %w", src, err)
 	} else {
-		n.log.Warn("operator adopted a Consul cluster: the mirror follows it from now on", zap.Stringer("source", &src),
+		d.log.Warn("operator adopted a Consul cluster: the mirror follows it from now on", zap.Stringer("source", &src),
 			zap.Stringer("was", old), zap.Uint64("raft_index", idx))
 	}
 	return old, nil
 }
 
 // apply writes one entry and waits until it is applied on this leader.
-func (n *Node) apply(ctx context.Context, c command) (applyResult, uint64, error) {
+func (d *Duties) apply(ctx context.Context, c fsm.Command) (fsm.ApplyResult, uint64, error) {
 	data, err := json.Marshal(c)
 	if err != nil {
-		return applyResult{}, 0, fmt.Errorf("encode entry: %w", err)
+		return fsm.ApplyResult{}, 0, fmt.Errorf("encode entry: %w", err)
 	}
 	start := time.Now()
-	timeout := n.opts.ApplyTimeout
+	timeout := d.o.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = time.Until(dl)
 	}
-	f := n.raft.Apply(data, timeout)
+	f := d.o.Raft.Apply(data, timeout)
 	if err := f.Error(); err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
-			return applyResult{}, 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
+			return fsm.ApplyResult{}, 0, fmt.Errorf("%w: %v", ErrNotLeader, err)
 		}
-		return applyResult{}, 0, fmt.Errorf("%w (is the data dir's disk full or the quorum lost? the last applied state is still served)", err)
+		return fsm.ApplyResult{}, 0, fmt.Errorf("%w (is the data dir's disk full or the quorum lost? the last applied state is still served)", err)
 	}
 	switch r := f.Response().(type) {
 	case error:
-		return applyResult{}, 0, r
-	case applyResult:
-		n.metrics.applyDuration.Observe(time.Since(start).Seconds())
+		return fsm.ApplyResult{}, 0, r
+	case fsm.ApplyResult:
+		d.m.applyDuration.Observe(time.Since(start).Seconds())
 		return r, f.Index(), nil
 	}
-	n.metrics.applyDuration.Observe(time.Since(start).Seconds())
-	return applyResult{}, f.Index(), nil
-}
-
-func (n *Node) now() time.Time {
-	if n.opts.Now != nil {
-		return n.opts.Now()
-	}
-	return time.Now()
+	d.m.applyDuration.Observe(time.Since(start).Seconds())
+	return fsm.ApplyResult{}, f.Index(), nil
 }
 
 // rampPolicy is the policy in force for <prefix>config/ramp's value raw
 // (ok: the key exists): the flags, overridden by the key when that
 // parses. An invalid override is reported once per value and ignored.
-func (n *Node) rampPolicy(raw string, ok bool) state.RampPolicy {
+func (d *Duties) rampPolicy(raw string, ok bool) state.RampPolicy {
 	if !ok {
-		return n.opts.Ramp
+		return d.o.Ramp
 	}
-	p, err := state.ParseRampPolicy(raw, n.opts.Ramp)
+	p, err := state.ParseRampPolicy(raw, d.o.Ramp)
 	if err != nil {
-		if prev := n.lastBadPolicy.Swap(&raw); prev == nil || *prev != raw {
-			n.log.Warn("ignoring invalid ramp policy in KV; the --ramp-* flags apply (fix or delete the key)",
+		if prev := d.lastBadPolicy.Swap(&raw); prev == nil || *prev != raw {
+			d.log.Warn("ignoring invalid ramp policy in KV; the --ramp-* flags apply (fix or delete the key)",
 				zap.String("key", RampConfigKey), zap.String("value", cutValue(raw)), zap.Error(err))
 		}
-		return n.opts.Ramp
+		return d.o.Ramp
 	}
-	n.lastBadPolicy.Store(nil)
+	d.lastBadPolicy.Store(nil)
 	return p
 }
 
 // RampPolicyProblem returns <prefix>config/ramp as this replica holds it
 // (from raft, so every replica in sync says the same, leader or not) and
 // why it is ignored; err is nil when the key is absent or valid.
-func (n *Node) RampPolicyProblem() (raw string, err error) {
-	raw, ok := n.fsm.raw(RampConfigKey)
+func (d *Duties) RampPolicyProblem() (raw string, err error) {
+	raw, ok := d.o.FSM.Raw(RampConfigKey)
 	if !ok {
 		return "", nil
 	}
-	_, err = state.ParseRampPolicy(raw, n.opts.Ramp)
+	_, err = state.ParseRampPolicy(raw, d.o.Ramp)
 	return raw, err
-}
-
-// raw is the mirrored value of key (relative to the prefix).
-func (f *fsm) raw(key string) (string, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.mirror.Raw(key)
 }
 
 // RampConfigKey is the KV key, relative to the prefix, of the ramp policy

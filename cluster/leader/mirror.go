@@ -1,4 +1,4 @@
-package cluster
+package leader
 
 // This file holds the answer to "can this replica mirror Consul?" as the
 // cluster uses it: each node's verdict (the wiring's ConsulHealth.Verdict,
@@ -27,23 +27,13 @@ const failoverEvery = time.Second
 // leader whose Consul or prefix differs (a transfer takes well under it).
 const identityRetry = 2 * time.Second
 
-// MirrorVerdict is this node's verdict: can it mirror Consul into raft?
-func (n *Node) MirrorVerdict() api.MirrorVerdict { return n.verdictOf(n.consulHealth()) }
-
-// verdictOf is the verdict of a node whose Consul health is h: the
-// wiring's verdict when it is not ok, else whether h's source is the one
-// recorded in raft (with none recorded, any source may mirror; with one
-// recorded, a node that cannot tell which Consul it reads cannot).
-func (n *Node) verdictOf(h ConsulHealth) api.MirrorVerdict {
-	if n.opts.ConsulHealth == nil {
-		return h.verdict() // no wiring: nothing to compare
-	}
-	return combineVerdict(h, n.RecordedSource())
-}
-
-// combineVerdict is verdictOf's rule for a node whose source rec records.
-func combineVerdict(h ConsulHealth, rec *state.MirrorSource) api.MirrorVerdict {
-	v := h.verdict()
+// Verdict is the verdict of a node whose Consul health is h (as its
+// wiring reports it): the wiring's verdict when it is not ok, else whether
+// h's source is rec, the one recorded in raft (with none recorded, any
+// source may mirror; with one recorded, a node that cannot tell which
+// Consul it reads cannot).
+func Verdict(h ConsulHealth, rec *state.MirrorSource) api.MirrorVerdict {
+	v := h.Reported()
 	if !v.CanMirror() || rec == nil {
 		return v
 	}
@@ -61,7 +51,7 @@ func combineVerdict(h ConsulHealth, rec *state.MirrorSource) api.MirrorVerdict {
 // negative). With no such follower
 // it keeps leadership (applying nothing it cannot vouch for) and says so
 // when that changes and every 30s.
-func (n *Node) kvFailoverLoop(ctx context.Context) {
+func (d *Duties) kvFailoverLoop(ctx context.Context) {
 	t := time.NewTicker(failoverEvery)
 	defer t.Stop()
 	var (
@@ -76,8 +66,8 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		h := n.consulHealth()
-		v := n.verdictOf(h)
+		h := d.o.ConsulHealth()
+		v := Verdict(h, d.RecordedSource())
 		if v.CanMirror() {
 			badSince, saidAlone, unread = time.Time{}, time.Time{}, false
 			continue
@@ -101,7 +91,7 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 				badSince = v.Since
 			}
 		}
-		wait, retry := n.opts.KVFailoverAfter, n.opts.KVFailoverAfter
+		wait, retry := d.o.KVFailoverAfter, d.o.KVFailoverAfter
 		switch {
 		case v.Identity(), v.Reason == api.MirrorTokenCannotRead:
 			// Consul's own answer (another cluster or prefix; 403 on the
@@ -117,33 +107,33 @@ func (n *Node) kvFailoverLoop(ctx context.Context) {
 		lastAttempt = now
 		fields := []zap.Field{zap.String("reason", string(v.Reason)), zap.String("detail", v.Detail),
 			zap.Duration("for", now.Sub(badSince).Round(time.Second))}
-		if target, ok := n.mirroringFollower(); ok {
-			n.log.Warn("leader cannot mirror Consul; handing leadership to a follower that can", append(fields, zap.String("to", string(target.ID)))...)
-			if err := n.raft.LeadershipTransferToServer(target.ID, target.Address).Error(); err != nil {
-				n.log.Warn("leadership transfer to a follower that can mirror failed; will retry", zap.Error(err))
+		if target, ok := d.mirroringFollower(); ok {
+			d.log.Warn("leader cannot mirror Consul; handing leadership to a follower that can", append(fields, zap.String("to", string(target.ID)))...)
+			if err := d.o.Raft.LeadershipTransferToServer(target.ID, target.Address).Error(); err != nil {
+				d.log.Warn("leadership transfer to a follower that can mirror failed; will retry", zap.Error(err))
 			} else {
-				n.metrics.kvFailovers.Inc()
+				d.m.kvFailovers.Inc()
 			}
 			continue
 		}
 		if saidAlone.IsZero() || now.Sub(saidAlone) >= 30*time.Second {
 			saidAlone = now
-			n.log.Warn("leader cannot mirror Consul and no follower reports it can; keeping leadership, applying nothing it cannot vouch for, serving the last state", fields...)
+			d.log.Warn("leader cannot mirror Consul and no follower reports it can; keeping leadership, applying nothing it cannot vouch for, serving the last state", fields...)
 		}
 	}
 }
 
 // mirroringFollower returns a voter, not this node, whose verdict is ok,
 // preferring the one whose state is the newest.
-func (n *Node) mirroringFollower() (raft.Server, bool) {
-	f := n.raft.GetConfiguration()
+func (d *Duties) mirroringFollower() (raft.Server, bool) {
+	f := d.o.Raft.GetConfiguration()
 	if f.Error() != nil {
 		return raft.Server{}, false
 	}
-	statuses := n.PeerStatuses(2 * time.Second)
+	statuses := d.o.Peers.Statuses(2 * time.Second)
 	var cands []raft.Server
 	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == n.opts.ID || s.Suffrage != raft.Voter {
+		if string(s.ID) == d.o.ID || s.Suffrage != raft.Voter {
 			continue
 		}
 		if st, ok := statuses[string(s.ID)]; ok && st.Verdict().CanMirror() {
@@ -164,4 +154,45 @@ func (n *Node) mirroringFollower() (raft.Server, bool) {
 		return 0
 	})
 	return cands[0], true
+}
+
+// ConsulHealth is one node's view of its Consul, from the wiring.
+type ConsulHealth struct {
+	// Reachable: this node can read the KV prefix and, on the leader, its
+	// watch is delivering (not failing reads or applies).
+	Reachable bool
+	// FailingSince is when Consul became unreachable (zero when reachable).
+	FailingSince time.Time
+	Checked      time.Time
+	// SyncedAt is, on the leader, the last time its mirror was known to
+	// hold Consul's content, and SyncedIndex the Consul index it then held;
+	// zero when it has not synced in this term.
+	SyncedAt    time.Time
+	SyncedIndex uint64
+	// TokenProblem is set while Consul refuses this node's token what the
+	// mirror needs (on the leader: its watch holds the last state).
+	TokenProblem *api.TokenProblem
+	// Verdict is whether this node could mirror Consul into raft if it
+	// led, and why not, as far as the wiring knows (Consul unreachable,
+	// not Consul, the token). The zero Reason is read from Reachable:
+	// MirrorOK or MirrorConsulUnreachable. The node adds what it knows
+	// (Verdict): whether Source is the one recorded in raft.
+	Verdict api.MirrorVerdict
+	// Source is the Consul cluster and prefix this node reads (nil: not
+	// known yet, e.g. Consul has not answered since the start).
+	Source *state.MirrorSource
+}
+
+// Reported is h's mirror verdict as the wiring reported it, its zero
+// Reason read from Reachable.
+func (h ConsulHealth) Reported() api.MirrorVerdict {
+	switch {
+	case h.Verdict.Reason != "":
+		return h.Verdict
+	case h.Reachable:
+		return api.MirrorVerdict{Reason: api.MirrorOK}
+	default:
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Since: h.FailingSince,
+			Detail: "this replica cannot read Consul (check CONSUL_HTTP_ADDR / --consul-addr, TLS, the token and the Consul servers)"}
+	}
 }

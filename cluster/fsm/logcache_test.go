@@ -1,4 +1,4 @@
-package cluster
+package fsm
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ func (s *countingStore) StoreLogs(logs []*raft.Log) error {
 
 func TestLogCacheKeepsRecentEntriesAndALargeOneOnlyWhileNeeded(t *testing.T) {
 	store := &countingStore{InmemStore: raft.NewInmemStore()}
-	c := newLogCache(4, store)
+	c := NewLogCache(4, store)
 	get := func(i uint64) raft.Log {
 		t.Helper()
 		var l raft.Log
@@ -42,14 +42,14 @@ func TestLogCacheKeepsRecentEntriesAndALargeOneOnlyWhileNeeded(t *testing.T) {
 	if err := c.StoreLogs([]*raft.Log{small(1), small(2)}); err != nil {
 		t.Fatal(err)
 	}
-	big := &raft.Log{Index: 3, Term: 2, Data: bytes.Repeat([]byte("x"), largeEntry+1)}
+	big := &raft.Log{Index: 3, Term: 2, Data: bytes.Repeat([]byte("x"), LargeEntry+1)}
 	if err := c.StoreLog(big); err != nil {
 		t.Fatal(err)
 	}
 	// Recent entries, the large one included while it is the newest,
 	// come from the cache.
 	for range 3 {
-		if l := get(3); l.Term != 2 || len(l.Data) != largeEntry+1 {
+		if l := get(3); l.Term != 2 || len(l.Data) != LargeEntry+1 {
 			t.Fatalf("entry 3: term %d, %d bytes", l.Term, len(l.Data))
 		}
 		if l := get(2); l.Data[0] != 2 {
@@ -63,14 +63,14 @@ func TestLogCacheKeepsRecentEntriesAndALargeOneOnlyWhileNeeded(t *testing.T) {
 	if err := c.StoreLog(small(4)); err != nil {
 		t.Fatal(err)
 	}
-	if l := get(3); len(l.Data) != largeEntry+1 || store.gets != 0 {
+	if l := get(3); len(l.Data) != LargeEntry+1 || store.gets != 0 {
 		t.Fatalf("entry 3 after entry 4: %d bytes, %d store reads; want it whole, from the cache", len(l.Data), store.gets)
 	}
 	// Two entries on, it is read from the store.
 	if err := c.StoreLog(small(5)); err != nil {
 		t.Fatal(err)
 	}
-	if l := get(3); len(l.Data) != largeEntry+1 || store.gets != 1 {
+	if l := get(3); len(l.Data) != LargeEntry+1 || store.gets != 1 {
 		t.Fatalf("entry 3 after entry 5: %d bytes, %d store reads; want it whole, from the store", len(l.Data), store.gets)
 	}
 	get(4)

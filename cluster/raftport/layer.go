@@ -1,4 +1,4 @@
-package cluster
+package raftport
 
 import (
 	"bufio"
@@ -25,10 +25,8 @@ import (
 // The raft port carries two kinds of connection, told apart by their first
 // byte: raft's own RPCs and hastate's named queries between members. One
 // port keeps the firewall and the TLS story simple. The node's own status
-// (api.PeerStatus: its raft state, state index and Consul reachability,
-// which a follower needs for readiness and the leader to pick a successor
-// when its own Consul watch fails) is the named query "status"; the
-// wiring adds others (Options.PeerQueries).
+// (api.PeerStatus) is the named query "status" (StatusQuery); the node adds
+// others (Config.Queries, ArgQueries, Lines).
 const (
 	connRaft  byte = 'R'
 	connQuery byte = 'Q' // followed by a query name and LF; answered with JSON
@@ -40,10 +38,10 @@ const (
 	connStatus byte = 'S'
 )
 
-// statusQuery is the name of the node's own status query.
-const statusQuery = "status"
+// StatusQuery is the name of the node's own status query.
+const StatusQuery = "status"
 
-// noPipelining is the raft transport's MaxRPCsInFlight: below raft's
+// NoPipelining is the raft transport's MaxRPCsInFlight: below raft's
 // minimum for pipelining (2), so AppendEntriesPipeline says it is not
 // supported and raft replicates with one AppendEntries at a time.
 //
@@ -68,9 +66,9 @@ const statusQuery = "status"
 // The cost is small at hastate's rate of entries: one round trip per
 // append still carries every entry waiting (up to MaxAppendEntries), and
 // a single entry commits in one round trip either way.
-const noPipelining = 1
+const NoPipelining = 1
 
-// streamLayer is raft's network layer over plain TCP (or mutual TLS). It
+// Layer is raft's network layer over plain TCP (or mutual TLS). It
 // listens on a bind address but advertises a host name, and dials peers by
 // name at connect time: a StatefulSet pod that comes back with a new IP
 // under the same DNS name is reached again without reconfiguring raft.
@@ -80,27 +78,25 @@ const noPipelining = 1
 // total, closed at once when over), then must identify itself (the TLS
 // handshake, then its kind byte) within the identify timeout. Only then is
 // it handed to raft or answered.
-type streamLayer struct {
+type Layer struct {
 	ln        net.Listener // plain TCP; TLS is layered per connection
 	advertise advertiseAddr
 	tls       *tls.Config           // nil: plain TCP
-	queries   map[string]func() any // the wiring's and "status"
+	queries   map[string]func() any // Config.Queries and "status"
 	// argQueries are the named queries that take an argument: one line
-	// of JSON after the name (the wiring's and the node's own).
+	// of JSON after the name.
 	argQueries map[string]func(json.RawMessage) any
-	// readIndex answers the query "readindex" (confirm.go) on a
-	// connection that stays open; nil: answered null.
-	readIndex func(readIndexRequest, *x509.Certificate) readIndexAnswer
-	// ack answers the query "ack" (ack.go) likewise; nil: answered null.
-	ack      func(ackRequest) ackAnswer
+	// lines are the named queries answered line by line on a connection
+	// that stays open (Config.Lines).
+	lines    map[string]LineHandler
 	log      *zap.Logger
 	identify time.Duration
 	guard    *connGuard
-	metrics  *portMetrics
+	metrics  *Metrics
 	rejects  *rejectLog
 	retries  *ratelog.Limiter // accept retries logged
 	// failed receives the Accept error that ended the accept loop (one at
-	// most); Node.ListenerFailed hands it to the wiring.
+	// most); Failed hands it to the node's owner.
 	failed chan error
 
 	raftConns chan net.Conn
@@ -113,21 +109,28 @@ type streamLayer struct {
 	wg           sync.WaitGroup
 }
 
-// streamConfig is what newStreamLayer needs from the node's Options.
-type streamConfig struct {
+// LineHandler answers one request line of a named query served line by
+// line (Config.Lines): answer is encoded as one JSON value; keep false
+// closes the connection instead (nothing is sent). peer is the
+// certificate of a mutual TLS connection (nil on plain TCP).
+type LineHandler func(peer *x509.Certificate, line string) (answer any, keep bool)
+
+// Config is what New needs.
+type Config struct {
 	Bind, Advertise string
 	TLS             *tls.Config
-	Status          func() api.PeerStatus
-	Queries         map[string]func() any
-	ArgQueries      map[string]func(json.RawMessage) any
-	ReadIndex       func(readIndexRequest, *x509.Certificate) readIndexAnswer
-	Ack             func(ackRequest) ackAnswer
-	LegacyReadIndex bool // answer "readindex" and "ack" null (tests)
-	Log             *zap.Logger
-	Metrics         *portMetrics
-	MaxConnsPerIP   int
-	MaxConns        int
-	IdentifyTimeout time.Duration
+	// Status answers the query "status" (nil: null).
+	Status func() api.PeerStatus
+	// Queries are the named queries answered with one JSON value,
+	// ArgQueries those that take one line of JSON as their argument, Lines
+	// those answered line by line on a connection kept open. A name may
+	// be used once, and never "status".
+	Queries    map[string]func() any
+	ArgQueries map[string]func(json.RawMessage) any
+	Lines      map[string]LineHandler
+	Log        *zap.Logger
+	Metrics    *Metrics
+	Limits     Limits // with its defaults set (Limits.WithDefaults)
 	// Peers is the size of the initial cluster; more than one without TLS
 	// is warned about.
 	Peers int
@@ -138,40 +141,44 @@ type advertiseAddr string
 func (a advertiseAddr) Network() string { return "tcp" }
 func (a advertiseAddr) String() string  { return string(a) }
 
-var _ raft.StreamLayer = (*streamLayer)(nil)
+var _ raft.StreamLayer = (*Layer)(nil)
 
 // errLayerClosed is returned by Accept after Close.
 var errLayerClosed = errors.New("raft stream layer closed")
 
-func newStreamLayer(c streamConfig) (*streamLayer, error) {
+// New listens on c.Bind and starts accepting. Named queries wait until
+// ServeQueries; raft's connections are handed to Accept.
+func New(c Config) (*Layer, error) {
 	if _, _, err := net.SplitHostPort(c.Advertise); err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: want host:port: %w", c.Advertise, err)
 	}
-	for _, q := range []string{statusQuery, readIndexQuery, ackQuery} {
-		if _, ok := c.Queries[q]; ok {
-			return nil, fmt.Errorf("peer query %q: the name is the node's own %s query; name the query otherwise", q, q)
-		}
-	}
 	queries := maps.Clone(c.Queries)
+	if queries == nil {
+		queries = map[string]func() any{}
+	}
+	if _, ok := queries[StatusQuery]; ok {
+		return nil, fmt.Errorf("peer query %q: the name is the node's own %s query; name the query otherwise", StatusQuery, StatusQuery)
+	}
 	if c.Status != nil {
-		if queries == nil {
-			queries = map[string]func() any{}
+		queries[StatusQuery] = func() any { return c.Status() }
+	}
+	for name := range c.Lines {
+		_, q := queries[name]
+		_, aq := c.ArgQueries[name]
+		if q || aq {
+			return nil, fmt.Errorf("peer query %q: the name is the node's own %s query; name the query otherwise", name, name)
 		}
-		queries[statusQuery] = func() any { return c.Status() }
 	}
 	ln, err := net.Listen("tcp", c.Bind)
 	if err != nil {
 		return nil, fmt.Errorf("raft listen on %s: %w (is another hastate using this --raft-addr?)", c.Bind, err)
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, queries: queries, argQueries: c.ArgQueries, log: c.Log,
-		identify: c.IdentifyTimeout, guard: newConnGuard(c.MaxConnsPerIP, c.MaxConns, c.Metrics.open), metrics: c.Metrics,
+	s := &Layer{ln: ln, advertise: advertiseAddr(c.Advertise), tls: c.TLS, queries: queries, argQueries: c.ArgQueries, lines: c.Lines, log: c.Log,
+		identify: c.Limits.IdentifyTimeout, guard: newConnGuard(c.Limits.MaxConnsPerIP, c.Limits.MaxConns, c.Metrics.Open), metrics: c.Metrics,
 		rejects: newRejectLog(c.Log, time.Second), retries: ratelog.New(time.Second, nil), failed: make(chan error, 1),
 		raftConns: make(chan net.Conn), queriesReady: make(chan struct{}), closed: make(chan struct{})}
-	if !c.LegacyReadIndex {
-		s.readIndex, s.ack = c.ReadIndex, c.Ack
-	}
 	if c.TLS != nil {
-		c.Metrics.tlsEnabled.Set(1)
+		c.Metrics.TLSEnabled.Set(1)
 	} else if c.Peers > 1 {
 		c.Log.Warn("the raft port of this multi-node cluster runs without TLS: anyone who reaches it can send raft RPCs (and so change what replicas serve) and read status and pollers; "+
 			"turn mutual TLS on with --raft-tls-cert, --raft-tls-key and --raft-tls-ca (see the README, \"Raft mutual TLS\")",
@@ -186,7 +193,7 @@ func newStreamLayer(c streamConfig) (*streamLayer, error) {
 // rules as the agent-check port's). An Accept error that is not temporary
 // ends it: the port takes no more connections, which ListenerFailed
 // reports so that the replica is restarted.
-func (s *streamLayer) acceptLoop() {
+func (s *Layer) acceptLoop() {
 	defer s.wg.Done()
 	err := accept.Loop(s.ln, s.closed, s.admit, func(err error, pause time.Duration) {
 		if ok, hidden := s.retries.Allow(); ok {
@@ -202,7 +209,7 @@ func (s *streamLayer) acceptLoop() {
 
 // admit passes an accepted connection through the guard and starts its
 // routing goroutine.
-func (s *streamLayer) admit(c net.Conn) {
+func (s *Layer) admit(c net.Conn) {
 	gc, reason := s.guard.admit(c)
 	if reason != "" {
 		s.reject(c, reason, nil)
@@ -212,29 +219,30 @@ func (s *streamLayer) admit(c net.Conn) {
 	go s.route(gc)
 }
 
-// ListenerFailed receives an error when the raft port stopped accepting
-// connections for another reason than Shutdown (an Accept error that is
-// not temporary). The replica then cannot follow raft while it may look
-// ready; its owner should stop it and exit so that it is restarted.
-func (n *Node) ListenerFailed() <-chan error { return n.stream.failed }
+// Failed receives an error when the port stopped accepting connections
+// for another reason than Close (an Accept error that is not temporary).
+func (s *Layer) Failed() <-chan error { return s.failed }
+
+// OpenFrom is the number of inbound connections held open from ip.
+func (s *Layer) OpenFrom(ip string) int { return s.guard.openFrom(ip) }
 
 // reject closes a connection unserved, counts it and logs it (rate-limited).
 // Connections cut by Close are neither counted nor logged.
-func (s *streamLayer) reject(c net.Conn, reason string, err error) {
+func (s *Layer) reject(c net.Conn, reason string, err error) {
 	c.Close()
 	select {
 	case <-s.closed:
 		return
 	default:
 	}
-	s.metrics.rejected.WithLabelValues(reason).Inc()
+	s.metrics.Rejected.WithLabelValues(reason).Inc()
 	s.rejects.warn(reason, c.RemoteAddr(), err)
 }
 
 // route makes the connection identify itself (the TLS handshake, then its
 // kind byte) within the identify timeout, then hands it to raft or answers
 // it. A connection that fails TLS never reaches raft or a query.
-func (s *streamLayer) route(c net.Conn) {
+func (s *Layer) route(c net.Conn) {
 	defer s.wg.Done()
 	raw := c
 	_ = c.SetDeadline(time.Now().Add(s.identify))
@@ -272,15 +280,15 @@ func (s *streamLayer) route(c net.Conn) {
 	}
 }
 
-// serveQueries lets named queries (the status among them) be answered.
-func (s *streamLayer) serveQueries() { s.readyOnce.Do(func() { close(s.queriesReady) }) }
+// ServeQueries lets named queries (the status among them) be answered.
+func (s *Layer) ServeQueries() { s.readyOnce.Do(func() { close(s.queriesReady) }) }
 
 // answer serves one named query (connStatus: the query "status") and
 // closes the connection. An unknown name is answered with null.
-func (s *streamLayer) answer(c net.Conn, kind byte) {
+func (s *Layer) answer(c net.Conn, kind byte) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	name := statusQuery
+	name := StatusQuery
 	var r *bufio.Reader
 	if kind == connQuery {
 		r = bufio.NewReaderSize(c, 64)
@@ -289,12 +297,8 @@ func (s *streamLayer) answer(c net.Conn, kind byte) {
 			return
 		}
 		name = line
-		switch {
-		case name == readIndexQuery && s.readIndex != nil:
-			s.serveReadIndex(c, r) // stays open for the next rounds
-			return
-		case name == ackQuery && s.ack != nil:
-			s.serveAck(c, r) // likewise
+		if h, ok := s.lines[name]; ok {
+			serveLines(c, r, h) // stays open for the next requests
 			return
 		}
 	}
@@ -332,7 +336,7 @@ func readLine(r *bufio.Reader, limit int) (string, error) {
 }
 
 // Accept returns the next raft connection.
-func (s *streamLayer) Accept() (net.Conn, error) {
+func (s *Layer) Accept() (net.Conn, error) {
 	select {
 	case c := <-s.raftConns:
 		return c, nil
@@ -344,7 +348,7 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 // Close stops accepting, closes every inbound connection (raft's handlers
 // of inbound connections only return when their connection closes) and
 // waits for the routing goroutines.
-func (s *streamLayer) Close() error {
+func (s *Layer) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		close(s.closed)
@@ -356,14 +360,14 @@ func (s *streamLayer) Close() error {
 }
 
 // Addr is the advertised address, which raft hands to its peers.
-func (s *streamLayer) Addr() net.Addr { return s.advertise }
+func (s *Layer) Addr() net.Addr { return s.advertise }
 
 // Dial resolves the peer's name now, not at start-up.
-func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+func (s *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	return s.dial(string(address), connRaft, timeout)
 }
 
-func (s *streamLayer) dial(address string, kind byte, timeout time.Duration) (net.Conn, error) {
+func (s *Layer) dial(address string, kind byte, timeout time.Duration) (net.Conn, error) {
 	d := &net.Dialer{Timeout: timeout}
 	var c net.Conn
 	var err error
@@ -384,9 +388,9 @@ func (s *streamLayer) dial(address string, kind byte, timeout time.Duration) (ne
 	return c, nil
 }
 
-// query asks the node at address for the answer to a named query: JSON,
+// Query asks the node at address for the answer to a named query: JSON,
 // null if it knows no such query.
-func (s *streamLayer) query(address, name string, timeout time.Duration) (json.RawMessage, error) {
+func (s *Layer) Query(address, name string, timeout time.Duration) (json.RawMessage, error) {
 	c, err := s.dial(address, connQuery, timeout)
 	if err != nil {
 		return nil, err
@@ -401,12 +405,12 @@ func (s *streamLayer) query(address, name string, timeout time.Duration) (json.R
 	return raw, err
 }
 
-// queryWith asks the node at address for the answer to a named query that
+// QueryWith asks the node at address for the answer to a named query that
 // takes an argument (arg: compact JSON, one line): JSON, null if it knows
 // no such query. A release that does not know the name answers null
 // without reading the argument, and may reset the connection for it:
 // callers fall back to a query that release knows on null or an error.
-func (s *streamLayer) queryWith(address, name string, arg []byte, timeout time.Duration) (json.RawMessage, error) {
+func (s *Layer) QueryWith(address, name string, arg []byte, timeout time.Duration) (json.RawMessage, error) {
 	if len(arg) >= maxQueryArg || bytes.IndexByte(arg, '\n') >= 0 {
 		return nil, fmt.Errorf("peer query %q: the argument is longer than %d bytes or holds a line break", name, maxQueryArg)
 	}
@@ -424,12 +428,12 @@ func (s *streamLayer) queryWith(address, name string, arg []byte, timeout time.D
 	return raw, err
 }
 
-// queryStatus asks the node at address for its api.PeerStatus, the named
+// QueryStatus asks the node at address for its api.PeerStatus, the named
 // query "status"; a replica of an older version answers that with null,
 // and is asked the way it knows (connStatus).
-func (s *streamLayer) queryStatus(address string, timeout time.Duration) (api.PeerStatus, error) {
+func (s *Layer) QueryStatus(address string, timeout time.Duration) (api.PeerStatus, error) {
 	var st api.PeerStatus
-	raw, err := s.query(address, statusQuery, timeout)
+	raw, err := s.Query(address, StatusQuery, timeout)
 	if err == nil && string(raw) == "null" {
 		raw, err = s.legacyStatus(address, timeout)
 	}
@@ -442,7 +446,7 @@ func (s *streamLayer) queryStatus(address string, timeout time.Duration) (api.Pe
 
 // legacyStatus asks for the status with connStatus, as versions before
 // the named query did.
-func (s *streamLayer) legacyStatus(address string, timeout time.Duration) (json.RawMessage, error) {
+func (s *Layer) legacyStatus(address string, timeout time.Duration) (json.RawMessage, error) {
 	c, err := s.dial(address, connStatus, timeout)
 	if err != nil {
 		return nil, err

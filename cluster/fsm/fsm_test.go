@@ -1,4 +1,4 @@
-package cluster
+package fsm
 
 import (
 	"bytes"
@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// entry encodes a command as raft log data, as the leader writes it.
-func entry(t testing.TB, c command) []byte {
+// entry encodes a Command as raft log data, as the leader writes it.
+func entry(t testing.TB, c Command) []byte {
 	t.Helper()
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -35,7 +35,7 @@ func crashEntries(t testing.TB) [][]byte {
 	bad := state.RampPolicy{Start: 10, Interval: 0, Aggression: 1}
 	at := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
 	kv := func(i uint64, key, val string) []byte {
-		return entry(t, command{Type: cmdKV, KVIndex: i, At: at, Ramp: bad, Change: state.Change{Set: map[string]string{key: val}}})
+		return entry(t, Command{Type: CmdKV, KVIndex: i, At: at, Ramp: bad, Change: state.Change{Set: map[string]string{key: val}}})
 	}
 	return [][]byte{
 		kv(1, "config/ramp", `{"duration":"0","interval":"0"}`),
@@ -49,14 +49,14 @@ func rejectedEntries(t testing.TB) [][]byte {
 	return append(crashEntries(t),
 		[]byte(`{"type":"kv","change":{"set":{"state/web/a":7}}}`), // wrong JSON type
 		[]byte(`not json at all`),
-		entry(t, command{Type: cmdRamp, Steps: state.RampSteps{Weights: map[string]int{"web/a": math.MaxInt, "web/b": math.MinInt}, Done: []string{"", "nope"}}}),
+		entry(t, Command{Type: CmdRamp, Steps: state.RampSteps{Weights: map[string]int{"web/a": math.MaxInt, "web/b": math.MinInt}, Done: []string{"", "nope"}}}),
 	)
 }
 
 func TestFSMApplyIsTotal(t *testing.T) {
-	f := newFSM()
+	f := New(Options{})
 	var rejected []error
-	f.rejected = func(err error) { rejected = append(rejected, err) }
+	f.o.Rejected = func(err error) { rejected = append(rejected, err) }
 	for i, data := range rejectedEntries(t) {
 		f.Apply(&raft.Log{Type: raft.LogCommand, Index: uint64(i + 1), Data: data})
 	}
@@ -87,10 +87,10 @@ func TestFSMApplyIsTotal(t *testing.T) {
 // yet known: a panic while applying is reported, not fatal, and the
 // replica keeps serving what its mirror holds.
 func TestFSMApplyRecoversFromPanic(t *testing.T) {
-	f := newFSM()
+	f := New(Options{})
 	var rejected []error
-	f.rejected = func(err error) { rejected = append(rejected, err) }
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
+	f.o.Rejected = func(err error) { rejected = append(rejected, err) }
+	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, Command{Type: CmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
 	res := f.mutate(2, func(*state.Mirror) []state.RampEvent { panic("boom") })
 	if err, ok := res.(error); !ok || !strings.Contains(err.Error(), "boom") || len(rejected) != 1 {
 		t.Fatalf("mutate after a panic returned %v (reported %v), want the panic as an error", res, rejected)
@@ -100,47 +100,6 @@ func TestFSMApplyRecoversFromPanic(t *testing.T) {
 	}
 	f.mu.Lock() // the lock was released
 	f.mu.Unlock()
-}
-
-// TestReplicaRestartsOverRejectedEntries: a replica whose raft log holds
-// entries the FSM rejects (among them issue 7's divide-by-zero) replays them
-// at start, comes back ready and serves.
-func TestReplicaRestartsOverRejectedEntries(t *testing.T) {
-	n := startLeader(t, Options{})
-	o := n.opts
-	ctx := context.Background()
-	if err := n.ApplyKV(ctx, 1, map[string]string{"state/web/b": "maint"}); err != nil {
-		t.Fatal(err)
-	}
-	// Written straight into the log, as an older leader that did not
-	// validate them would have.
-	for _, data := range rejectedEntries(t) {
-		if err := n.raft.Apply(data, 5*time.Second).Error(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := testutil.ToFloat64(n.metrics.applyErrors); got != 5 {
-		t.Errorf("hastate_fsm_apply_errors_total = %v, want 5", got)
-	}
-	if err := n.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	n2 := startNode(t, o)
-	testenv.Eventually(t, 10*time.Second, func() error { ok, _ := n2.Ready(); return testenv.Expect(ok, "restarted node not ready") })
-	// Ready is not enough: the log must have been replayed through the
-	// rejected entries (raft applies them once the leader commits again).
-	if err := n2.ApplyKV(ctx, 9, map[string]string{"state/web/b": "maint", "state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
-	for req, want := range map[string]string{"web/a": "drain\n", "web/b": "maint\n", "web/c": "ready 100%\n"} {
-		if got := answer(n2.Node, req); got != want {
-			t.Errorf("after restart %s answers %q, want %q", req, got, want)
-		}
-	}
-	if got := testutil.ToFloat64(n2.metrics.applyErrors); got != 5 {
-		t.Errorf("after replay hastate_fsm_apply_errors_total = %v, want 5 (each rejected entry replayed once)", got)
-	}
 }
 
 // FuzzFSMApply feeds the FSM arbitrary entries: raw bytes, and KV changes
@@ -156,20 +115,20 @@ func FuzzFSMApply(f *testing.F) {
 	f.Add([]byte(`{"type":"ramp","steps":{"done":["web/*"]}}`), 100, int64(math.MaxInt64), int64(math.MaxInt64), math.Inf(1), "state/web/a/b", "30%", 99, int64(math.MinInt64))
 
 	f.Fuzz(func(t *testing.T, raw []byte, start int, dur, interval int64, aggression float64, key, value string, weight int, elapsed int64) {
-		fsm := newFSM()
-		fsm.rejected = func(error) {}
+		fsm := New(Options{})
+		fsm.o.Rejected = func(error) {}
 		p := state.RampPolicy{Start: start, Duration: time.Duration(dur), Interval: time.Duration(interval), Aggression: aggression}
 		at := time.Unix(1_800_000_000, 0)
 		target := strings.TrimPrefix(key, state.StatePrefix)
 		// JSON cannot carry NaN or infinities: such a policy cannot be in
 		// a log, and enc leaves the entry empty (undecodable) instead.
-		enc := func(c command) []byte { b, _ := json.Marshal(c); return b }
+		enc := func(c Command) []byte { b, _ := json.Marshal(c); return b }
 		cmds := [][]byte{
 			raw,
-			enc(command{Type: cmdKV, At: at, Ramp: p, Change: state.Change{Set: map[string]string{key: `{"state":"drain","ramp":"10m"}`, "state/web/*": "drain"}}}),
-			enc(command{Type: cmdKV, At: at, Ramp: p, Change: state.Change{Set: map[string]string{key: value, "config/ramp": value}, Delete: []string{"state/web/*"}}}),
-			enc(command{Type: cmdRamp, Steps: state.RampSteps{Weights: map[string]int{target: weight}, Done: []string{target}}}),
-			enc(command{Type: cmdKV, At: at, Ramp: p, Change: state.Change{Delete: []string{key}}}),
+			enc(Command{Type: CmdKV, At: at, Ramp: p, Change: state.Change{Set: map[string]string{key: `{"state":"drain","ramp":"10m"}`, "state/web/*": "drain"}}}),
+			enc(Command{Type: CmdKV, At: at, Ramp: p, Change: state.Change{Set: map[string]string{key: value, "config/ramp": value}, Delete: []string{"state/web/*"}}}),
+			enc(Command{Type: CmdRamp, Steps: state.RampSteps{Weights: map[string]int{target: weight}, Done: []string{target}}}),
+			enc(Command{Type: CmdKV, At: at, Ramp: p, Change: state.Change{Delete: []string{key}}}),
 		}
 		var index uint64
 		apply := func(data []byte) any {
@@ -178,13 +137,13 @@ func FuzzFSMApply(f *testing.F) {
 		}
 		for i, data := range cmds {
 			switch res := apply(data).(type) {
-			case nil, error, applyResult:
+			case nil, error, ApplyResult:
 			default:
 				t.Fatalf("entry %d: Apply returned %T", i, res)
 			}
 			// The leader's step computation is total too, and its
 			// steps apply.
-			apply(enc(command{Type: cmdRamp, Steps: state.NextSteps(fsm.ramps(), at.Add(time.Duration(elapsed)))}))
+			apply(enc(Command{Type: CmdRamp, Steps: state.NextSteps(fsm.Ramps(), at.Add(time.Duration(elapsed)))}))
 			snap := fsm.serving.Load()
 			for _, req := range []string{target, "web/a", "web/zz"} {
 				slash := strings.IndexByte(req, '/')
@@ -199,13 +158,13 @@ func FuzzFSMApply(f *testing.F) {
 	})
 }
 
-// TestLargeChangesReturnMemory: an entry that changes largeChange keys or
+// TestLargeChangesReturnMemory: an entry that changes LargeChange keys or
 // more, and a restore, are followed by returning memory to the OS (see
 // memory.go); an ordinary entry is not.
 func TestLargeChangesReturnMemory(t *testing.T) {
-	f := newFSM()
+	f := New(Options{})
 	var large int
-	f.large = func() { large++ }
+	f.o.Large = func() { large++ }
 	set := func(n int) map[string]string {
 		kv := make(map[string]string, n)
 		for i := range n {
@@ -215,7 +174,7 @@ func TestLargeChangesReturnMemory(t *testing.T) {
 	}
 	apply := func(i uint64, c state.Change) {
 		t.Helper()
-		if r := f.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: entry(t, command{Type: cmdKV, KVIndex: i, Change: c})}); r != nil {
+		if r := f.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: entry(t, Command{Type: CmdKV, KVIndex: i, Change: c})}); r != nil {
 			if err, ok := r.(error); ok {
 				t.Fatal(err)
 			}
@@ -225,9 +184,9 @@ func TestLargeChangesReturnMemory(t *testing.T) {
 	if large != 0 {
 		t.Fatalf("an entry of 10 keys: %d returns, want 0", large)
 	}
-	apply(2, state.Change{Set: set(largeChange)})
+	apply(2, state.Change{Set: set(LargeChange)})
 	if large != 1 {
-		t.Fatalf("an entry of %d keys: %d returns, want 1", largeChange, large)
+		t.Fatalf("an entry of %d keys: %d returns, want 1", LargeChange, large)
 	}
 	_, sink := roundTrip(t, f)
 	if err := f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {

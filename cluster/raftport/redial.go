@@ -1,4 +1,4 @@
-package cluster
+package raftport
 
 import (
 	"errors"
@@ -10,10 +10,10 @@ import (
 )
 
 // redialEvery is how often a leader tries again to reach a follower it
-// cannot dial (see patientTransport).
+// cannot dial (see PatientTransport).
 const redialEvery = 50 * time.Millisecond
 
-// patientTransport is raft's NetworkTransport with one change: the leader
+// PatientTransport is raft's NetworkTransport with one change: the leader
 // keeps trying to reach a follower that cannot be dialled, every
 // redialEvery, instead of letting raft back off.
 //
@@ -43,12 +43,23 @@ const redialEvery = 50 * time.Millisecond
 // from the leader, and a leadership transfer that picks that follower
 // fails after the election timeout rather than at once (raft picks the
 // most up-to-date follower, and the transfer waits for its replication).
-type patientTransport struct {
+type PatientTransport struct {
 	*raft.NetworkTransport
-	raft atomic.Pointer[raft.Raft] // set once raft runs; nil: no retries
+	raft atomic.Pointer[Leading] // set once raft runs (SetRaft); nil: no retries
 }
 
-func (t *patientTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+// Leading is what PatientTransport asks raft (a *raft.Raft): whether this
+// node still leads in a term, and its configuration.
+type Leading interface {
+	State() raft.RaftState
+	CurrentTerm() uint64
+	GetConfiguration() raft.ConfigurationFuture
+}
+
+// SetRaft hands the transport the raft it carries, once raft runs.
+func (t *PatientTransport) SetRaft(r Leading) { t.raft.Store(&r) }
+
+func (t *PatientTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	for {
 		err := t.NetworkTransport.AppendEntries(id, target, args, resp)
 		if err == nil || isHeartbeat(args) || !isDialError(err) || !t.stillReplicating(id, args.Term) {
@@ -74,9 +85,13 @@ func isDialError(err error) bool {
 }
 
 // stillReplicating: this node leads in term and id is in its configuration.
-func (t *patientTransport) stillReplicating(id raft.ServerID, term uint64) bool {
-	r := t.raft.Load()
-	if r == nil || r.State() != raft.Leader || r.CurrentTerm() != term {
+func (t *PatientTransport) stillReplicating(id raft.ServerID, term uint64) bool {
+	p := t.raft.Load()
+	if p == nil {
+		return false
+	}
+	r := *p
+	if r.State() != raft.Leader || r.CurrentTerm() != term {
 		return false
 	}
 	f := r.GetConfiguration()

@@ -1,4 +1,4 @@
-package cluster
+package leader
 
 // This file holds the leader's ramp engine.
 
@@ -6,21 +6,22 @@ import (
 	"context"
 	"time"
 
+	"github.com/hastate/hastate/cluster/fsm"
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
 
-func (n *Node) logRampEvents(events []state.RampEvent) {
+func (d *Duties) logRampEvents(events []state.RampEvent) {
 	for _, e := range events {
 		r := e.Ramp
 		if e.Start {
-			n.log.Info("ramp started", zap.String("target", e.Target), zap.String("reason", e.Reason),
+			d.log.Info("ramp started", zap.String("target", e.Target), zap.String("reason", e.Reason),
 				zap.Int("weight_percent", r.Weight), zap.Duration("duration", r.Policy.Duration),
 				zap.Duration("interval", r.Policy.Interval), zap.Time("eta", r.ETA()))
 			continue
 		}
-		n.log.Info("ramp ended", zap.String("target", e.Target), zap.String("reason", e.Reason),
-			zap.Int("weight_percent", r.Weight), zap.Duration("ran_for", n.now().Sub(r.Started).Round(time.Millisecond)))
+		d.log.Info("ramp ended", zap.String("target", e.Target), zap.String("reason", e.Reason),
+			zap.Int("weight_percent", r.Weight), zap.Duration("ran_for", d.now().Sub(r.Started).Round(time.Millisecond)))
 	}
 }
 
@@ -28,7 +29,7 @@ func (n *Node) logRampEvents(events []state.RampEvent) {
 // ramp's schedule moves past its last applied step, and ends ramps that are
 // done. A new leader runs the same loop on the ramps it finds in the FSM,
 // so every ramp resumes from its recorded start and last weight.
-func (n *Node) rampLoop(ctx context.Context) {
+func (d *Duties) rampLoop(ctx context.Context) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -37,12 +38,12 @@ func (n *Node) rampLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ramps := n.fsm.ramps()
+		ramps := d.o.FSM.Ramps()
 		if len(ramps) == 0 {
 			continue
 		}
-		steps := state.NextSteps(ramps, n.now())
-		if _, migrating := n.Raw(state.MigrationKey); migrating {
+		steps := state.NextSteps(ramps, d.now())
+		if _, migrating := d.o.FSM.Raw(state.MigrationKey); migrating {
 			// The per-node agent has no ramps: during a migration from
 			// it, a ramp in progress ends at full weight at once.
 			steps = state.RampSteps{}
@@ -53,11 +54,11 @@ func (n *Node) rampLoop(ctx context.Context) {
 		if steps.Empty() {
 			continue
 		}
-		res, _, err := n.apply(ctx, command{Type: cmdRamp, Steps: steps, At: n.now()})
+		res, _, err := d.apply(ctx, fsm.Command{Type: fsm.CmdRamp, Steps: steps, At: d.now()})
 		if err != nil {
-			n.log.Warn("ramp step not applied; retrying", zap.Error(err))
+			d.log.Warn("ramp step not applied; retrying", zap.Error(err))
 			continue
 		}
-		n.logRampEvents(res.events)
+		d.logRampEvents(res.Events)
 	}
 }

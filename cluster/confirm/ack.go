@@ -1,4 +1,4 @@
-package cluster
+package confirm
 
 // This file holds the leader's own confirmation round: before the leader
 // answers from its commit index, a quorum of voters acknowledges, after the
@@ -31,9 +31,8 @@ package cluster
 // term T after the check arrived holds everything committed before it.
 
 import (
-	"bufio"
+	"crypto/x509"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,8 +42,8 @@ import (
 )
 
 const (
-	// ackQuery is the named query a leader asks its voters for their term.
-	ackQuery = "ack"
+	// AckQuery is the named query a leader asks its voters for their term.
+	AckQuery = "ack"
 	// legacyRecheck is how long a peer that answered a query with null
 	// (an older release) is asked the older way before it is asked again
 	// (it may have been upgraded meanwhile).
@@ -74,8 +73,8 @@ type ackAnswer struct {
 }
 
 // answerAck is a voter's side: its current term, read now.
-func (n *Node) answerAck(req ackRequest) ackAnswer {
-	return ackAnswer{ID: n.opts.ID, Term: n.raft.CurrentTerm(), Seq: req.Seq}
+func (rs *Reads) answerAck(req ackRequest) ackAnswer {
+	return ackAnswer{ID: rs.o.ID, Term: rs.raft.CurrentTerm(), Seq: req.Seq}
 }
 
 // isQuorum reports whether the voters acked (self among them, which the
@@ -128,7 +127,7 @@ func (a *ackConns) prefer(id raft.ServerID) {
 // round's request is in flight on it; seq is that round (0: none).
 type ackConn struct {
 	sem chan struct{}
-	lc  lineConn
+	lc  LineConn // nil until the first request
 	seq atomic.Uint64
 }
 
@@ -170,7 +169,9 @@ func (a *ackConns) close() {
 	defer a.mu.Unlock()
 	for _, c := range a.conns {
 		c.sem <- struct{}{}
-		c.lc.close()
+		if c.lc != nil {
+			c.lc.Close()
+		}
 		<-c.sem
 	}
 }
@@ -192,17 +193,16 @@ type ackResult struct {
 // release (which answer "ack" with null) falls back to raft's VerifyLeader
 // for that round, as the release before did (weaker: see the file
 // comment; DESIGN.md, mixed releases).
-func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
-	cf := n.raft.GetConfiguration()
-	if err := cf.Error(); err != nil {
+func (rs *Reads) confirmLeadership(term uint64, deadline time.Time) error {
+	servers, err := rs.raft.Configuration()
+	if err != nil {
 		return fmt.Errorf("read the raft configuration: %w", err)
 	}
-	servers := cf.Configuration().Servers
-	acked := map[raft.ServerID]bool{raft.ServerID(n.opts.ID): true}
+	acked := map[raft.ServerID]bool{raft.ServerID(rs.o.ID): true}
 	if isQuorum(servers, acked) {
 		return nil // a cluster of one voter
 	}
-	seq := n.ackSeq.Add(1)
+	seq := rs.ackSeq.Add(1)
 	// over ends the round for its askAck goroutines that have not sent
 	// their request yet (see askAck).
 	over := make(chan struct{})
@@ -215,11 +215,11 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 			continue
 		}
 		voters++
-		if string(s.ID) == n.opts.ID {
+		if string(s.ID) == rs.o.ID {
 			selfVoter = true
 			continue
 		}
-		if n.acks.isLegacy(s.ID, now) {
+		if rs.acks.isLegacy(s.ID, now) {
 			legacy++
 			continue
 		}
@@ -232,7 +232,7 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 	if selfVoter {
 		need--
 	}
-	n.acks.preferredFirst(peers)
+	rs.acks.preferredFirst(peers)
 	results := make(chan ackResult, len(peers))
 	asked, next := 0, 0
 	ask := func(k int) {
@@ -240,17 +240,17 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 			s := peers[next]
 			next++
 			asked++
-			n.wg.Add(1)
+			rs.wg.Add(1)
 			go func() {
-				defer n.wg.Done()
-				results <- n.askAck(s, ackRequest{ID: n.opts.ID, Term: term, Seq: seq}, deadline, over)
+				defer rs.wg.Done()
+				results <- rs.askAck(s, ackRequest{ID: rs.o.ID, Term: term, Seq: seq}, deadline, over)
 			}()
 		}
 	}
 	ask(need)
 	var hedge <-chan time.Time
 	if next < len(peers) {
-		t := time.NewTimer(n.opts.ackHedge)
+		t := time.NewTimer(rs.o.AckHedge)
 		defer t.Stop()
 		hedge = t.C
 	}
@@ -269,13 +269,13 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 		case r.ok:
 			acked[r.id] = true
 			if isQuorum(servers, acked) {
-				n.acks.prefer(r.id)
+				rs.acks.prefer(r.id)
 				return nil
 			}
 		case r.legacy:
 			legacy++
-			n.acks.setLegacy(r.id, time.Now())
-			n.log.Info("a voter runs an older release without the ack query; the leader confirms with raft's VerifyLeader while it is needed for a quorum",
+			rs.acks.setLegacy(r.id, time.Now())
+			rs.log.Info("a voter runs an older release without the ack query; the leader confirms with raft's VerifyLeader while it is needed for a quorum",
 				zap.String("peer_id", string(r.id)))
 			ask(1)
 		default:
@@ -287,7 +287,7 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 		}
 	}
 	if legacy > 0 {
-		return n.verifyLeader(term, deadline)
+		return rs.verifyLeader(term, deadline)
 	}
 	return fmt.Errorf("confirm leadership in term %d: no quorum of voters acknowledged it: %v", term, errs)
 }
@@ -301,20 +301,20 @@ func (n *Node) confirmLeadership(term uint64, deadline time.Time) error {
 // for, and the next round would find both peers busy and fail (measured:
 // 7–14 failed rounds per BenchmarkLeaderRoundCost run on a loaded machine
 // before this; cluster/DESIGN.md).
-func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-chan struct{}) (r ackResult) {
+func (rs *Reads) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-chan struct{}) (r ackResult) {
 	r.id = s.ID
 	notSent := false // the round was over first
 	defer func() {
 		switch {
 		case r.ok:
-			n.metrics.confirmAcks.WithLabelValues("acked").Inc()
+			rs.m.confirmAcks.WithLabelValues("acked").Inc()
 		case notSent:
-			n.metrics.confirmAcks.WithLabelValues("not_sent").Inc()
+			rs.m.confirmAcks.WithLabelValues("not_sent").Inc()
 		default:
-			n.metrics.confirmAcks.WithLabelValues("failed").Inc()
+			rs.m.confirmAcks.WithLabelValues("failed").Inc()
 		}
 	}()
-	c := n.acks.conn(s.ID)
+	c := rs.acks.conn(s.ID)
 	select {
 	case c.sem <- struct{}{}:
 	default:
@@ -345,14 +345,17 @@ func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-
 	}
 	c.seq.Store(req.Seq)
 	var ans ackAnswer
-	err := c.lc.ask(n.stream, n.dialAddress(s), ackQuery, fmt.Sprintf("%s %d %d\n", req.ID, req.Term, req.Seq), deadline, &ans)
+	if c.lc == nil {
+		c.lc = rs.o.Transport.LineConn()
+	}
+	known, err := c.lc.Ask(rs.dial(s), AckQuery, fmt.Sprintf("%s %d %d\n", req.ID, req.Term, req.Seq), deadline, &ans)
 	switch {
-	case err == errReadIndexUnknown:
+	case !known:
 		r.legacy = true
 	case err != nil:
 		r.err = fmt.Errorf("%s: %w", s.ID, err)
 	case ans.ID != string(s.ID) || ans.Seq != req.Seq:
-		c.lc.close()
+		c.lc.Close()
 		r.err = fmt.Errorf("%s answered as %q for round %d, not as itself for round %d", s.ID, ans.ID, ans.Seq, req.Seq)
 	case ans.Term != req.Term:
 		r.err = fmt.Errorf("%s is in term %d, not %d", s.ID, ans.Term, req.Term)
@@ -363,8 +366,8 @@ func (n *Node) askAck(s raft.Server, req ackRequest, deadline time.Time, over <-
 }
 
 // verifyLeader is raft's VerifyLeader, bounded by deadline, in term.
-func (n *Node) verifyLeader(term uint64, deadline time.Time) error {
-	f := n.raft.VerifyLeader()
+func (rs *Reads) verifyLeader(term uint64, deadline time.Time) error {
+	f := rs.raft.VerifyLeader()
 	errc := make(chan error, 1)
 	go func() { errc <- f.Error() }() // resolved by raft at the latest at shutdown
 	t := time.NewTimer(time.Until(deadline))
@@ -377,22 +380,20 @@ func (n *Node) verifyLeader(term uint64, deadline time.Time) error {
 	case <-t.C:
 		return fmt.Errorf("verify leadership: %w", errConfirmTimeout)
 	}
-	if n.raft.CurrentTerm() != term {
+	if rs.raft.CurrentTerm() != term {
 		return fmt.Errorf("verify leadership: term changed from %d", term)
 	}
 	return nil
 }
 
-// serveAck answers "ack" requests on one connection, one line each
-// ("<leader id> <term> <seq>"), until the peer closes or stays idle for
-// readIndexIdle. A malformed request closes it: nothing anyone could take
+// ServeAck answers one "ack" request line ("<leader id> <term> <seq>")
+// of a connection kept open (the transport's line handler for AckQuery).
+// A malformed request closes the connection: nothing anyone could take
 // for an acknowledgement is sent.
-func (s *streamLayer) serveAck(c net.Conn, r *bufio.Reader) {
-	serveLines(c, r, func(line string) (any, bool) {
-		var req ackRequest
-		if _, err := fmt.Sscanf(line, "%s %d %d", &req.ID, &req.Term, &req.Seq); err != nil {
-			return nil, false
-		}
-		return s.ack(req), true
-	})
+func (rs *Reads) ServeAck(_ *x509.Certificate, line string) (any, bool) {
+	var req ackRequest
+	if _, err := fmt.Sscanf(line, "%s %d %d", &req.ID, &req.Term, &req.Seq); err != nil {
+		return nil, false
+	}
+	return rs.answerAck(req), true
 }

@@ -1,4 +1,4 @@
-package cluster
+package leader
 
 // This file holds the feature-level gate. Releases N and N-1 form one
 // cluster during a rolling upgrade (DESIGN.md, Compatibility and
@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cluster/fsm"
 	"github.com/hastate/hastate/state"
 	"go.uber.org/zap"
 )
@@ -41,16 +42,13 @@ func levelFeature(level int) string {
 	return fmt.Sprintf("level %d", level)
 }
 
-// maxLevel is the highest level this node understands (and advertises).
-func (n *Node) maxLevel() int { return n.fsm.maxLevel }
-
 // below returns the members that do not advertise level: those whose
 // status says less and, with silent, those that did not answer (before a
 // level is raised, a member that cannot be asked cannot be counted on; once
 // it is in force, a member that is down is not a member below it).
 // statuses are the members' answers.
-func (n *Node) below(level int, statuses map[string]api.PeerStatus, silent bool) []string {
-	cf := n.raft.GetConfiguration()
+func (d *Duties) below(level int, statuses map[string]api.PeerStatus, silent bool) []string {
+	cf := d.o.Raft.GetConfiguration()
 	if cf.Error() != nil {
 		return []string{"(raft configuration unknown)"}
 	}
@@ -90,45 +88,45 @@ func heldText(capped int) string {
 // there, it keeps asking, and says loudly when a member advertises less
 // (a replica rolled back with its data after the level was raised: it does
 // not apply entries as the others do; see docs/deploy.md, Upgrades).
-func (n *Node) levelLoop(ctx context.Context) {
-	defer n.levelWaiting.Store(nil)
+func (d *Duties) levelLoop(ctx context.Context) {
+	defer d.levelWaiting.Store(nil)
 	t := time.NewTicker(levelEvery)
 	defer t.Stop()
 	var said string
 	for {
-		cur := n.fsm.level()
-		next := min(cur+1, n.maxLevel())
-		below := n.below(next, n.PeerStatuses(levelEvery), cur < next)
+		cur := d.o.FSM.Level()
+		next := min(cur+1, d.o.FSM.MaxLevel())
+		below := d.below(next, d.o.Peers.Statuses(levelEvery), cur < next)
 		var w string
 		switch {
-		case len(below) > 0 && cur >= n.maxLevel():
+		case len(below) > 0 && cur >= d.o.FSM.MaxLevel():
 			w = fmt.Sprintf("level %d is in force, but not every replica understands it: %s; they may serve other answers: upgrade them, "+
 				"or roll every replica back the documented way (stop all, clear their data, start the older release)", cur, strings.Join(below, ", "))
 		case len(below) > 0:
 			w = waitingText(next, below)
 		case cur < next:
-			if _, idx, err := n.apply(ctx, command{Type: cmdLevel, Level: next, At: n.now()}); err != nil {
-				n.log.Warn("raising the feature level not applied; retrying", zap.Int("level", next), zap.Error(err))
+			if _, idx, err := d.apply(ctx, fsm.Command{Type: fsm.CmdLevel, Level: next, At: d.now()}); err != nil {
+				d.log.Warn("raising the feature level not applied; retrying", zap.Int("level", next), zap.Error(err))
 			} else {
-				n.log.Info("feature level raised: every replica understands it", zap.Int("level", next),
+				d.log.Info("feature level raised: every replica understands it", zap.Int("level", next),
 					zap.String("feature", levelFeature(next)), zap.Uint64("raft_index", idx))
-				n.recordReadSource(ctx)
+				d.recordReadSource(ctx)
 				continue
 			}
 		}
 		if w == "" && cur < state.MaxLevel {
-			w = heldText(n.maxLevel())
+			w = heldText(d.o.FSM.MaxLevel())
 		}
 		if w == "" {
-			n.levelWaiting.Store(nil)
+			d.levelWaiting.Store(nil)
 		} else {
-			n.levelWaiting.Store(&w)
+			d.levelWaiting.Store(&w)
 		}
 		if w != said && w != "" {
-			if cur >= n.maxLevel() {
-				n.log.Error("a replica runs a release below the cluster's feature level", zap.Int("level_in_force", cur), zap.Strings("below", below))
+			if cur >= d.o.FSM.MaxLevel() {
+				d.log.Error("a replica runs a release below the cluster's feature level", zap.Int("level_in_force", cur), zap.Strings("below", below))
 			} else {
-				n.log.Warn("feature waits for a rolling upgrade to finish", zap.Int("level", next), zap.String("feature", levelFeature(next)),
+				d.log.Warn("feature waits for a rolling upgrade to finish", zap.Int("level", next), zap.String("feature", levelFeature(next)),
 					zap.Strings("not_yet", below), zap.Int("level_in_force", cur))
 			}
 		}
@@ -141,17 +139,17 @@ func (n *Node) levelLoop(ctx context.Context) {
 	}
 }
 
-// levelInfo is /v1/cluster's level; statuses are the members' answers
+// LevelInfo is /v1/cluster's level; statuses are the members' answers
 // (Info asks for them anyway), from which a follower says what waits.
-func (n *Node) levelInfo(statuses map[string]api.PeerStatus) api.LevelInfo {
-	in := api.LevelInfo{Applied: n.fsm.level(), Build: n.maxLevel()}
-	if err := n.fsm.notUnderstood(); err != nil {
+func (d *Duties) LevelInfo(statuses map[string]api.PeerStatus) api.LevelInfo {
+	in := api.LevelInfo{Applied: d.o.FSM.Level(), Build: d.o.FSM.MaxLevel()}
+	if err := d.o.FSM.NotUnderstood(); err != nil {
 		in.NotUnderstood = err.Error()
 	}
-	if w := n.levelWaiting.Load(); w != nil && n.IsLeader() {
+	if w := d.levelWaiting.Load(); w != nil && d.leading() {
 		in.Waiting = *w
-	} else if in.Applied < in.Build && !n.IsLeader() {
-		if below := n.below(in.Applied+1, statuses, true); len(below) > 0 {
+	} else if in.Applied < in.Build && !d.leading() {
+		if below := d.below(in.Applied+1, statuses, true); len(below) > 0 {
 			in.Waiting = waitingText(in.Applied+1, below)
 		}
 	}

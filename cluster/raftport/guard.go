@@ -1,4 +1,4 @@
-package cluster
+package raftport
 
 import (
 	"cmp"
@@ -15,8 +15,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// Defaults of the raft port's limits (Options.MaxConnsPerIP, MaxConns,
-// IdentifyTimeout), used where a field is zero.
+// Defaults of the raft port's Limits, used where a field is zero.
 const (
 	// DefaultMaxConnsPerIP: a peer keeps at most a dozen inbound
 	// connections open at once (raft's pool of 3, the replication pipeline,
@@ -61,50 +60,70 @@ func rejectHint(reason string) string {
 	return "raft port: unknown connection kind, closed (not a hastate peer)"
 }
 
-// validatePort checks the raft port's limits and sets their defaults.
-func (o *Options) validatePort() error {
+// Limits are the raft port's caps on inbound connections: per remote
+// address and in total (a connection over a cap is closed at once and
+// counted), and how long a new connection has to complete the TLS
+// handshake and send its kind byte. Zero: the Default values.
+type Limits struct {
+	MaxConnsPerIP   int
+	MaxConns        int
+	IdentifyTimeout time.Duration
+}
+
+// WithDefaults returns l with its zero fields set to the defaults, or why
+// l is refused (a negative field).
+func (l Limits) WithDefaults() (Limits, error) {
 	switch {
-	case o.MaxConnsPerIP < 0:
-		return fmt.Errorf("cluster: MaxConnsPerIP %d is negative: use 0 for the default (%d)", o.MaxConnsPerIP, DefaultMaxConnsPerIP)
-	case o.MaxConns < 0:
-		return fmt.Errorf("cluster: MaxConns %d is negative: use 0 for the default (%d)", o.MaxConns, DefaultMaxConns)
-	case o.IdentifyTimeout < 0:
-		return fmt.Errorf("cluster: IdentifyTimeout %v is negative: use 0 for the default (%v)", o.IdentifyTimeout, DefaultIdentifyTimeout)
-	case o.TLS != nil && o.TLS.ClientAuth != tls.RequireAndVerifyClientCert:
-		return errors.New("cluster: raft TLS must require and verify client certificates, or any TLS client could read status and send raft RPCs: build it with MutualTLS")
+	case l.MaxConnsPerIP < 0:
+		return l, fmt.Errorf("MaxConnsPerIP %d is negative: use 0 for the default (%d)", l.MaxConnsPerIP, DefaultMaxConnsPerIP)
+	case l.MaxConns < 0:
+		return l, fmt.Errorf("MaxConns %d is negative: use 0 for the default (%d)", l.MaxConns, DefaultMaxConns)
+	case l.IdentifyTimeout < 0:
+		return l, fmt.Errorf("IdentifyTimeout %v is negative: use 0 for the default (%v)", l.IdentifyTimeout, DefaultIdentifyTimeout)
 	}
-	o.MaxConnsPerIP = cmp.Or(o.MaxConnsPerIP, DefaultMaxConnsPerIP)
-	o.MaxConns = cmp.Or(o.MaxConns, DefaultMaxConns)
-	o.IdentifyTimeout = cmp.Or(o.IdentifyTimeout, DefaultIdentifyTimeout)
+	l.MaxConnsPerIP = cmp.Or(l.MaxConnsPerIP, DefaultMaxConnsPerIP)
+	l.MaxConns = cmp.Or(l.MaxConns, DefaultMaxConns)
+	l.IdentifyTimeout = cmp.Or(l.IdentifyTimeout, DefaultIdentifyTimeout)
+	return l, nil
+}
+
+// CheckTLS refuses a TLS configuration for the port that does not require
+// and verify client certificates (nil: plain TCP, accepted).
+func CheckTLS(c *tls.Config) error {
+	if c != nil && c.ClientAuth != tls.RequireAndVerifyClientCert {
+		return errors.New("raft TLS must require and verify client certificates, or any TLS client could read status and send raft RPCs: build it with MutualTLS")
+	}
 	return nil
 }
 
-// portMetrics are the raft port's own metrics, registered with the node's.
-type portMetrics struct {
-	rejected   *prometheus.CounterVec
-	open       prometheus.Gauge
-	tlsEnabled prometheus.Gauge
+// Metrics are the raft port's own metrics (NewMetrics), registered with
+// the node's.
+type Metrics struct {
+	Rejected   *prometheus.CounterVec // by reason
+	Open       prometheus.Gauge
+	TLSEnabled prometheus.Gauge
 }
 
-func newPortMetrics() *portMetrics {
-	m := &portMetrics{
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hastate_raft_conns_rejected_total",
 			Help: "Per replica: inbound raft-port connections closed unserved, by reason: per_ip_cap, total_cap, tls (handshake failed), identify (no first byte in time), unknown_kind."},
 			[]string{"reason"}),
-		open: prometheus.NewGauge(prometheus.GaugeOpts{
+		Open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hastate_raft_conns_open", Help: "Per replica: inbound raft-port connections open (raft, status and queries, and those not identified yet)."}),
-		tlsEnabled: prometheus.NewGauge(prometheus.GaugeOpts{
+		TLSEnabled: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hastate_raft_tls_enabled", Help: "Per replica: 1 when the raft port requires mutual TLS; 0 means anyone who reaches it can send raft RPCs and read status."}),
 	}
 	for _, r := range rejectReasons {
-		m.rejected.WithLabelValues(r)
+		m.Rejected.WithLabelValues(r)
 	}
 	return m
 }
 
-func (m *portMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.rejected, m.open, m.tlsEnabled}
+// Collectors are the port's metrics, registered with the node's.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Rejected, m.Open, m.TLSEnabled}
 }
 
 // connGuard caps the inbound connections of the raft port, per remote
@@ -140,6 +159,13 @@ func (g *connGuard) admit(c net.Conn) (net.Conn, string) {
 	g.byIP[ip]++
 	g.openGauge.Inc()
 	return gc, ""
+}
+
+// openFrom is the number of connections the guard holds open from ip.
+func (g *connGuard) openFrom(ip string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byIP[ip]
 }
 
 func (g *connGuard) release(gc *guardedConn) {
