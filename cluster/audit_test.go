@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hastate/hastate/cluster/leader"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -60,8 +61,8 @@ func TestLogsAreAnAuditTrail(t *testing.T) {
 	for _, e := range invalid {
 		m := e.ContextMap()
 		seen[m["key"].(string)]++
-		if v := m["value"].(string); len(v) > maxLoggedValue+3 {
-			t.Errorf("value logged with %d bytes, want at most %d", len(v), maxLoggedValue)
+		if v := m["value"].(string); len(v) > leader.MaxLoggedValue+3 {
+			t.Errorf("value logged with %d bytes, want at most %d", len(v), leader.MaxLoggedValue)
 		}
 		if m["reason"] == "" {
 			t.Errorf("%v: no reason", m)

@@ -149,7 +149,7 @@ func TestConfirmAgainstAnOlderLeader(t *testing.T) {
 			t.Fatalf("write %d: follower %s of an older leader answered %q, want %q", i, f.opts.ID, got, want)
 		}
 	}
-	if old := f.conf.legacy.Load(); old == nil || string(old.id) != l.opts.ID {
+	if old := f.reads.LegacyLeader(); old != l.opts.ID {
 		t.Fatalf("follower %s did not note that its leader %s is older: %+v", f.opts.ID, l.opts.ID, old)
 	}
 
@@ -175,8 +175,8 @@ func TestConfirmAgainstAnOlderLeader(t *testing.T) {
 	})
 	applyOnLeader(t, nodes, 30, map[string]string{"state/web/a": "drain"})
 	testenv.Eventually(t, 10*time.Second, func() error {
-		return testenv.Expect(confirmedAnswer(f.Node, "web/a") == "drain\n" && f.conf.legacy.Load() == nil,
-			"follower %s of the upgraded leader %s: answer %q, older leader noted %+v", f.opts.ID, up.opts.ID, confirmedAnswer(f.Node, "web/a"), f.conf.legacy.Load())
+		return testenv.Expect(confirmedAnswer(f.Node, "web/a") == "drain\n" && f.reads.LegacyLeader() == "",
+			"follower %s of the upgraded leader %s: answer %q, older leader noted %q", f.opts.ID, up.opts.ID, confirmedAnswer(f.Node, "web/a"), f.reads.LegacyLeader())
 	})
 }
 
@@ -209,29 +209,4 @@ func TestConfirmBatches(t *testing.T) {
 		t.Errorf("%d checks took %v rounds; want them batched (fewer than a quarter)", workers*each, rounds)
 	}
 	t.Logf("%d concurrent checks: %v rounds", workers*each, rounds)
-}
-
-// TestAnswerReadIndexRefuses: the leader answers a read-index request only
-// in the follower's term, after its barrier; a requester that is not a
-// voter is no acknowledgement (its request waits for a VerifyLeader round,
-// which a one-node leader passes at once).
-func TestAnswerReadIndexRefuses(t *testing.T) {
-	n := startLeader(t, Options{})
-	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 5*time.Second, func() error {
-		return testenv.Expect(n.barrierTerm.Load() == n.raft.CurrentTerm(), "barrier not done")
-	})
-	term := n.raft.CurrentTerm()
-	if a := n.answerReadIndex(readIndexRequest{ID: "n2", Term: term + 1}, nil); a.Error == "" || !strings.Contains(a.Error, "term") {
-		t.Errorf("a request of another term: %+v, want refused naming the term", a)
-	}
-	if n.ackIsQuorum("stranger") || n.ackIsQuorum(n.opts.ID) {
-		t.Errorf("a non-voter or the leader itself counts as an acknowledgement")
-	}
-	a := n.answerReadIndex(readIndexRequest{ID: "stranger", Term: term}, nil)
-	if a.Error != "" || a.Index != n.fsm.index.Load() || a.ID != n.opts.ID {
-		t.Errorf("a request in the leader's term: %+v, want the state index %d", a, n.fsm.index.Load())
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cluster/leader"
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/internal/testenv"
@@ -19,11 +20,11 @@ import (
 // syncHealth is a node's ConsulHealth with a settable sync time.
 type syncHealth struct {
 	mu     sync.Mutex
-	h      ConsulHealth
+	h      leader.ConsulHealth
 	synced bool
 }
 
-func (s *syncHealth) get() ConsulHealth {
+func (s *syncHealth) get() leader.ConsulHealth {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.h
@@ -37,9 +38,9 @@ func (s *syncHealth) set(reachable bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if reachable {
-		s.h = ConsulHealth{Reachable: true, Checked: time.Now()}
+		s.h = leader.ConsulHealth{Reachable: true, Checked: time.Now()}
 	} else {
-		s.h = ConsulHealth{FailingSince: time.Now(), Checked: time.Now(), SyncedAt: time.Now()}
+		s.h = leader.ConsulHealth{FailingSince: time.Now(), Checked: time.Now(), SyncedAt: time.Now()}
 	}
 	s.synced = true
 }
@@ -140,7 +141,7 @@ func TestFailingLeaderDutyHandsOver(t *testing.T) {
 	})
 	failures := 0.0
 	for _, n := range nodes[:2] {
-		failures += testutil.ToFloat64(n.metrics.dutyFailures)
+		failures += metricOf(t, n, "hastate_leader_duty_failures_total", "")
 	}
 	if failures < 1 {
 		t.Errorf("no failed duty counted (hastate_leader_duty_failures_total)")

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hastate/hastate/cluster/leader"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/testenv"
 )
 
@@ -17,10 +19,10 @@ type health struct {
 	since time.Time // zero: reachable
 }
 
-func (h *health) get() ConsulHealth {
+func (h *health) get() leader.ConsulHealth {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return ConsulHealth{Reachable: h.since.IsZero(), FailingSince: h.since, Checked: time.Now()}
+	return leader.ConsulHealth{Reachable: h.since.IsZero(), FailingSince: h.since, Checked: time.Now()}
 }
 
 func (h *health) fail() {
@@ -156,7 +158,7 @@ func writeCerts(t *testing.T, dir string) (cert, key, ca string) {
 
 func TestMutualTLSOnTheRaftPort(t *testing.T) {
 	cert, key, ca := writeCerts(t, t.TempDir())
-	conf, err := MutualTLS(cert, key, ca)
+	conf, err := raftport.MutualTLS(cert, key, ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,14 +173,14 @@ func TestMutualTLSOnTheRaftPort(t *testing.T) {
 
 	// A client without a certificate from the CA is refused.
 	other, otherKey, otherCA := writeCerts(t, t.TempDir())
-	bad, err := MutualTLS(other, otherKey, otherCA)
+	bad, err := raftport.MutualTLS(other, otherKey, otherCA)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := tls.Dial("tcp", nodes[0].opts.BindAddr, bad)
 	if err == nil {
 		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		_, err = c.Write([]byte{connStatus})
+		_, err = c.Write([]byte{raftport.KindStatus})
 		if err == nil {
 			_, err = c.Read(make([]byte, 1))
 		}
@@ -188,7 +190,7 @@ func TestMutualTLSOnTheRaftPort(t *testing.T) {
 		t.Fatal("a peer with a certificate from another CA was served")
 	}
 
-	if _, err := MutualTLS(cert, "", ca); err == nil {
+	if _, err := raftport.MutualTLS(cert, "", ca); err == nil {
 		t.Fatal("partial TLS flags accepted")
 	}
 }

@@ -2,9 +2,11 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
+	"github.com/hastate/hastate/cluster/fsm"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -21,7 +23,7 @@ func TestReplicaRestartsOverRejectedEntries(t *testing.T) {
 	}
 	// Written straight into the log, as an older leader that did not
 	// validate them would have.
-	for _, data := range rejectedEntries(t) {
+	for _, data := range testenv.Lines(t, "fsm/testdata/rejected-entries.jsonl") { // the FSM's own fixture
 		if err := n.raft.Apply(data, 5*time.Second).Error(); err != nil {
 			t.Fatal(err)
 		}
@@ -48,4 +50,14 @@ func TestReplicaRestartsOverRejectedEntries(t *testing.T) {
 	if got := testutil.ToFloat64(n2.metrics.applyErrors); got != 5 {
 		t.Errorf("after replay hastate_fsm_apply_errors_total = %v, want 5 (each rejected entry replayed once)", got)
 	}
+}
+
+// entry encodes a command as raft log data, as the leader writes it.
+func entry(t testing.TB, c fsm.Command) []byte {
+	t.Helper()
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -3,41 +3,22 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/cluster/fsm"
+	"github.com/hastate/hastate/cluster/leader"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 )
 
 // An entry this release does not understand (a type, or a feature level,
 // of a newer release) is not skipped: the replica withholds every answer
-// from then on, says why, and fails readiness.
+// from then on, says why, and fails readiness (the state machine's side:
+// fsm's TestUnknownEntryIsNotUnderstood).
 func TestUnknownEntryWithholds(t *testing.T) {
-	for name, data := range map[string][]byte{
-		"unknown type":     []byte(`{"type":"ramp-v9"}`),
-		"level from later": entry(t, command{Type: cmdLevel, Level: state.MaxLevel + 1}),
-	} {
-		t.Run(name, func(t *testing.T) {
-			f := newFSM()
-			var told []error
-			f.notUnderstoodFn = func(err error) { told = append(told, err) }
-			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
-			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: data})
-			if err := f.notUnderstood(); err == nil || !strings.Contains(err.Error(), "upgrade") || len(told) != 1 {
-				t.Errorf("notUnderstood = %v (told %d times), want the reason with what to do, told once", err, len(told))
-			}
-			// Later entries are applied (an upgraded binary replays them).
-			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: data})
-			f.Apply(&raft.Log{Type: raft.LogCommand, Index: 4, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/b": "drain"}}})})
-			if f.index.Load() != 4 || len(told) != 1 {
-				t.Errorf("after later entries: index %d, told %d times", f.index.Load(), len(told))
-			}
-		})
-	}
 	n := startLeader(t, Options{})
 	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
 		t.Fatal(err)
@@ -49,8 +30,8 @@ func TestUnknownEntryWithholds(t *testing.T) {
 	if _, detail := n.Ready(); !strings.Contains(detail, "withholds every answer") {
 		t.Errorf("readiness detail %q", detail)
 	}
-	if n.Serving() != nil || !n.withheld.has(withholdNotUnderstood) {
-		t.Errorf("the replica still answers after an entry it does not understand (reasons %v)", n.withheld.labels())
+	if n.Serving() != nil || !slices.Contains(n.reads.Labels(), "not_understood") {
+		t.Errorf("the replica still answers after an entry it does not understand (reasons %v)", n.reads.Labels())
 	}
 	if in := n.Info(); in.Level.NotUnderstood == "" {
 		t.Errorf("/v1/cluster level %+v does not say why the replica withholds", in.Level)
@@ -90,13 +71,13 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 		return testenv.Expect(strings.Contains(waiting, "n2 (") || strings.Contains(waiting, "is held"), "the leader does not say what waits for n2: %q", waiting)
 	})
 	// Several gate rounds: nothing expires, nobody withholds.
-	testenv.Consistently(t, 3*levelEvery, func() error {
+	testenv.Consistently(t, 3*leader.LevelEvery, func() error {
 		for _, n := range nodes {
 			if got := answer(n.Node, "web/a"); got != "drain\n" {
 				return fmt.Errorf("%s answers %q while the gate waits, want drain (the meta key's until waits)", n.opts.ID, got)
 			}
-			if err := n.fsm.notUnderstood(); err != nil || n.fsm.level() != state.LevelBase {
-				return fmt.Errorf("%s: level %d, not understood %v", n.opts.ID, n.fsm.level(), err)
+			if err := n.fsm.NotUnderstood(); err != nil || n.fsm.Level() != state.LevelBase {
+				return fmt.Errorf("%s: level %d, not understood %v", n.opts.ID, n.fsm.Level(), err)
 			}
 		}
 		return nil
@@ -114,7 +95,7 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	nodes[2] = startNode(t, o)
 	testenv.Eventually(t, 15*time.Second, holdsf(func() bool {
 		for _, n := range nodes {
-			if n.fsm.level() != state.MaxLevel || answer(n.Node, "web/a") != "ready 100%\n" {
+			if n.fsm.Level() != state.MaxLevel || answer(n.Node, "web/a") != "ready 100%\n" {
 				return false
 			}
 		}
@@ -135,7 +116,7 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 	if err := down.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Consistently(t, 3*levelEvery, func() error {
+	testenv.Consistently(t, 3*leader.LevelEvery, func() error {
 		if l := leaderOf(nodes); l != nil && l.Node != down.Node {
 			if w := l.Info().Level.Waiting; w != "" {
 				return fmt.Errorf("with %s down at level 2 the leader reports: %s", down.opts.ID, w)
@@ -149,28 +130,6 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 // condition.
 func holdsf(cond func() bool, format string, args ...any) func() error {
 	return func() error { return testenv.Expect(cond(), format, args...) }
-}
-
-// A snapshot keeps release 0.13.0's shape (version 4) until level 2 is in
-// force, and then says version 5 and the level, which a replica capped
-// below it refuses.
-func TestSnapshotShapeFollowsTheLevel(t *testing.T) {
-	f := newFSM()
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
-	_, base := roundTrip(t, f)
-	if !strings.Contains(base.String(), `"version":4`) || strings.Contains(base.String(), `"level"`) {
-		t.Fatalf("a snapshot at level 1: %s", base.String())
-	}
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: entry(t, command{Type: cmdLevel, Level: state.LevelMeta})})
-	g, meta := roundTrip(t, f)
-	if !strings.Contains(meta.String(), `"version":5`) || !strings.Contains(meta.String(), `"level":2`) || g.level() != state.LevelMeta {
-		t.Fatalf("a snapshot at level 2: %s (restored level %d)", meta.String(), g.level())
-	}
-	old := newFSM()
-	old.maxLevel = state.LevelBase
-	if err := old.Restore(io.NopCloser(strings.NewReader(meta.String()))); err == nil || !strings.Contains(err.Error(), "upgrade") {
-		t.Fatalf("a replica capped at level 1 restoring a level 2 snapshot: %v", err)
-	}
 }
 
 // TestNotUnderstoodSurvivesSnapshotsAndRestarts: a replica that met an
@@ -190,14 +149,14 @@ func TestNotUnderstoodSurvivesSnapshotsAndRestarts(t *testing.T) {
 	if err := n.raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot before the entry: %v", err)
 	}
-	newer := entry(t, command{Type: cmdLevel, Level: state.LevelBase + 1})
+	newer := entry(t, fsm.Command{Type: fsm.CmdLevel, Level: state.LevelBase + 1})
 	if err := n.raft.Apply(newer, 5*time.Second).Error(); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.ApplyKV(ctx, 2, map[string]string{"state/web/a": "drain", "state/web/b": "maint"}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, holdsf(func() bool { return n.withheld.has(withholdNotUnderstood) }, "not withholding after an entry it does not understand"))
+	testenv.Eventually(t, 5*time.Second, holdsf(func() bool { return slices.Contains(n.reads.Labels(), "not_understood") }, "not withholding after an entry it does not understand"))
 	err := n.raft.Snapshot().Error()
 	if err == nil || !strings.Contains(err.Error(), "not understood") {
 		t.Fatalf("a snapshot while stuck: %v, want it refused", err)
@@ -209,7 +168,7 @@ func TestNotUnderstoodSurvivesSnapshotsAndRestarts(t *testing.T) {
 
 	// The same release, the same --data-dir: it withholds again.
 	r := startLeader(t, o)
-	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { return r.withheld.has(withholdNotUnderstood) }, "restarted with its data dir, the replica does not withhold: %v", r.withheld.labels()))
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { return slices.Contains(r.reads.Labels(), "not_understood") }, "restarted with its data dir, the replica does not withhold: %v", r.reads.Labels()))
 	if r.Serving() != nil {
 		t.Fatal("restarted with its data dir, the replica answers from a state that skipped an entry")
 	}
@@ -223,8 +182,8 @@ func TestNotUnderstoodSurvivesSnapshotsAndRestarts(t *testing.T) {
 	// A release that understands the entry replays it and answers.
 	o.MaxLevel = 0
 	u := startLeader(t, o)
-	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { ok, _ := u.Ready(); return ok }, "the upgraded replica is not ready: %v", u.withheld.labels()))
-	if got, lvl := answer(u.Node, "web/b"), u.fsm.level(); got != "maint\n" || lvl < state.LevelBase+1 {
+	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { ok, _ := u.Ready(); return ok }, "the upgraded replica is not ready: %v", u.reads.Labels()))
+	if got, lvl := answer(u.Node, "web/b"), u.fsm.Level(); got != "maint\n" || lvl < state.LevelBase+1 {
 		t.Errorf("the upgraded replica answers web/b %q at level %d, want maint at level >= %d", got, lvl, state.LevelBase+1)
 	}
 	if err := u.raft.Snapshot().Error(); err != nil {

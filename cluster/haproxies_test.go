@@ -3,16 +3,12 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"io"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // fakeSightings is one replica's poller table as the node sees it.
@@ -56,7 +52,7 @@ func TestHAProxiesRecordedOnceEveryVoterAdvertises(t *testing.T) {
 	seen[2].set("127.0.0.12", now)
 	testenv.Eventually(t, 20*time.Second, holdsf(func() bool {
 		for _, n := range nodes {
-			if n.fsm.level() != state.LevelMeta {
+			if n.fsm.Level() != state.LevelMeta {
 				return false
 			}
 		}
@@ -67,7 +63,7 @@ func TestHAProxiesRecordedOnceEveryVoterAdvertises(t *testing.T) {
 			if rec, on := n.HAProxies(); on || len(rec) > 0 {
 				return fmt.Errorf("%s records %v (on %v) while n2 plays a release below level %d", n.opts.ID, rec, on, state.LevelRecorded)
 			}
-			if err := n.fsm.notUnderstood(); err != nil {
+			if err := n.fsm.NotUnderstood(); err != nil {
 				return fmt.Errorf("%s: %v", n.opts.ID, err)
 			}
 		}
@@ -111,7 +107,7 @@ func TestHAProxiesWritesOnlyChanges(t *testing.T) {
 		seen.set(fmt.Sprintf("127.0.0.%d", i+1), now())
 	}
 	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { rec, _ := n.HAProxies(); return len(rec) == 100 }, "100 sources not recorded"))
-	writes := testutil.ToFloat64(n.metrics.haproxyWrites)
+	writes := metricOf(t, n, "hastate_haproxies_writes_total", "")
 	// Every source polls again and again within the coarse step.
 	for range 10 {
 		clock.mu.Lock()
@@ -122,7 +118,7 @@ func TestHAProxiesWritesOnlyChanges(t *testing.T) {
 		}
 		// The loop gathers at least twice at this clock.
 		testenv.Consistently(t, 60*time.Millisecond, func() error {
-			got := testutil.ToFloat64(n.metrics.haproxyWrites)
+			got := metricOf(t, n, "hastate_haproxies_writes_total", "")
 			return testenv.Expect(got == writes, "%v haproxies entries within one coarse step, want none", got-writes)
 		})
 	}
@@ -137,33 +133,7 @@ func TestHAProxiesWritesOnlyChanges(t *testing.T) {
 		rec, _ := n.HAProxies()
 		return rec["127.0.0.1"].Last.Equal(now()) && rec["127.0.0.100"].Last.Equal(now())
 	}, "the record did not move past the coarse step"))
-	if got := testutil.ToFloat64(n.metrics.haproxyWrites) - writes; got != 1 {
+	if got := metricOf(t, n, "hastate_haproxies_writes_total", "") - writes; got != 1 {
 		t.Fatalf("%v entries to move 100 sources, want 1", got)
-	}
-}
-
-// The record rides in snapshots, and a replica of a release below
-// state.LevelRecorded refuses such a snapshot (the level says so first).
-func TestHAProxiesInSnapshot(t *testing.T) {
-	f := newFSM()
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdKV, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: entry(t, command{Type: cmdLevel, Level: state.LevelRecorded})})
-	at := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: entry(t, command{Type: cmdHAProxies, HAProxies: &state.HAProxyChange{Seen: map[string]time.Time{"10.0.0.1": at}}})})
-	g, snap := roundTrip(t, f)
-	if rec := g.recordedHAProxies(); len(rec) != 1 || !rec["10.0.0.1"].Last.Equal(at) {
-		t.Fatalf("restored record %v from %s", rec, snap.String())
-	}
-	old := newFSM()
-	old.maxLevel = state.LevelMeta
-	if err := old.Restore(io.NopCloser(strings.NewReader(snap.String()))); err == nil || !strings.Contains(err.Error(), "upgrade") {
-		t.Fatalf("a replica capped at level %d restoring a level %d snapshot: %v", state.LevelMeta, state.LevelRecorded, err)
-	}
-	// An entry without its payload is skipped, on every replica alike.
-	var rejected []error
-	f.rejected = func(err error) { rejected = append(rejected, err) }
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 4, Data: []byte(`{"type":"haproxies"}`)})
-	if len(rejected) != 1 || f.notUnderstood() != nil {
-		t.Fatalf("payload-less entry: rejected %v, not understood %v", rejected, f.notUnderstood())
 	}
 }

@@ -100,20 +100,6 @@ func (n *Node) HandOver(ctx context.Context) {
 	}
 }
 
-func (n *Node) voters() int {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return 0
-	}
-	c := 0
-	for _, s := range f.Configuration().Servers {
-		if s.Suffrage == raft.Voter {
-			c++
-		}
-	}
-	return c
-}
-
 // The leader's writes and what the node reads of the mirror (the leader's
 // duties and the state machine answer; see leader/ and fsm/).
 

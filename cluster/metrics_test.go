@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/cluster/fsm"
+	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -31,12 +33,12 @@ func (c serverSeries) Collect(ch chan<- prometheus.Metric) { c.m.collectServers(
 // only servers with a non-default state: drain, maint, a weight, a ramp or
 // a withheld answer, with their state, since and weight.
 func TestServerSeriesFromEntries(t *testing.T) {
-	f := newFSM()
+	f := fsm.New(fsm.Options{})
 	t1 := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC) // 1796007600
 	p := state.RampPolicy{Start: 10, Duration: 10 * time.Minute, Interval: 10 * time.Second, Aggression: 1}
 	kv := func(i uint64, at time.Time, c state.Change) {
 		t.Helper()
-		if res := f.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: entry(t, command{Type: cmdKV, KVIndex: i, At: at, Ramp: p, Change: c})}); res != nil {
+		if res := f.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: entry(t, fsm.Command{Type: fsm.CmdKV, KVIndex: i, At: at, Ramp: p, Change: c})}); res != nil {
 			if err, ok := res.(error); ok {
 				t.Fatal(err)
 			}
@@ -50,7 +52,8 @@ func TestServerSeriesFromEntries(t *testing.T) {
 	kv(2, t1.Add(time.Hour), state.Change{Set: map[string]string{"state/web/a": `{"state":"drain","by":"bob"}`}, Delete: []string{"state/web/r"}})
 
 	// Through a snapshot, as a restarted replica has it.
-	g, _ := roundTrip(t, f)
+	g := fsm.New(fsm.Options{})
+	testenv.Snapshot(t, f, g)
 	want := `
 # HELP hastate_server_state x
 # TYPE hastate_server_state gauge
@@ -80,12 +83,12 @@ hastate_ramp_interval_seconds{backend="web",server="r"} 10
 `
 	// Compare values and labels, not HELP texts.
 	m := newMetrics(nil)
-	for _, fsm := range []*fsm{f, g} {
-		got := testutil.CollectAndCount(serverSeries{m, fsm.serving.Load()})
+	for _, x := range []*fsm.FSM{f, g} {
+		got := testutil.CollectAndCount(serverSeries{m, x.Serving()})
 		if got != 15 { // 6 states, 5 since (withheld has none), 2 weights, 2 ramp series
 			t.Errorf("%d per-server series, want 15", got)
 		}
-		if err := testutil.CollectAndCompare(serverSeries{withHelp(m, "x"), fsm.serving.Load()}, strings.NewReader(want)); err != nil {
+		if err := testutil.CollectAndCompare(serverSeries{withHelp(m, "x"), x.Serving()}, strings.NewReader(want)); err != nil {
 			t.Error(err)
 		}
 	}
@@ -93,14 +96,14 @@ hastate_ramp_interval_seconds{backend="web",server="r"} 10
 	// A version 3 snapshot (before since) restores with since unknown:
 	// no since series until the key changes again.
 	v3 := `{"version":3,"kv_index":9,"index":4,"mirror":{"synced":true,"kv":{"state/a/b":"drain"}}}`
-	h := newFSM()
+	h := fsm.New(fsm.Options{})
 	if err := h.Restore(io.NopCloser(strings.NewReader(v3))); err != nil {
 		t.Fatalf("restoring a version 3 snapshot: %v", err)
 	}
-	if n := testutil.CollectAndCount(serverSeries{m, h.serving.Load()}, "hastate_server_state_since_timestamp_seconds"); n != 0 {
+	if n := testutil.CollectAndCount(serverSeries{m, h.Serving()}, "hastate_server_state_since_timestamp_seconds"); n != 0 {
 		t.Errorf("%d since series after a version 3 snapshot, want none", n)
 	}
-	if n := testutil.CollectAndCount(serverSeries{m, h.serving.Load()}, "hastate_server_state"); n != 1 {
+	if n := testutil.CollectAndCount(serverSeries{m, h.Serving()}, "hastate_server_state"); n != 1 {
 		t.Errorf("%d state series after a version 3 snapshot, want 1", n)
 	}
 }

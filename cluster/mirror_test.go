@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cluster/leader"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 )
@@ -22,12 +21,12 @@ type verdicts struct {
 	v  []api.MirrorVerdict
 }
 
-func (vs *verdicts) health(i int) func() ConsulHealth {
-	return func() ConsulHealth {
+func (vs *verdicts) health(i int) func() leader.ConsulHealth {
+	return func() leader.ConsulHealth {
 		vs.mu.Lock()
 		defer vs.mu.Unlock()
 		v := vs.v[i]
-		return ConsulHealth{Reachable: true, Checked: time.Now(), Verdict: v}
+		return leader.ConsulHealth{Reachable: true, Checked: time.Now(), Verdict: v}
 	}
 }
 
@@ -148,7 +147,7 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 	nodes := startCluster(t, nil)
 	testenv.Eventually(t, 15*time.Second, func() error {
 		l := leaderOf(nodes)
-		return testenv.Expect(l != nil && l.fsm.level() == state.LevelRecorded, "level 3 not in force")
+		return testenv.Expect(l != nil && l.fsm.Level() == state.LevelRecorded, "level 3 not in force")
 	})
 	a := state.MirrorSource{ClusterID: "aaaa", Datacenter: "dc1", Servers: "127.0.0.1:8300", Prefix: "hastate/"}
 	b := state.MirrorSource{ClusterID: "bbbb", Datacenter: "dc1", Servers: "127.0.0.1:9300", Prefix: "hastate/"}
@@ -220,19 +219,10 @@ func TestMirrorAppliesOnlyFromTheRecordedSource(t *testing.T) {
 		return testenv.Expect(answer(leaderOf(nodes).Node, "web/s2") == "ready 100%\n", "the confirmed read was not applied")
 	})
 
-	// The verdict of a replica that reads b: other_cluster, named.
-	rec := l.RecordedSource()
-	if v := combineVerdict(ConsulHealth{Reachable: true, Source: &b}, rec); v.Reason != api.MirrorOtherCluster || !strings.Contains(v.Detail, "adopt-consul") {
-		t.Errorf("verdict for b: %v", v)
-	}
-	if v := combineVerdict(ConsulHealth{Reachable: true}, rec); v.Reason != api.MirrorConsulUnreachable {
-		t.Errorf("verdict with no source known: %v, want consul_unreachable", v)
-	}
-	if v := combineVerdict(ConsulHealth{Reachable: true, Source: &a}, rec); !v.CanMirror() {
-		t.Errorf("verdict for a: %v, want ok", v)
-	}
-	if v := combineVerdict(ConsulHealth{Reachable: true, Source: &b}, nil); !v.CanMirror() {
-		t.Errorf("verdict with nothing recorded: %v, want ok", v)
+	// The verdict of a replica that reads b (leader's TestVerdict has the
+	// rule): other_cluster, as the node reports it.
+	if v := leader.Verdict(leader.ConsulHealth{Reachable: true, Source: &b}, l.RecordedSource()); v.Reason != api.MirrorOtherCluster {
+		t.Errorf("verdict for b against the recorded a: %v", v)
 	}
 
 	// Adopt: refused for another ID than the one confirmed, then b.
@@ -293,10 +283,10 @@ func TestSourceWaitsForLevelRecorded(t *testing.T) {
 		}
 		return l.ApplyRead(context.Background(), read)
 	})
-	testenv.Consistently(t, 3*levelEvery, func() error {
+	testenv.Consistently(t, 3*leader.LevelEvery, func() error {
 		for _, n := range nodes {
-			if n.RecordedSource() != nil || n.fsm.level() > state.LevelMeta || n.fsm.notUnderstood() != nil {
-				return fmt.Errorf("%s: recorded %v at level %d (not understood: %v)", n.opts.ID, n.RecordedSource(), n.fsm.level(), n.fsm.notUnderstood())
+			if n.RecordedSource() != nil || n.fsm.Level() > state.LevelMeta || n.fsm.NotUnderstood() != nil {
+				return fmt.Errorf("%s: recorded %v at level %d (not understood: %v)", n.opts.ID, n.RecordedSource(), n.fsm.Level(), n.fsm.NotUnderstood())
 			}
 		}
 		return nil
@@ -322,44 +312,12 @@ func TestSourceWaitsForLevelRecorded(t *testing.T) {
 			}
 		}
 		for _, n := range nodes {
-			if rec := n.RecordedSource(); rec == nil || *rec != src || n.fsm.level() != state.LevelRecorded {
-				return fmt.Errorf("%s: recorded %v at level %d", n.opts.ID, rec, n.fsm.level())
+			if rec := n.RecordedSource(); rec == nil || *rec != src || n.fsm.Level() != state.LevelRecorded {
+				return fmt.Errorf("%s: recorded %v at level %d", n.opts.ID, rec, n.fsm.Level())
 			}
 		}
 		return nil
 	})
-}
-
-// A snapshot carries the source (version 6); without one it keeps the
-// shape 0.14.0 restores (version 5), and a replica capped below level 3
-// refuses a version 6 snapshot loudly.
-func TestSnapshotCarriesTheSource(t *testing.T) {
-	f := newFSM()
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: entry(t, command{Type: cmdLevel, Level: state.LevelMeta})})
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 2, Data: entry(t, command{Type: cmdKV, KVIndex: 9, Change: state.Change{Set: map[string]string{"state/web/a": "drain"}}})})
-	if _, snap := roundTrip(t, f); !strings.Contains(snap.String(), `"version":5`) || strings.Contains(snap.String(), `"source"`) {
-		t.Fatalf("a snapshot at level 2 without a source: %s", snap.String())
-	}
-	src := state.MirrorSource{ClusterID: "aaaa", Datacenter: "dc1", Servers: "127.0.0.1:8300", Prefix: "hastate/"}
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: entry(t, command{Type: cmdLevel, Level: state.LevelRecorded})})
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 4, Data: entry(t, command{Type: cmdSource, Source: &src})})
-	g, snap := roundTrip(t, f)
-	if !strings.Contains(snap.String(), `"version":6`) {
-		t.Fatalf("a snapshot with a source: %s", snap.String())
-	}
-	if rec, idx := g.recorded(); rec == nil || *rec != src || idx != 9 {
-		t.Fatalf("restored source %v at kv index %d, want %v at 9", rec, idx, src)
-	}
-	old := newFSM()
-	old.maxLevel = state.LevelMeta
-	if err := old.Restore(io.NopCloser(strings.NewReader(snap.String()))); err == nil || !strings.Contains(err.Error(), "upgrade") {
-		t.Fatalf("a replica capped at level 2 restoring a version 6 snapshot: %v", err)
-	}
-	// An adopting source entry forgets the other cluster's index.
-	f.Apply(&raft.Log{Type: raft.LogCommand, Index: 5, Data: entry(t, command{Type: cmdSource, Source: &src, Adopt: true})})
-	if _, idx := f.recorded(); idx != 0 {
-		t.Errorf("kv index after an adoption: %d, want 0", idx)
-	}
 }
 
 // applyRead is ApplyRead on the current leader, again on the next one
@@ -407,11 +365,11 @@ type sourceHealth struct {
 	source []*state.MirrorSource
 }
 
-func (sh *sourceHealth) health(i int) func() ConsulHealth {
-	return func() ConsulHealth {
+func (sh *sourceHealth) health(i int) func() leader.ConsulHealth {
+	return func() leader.ConsulHealth {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		return ConsulHealth{Reachable: sh.since[i].IsZero(), FailingSince: sh.since[i], Checked: time.Now(), Source: sh.source[i]}
+		return leader.ConsulHealth{Reachable: sh.since[i].IsZero(), FailingSince: sh.since[i], Checked: time.Now(), Source: sh.source[i]}
 	}
 }
 
@@ -438,7 +396,7 @@ func TestLeaderKeepsLeadershipWhileConsulIdentityIsReadAgain(t *testing.T) {
 	})
 	testenv.Eventually(t, 15*time.Second, func() error {
 		l := leaderOf(nodes)
-		return testenv.Expect(l != nil && l.fsm.level() == state.LevelRecorded, "level 3 not in force")
+		return testenv.Expect(l != nil && l.fsm.Level() == state.LevelRecorded, "level 3 not in force")
 	})
 	if err := applyRead(t, nodes, state.KVRead{Index: 500, KV: map[string]string{"state/web/s1": "drain"}, Source: &a}); err != nil {
 		t.Fatal(err)

@@ -1,14 +1,12 @@
 package cluster
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc64"
-	"io"
 	"maps"
 	"net"
 	"os"
@@ -17,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
@@ -205,63 +202,6 @@ func TestThreeNodesReplicateAndHandOverOnShutdown(t *testing.T) {
 	}
 }
 
-func TestFSMSnapshotVersioning(t *testing.T) {
-	f := newFSM()
-	m := state.NewMirror()
-	m.Apply(state.Change{Set: map[string]string{"state/a/b": "drain"}})
-	f.mirror, f.kvIndex = m, 9
-	f.index.Store(42)
-	g, sink := roundTrip(t, f)
-	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "drain\n" || g.kvIndex != 9 || g.index.Load() != 42 {
-		t.Fatalf("restored answer %q kv index %d state index %d, want drain, 9, 42", got, g.kvIndex, g.index.Load())
-	}
-	// A version 2 snapshot has no state index: it restores with 0 (the
-	// node then takes the snapshot's raft index).
-	v2 := `{"version":2,"kv_index":9,"mirror":{"synced":true,"kv":{"state/a/b":"maint"}}}`
-	if err := g.Restore(io.NopCloser(strings.NewReader(v2))); err != nil {
-		t.Fatalf("restoring a version 2 snapshot: %v", err)
-	}
-	if got := string(g.serving.Load().Lookup([]byte("a/b"), 1)); got != "maint\n" || g.index.Load() != 0 {
-		t.Fatalf("version 2 snapshot restored answer %q state index %d, want maint, 0", got, g.index.Load())
-	}
-	// A mirror at the base level writes the shape release 0.13.0 reads.
-	if !strings.Contains(sink.String(), fmt.Sprintf(`"version":%d`, snapshotVersionBase)) {
-		t.Fatalf("a snapshot at level %d: %s, want version %d", state.LevelBase, sink.String(), snapshotVersionBase)
-	}
-	newer := strings.Replace(sink.String(), fmt.Sprintf(`"version":%d`, snapshotVersionBase), fmt.Sprintf(`"version":%d`, snapshotVersion+1), 1)
-	if err := g.Restore(io.NopCloser(strings.NewReader(newer))); err == nil || !strings.Contains(err.Error(), "upgrade") {
-		t.Fatalf("restoring a newer snapshot: %v, want an error telling to upgrade", err)
-	}
-	if res := g.Apply(&raft.Log{Type: raft.LogCommand, Index: 3, Data: []byte(`{"type":"ramp-v9"}`)}); res == nil {
-		t.Fatal("an unknown entry type must be reported")
-	}
-}
-
-type memSink struct{ bytes.Buffer }
-
-// roundTrip persists f's snapshot and restores it into a new FSM, as a
-// restarted replica does; the sink holds the persisted bytes.
-func roundTrip(t *testing.T, f *fsm) (*fsm, *memSink) {
-	t.Helper()
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &memSink{}
-	if err := snap.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	g := newFSM()
-	if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
-	return g, sink
-}
-
-func (s *memSink) ID() string    { return "mem" }
-func (s *memSink) Cancel() error { return nil }
-func (s *memSink) Close() error  { return nil }
-
 func TestParsePeers(t *testing.T) {
 	tests := []struct {
 		in      string
@@ -322,7 +262,7 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 		kv[fmt.Sprintf("state/web/s%03d", i%50)] = fmt.Sprintf("%d%%", i)
 		l = applyOnLeader(t, othersThan(nodes, f), uint64(i+2), kv)
 	}
-	want, digest := l.fsm.index.Load(), l.Info().KVDigest
+	want, digest := l.fsm.Index(), l.Info().KVDigest
 
 	r := startNode(t, f.opts)
 	// Polled every millisecond, not with eventually (20ms): the state is
@@ -337,11 +277,11 @@ func TestRestartedFollowerReadyOnlyOnceCaughtUp(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if got := r.fsm.index.Load(); got < want {
+	if got := r.fsm.Index(); got < want {
 		t.Fatalf("restarted %s ready at state index %d, behind the leader's %d", r.opts.ID, got, want)
 	}
 	if got := r.Info().KVDigest; got != digest {
-		lkv, rkv := l.fsm.kv(), r.fsm.kv()
+		lkv, rkv := l.fsm.KV(), r.fsm.KV()
 		var diff []string
 		for k, v := range lkv {
 			if rkv[k] != v {
@@ -389,7 +329,7 @@ func TestVersion2SnapshotTakesTheRaftSnapshotIndex(t *testing.T) {
 	snapIndex := uint64(meta["Index"].(float64))
 
 	r := startNode(t, o)
-	if got := r.fsm.index.Load(); got != snapIndex {
+	if got := r.fsm.Index(); got != snapIndex {
 		t.Fatalf("state index after restoring a version 2 snapshot: %d, want the snapshot's raft index %d", got, snapIndex)
 	}
 	if got := answer(r.Node, "web/a"); got != "drain\n" {

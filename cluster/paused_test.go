@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/history"
 	"github.com/hastate/hastate/internal/testenv"
 )
@@ -92,9 +93,9 @@ func queueChecks(t *testing.T, rec *recorder, l *testNode, n int) (answered func
 	for range n {
 		<-started
 	}
-	queued := l.conf.next.Load()
+	queued := l.reads.Rounds()
 	testenv.Eventually(t, 5*time.Second, func() error {
-		return testenv.Expect(l.conf.next.Load() != queued, "no round began after the checks")
+		return testenv.Expect(l.reads.Rounds() > queued, "no round began after the checks")
 	})
 	return func() []string {
 		wg.Wait()
@@ -250,7 +251,7 @@ func TestLeaderChangeInTheMiddleOfARound(t *testing.T) {
 			term := l.raft.CurrentTerm()
 			for j := range 3 {
 				if j != li {
-					proxies[li][j].holdKind(c.up, true, connQuery)
+					proxies[li][j].holdKind(c.up, true, raftport.KindQuery)
 				}
 			}
 			released := false
@@ -259,7 +260,7 @@ func TestLeaderChangeInTheMiddleOfARound(t *testing.T) {
 					released = true
 					for j := range 3 {
 						if j != li {
-							proxies[li][j].holdKind(c.up, false, connQuery)
+							proxies[li][j].holdKind(c.up, false, raftport.KindQuery)
 						}
 					}
 				}

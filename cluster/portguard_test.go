@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -21,15 +22,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// openFrom is the number of connections the guard holds open from ip.
-func (g *connGuard) openFrom(ip string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.byIP[ip]
-}
-
 func rejected(n *testNode, reason string) int {
-	return int(testutil.ToFloat64(n.metrics.port.rejected.WithLabelValues(reason)))
+	return int(testutil.ToFloat64(n.metrics.port.Rejected.WithLabelValues(reason)))
 }
 
 // dialFrom opens a TCP connection to addr from the loopback address src.
@@ -73,10 +67,10 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 		conns[i] = dialFrom(t, attacker, n0.opts.BindAddr)
 	}
 	testenv.Eventually(t, 5*time.Second, func() error {
-		return testenv.Expect(rejected(n0, rejectPerIP) == flood-DefaultMaxConnsPerIP, "per-address rejections %d, want %d", rejected(n0, rejectPerIP), flood-DefaultMaxConnsPerIP)
+		return testenv.Expect(rejected(n0, "per_ip_cap") == flood-raftport.DefaultMaxConnsPerIP, "per-address rejections %d, want %d", rejected(n0, "per_ip_cap"), flood-raftport.DefaultMaxConnsPerIP)
 	})
-	if got := n0.stream.guard.openFrom(attacker); got != DefaultMaxConnsPerIP {
-		t.Fatalf("%d connections held from %s, want the cap %d", got, attacker, DefaultMaxConnsPerIP)
+	if got := n0.stream.OpenFrom(attacker); got != raftport.DefaultMaxConnsPerIP {
+		t.Fatalf("%d connections held from %s, want the cap %d", got, attacker, raftport.DefaultMaxConnsPerIP)
 	}
 
 	// The cluster works while the attacker holds its share. Meanwhile the
@@ -88,7 +82,7 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 		most := 0
 		for {
 			for _, n := range nodes {
-				most = max(most, n.stream.guard.openFrom("127.0.0.1"))
+				most = max(most, n.stream.OpenFrom("127.0.0.1"))
 			}
 			select {
 			case <-stopSampling:
@@ -110,10 +104,10 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 	}
 	close(stopSampling)
 	most := <-peak
-	if most > DefaultMaxConnsPerIP/2 {
-		t.Errorf("the members held up to %d connections on one node from their address, too close to the cap %d", most, DefaultMaxConnsPerIP)
+	if most > raftport.DefaultMaxConnsPerIP/2 {
+		t.Errorf("the members held up to %d connections on one node from their address, too close to the cap %d", most, raftport.DefaultMaxConnsPerIP)
 	}
-	if held := n0.stream.guard.openFrom(attacker); held != DefaultMaxConnsPerIP {
+	if held := n0.stream.OpenFrom(attacker); held != raftport.DefaultMaxConnsPerIP {
 		t.Errorf("the idle connections were gone (%d left) before the cluster checks ended (%s after the flood): they proved nothing", held, time.Since(start))
 	}
 	t.Logf("cluster elected, applied and answered status %s after the flood; the two other members held at most %d connections on one node",
@@ -122,33 +116,33 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 	// Every connection is closed by the server: the rejected ones at once,
 	// the idle ones at the identify deadline.
 	for i, c := range conns {
-		if !closedWithin(c, start.Add(DefaultIdentifyTimeout+3*time.Second)) {
+		if !closedWithin(c, start.Add(raftport.DefaultIdentifyTimeout+3*time.Second)) {
 			t.Fatalf("idle connection %d still open %s after it was opened", i, time.Since(start))
 		}
 	}
-	if took := time.Since(start); took < DefaultIdentifyTimeout {
-		t.Errorf("idle connections closed after %s, before the identify deadline %s", took, DefaultIdentifyTimeout)
+	if took := time.Since(start); took < raftport.DefaultIdentifyTimeout {
+		t.Errorf("idle connections closed after %s, before the identify deadline %s", took, raftport.DefaultIdentifyTimeout)
 	}
 	testenv.Eventually(t, 2*time.Second, func() error {
-		return testenv.Expect(rejected(n0, rejectIdentify) == DefaultMaxConnsPerIP, "identify rejections %d, want %d", rejected(n0, rejectIdentify), DefaultMaxConnsPerIP)
+		return testenv.Expect(rejected(n0, "identify") == raftport.DefaultMaxConnsPerIP, "identify rejections %d, want %d", rejected(n0, "identify"), raftport.DefaultMaxConnsPerIP)
 	})
-	if got := n0.stream.guard.openFrom(attacker); got != 0 {
+	if got := n0.stream.OpenFrom(attacker); got != 0 {
 		t.Errorf("%d connections from %s still counted after they were closed", got, attacker)
 	}
 
 	for _, n := range nodes {
-		for _, r := range rejectReasons {
+		for _, r := range []string{"per_ip_cap", "total_cap", "tls", "identify", "unknown_kind"} {
 			want := 0
-			if n == n0 && r == rejectPerIP {
-				want = flood - DefaultMaxConnsPerIP
-			} else if n == n0 && r == rejectIdentify {
-				want = DefaultMaxConnsPerIP
+			if n == n0 && r == "per_ip_cap" {
+				want = flood - raftport.DefaultMaxConnsPerIP
+			} else if n == n0 && r == "identify" {
+				want = raftport.DefaultMaxConnsPerIP
 			}
 			if got := rejected(n, r); got != want {
 				t.Errorf("%s: rejected{reason=%q} = %d, want %d (a peer was refused?)", n.opts.ID, r, got, want)
 			}
 		}
-		if got := testutil.ToFloat64(n.metrics.port.tlsEnabled); got != 0 {
+		if got := testutil.ToFloat64(n.metrics.port.TLSEnabled); got != 0 {
 			t.Errorf("%s: hastate_raft_tls_enabled = %v without TLS", n.opts.ID, got)
 		}
 	}
@@ -159,9 +153,9 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 	if !strings.Contains(logs.FilterMessageSnippet("without TLS").All()[0].Message, "--raft-tls-cert") {
 		t.Error("the no-TLS warning does not say which flags turn TLS on")
 	}
-	perIP := logs.FilterField(zap.String("reason", rejectPerIP)).All()
+	perIP := logs.FilterField(zap.String("reason", "per_ip_cap")).All()
 	if len(perIP) == 0 || len(perIP) > 5 {
-		t.Errorf("%d per-address rejection warnings for %d rejections, want a rate-limited few", len(perIP), flood-DefaultMaxConnsPerIP)
+		t.Errorf("%d per-address rejection warnings for %d rejections, want a rate-limited few", len(perIP), flood-raftport.DefaultMaxConnsPerIP)
 	}
 }
 
@@ -170,7 +164,7 @@ func TestRaftPortIdleFloodDoesNotStopTheCluster(t *testing.T) {
 func TestRaftPortCaps(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	n := startNode(t, Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: t.TempDir(),
-		MaxConnsPerIP: 2, MaxConns: 3, IdentifyTimeout: time.Minute})
+		PortLimits: raftport.Limits{MaxConnsPerIP: 2, MaxConns: 3, IdentifyTimeout: time.Minute}})
 	a1, a2 := dialFrom(t, "127.0.0.2", addr), dialFrom(t, "127.0.0.2", addr)
 	over := dialFrom(t, "127.0.0.2", addr)
 	if !closedWithin(over, time.Now().Add(2*time.Second)) {
@@ -178,7 +172,7 @@ func TestRaftPortCaps(t *testing.T) {
 	}
 	dialFrom(t, "127.0.0.3", addr)
 	testenv.Eventually(t, 2*time.Second, func() error {
-		return testenv.Expect(testutil.ToFloat64(n.metrics.port.open) == 3, "open gauge %v, want 3", testutil.ToFloat64(n.metrics.port.open))
+		return testenv.Expect(testutil.ToFloat64(n.metrics.port.Open) == 3, "open gauge %v, want 3", testutil.ToFloat64(n.metrics.port.Open))
 	})
 	if c := dialFrom(t, "127.0.0.4", addr); !closedWithin(c, time.Now().Add(2*time.Second)) {
 		t.Fatal("a connection over the total cap was not closed at once")
@@ -187,7 +181,7 @@ func TestRaftPortCaps(t *testing.T) {
 	// A closed connection frees its place; a stranger's first byte is refused.
 	a1.Close()
 	testenv.Eventually(t, 2*time.Second, func() error {
-		return testenv.Expect(n.stream.guard.openFrom("127.0.0.2") == 1, "a closed connection kept its place")
+		return testenv.Expect(n.stream.OpenFrom("127.0.0.2") == 1, "a closed connection kept its place")
 	})
 	if _, err := a2.Write([]byte{'X'}); err != nil {
 		t.Fatal(err)
@@ -195,15 +189,15 @@ func TestRaftPortCaps(t *testing.T) {
 	if !closedWithin(a2, time.Now().Add(2*time.Second)) {
 		t.Fatal("a connection of unknown kind was not closed")
 	}
-	testenv.Eventually(t, 2*time.Second, func() error { return testenv.Expect(rejected(n, rejectKind) == 1, "unknown kind not counted") })
+	testenv.Eventually(t, 2*time.Second, func() error { return testenv.Expect(rejected(n, "unknown_kind") == 1, "unknown kind not counted") })
 	if c := dialFrom(t, "127.0.0.2", addr); closedWithin(c, time.Now().Add(200*time.Millisecond)) {
 		t.Fatal("a connection within the caps was closed")
 	}
-	if got := [2]int{rejected(n, rejectPerIP), rejected(n, rejectTotal)}; got != [2]int{1, 1} {
+	if got := [2]int{rejected(n, "per_ip_cap"), rejected(n, "total_cap")}; got != [2]int{1, 1} {
 		t.Errorf("rejected per_ip_cap, total_cap = %v, want [1 1]", got)
 	}
 
-	for _, bad := range []Options{{MaxConnsPerIP: -1}, {MaxConns: -1}, {IdentifyTimeout: -1}, {TLS: &tls.Config{}}} {
+	for _, bad := range []Options{{PortLimits: raftport.Limits{MaxConnsPerIP: -1}}, {PortLimits: raftport.Limits{MaxConns: -1}}, {PortLimits: raftport.Limits{IdentifyTimeout: -1}}, {TLS: &tls.Config{}}} {
 		bad.ID, bad.BindAddr, bad.Advertise, bad.DataDir = "x", "127.0.0.1:0", "127.0.0.1:1", t.TempDir()
 		if _, err := New(bad); err == nil {
 			t.Errorf("New accepted %+v", bad)
@@ -219,9 +213,9 @@ type dialStream struct {
 	done chan struct{}
 }
 
-func (d *dialStream) Accept() (net.Conn, error) { <-d.done; return nil, errLayerClosed }
+func (d *dialStream) Accept() (net.Conn, error) { <-d.done; return nil, net.ErrClosed }
 func (d *dialStream) Close() error              { d.once.Do(func() { close(d.done) }); return nil }
-func (d *dialStream) Addr() net.Addr            { return advertiseAddr("127.0.0.9:1") }
+func (d *dialStream) Addr() net.Addr            { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 9), Port: 1} }
 func (d *dialStream) Dial(raft.ServerAddress, time.Duration) (net.Conn, error) {
 	return d.dial()
 }
@@ -231,7 +225,7 @@ func (d *dialStream) Dial(raft.ServerAddress, time.Duration) (net.Conn, error) {
 // and no raft RPC through, and every attempt is counted.
 func TestRaftPortRefusesStrangersWithTLS(t *testing.T) {
 	cert, key, ca := writeCerts(t, t.TempDir())
-	conf, err := MutualTLS(cert, key, ca)
+	conf, err := raftport.MutualTLS(cert, key, ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,12 +236,12 @@ func TestRaftPortRefusesStrangersWithTLS(t *testing.T) {
 		// TLS handshake waiting for a record header until this deadline;
 		// not shorter, because a member's own handshake on a loaded
 		// machine (-race, two cores) took over 1s and was refused.
-		o.IdentifyTimeout = 2 * time.Second
+		o.PortLimits.IdentifyTimeout = 2 * time.Second
 		o.PeerQueries = map[string]func() any{"pollers": func() any { return secret }}
 	})
 	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Expect(leaderOf(nodes) != nil, "no leader over TLS") })
 	n0, addr := nodes[0], nodes[0].opts.BindAddr
-	if raw, err := nodes[1].stream.query(addr, "pollers", 2*time.Second); err != nil || !bytes.Contains(raw, []byte(secret)) {
+	if raw, err := nodes[1].stream.Query(addr, "pollers", 2*time.Second); err != nil || !bytes.Contains(raw, []byte(secret)) {
 		t.Fatalf("a member's query: %s, %v", raw, err)
 	}
 
@@ -291,20 +285,20 @@ func TestRaftPortRefusesStrangersWithTLS(t *testing.T) {
 	// dialed again) is counted too, and must not fail this check.
 	counted := func(what string, attempt func()) {
 		t.Helper()
-		before := rejected(n0, rejectTLS)
+		before := rejected(n0, "tls")
 		attempt()
 		testenv.Eventually(t, 5*time.Second, func() error {
-			return testenv.Expect(rejected(n0, rejectTLS) > before, "%s: not counted (rejected{reason=tls} stayed %d)", what, before)
+			return testenv.Expect(rejected(n0, "tls") > before, "%s: not counted (rejected{reason=tls} stayed %d)", what, before)
 		})
 	}
 	for _, s := range strangers {
 		counted(s.name+" status", func() {
-			if got := exchange(s.dial, []byte{connStatus}); json.Valid(got) || bytes.Contains(got, []byte(`"n0"`)) {
+			if got := exchange(s.dial, []byte{raftport.KindStatus}); json.Valid(got) || bytes.Contains(got, []byte(`"n0"`)) {
 				t.Errorf("%s: status answered: %q", s.name, got)
 			}
 		})
 		counted(s.name+" named query", func() {
-			if got := exchange(s.dial, append([]byte{connQuery}, "pollers\n"...)); bytes.Contains(got, []byte(secret)) {
+			if got := exchange(s.dial, append([]byte{raftport.KindQuery}, "pollers\n"...)); bytes.Contains(got, []byte(secret)) {
 				t.Errorf("%s: named query answered: %q", s.name, got)
 			}
 		})
@@ -316,7 +310,7 @@ func TestRaftPortRefusesStrangersWithTLS(t *testing.T) {
 			ds := &dialStream{done: make(chan struct{}), dial: func() (net.Conn, error) {
 				c, err := s.dial()
 				if err == nil {
-					_, err = c.Write([]byte{connRaft})
+					_, err = c.Write([]byte{raftport.KindRaft})
 				}
 				return c, err
 			}}
@@ -331,15 +325,15 @@ func TestRaftPortRefusesStrangersWithTLS(t *testing.T) {
 			t.Errorf("%s: raft RPC went through (err %v, term %d -> %d)", s.name, err, term, n0.raft.CurrentTerm())
 		}
 	}
-	if got, want := rejected(n0, rejectTLS), 3*len(strangers); got < want {
+	if got, want := rejected(n0, "tls"), 3*len(strangers); got < want {
 		t.Errorf("rejected{reason=tls} = %d, want at least %d (one per attempt)", got, want)
 	}
 	for _, n := range nodes {
-		if got := testutil.ToFloat64(n.metrics.port.tlsEnabled); got != 1 {
+		if got := testutil.ToFloat64(n.metrics.port.TLSEnabled); got != 1 {
 			t.Errorf("%s: hastate_raft_tls_enabled = %v with TLS", n.opts.ID, got)
 		}
-		if n != n0 && rejected(n, rejectTLS) != 0 {
-			t.Errorf("%s refused %d TLS connections: a member was refused", n.opts.ID, rejected(n, rejectTLS))
+		if n != n0 && rejected(n, "tls") != 0 {
+			t.Errorf("%s refused %d TLS connections: a member was refused", n.opts.ID, rejected(n, "tls"))
 		}
 	}
 }

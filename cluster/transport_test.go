@@ -9,58 +9,23 @@ import (
 	"io"
 	"net"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
-	"github.com/hastate/hastate/internal/ratelog"
+	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 )
-
-// failingListener fails every Accept with err.
-type failingListener struct {
-	net.Listener
-	err error
-}
-
-func (l failingListener) Accept() (net.Conn, error) { return nil, l.err }
-
-// The raft port's accept loop follows internal/accept: a permanent Accept
-// error ends it and is reported (the wiring restarts the replica), not
-// retried forever.
-func TestRaftAcceptFailureIsReported(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	s := &streamLayer{ln: failingListener{ln, &net.OpError{Op: "accept", Net: "tcp", Err: syscall.EPERM}}, log: zap.NewNop(),
-		retries: ratelog.New(time.Second, nil), failed: make(chan error, 1), closed: make(chan struct{})}
-	s.wg.Add(1)
-	go s.acceptLoop()
-	n := &Node{stream: s}
-	select {
-	case err := <-n.ListenerFailed():
-		if !errors.Is(err, syscall.EPERM) {
-			t.Fatalf("ListenerFailed: %v, want EPERM", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a permanent accept error was not reported")
-	}
-	s.wg.Wait()
-}
 
 // The status is the named query "status"; a replica of an older version
 // knows no such query (it answers null) but answers the kind byte
-// connStatus, and is asked that way: a rolling upgrade works both ways.
+// raftport.KindStatus, and is asked that way: a rolling upgrade works both ways.
 func TestStatusIsANamedQueryAndOlderReplicasAreAskedTheirWay(t *testing.T) {
 	n := startLeader(t, Options{PeerQueries: map[string]func() any{"pollers": func() any { return []string{"p"} }}})
 	addr := n.opts.BindAddr
-	raw, err := n.stream.query(addr, statusQuery, 2*time.Second)
+	raw, err := n.stream.Query(addr, raftport.StatusQuery, 2*time.Second)
 	var st api.PeerStatus
 	if err != nil || json.Unmarshal(raw, &st) != nil || st.ID != "n1" || st.State != "leader" {
 		t.Fatalf("the named query status: %s, %v; want n1's status as leader", raw, err)
@@ -71,13 +36,13 @@ func TestStatusIsANamedQueryAndOlderReplicasAreAskedTheirWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	_, _ = c.Write([]byte{connStatus})
+	_, _ = c.Write([]byte{raftport.KindStatus})
 	got, _ := io.ReadAll(c)
 	c.Close()
 	if !bytes.Contains(got, []byte(`"id":"n1"`)) {
-		t.Errorf("connStatus from an older replica answered %q, want n1's status", got)
+		t.Errorf("raftport.KindStatus from an older replica answered %q, want n1's status", got)
 	}
-	if raw, err := n.stream.query(addr, "no such query", 2*time.Second); err != nil || string(raw) != "null" {
+	if raw, err := n.stream.Query(addr, "no such query", 2*time.Second); err != nil || string(raw) != "null" {
 		t.Errorf("an unknown query: %s, %v; want null", raw, err)
 	}
 
@@ -99,31 +64,31 @@ func TestStatusIsANamedQueryAndOlderReplicasAreAskedTheirWay(t *testing.T) {
 			r := bufio.NewReader(c)
 			kind, _ := r.ReadByte()
 			switch kind {
-			case connQuery:
+			case raftport.KindQuery:
 				name, _ := r.ReadString('\n')
 				asked = append(asked, "Q "+strings.TrimSpace(name))
 				_, _ = io.WriteString(c, "null\n")
-			case connStatus:
+			case raftport.KindStatus:
 				asked = append(asked, "S")
 				_, _ = io.WriteString(c, `{"id":"old","state":"follower","state_index":7}`+"\n")
 			}
 			c.Close()
 		}
 	}()
-	st, err = n.stream.queryStatus(ln.Addr().String(), 2*time.Second)
+	st, err = n.stream.QueryStatus(ln.Addr().String(), 2*time.Second)
 	<-done
 	if err != nil || st.ID != "old" || st.StateIndex != 7 {
-		t.Fatalf("status of an older replica: %+v, %v; want its answer to connStatus", st, err)
+		t.Fatalf("status of an older replica: %+v, %v; want its answer to raftport.KindStatus", st, err)
 	}
 	if fmt.Sprint(asked) != "[Q status S]" {
-		t.Errorf("asked the older replica %v, want the named query, then connStatus", asked)
+		t.Errorf("asked the older replica %v, want the named query, then raftport.KindStatus", asked)
 	}
 }
 
 func TestAStatusPeerQueryIsRefused(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	_, err := New(Options{ID: "n1", BindAddr: addr, Advertise: addr, DataDir: t.TempDir(), Registerer: prometheus.NewRegistry(),
-		PeerQueries: map[string]func() any{statusQuery: func() any { return nil }}})
+		PeerQueries: map[string]func() any{raftport.StatusQuery: func() any { return nil }}})
 	if err == nil || !strings.Contains(err.Error(), "status query") {
 		t.Fatalf("New with a peer query named status: %v, want it refused", err)
 	}

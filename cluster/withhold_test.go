@@ -34,7 +34,7 @@ type cutProxy struct {
 	pending   []*heldBytes
 	heldBytes [2]int
 	// holdOnly, when set, limits holding to the connections whose first
-	// byte (the stream layer's kind: connRaft, connQuery) it is.
+	// byte (the stream layer's kind: raftport.KindRaft, raftport.KindQuery) it is.
 	holdOnly byte
 }
 
@@ -430,7 +430,7 @@ func TestIsolatedLeaderStepsDownAndWithholds(t *testing.T) {
 	// Confirmed just before the cut: no round failing since before it.
 	testenv.Eventually(t, 5*time.Second, func() error {
 		ok, _ := l.Ready()
-		return testenv.Expect(ok && confirmedAnswer(l.Node, "web/a") == "maint\n" && l.conf.failSince.Load() == 0, "leader not ready and confirming")
+		return testenv.Expect(ok && confirmedAnswer(l.Node, "web/a") == "maint\n" && l.reads.FailingSince().IsZero(), "leader not ready and confirming")
 	})
 	isolate(proxies, indexOf(nodes, l), true)
 	cut := time.Now()
@@ -448,8 +448,8 @@ func TestIsolatedLeaderStepsDownAndWithholds(t *testing.T) {
 	// in flight at the cut (it began before it; a loaded machine made
 	// that round long: the 1 in 15 failures of this test under load).
 	from := cut
-	if fs := l.conf.failSince.Load(); fs != 0 && time.Unix(0, fs).Before(from) {
-		from = time.Unix(0, fs)
+	if fs := l.reads.FailingSince(); !fs.IsZero() && fs.Before(from) {
+		from = fs
 	}
 	if since := time.Since(from); since < grace {
 		t.Fatalf("isolated leader withheld %s after the cut (%s after its first failing round began), before the grace; withholding %v",
@@ -467,31 +467,4 @@ func TestIsolatedLeaderStepsDownAndWithholds(t *testing.T) {
 	})
 	t.Logf("isolated leader stepped down %s after the cut and withheld %s after it (grace %s)",
 		stepDown.Round(time.Millisecond), withheld.Round(time.Millisecond), grace)
-}
-
-func TestWithholdSet(t *testing.T) {
-	var s withholdSet
-	if s.any() || s.details() != "" {
-		t.Fatal("zero set withholds")
-	}
-	if !s.set(withholdLeaderless, true) || s.set(withholdLeaderless, true) {
-		t.Fatal("set reports changes wrongly")
-	}
-	s.set(withholdCatchingUp, true)
-	if got := s.labels(); strings.Join(got, ",") != "catching_up,leaderless" {
-		t.Fatalf("labels %v", got)
-	}
-	if d := s.details(); !strings.Contains(d, "caught up") || !strings.Contains(d, "--leaderless-grace") {
-		t.Fatalf("details %q", d)
-	}
-	s.set(withholdCatchingUp, false)
-	s.set(withholdLeaderless, false)
-	if s.any() {
-		t.Fatal("cleared set still withholds")
-	}
-	for _, r := range withholdReasons() {
-		if l, _ := r.info(); l == "unknown" {
-			t.Errorf("reason %d has no label: add it to withholdReason.info", r)
-		}
-	}
 }

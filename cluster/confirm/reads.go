@@ -220,6 +220,15 @@ func (rs *Reads) Labels() []string { return rs.withheld.labels() }
 // success).
 func (rs *Reads) LastError() error { return rs.conf.lastError() }
 
+// FailingSince is when the confirmation rounds began to fail, every one
+// since (zero: the last one confirmed).
+func (rs *Reads) FailingSince() time.Time {
+	if fs := rs.conf.failSince.Load(); fs != 0 {
+		return time.Unix(0, fs)
+	}
+	return time.Time{}
+}
+
 // Rounds is the number of confirmation rounds begun so far.
 func (rs *Reads) Rounds() uint64 { return rs.conf.rounds.Load() }
 

@@ -549,5 +549,3 @@ func (f *FSM) Raw(key string) (string, bool) {
 	defer f.mu.Unlock()
 	return f.mirror.Raw(key)
 }
-
-

@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/state"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // entry encodes a Command as raft log data, as the leader writes it.
@@ -27,30 +25,17 @@ func entry(t testing.TB, c Command) []byte {
 	return b
 }
 
-// crashEntries are the entries a leader that did not validate ramp policies
-// committed for issue 7's report: config/ramp {"duration":"0","interval":"0"}
-// was accepted, and drain -> ready with a key's 10m ramp divided by the
-// interval 0 on every replica, again at every log replay.
-func crashEntries(t testing.TB) [][]byte {
-	bad := state.RampPolicy{Start: 10, Interval: 0, Aggression: 1}
-	at := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
-	kv := func(i uint64, key, val string) []byte {
-		return entry(t, Command{Type: CmdKV, KVIndex: i, At: at, Ramp: bad, Change: state.Change{Set: map[string]string{key: val}}})
-	}
-	return [][]byte{
-		kv(1, "config/ramp", `{"duration":"0","interval":"0"}`),
-		kv(2, "state/web/a", `{"state":"drain","ramp":"10m"}`),
-		kv(3, "state/web/a", `{"state":"ready","ramp":"10m"}`),
-	}
-}
-
-// rejectedEntries are entries the FSM cannot apply as written.
+// rejectedEntries are entries the FSM cannot apply as written, one per
+// line of testdata/rejected-entries.jsonl (the node's tests replay them
+// through raft too): first the entries a leader that did not validate ramp
+// policies committed for issue 7's report (config/ramp
+// {"duration":"0","interval":"0"} was accepted, and drain -> ready with a
+// key's 10m ramp divided by the interval 0 on every replica, again at every
+// log replay), then a value of the wrong JSON type, bytes that are not
+// JSON, and ramp steps with absurd weights and targets.
 func rejectedEntries(t testing.TB) [][]byte {
-	return append(crashEntries(t),
-		[]byte(`{"type":"kv","change":{"set":{"state/web/a":7}}}`), // wrong JSON type
-		[]byte(`not json at all`),
-		entry(t, Command{Type: CmdRamp, Steps: state.RampSteps{Weights: map[string]int{"web/a": math.MaxInt, "web/b": math.MinInt}, Done: []string{"", "nope"}}}),
-	)
+	t.Helper()
+	return testenv.Lines(t, "testdata/rejected-entries.jsonl")
 }
 
 func TestFSMApplyIsTotal(t *testing.T) {

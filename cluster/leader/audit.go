@@ -16,8 +16,8 @@ const (
 	// maxLoggedChanges caps the keys named in one "kv change applied"
 	// line; the rest are counted.
 	maxLoggedChanges = 20
-	// maxLoggedValue cuts values in logs.
-	maxLoggedValue = 200
+	// MaxLoggedValue is the length, in bytes, values are cut to in logs.
+	MaxLoggedValue = 200
 )
 
 // keyChange is one key of a KV change as logged: its old and new state.
@@ -85,10 +85,10 @@ func describe(key, raw string, present bool) string {
 }
 
 func cutValue(s string) string {
-	if len(s) <= maxLoggedValue {
+	if len(s) <= MaxLoggedValue {
 		return s
 	}
-	return s[:maxLoggedValue] + "..."
+	return s[:MaxLoggedValue] + "..."
 }
 
 // logInvalid logs every state key the change sets to something that does

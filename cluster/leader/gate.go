@@ -24,9 +24,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// levelEvery is how often the leader asks its peers for their level while
+// LevelEvery is how often the leader asks its peers for their level while
 // a level waits.
-const levelEvery = time.Second
+const LevelEvery = time.Second
 
 // levelFeatures names what each level brings, for the operator.
 var levelFeatures = map[int]string{
@@ -90,13 +90,13 @@ func heldText(capped int) string {
 // not apply entries as the others do; see docs/deploy.md, Upgrades).
 func (d *Duties) levelLoop(ctx context.Context) {
 	defer d.levelWaiting.Store(nil)
-	t := time.NewTicker(levelEvery)
+	t := time.NewTicker(LevelEvery)
 	defer t.Stop()
 	var said string
 	for {
 		cur := d.o.FSM.Level()
 		next := min(cur+1, d.o.FSM.MaxLevel())
-		below := d.below(next, d.o.Peers.Statuses(levelEvery), cur < next)
+		below := d.below(next, d.o.Peers.Statuses(LevelEvery), cur < next)
 		var w string
 		switch {
 		case len(below) > 0 && cur >= d.o.FSM.MaxLevel():

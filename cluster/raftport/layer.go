@@ -28,14 +28,14 @@ import (
 // (api.PeerStatus) is the named query "status" (StatusQuery); the node adds
 // others (Config.Queries, ArgQueries, Lines).
 const (
-	connRaft  byte = 'R'
-	connQuery byte = 'Q' // followed by a query name and LF; answered with JSON
-	// connStatus is how replicas of versions before "status" was a named
+	KindRaft  byte = 'R'
+	KindQuery byte = 'Q' // followed by a query name and LF; answered with JSON
+	// KindStatus is how replicas of versions before "status" was a named
 	// query ask for it: the kind byte alone. It is answered as the query
 	// "status", and asked only of a replica that answers that query with
 	// null (one of those versions, which knows no such name), so that a
 	// rolling upgrade works in both directions.
-	connStatus byte = 'S'
+	KindStatus byte = 'S'
 )
 
 // StatusQuery is the name of the node's own status query.
@@ -261,13 +261,13 @@ func (s *Layer) route(c net.Conn) {
 	}
 	_ = c.SetDeadline(time.Time{})
 	switch kind[0] {
-	case connRaft:
+	case KindRaft:
 		select {
 		case s.raftConns <- c:
 		case <-s.closed:
 			c.Close()
 		}
-	case connStatus, connQuery:
+	case KindStatus, KindQuery:
 		select {
 		case <-s.queriesReady:
 		case <-s.closed:
@@ -283,14 +283,14 @@ func (s *Layer) route(c net.Conn) {
 // ServeQueries lets named queries (the status among them) be answered.
 func (s *Layer) ServeQueries() { s.readyOnce.Do(func() { close(s.queriesReady) }) }
 
-// answer serves one named query (connStatus: the query "status") and
+// answer serves one named query (KindStatus: the query "status") and
 // closes the connection. An unknown name is answered with null.
 func (s *Layer) answer(c net.Conn, kind byte) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	name := StatusQuery
 	var r *bufio.Reader
-	if kind == connQuery {
+	if kind == KindQuery {
 		r = bufio.NewReaderSize(c, 64)
 		line, err := readLine(r, 64)
 		if err != nil {
@@ -364,7 +364,7 @@ func (s *Layer) Addr() net.Addr { return s.advertise }
 
 // Dial resolves the peer's name now, not at start-up.
 func (s *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return s.dial(string(address), connRaft, timeout)
+	return s.dial(string(address), KindRaft, timeout)
 }
 
 func (s *Layer) dial(address string, kind byte, timeout time.Duration) (net.Conn, error) {
@@ -391,7 +391,7 @@ func (s *Layer) dial(address string, kind byte, timeout time.Duration) (net.Conn
 // Query asks the node at address for the answer to a named query: JSON,
 // null if it knows no such query.
 func (s *Layer) Query(address, name string, timeout time.Duration) (json.RawMessage, error) {
-	c, err := s.dial(address, connQuery, timeout)
+	c, err := s.dial(address, KindQuery, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -414,7 +414,7 @@ func (s *Layer) QueryWith(address, name string, arg []byte, timeout time.Duratio
 	if len(arg) >= maxQueryArg || bytes.IndexByte(arg, '\n') >= 0 {
 		return nil, fmt.Errorf("peer query %q: the argument is longer than %d bytes or holds a line break", name, maxQueryArg)
 	}
-	c, err := s.dial(address, connQuery, timeout)
+	c, err := s.dial(address, KindQuery, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +430,7 @@ func (s *Layer) QueryWith(address, name string, arg []byte, timeout time.Duratio
 
 // QueryStatus asks the node at address for its api.PeerStatus, the named
 // query "status"; a replica of an older version answers that with null,
-// and is asked the way it knows (connStatus).
+// and is asked the way it knows (KindStatus).
 func (s *Layer) QueryStatus(address string, timeout time.Duration) (api.PeerStatus, error) {
 	var st api.PeerStatus
 	raw, err := s.Query(address, StatusQuery, timeout)
@@ -444,10 +444,10 @@ func (s *Layer) QueryStatus(address string, timeout time.Duration) (api.PeerStat
 	return st, err
 }
 
-// legacyStatus asks for the status with connStatus, as versions before
+// legacyStatus asks for the status with KindStatus, as versions before
 // the named query did.
 func (s *Layer) legacyStatus(address string, timeout time.Duration) (json.RawMessage, error) {
-	c, err := s.dial(address, connStatus, timeout)
+	c, err := s.dial(address, KindStatus, timeout)
 	if err != nil {
 		return nil, err
 	}

@@ -69,7 +69,7 @@ func (lc *LineConn) Ask(addr, query, line string, deadline time.Time, v any) (kn
 		lc.Close()
 	}
 	if lc.c == nil {
-		c, err := lc.layer.dial(addr, connQuery, time.Until(deadline))
+		c, err := lc.layer.dial(addr, KindQuery, time.Until(deadline))
 		if err != nil {
 			return true, err
 		}

@@ -31,14 +31,23 @@ var allowed = map[string][]string{
 	"internal/nemesis": {},
 
 	// The service, bottom up.
-	"state":   {},
-	"api":     {"state"},
-	"kvsync":  {"state", "api"},
-	"cluster": {"state", "api", "internal/accept", "internal/lifecycle", "internal/ratelog"},
-	"server":  {"state", "api", "internal/accept", "internal/ratelog"},
+	"state":  {},
+	"api":    {"state"},
+	"kvsync": {"state", "api"},
+	// cluster/ is the node and its parts. The parts import none of
+	// the node and only the fsm of each other (the leader writes its
+	// entries): see TestClusterPartsDoNotImportTheNode.
+	"cluster/raftport": {"api", "internal/accept", "internal/ratelog"},
+	"cluster/fsm":      {"state"},
+	"cluster/confirm":  {"state", "api", "internal/ratelog"},
+	"cluster/leader":   {"state", "api", "cluster/fsm"},
+	"cluster": {"state", "api", "cluster/raftport", "cluster/fsm", "cluster/confirm", "cluster/leader",
+		"internal/lifecycle", "internal/ratelog"},
+	"server": {"state", "api", "internal/accept", "internal/ratelog"},
 
 	// The top layer: the binary, its wiring and the operator library.
-	"cmd/hastate/internal/app": {"state", "api", "kvsync", "cluster", "server", "internal/lifecycle", "internal/version"},
+	"cmd/hastate/internal/app": {"state", "api", "kvsync", "cluster", "cluster/raftport", "cluster/leader", "server",
+		"internal/lifecycle", "internal/version"},
 	"cmd/hastate/internal/ctl": {"state", "api"},
 	"cmd/hastate/internal/ctl/fleet": {"state", "api", "kvsync",
 		"cmd/hastate/internal/ctl"},
@@ -140,6 +149,33 @@ func TestTestSupportOnlyInTests(t *testing.T) {
 		for _, dep := range deps {
 			if slices.Contains(support, dep) {
 				t.Errorf("%s imports the test support package %s outside its tests", pkg, dep)
+			}
+		}
+	}
+}
+
+// The parts of cluster/ (the raft port, the state machine, confirmed
+// reads, the leader's duties) are handed to the node: none of them
+// imports the node, so that each can be read, changed and tested without
+// it (cluster/DESIGN.md). The table above says the same; this test names
+// the rule, so that a change of the table alone cannot drop it.
+func TestClusterPartsDoNotImportTheNode(t *testing.T) {
+	got := imports(t, false)
+	for _, part := range []string{"cluster/raftport", "cluster/fsm", "cluster/confirm", "cluster/leader"} {
+		deps, ok := got[part]
+		if !ok {
+			t.Errorf("%s is gone: update this test, the table and cluster/DESIGN.md", part)
+		}
+		if slices.Contains(deps, "cluster") {
+			t.Errorf("%s imports the node (cluster): hand it what it needs through an interface it declares instead", part)
+		}
+		for _, transportOrFSM := range []string{"cluster/raftport", "cluster/fsm"} {
+			if part == transportOrFSM {
+				for _, dep := range deps {
+					if strings.HasPrefix(dep, "cluster") {
+						t.Errorf("%s imports %s: the raft port and the state machine need no other part of cluster/", part, dep)
+					}
+				}
 			}
 		}
 	}

@@ -100,3 +100,35 @@ func WriteRaftTLS(t testing.TB, dir string) (cert, key, ca string) {
 	}
 	return write("raft.crt", certPEM), write("raft.key", keyPEM), write("raft-ca.crt", c.PEM)
 }
+
+// TLSDir is one replica's three raft TLS files (NewTLSDir): its
+// certificate, its key and the CA bundle it trusts.
+type TLSDir struct{ Cert, Key, CA string }
+
+// NewTLSDir names the three files in a new temporary directory; none is
+// written yet.
+func NewTLSDir(t testing.TB) TLSDir {
+	d := t.TempDir()
+	return TLSDir{filepath.Join(d, "tls.crt"), filepath.Join(d, "tls.key"), filepath.Join(d, "ca.crt")}
+}
+
+// Write writes what is not nil, each file by rename (as a file on disk
+// changes at once, like a Secret's volume); nil leaves a file as it is.
+func (d TLSDir) Write(t testing.TB, cert, key, ca []byte) {
+	t.Helper()
+	for _, f := range []struct {
+		path string
+		b    []byte
+	}{{d.Cert, cert}, {d.Key, key}, {d.CA, ca}} {
+		if f.b == nil {
+			continue
+		}
+		tmp := f.path + ".tmp"
+		if err := os.WriteFile(tmp, f.b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, f.path); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,7 +1,8 @@
-package cluster
+package confirm
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -81,4 +82,31 @@ func reasonsOf(bits uint32) string {
 	var s withholdSet
 	s.bits.Store(bits)
 	return fmt.Sprint(s.labels())
+}
+
+func TestWithholdSet(t *testing.T) {
+	var s withholdSet
+	if s.any() || s.details() != "" {
+		t.Fatal("zero set withholds")
+	}
+	if !s.set(withholdLeaderless, true) || s.set(withholdLeaderless, true) {
+		t.Fatal("set reports changes wrongly")
+	}
+	s.set(withholdCatchingUp, true)
+	if got := s.labels(); strings.Join(got, ",") != "catching_up,leaderless" {
+		t.Fatalf("labels %v", got)
+	}
+	if d := s.details(); !strings.Contains(d, "caught up") || !strings.Contains(d, "--leaderless-grace") {
+		t.Fatalf("details %q", d)
+	}
+	s.set(withholdCatchingUp, false)
+	s.set(withholdLeaderless, false)
+	if s.any() {
+		t.Fatal("cleared set still withholds")
+	}
+	for _, r := range withholdReasons() {
+		if l, _ := r.info(); l == "unknown" {
+			t.Errorf("reason %d has no label: add it to withholdReason.info", r)
+		}
+	}
 }

@@ -1,25 +1,25 @@
 //go:build !race
 
-package cluster
+package confirm
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/state"
 )
 
 // TestServingAllocs: the agent's read of the serving snapshot, withhold
 // check included, allocates nothing, answering or withholding.
 func TestServingAllocs(t *testing.T) {
-	n := startLeader(t, Options{})
-	if err := n.ApplyKV(context.Background(), 1, map[string]string{"state/web/a": "drain"}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(n.Serving() != nil, "leader does not answer") })
+	_, ms := cluster(t, 1, nil, false, nil)
+	n := ms[0].reads
+	m := state.NewMirror()
+	m.ApplyAt(state.Change{Set: map[string]string{"state/web/a": "drain"}}, time.Now(), state.RampPolicy{})
+	ms[0].state.serving.Store(m.Snapshot())
+	n.withheld.set(withholdCatchingUp, false)
 	req := []byte("web/a")
-	// A bit no loop of the node sets or clears, so the test owns it.
+	// A bit no loop sets or clears, so the test owns it.
 	const testReason = withholdEnd
 	for _, withheld := range []bool{false, true} {
 		n.withheld.set(testReason, withheld)

@@ -1,0 +1,146 @@
+package confirm
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// serverOf is m as a server of the configuration.
+func serverOf(m *member) raft.Server {
+	return raft.Server{ID: raft.ServerID(m.id), Address: raft.ServerAddress(m.addr), Suffrage: raft.Voter}
+}
+
+// TestLeaderRoundWaitsForABusyPeer: a leader's round in which one peer's
+// connection still carries an earlier round's request (a slow peer, or a
+// goroutine the scheduler ran late) and the other peer cannot be reached
+// waits for the busy connection and confirms with it. Skipping the busy
+// peer failed such rounds: in BenchmarkLeaderRoundCost both peers were
+// found busy 7–14 times per run, and those rounds' checks went unanswered.
+func TestLeaderRoundWaitsForABusyPeer(t *testing.T) {
+	net, ms := cluster(t, 3, nil, false, nil)
+	l, busy, cut := ms[0].reads, ms[1], ms[2]
+	net.setCut(cut.addr, true)
+
+	c := l.acks.conn(raft.ServerID(busy.id))
+	c.sem <- struct{}{} // an earlier round's request in flight
+	c.seq.Store(1)
+	released := make(chan struct{})
+	time.AfterFunc(100*time.Millisecond, func() {
+		c.seq.Store(0)
+		<-c.sem
+		close(released)
+	})
+	err := l.confirmLeadership(2, time.Now().Add(2*time.Second))
+	select {
+	case <-released:
+	default:
+		t.Fatalf("the round ended (%v) before the busy connection was free: it did not wait for it", err)
+	}
+	if err != nil {
+		t.Fatalf("round with %s busy for 100ms and %s cut off: %v; want it confirmed by %s once its connection is free", busy.id, cut.id, err, busy.id)
+	}
+
+	// Busy until the deadline: the round fails and says why.
+	c.sem <- struct{}{}
+	c.seq.Store(7)
+	err = l.confirmLeadership(2, time.Now().Add(200*time.Millisecond))
+	c.seq.Store(0)
+	<-c.sem
+	if err == nil || !strings.Contains(err.Error(), "the request of round 7 was still in flight") {
+		t.Fatalf("round with %s busy past the deadline and %s cut off: %v; want it failed, naming the request in flight", busy.id, cut.id, err)
+	}
+}
+
+// TestAckOfARoundThatIsOverSendsNothing: a goroutine of a round that
+// ended before it ran neither sends a request nor holds the peer's
+// connection.
+func TestAckOfARoundThatIsOverSendsNothing(t *testing.T) {
+	net, ms := cluster(t, 3, nil, false, nil)
+	l := ms[0].reads
+	over := make(chan struct{})
+	close(over)
+	peer := serverOf(ms[1])
+	r := l.askAck(peer, ackRequest{ID: ms[0].id, Term: 2, Seq: 42}, time.Now().Add(time.Second), over)
+	if r.ok || r.err == nil || !strings.Contains(r.err.Error(), "round 42 was over before its request was sent") {
+		t.Fatalf("ack of a round that is over: ok=%v err=%v; want no request sent", r.ok, r.err)
+	}
+	c := l.acks.conn(peer.ID)
+	if len(c.sem) != 0 || net.asks.Load() != 0 {
+		t.Fatalf("the connection is held (%d) or a request was sent (%d) for a round that was over", len(c.sem), net.asks.Load())
+	}
+	if got := testutil.ToFloat64(l.m.confirmAcks.WithLabelValues("not_sent")); got != 1 {
+		t.Errorf("hastate_confirm_acks_total{result=not_sent} = %v, want 1", got)
+	}
+}
+
+// TestLeaderRoundAsksWhatAQuorumNeeds: in a cluster of three a round asks
+// one voter, the one whose ack made the last quorum, and the other only
+// when that one fails (at once) or has not answered within the hedge.
+// Before, every round asked both, and each follower answered every round.
+func TestLeaderRoundAsksWhatAQuorumNeeds(t *testing.T) {
+	const hedge = 300 * time.Millisecond
+	net, ms := cluster(t, 3, nil, false, func(o *Options) { o.AckHedge = hedge })
+	l := ms[0].reads
+	preferred := func() *member {
+		l.acks.mu.Lock()
+		defer l.acks.mu.Unlock()
+		for _, m := range ms {
+			if raft.ServerID(m.id) == l.acks.preferred {
+				return m
+			}
+		}
+		return nil
+	}
+
+	// Healthy: one request per round.
+	const rounds = 100
+	for range rounds {
+		if err := l.confirmLeadership(2, time.Now().Add(2*time.Second)); err != nil {
+			t.Fatalf("round on a healthy cluster: %v", err)
+		}
+	}
+	if n := net.asks.Load(); n != rounds {
+		t.Fatalf("%d ack requests for %d rounds of a healthy cluster of three; want one per round (what a quorum needs)", n, rounds)
+	}
+	p := preferred()
+	if p == nil || p == ms[0] {
+		t.Fatalf("preferred peer %v after confirmed rounds", p)
+	}
+
+	// The preferred peer cut off: its failure has the other asked at once,
+	// well before the hedge, and the other is preferred from then on.
+	net.setCut(p.addr, true)
+	start := time.Now()
+	if err := l.confirmLeadership(2, time.Now().Add(2*time.Second)); err != nil {
+		t.Fatalf("round with the preferred peer %s cut off: %v; want it confirmed by the other", p.id, err)
+	}
+	if d := time.Since(start); d >= hedge {
+		t.Errorf("round with the preferred peer cut off took %s: the other was asked only at the hedge (%s), not on the failure", d, hedge)
+	}
+	if q := preferred(); q == p {
+		t.Fatalf("the cut peer %s is still preferred", p.id)
+	}
+	net.setCut(p.addr, false)
+
+	// The (new) preferred peer holds its replies, as a paused process
+	// does: the round asks the other after the hedge and confirms.
+	p = preferred()
+	release := net.silence(p.addr)
+	start = time.Now()
+	err := l.confirmLeadership(2, time.Now().Add(2*time.Second))
+	d := time.Since(start)
+	release()
+	if err != nil {
+		t.Fatalf("round with the preferred peer %s silent: %v; want it confirmed by the other after the hedge", p.id, err)
+	}
+	if d < hedge {
+		t.Errorf("round with the preferred peer silent confirmed after %s, before the hedge (%s): by whom?", d, hedge)
+	}
+	if q := preferred(); q == p {
+		t.Errorf("the silent peer %s is still preferred", p.id)
+	}
+}
