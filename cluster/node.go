@@ -37,7 +37,7 @@ const (
 	// costs a few microseconds on both sides.
 	commitTimeout = 3 * time.Millisecond
 	// logCacheEntries is how many recent raft entries are kept decoded
-	// (see logcache.go): replication reads the last few.
+	// (see fsm/logcache.go): replication reads the last few.
 	logCacheEntries = 64
 	// DefaultLeaderlessGrace is Options.LeaderlessGrace's default: a
 	// leader heartbeats many times a second and a failover takes about 2s.
@@ -117,7 +117,7 @@ type Options struct {
 	// Sightings returns the HAProxy sources this replica's poller table
 	// holds and when each last polled it (only sources that count as an
 	// HAProxy, not a manual probe); the leader records them in raft (see
-	// haproxies.go). Nil: none.
+	// leader/haproxies.go). Nil: none.
 	Sightings func() Sightings
 	// HAProxySyncEvery is how often the leader records what the
 	// replicas saw (0: state.HAProxySyncEvery).
@@ -146,11 +146,11 @@ type Options struct {
 	SnapshotThreshold uint64        // 0: 1024 entries
 	// LeaderlessGrace (0: 3s) is how old this node's last contact with a
 	// raft leader may grow before it withholds every answer and fails
-	// readiness (see withhold.go); it answers again once it has a leader
+	// readiness (see confirm/withhold.go); it answers again once it has a leader
 	// and has caught up. Keep it above a failover (about 2s).
 	LeaderlessGrace time.Duration
 	// ConfirmTimeout (0: DefaultConfirmTimeout) is how long a check waits
-	// for its confirmation (confirm.go) before it is answered nothing.
+	// for its confirmation (confirm/round.go) before it is answered nothing.
 	ConfirmTimeout time.Duration
 	// ConfirmWindow (0: DefaultConfirmWindow) is how long the confirmation
 	// loop waits after the first check that wants a round before it starts

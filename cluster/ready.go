@@ -1,6 +1,6 @@
 package cluster
 
-// This file holds readiness (see withhold.go for what withholds) and the
+// This file holds readiness (see confirm/withhold.go for what withholds) and the
 // node's view of the cluster for /v1/cluster.
 
 import (
@@ -15,7 +15,7 @@ import (
 // Ready reports whether the replica holds state and answers: it has caught
 // up with a leader since it started (and since it was last cut off), and
 // its last contact with a leader is within the leaderless grace; with a
-// human-readable detail either way. The withhold reasons (withhold.go) are
+// human-readable detail either way. The withhold reasons (confirm/withhold.go) are
 // the one place that decides it.
 func (n *Node) Ready() (bool, string) {
 	_, _, synced := n.fsm.Info()

@@ -295,7 +295,7 @@ func TestE2ERollingUpgradeAndBack(t *testing.T) {
 	switch {
 	case wantLevelRise && state.MaxLevel <= prevLevel:
 		t.Fatalf("this build's highest feature level (state.MaxLevel %d) is not above %s's (%d): the level must rise for a release that adds "+
-			"kinds of raft entry (%s replicas withhold every answer once they meet one): add the level (state, cluster/gate.go, docs/deploy.md "+
+			"kinds of raft entry (%s replicas withhold every answer once they meet one): add the level (state, cluster/leader/gate.go, docs/deploy.md "+
 			"Upgrades), or, for a release that adds no kind of entry, set wantLevelRise to false", state.MaxLevel, prevVersion, prevLevel, prevVersion)
 	case !wantLevelRise && state.MaxLevel != prevLevel:
 		t.Fatalf("this build's highest feature level (state.MaxLevel %d) is not %s's (%d), but wantLevelRise is false: "+

@@ -34,10 +34,10 @@ const (
 	withholdLeaderless
 	// withholdNotUnderstood: the replica applied a raft entry it does not
 	// understand (a type or feature level of a newer release); skipping
-	// it would serve what the others do not (gate.go). It stays until the
+	// it would serve what the others do not (leader/gate.go). It stays until the
 	// replica runs a release that understands the entry.
 	withholdNotUnderstood
-	// withholdUnconfirmed: no confirmation round (confirm.go) has
+	// withholdUnconfirmed: no confirmation round (round.go) has
 	// succeeded for longer than --leaderless-grace: the replica answered
 	// nothing for that long, although it may have contact.
 	withholdUnconfirmed
@@ -145,7 +145,7 @@ const maxWithholdReasons = 8
 // Serving returns the serving snapshot unless a withhold reason is in
 // force (nil then), without confirming it with the leader: what a replica
 // would answer from its applied state alone. The agent answers from
-// Confirmed (confirm.go), which adds the confirmation. It never blocks and
+// Confirmed (round.go), which adds the confirmation. It never blocks and
 // never allocates.
 func (rs *Reads) Serving() *state.Snapshot {
 	if rs.withheld.any() {
@@ -173,7 +173,7 @@ type withholdInputs struct {
 	Was uint32
 	// CaughtUp: the catching-up rule (caughtUp) holds now.
 	CaughtUp bool
-	// FailingSince is when the confirmation rounds (confirm.go) began to
+	// FailingSince is when the confirmation rounds (round.go) began to
 	// fail, every one since (zero: the last one confirmed: the FSM held
 	// at least the leader's commit index learned after the round began).
 	// ConfirmedIndex is the last confirmed round's index (0: none yet);

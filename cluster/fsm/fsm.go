@@ -30,7 +30,7 @@ type Command struct {
 	// passed at At).
 	Expire []string `json:"expire,omitempty"`
 	// Level is the feature level a level entry puts in force (see
-	// state.LevelMeta and gate.go).
+	// state.LevelMeta and leader/gate.go).
 	Level int `json:"level,omitempty"`
 	// Source is what a source entry records: the Consul cluster and
 	// prefix the mirror is tied to (state.LevelRecorded). Adopt: an
@@ -48,7 +48,7 @@ type Command struct {
 //
 // Release 0.13.0 knows kv, ramp and expire; it logs and skips any other
 // type. So a new type is written only once every voter advertises a level
-// that includes it (gate.go): level, from 0.14.0 on, is written only then.
+// that includes it (leader/gate.go): level, from 0.14.0 on, is written only then.
 const (
 	CmdKV     = "kv"
 	CmdRamp   = "ramp"
@@ -58,7 +58,7 @@ const (
 	// Consul cluster and prefix; written only once every voter
 	// advertises that level.
 	CmdSource = "source"
-	// CmdHAProxies records which HAProxy nodes exist (haproxies.go),
+	// CmdHAProxies records which HAProxy nodes exist (leader/haproxies.go),
 	// written only once state.LevelRecorded is in force.
 	CmdHAProxies = "haproxies"
 )
