@@ -181,7 +181,10 @@ type ackResult struct {
 	id     raft.ServerID
 	ok     bool
 	legacy bool
-	err    error
+	// otherTerm is the term the peer answered when it was not the
+	// round's (0: none).
+	otherTerm uint64
+	err       error
 }
 
 // confirmLeadership runs the leader's round in term: it asks the other
@@ -192,7 +195,11 @@ type ackResult struct {
 // acknowledging voters cannot make a quorum without peers of an older
 // release (which answer "ack" with null) falls back to raft's VerifyLeader
 // for that round, as the release before did (weaker: see the file
-// comment; DESIGN.md, mixed releases).
+// comment; DESIGN.md, mixed releases), unless a voter answered another
+// term than the round's: that voter has seen a newer term, and raft's
+// VerifyLeader may be credited by replies from before it (a deposed
+// leader's held replies), so the round fails. Whatever confirmed it, a
+// round succeeds only if this node still leads in term when it ends.
 func (rs *Reads) confirmLeadership(term uint64, deadline time.Time) error {
 	servers, err := rs.raft.Configuration()
 	if err != nil {
@@ -200,7 +207,7 @@ func (rs *Reads) confirmLeadership(term uint64, deadline time.Time) error {
 	}
 	acked := map[raft.ServerID]bool{raft.ServerID(rs.o.ID): true}
 	if isQuorum(servers, acked) {
-		return nil // a cluster of one voter
+		return rs.stillLeads(term) // a cluster of one voter
 	}
 	seq := rs.ackSeq.Add(1)
 	// over ends the round for its askAck goroutines that have not sent
@@ -254,7 +261,10 @@ func (rs *Reads) confirmLeadership(term uint64, deadline time.Time) error {
 		defer t.Stop()
 		hedge = t.C
 	}
-	var errs []string
+	var (
+		errs      []string
+		otherTerm uint64 // a term another voter answered (0: none)
+	)
 	for answered := 0; answered < asked; {
 		var r ackResult
 		select {
@@ -270,7 +280,7 @@ func (rs *Reads) confirmLeadership(term uint64, deadline time.Time) error {
 			acked[r.id] = true
 			if isQuorum(servers, acked) {
 				rs.acks.prefer(r.id)
-				return nil
+				return rs.stillLeads(term)
 			}
 		case r.legacy:
 			legacy++
@@ -279,12 +289,18 @@ func (rs *Reads) confirmLeadership(term uint64, deadline time.Time) error {
 				zap.String("peer_id", string(r.id)))
 			ask(1)
 		default:
+			if r.otherTerm != 0 {
+				otherTerm = r.otherTerm
+			}
 			errs = append(errs, r.err.Error())
 			ask(1)
 		}
 		if answered == asked {
 			ask(len(peers)) // every request answered, no quorum yet: ask the rest now
 		}
+	}
+	if legacy > 0 && otherTerm != 0 {
+		return fmt.Errorf("confirm leadership in term %d: a voter is in term %d, so raft's VerifyLeader (the older releases' check) is not asked: %v", term, otherTerm, errs)
 	}
 	if legacy > 0 {
 		return rs.verifyLeader(term, deadline)
@@ -358,6 +374,7 @@ func (rs *Reads) askAck(s raft.Server, req ackRequest, deadline time.Time, over 
 		c.lc.Close()
 		r.err = fmt.Errorf("%s answered as %q for round %d, not as itself for round %d", s.ID, ans.ID, ans.Seq, req.Seq)
 	case ans.Term != req.Term:
+		r.otherTerm = ans.Term
 		r.err = fmt.Errorf("%s is in term %d, not %d", s.ID, ans.Term, req.Term)
 	default:
 		r.ok = true
@@ -380,8 +397,17 @@ func (rs *Reads) verifyLeader(term uint64, deadline time.Time) error {
 	case <-t.C:
 		return fmt.Errorf("verify leadership: %w", errConfirmTimeout)
 	}
-	if rs.raft.CurrentTerm() != term {
-		return fmt.Errorf("verify leadership: term changed from %d", term)
+	return rs.stillLeads(term)
+}
+
+// stillLeads is nil when this node leads in term now: a confirmation (a
+// quorum's acknowledgements, raft's VerifyLeader) counts only then.
+func (rs *Reads) stillLeads(term uint64) error {
+	switch cur := rs.raft.CurrentTerm(); {
+	case cur != term:
+		return fmt.Errorf("confirm leadership: the term changed from %d to %d during the round", term, cur)
+	case rs.raft.State() != raft.Leader:
+		return fmt.Errorf("confirm leadership: no longer the leader in term %d", term)
 	}
 	return nil
 }

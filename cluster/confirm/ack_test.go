@@ -144,3 +144,74 @@ func TestLeaderRoundAsksWhatAQuorumNeeds(t *testing.T) {
 		t.Errorf("the silent peer %s is still preferred", p.id)
 	}
 }
+
+// TestDeposedLeaderDoesNotFallBackToVerifyLeader is the rolling-upgrade
+// window of issue 43: leader n1 of term 3, n2 of an older release (it
+// answers "ack" with null), n3 already in term 4 (a new leader was
+// elected without n1). raft's VerifyLeader on n1 succeeds, credited by
+// replies held from before the election (TestPausedLeaderNeverConfirms-
+// WithOldReplies shows how). The round must fail: a voter answered a
+// newer term, so no fallback. Before the fix it fell back and confirmed
+// in term 3 what a term-4 leader may have changed since.
+func TestDeposedLeaderDoesNotFallBackToVerifyLeader(t *testing.T) {
+	net, ms := cluster(t, 3, nil, false, nil)
+	l := ms[0]
+	l.raft.set(func(r *fakeRaft) { r.term = 3 })
+	net.setLegacy(ms[1].addr)
+	ms[2].raft.set(func(r *fakeRaft) { r.term, r.state, r.leaderID = 4, raft.Leader, "n3" })
+	verified := 0
+	l.raft.set(func(r *fakeRaft) { r.verify = func() error { verified++; return nil } })
+	err := l.reads.confirmLeadership(3, time.Now().Add(time.Second))
+	if err == nil || !strings.Contains(err.Error(), "term 4") {
+		t.Fatalf("round of a leader in term 3 with a legacy voter and a voter in term 4: %v (VerifyLeader asked %d times); want it failed, naming term 4", err, verified)
+	}
+	if verified != 0 {
+		t.Errorf("VerifyLeader asked %d times although a voter answered a newer term", verified)
+	}
+
+	// Without the newer term (n3 cut off instead), the legacy voter still
+	// gets the fallback: older releases keep working during an upgrade.
+	ms[2].raft.set(func(r *fakeRaft) { r.term, r.state, r.leaderID = 3, raft.Follower, "n1" })
+	net.setCut(ms[2].addr, true)
+	if err := l.reads.confirmLeadership(3, time.Now().Add(time.Second)); err != nil || verified != 1 {
+		t.Fatalf("round with a legacy voter and the other cut off: %v (VerifyLeader asked %d times), want confirmed by VerifyLeader", err, verified)
+	}
+}
+
+// TestRoundConfirmsOnlyWhileLeading: a round confirms only if its node
+// still leads in the round's term when the round ends, whatever
+// confirmed it: a quorum's acknowledgements, or raft's VerifyLeader
+// (before the fix, only the term was checked after VerifyLeader, and
+// nothing after a quorum).
+func TestRoundConfirmsOnlyWhileLeading(t *testing.T) {
+	net, ms := cluster(t, 3, nil, false, nil)
+	l := ms[0]
+	// Acknowledged by a quorum, but no longer the leader (same term).
+	l.raft.set(func(r *fakeRaft) { r.state = raft.Follower })
+	if err := l.reads.confirmLeadership(2, time.Now().Add(time.Second)); err == nil {
+		t.Fatal("a round of a node that stepped down in its term confirmed")
+	}
+	l.raft.set(func(r *fakeRaft) { r.state = raft.Leader })
+	if err := l.reads.confirmLeadership(2, time.Now().Add(time.Second)); err != nil {
+		t.Fatalf("a round of the leader: %v", err)
+	}
+	// Through VerifyLeader (the other voters of an older release), which
+	// passes while the node steps down in the same term.
+	net.setLegacy(ms[1].addr)
+	net.setLegacy(ms[2].addr)
+	l.raft.set(func(r *fakeRaft) {
+		r.verify = func() error {
+			l.raft.set(func(r *fakeRaft) { r.state = raft.Follower })
+			return nil
+		}
+	})
+	if err := l.reads.confirmLeadership(2, time.Now().Add(time.Second)); err == nil {
+		t.Fatal("a round confirmed by VerifyLeader while the node stepped down in its term confirmed")
+	}
+	// A one-voter cluster: its own vote, while it leads.
+	_, one := cluster(t, 1, nil, false, nil)
+	one[0].raft.set(func(r *fakeRaft) { r.state = raft.Candidate })
+	if err := one[0].reads.confirmLeadership(2, time.Now().Add(time.Second)); err == nil {
+		t.Fatal("a one-voter round of a node that does not lead confirmed")
+	}
+}

@@ -129,6 +129,13 @@ func (n *fakeNet) setCut(addr string, cut bool) {
 	n.cut[addr] = cut
 }
 
+// setLegacy makes addr answer like a release before the query (null).
+func (n *fakeNet) setLegacy(addr string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.legacy[addr] = true
+}
+
 // silence holds the answers of addr until the returned function is called.
 func (n *fakeNet) silence(addr string) (release func()) {
 	ch := make(chan struct{})
