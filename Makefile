@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo demo-reset test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak
+.PHONY: demo demo-reset test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak mutate
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell cat VERSION 2>/dev/null || echo dev)
@@ -150,6 +150,13 @@ SOAK_SEEDS ?= 20
 soak: deps
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) HASTATE_NEMESIS_DURATION=$(SOAK) HASTATE_NEMESIS_SEEDS=$(SOAK_SEEDS) \
 	  $(GO) test -race -count=1 -v -run '^TestE2ENemesis$$' -timeout 6h ./test/
+
+# mutate: removes each safety rule listed in test/mutate/mutations.go, one
+# at a time, from a copy of the tree, runs its package's tests and prints
+# which test caught it; fails on a rule no test misses. Not part of `make
+# test` (a few minutes: each mutation rebuilds and reruns its package).
+mutate:
+	cd test/mutate && CONSUL_BIN=$$(../../scripts/ensure-consul.sh) $(GO) run . -repo ../..
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseValue -fuzztime 30s ./state

@@ -116,17 +116,25 @@ type fakeNet struct {
 	cut     map[string]bool          // address: requests fail at once
 	silent  map[string]chan struct{} // address: requests wait until closed or their deadline
 	legacy  map[string]bool          // address: answers null (an older release)
+	stale   map[string]bool          // address: answers "ack" for the round before (a reply held while paused)
 	asks    atomic.Int64             // requests sent
 }
 
 func newFakeNet() *fakeNet {
-	return &fakeNet{members: map[string]*Reads{}, cut: map[string]bool{}, silent: map[string]chan struct{}{}, legacy: map[string]bool{}}
+	return &fakeNet{members: map[string]*Reads{}, cut: map[string]bool{}, silent: map[string]chan struct{}{}, legacy: map[string]bool{}, stale: map[string]bool{}}
 }
 
 func (n *fakeNet) setCut(addr string, cut bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.cut[addr] = cut
+}
+
+// setStale makes addr answer every "ack" as if for the round before.
+func (n *fakeNet) setStale(addr string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stale[addr] = true
 }
 
 // setLegacy makes addr answer like a release before the query (null).
@@ -181,7 +189,7 @@ func (c *fakeConn) Ask(addr, query, line string, deadline time.Time, v any) (boo
 	c.n.asks.Add(1)
 	c.open = true
 	c.n.mu.Lock()
-	m, cut, silent, legacy := c.n.members[addr], c.n.cut[addr], c.n.silent[addr], c.n.legacy[addr]
+	m, cut, silent, legacy, stale := c.n.members[addr], c.n.cut[addr], c.n.silent[addr], c.n.legacy[addr], c.n.stale[addr]
 	c.n.mu.Unlock()
 	switch {
 	case m == nil || cut:
@@ -218,6 +226,9 @@ func (c *fakeConn) Ask(addr, query, line string, deadline time.Time, v any) (boo
 	switch p := v.(type) {
 	case *ackAnswer:
 		*p = ans.(ackAnswer)
+		if stale {
+			p.Seq--
+		}
 	case *readIndexAnswer:
 		*p = ans.(readIndexAnswer)
 	default:

@@ -462,12 +462,11 @@ func (rs *Reads) ackIsQuorum(id string) bool {
 }
 
 // ackIsQuorum reports whether the acknowledgement of the voter id (another
-// voter than self) and self's vote make a quorum of servers.
+// voter than self) and self's vote make a quorum of servers. (A self that
+// is not a voter needs no check here: isQuorum counts voters only.)
 func ackIsQuorum(servers []raft.Server, self, id string) bool {
-	voter := func(x string) bool {
-		return slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == x && s.Suffrage == raft.Voter })
-	}
-	if id == self || !voter(id) || !voter(self) {
+	voter := slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == id && s.Suffrage == raft.Voter })
+	if id == self || !voter {
 		return false
 	}
 	return isQuorum(servers, map[raft.ServerID]bool{raft.ServerID(self): true, raft.ServerID(id): true})

@@ -1,0 +1,3 @@
+module github.com/hastate/hastate/test/mutate
+
+go 1.26
