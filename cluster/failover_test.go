@@ -33,12 +33,17 @@ func (h *health) fail() {
 
 func startCluster(t *testing.T, mod func(i int, o *Options)) []*testNode {
 	t.Helper()
-	ports := []int{testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)}
+	return startClusterOf(t, 3, mod)
+}
+
+// startClusterOf is startCluster with k voters.
+func startClusterOf(t *testing.T, k int, mod func(i int, o *Options)) []*testNode {
+	t.Helper()
 	var peers []Peer
-	for i, p := range ports {
-		peers = append(peers, Peer{ID: fmt.Sprintf("n%d", i), Address: fmt.Sprintf("127.0.0.1:%d", p)})
+	for i := range k {
+		peers = append(peers, Peer{ID: fmt.Sprintf("n%d", i), Address: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))})
 	}
-	nodes := make([]*testNode, 3)
+	nodes := make([]*testNode, k)
 	for i := range nodes {
 		o := Options{ID: peers[i].ID, BindAddr: peers[i].Address, Advertise: peers[i].Address, Peers: peers, DataDir: t.TempDir()}
 		if mod != nil {
