@@ -400,7 +400,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	})
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
-			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw, Adopter: a}),
+			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw}),
 		ReadHeaderTimeout: min(5*time.Second, a.o.HTTPReadTimeout),
 		ReadTimeout:       a.o.HTTPReadTimeout,
 		WriteTimeout:      a.o.HTTPWriteTimeout,
@@ -463,7 +463,7 @@ func (a *App) watchConsul(ctx context.Context) error {
 
 func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
 	return kvsync.New(kvsync.Options{
-		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
+		Client: a.consul, Prefix: a.o.KVPrefix, Sink: &adoptingSink{n: a.node, log: a.log.Named("adopt")}, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
 		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
 		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait, Identify: a.identify,
 	})
