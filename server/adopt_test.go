@@ -11,7 +11,7 @@ import (
 )
 
 // TestAdoptOverHTTPIsGone (issue 43): no HTTP request adopts a Consul;
-// POST /v1/consul/adopt, as a client of the previous release sends it,
+// POST /v1/consul/adopt, as hastate adopt-consul sent it before issue 43,
 // answers 410 with what to do instead, and the replica has no way to
 // adopt from it (HTTPOptions holds no adopter).
 func TestAdoptOverHTTPIsGone(t *testing.T) {

@@ -60,9 +60,8 @@ yet), or the marker is written but the leader has not adopted within
 may not write the marker (nothing written, nothing adopted).`,
 		Example: `  # what would be adopted (exit 2: --cluster is needed to adopt)
   HASTATE_ADDR=hastate-0:9778 hastate adopt-consul
-  # adopt it: the writer's token, the Consul to adopt
-  CONSUL_HTTP_ADDR=consul-dr:8500 CONSUL_HTTP_TOKEN=$WRITER_TOKEN HASTATE_ADDR=hastate-0:9778 \
-    hastate adopt-consul --cluster 7f42f496-fbc7-8692-05ed-334aa5340c1e --reason "DR fail-over, INC-123"`,
+  # adopt it: CONSUL_HTTP_ADDR the Consul to adopt, CONSUL_HTTP_TOKEN a writer token of that Consul
+  CONSUL_HTTP_ADDR=consul-dr:8500 CONSUL_HTTP_TOKEN=$WRITER_TOKEN hastate adopt-consul --cluster 7f42f496-fbc7-8692-05ed-334aa5340c1e --reason "DR fail-over, INC-123"`,
 		Args: argCount(cobra.NoArgs, "no arguments"),
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
