@@ -1,13 +1,6 @@
 package api
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/hastate/hastate/state"
@@ -117,27 +110,10 @@ type MirrorError struct{ Verdict MirrorVerdict }
 
 func (e *MirrorError) Error() string { return "cannot mirror: " + e.Verdict.String() }
 
-// AdoptRequest is the body of POST /v1/consul/adopt: Cluster is the ID of
-// the Consul cluster to adopt (its servers, for a Consul without Connect),
-// as the operator saw it in /v1/cluster; the leader refuses if its Consul
-// is another.
-type AdoptRequest struct {
-	Cluster string `json:"cluster"`
-}
-
-// AdoptResult is what POST /v1/consul/adopt answers: the source recorded
-// now, the one it replaced (nil: none), and the leader that wrote it.
-// Unchanged: the leader's Consul already was the recorded one.
-type AdoptResult struct {
-	Adopted   MirrorSource  `json:"adopted"`
-	Was       *MirrorSource `json:"was,omitempty"`
-	Leader    string        `json:"leader"`
-	Unchanged bool          `json:"unchanged,omitempty"`
-}
-
-// AdoptError is a refused adoption: Code is the HTTP status (409: this
-// replica is not the leader, LeaderID names it; 422: refused, Message says
-// why and what to do).
+// AdoptError is the answer of POST /v1/consul/adopt, which adopts
+// nothing: Code is the HTTP status (410), Message says what to do instead
+// (the adoption marker, hastate adopt-consul). Before issue 43 the
+// endpoint adopted, unauthenticated, and answered with it when it refused.
 type AdoptError struct {
 	Code     int    `json:"code"`
 	Message  string `json:"error"`
@@ -145,33 +121,3 @@ type AdoptError struct {
 }
 
 func (e *AdoptError) Error() string { return e.Message }
-
-// AdoptConsul asks the replica, which must be the raft leader, to adopt
-// the Consul cluster it reads as the mirror's source (see AdoptRequest).
-func (c *Client) AdoptConsul(ctx context.Context, cluster string) (AdoptResult, error) {
-	body, _ := json.Marshal(AdoptRequest{Cluster: cluster}) // a struct of strings always encodes
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/consul/adopt", bytes.NewReader(body))
-	if err != nil {
-		return AdoptResult{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return AdoptResult{}, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		ae := &AdoptError{}
-		if json.Unmarshal(b, ae) != nil || ae.Message == "" {
-			return AdoptResult{}, &StatusError{Code: resp.StatusCode, Body: strings.TrimSpace(string(b))}
-		}
-		ae.Code = resp.StatusCode
-		return AdoptResult{}, ae
-	}
-	var res AdoptResult
-	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
-		return AdoptResult{}, fmt.Errorf("POST /v1/consul/adopt: %w", err)
-	}
-	return res, nil
-}

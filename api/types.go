@@ -393,7 +393,10 @@ type ConsulIdentity struct {
 	ClusterID string `json:"cluster_id,omitempty"`
 	Namespace string `json:"namespace,omitempty"`
 	Partition string `json:"partition,omitempty"`
-	Error     string `json:"error,omitempty"`
+	// Error is the last read's failure (the rest is the last identity
+	// read), and FailingSince when the reads began to fail.
+	Error        string    `json:"error,omitempty"`
+	FailingSince time.Time `json:"failing_since,omitzero"`
 }
 
 // ConfirmInfo is /v1/cluster's confirm: an agent check is answered only

@@ -84,7 +84,9 @@ func CheckRead(ctx context.Context, c *api.Client, prefix, accessor string) erro
 	// token just deleted or a policy just changed is what it answers.
 	// Checked (withCheck): a 404 proves something only when Consul says
 	// it, not a proxy or another service at the address.
-	q := (&api.QueryOptions{RequireConsistent: true}).WithContext(withCheck(ctx))
+	// One secret: every read of the proof is the same token's (and,
+	// inside a Watcher's attempt, the listing's).
+	q := (&api.QueryOptions{RequireConsistent: true}).WithContext(withCheck(withOneSecret(ctx)))
 	kv := c.KV()
 	_, _, err := kv.Keys(prefix, "/", q)
 	switch {

@@ -78,7 +78,12 @@ type Options struct {
 	// handed to the Sink names, so that the Sink applies a read only from
 	// the source it recorded. It is called before the first read of each
 	// Run, after every failed attempt or index reset, and at least every
-	// IdentifyEvery; an error fails the read. nil: reads name no source.
+	// IdentifyEvery; and again after every listing about to be handed to
+	// the Sink (after its proof), which is handed over only if both reads
+	// name the same source, naming the one read after it. It is called
+	// with the attempt's context: its requests through a NewTokenClient
+	// send the listing's token. An error fails the read. nil: reads name
+	// no source.
 	Identify func(ctx context.Context) (state.MirrorSource, error)
 	// IdentifyEvery is the longest a read's source may be known before it
 	// is read again (0: DefaultIdentifyEvery).

@@ -162,6 +162,27 @@ func (t *Token) AccessorID() string {
 	return t.accessor
 }
 
+// accessorFor names the token requests made with ctx send: an attempt's
+// (withOneSecret) when its secret is still the current one (the anonymous
+// accessor for none), "" when the token changed since; else the current.
+func (t *Token) accessorFor(ctx context.Context) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := ctx.Value(oneSecretKey{}).(*oneSecret)
+	if !ok {
+		return t.accessor
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case !p.set || p.tok != t || p.secret == t.secret:
+		return t.accessor
+	case p.secret == "":
+		return AnonymousAccessor
+	}
+	return ""
+}
+
 // State is the token's description for status.
 func (t *Token) State() TokenState {
 	t.mu.Lock()
@@ -288,11 +309,57 @@ type tokenTransport struct {
 func (t tokenTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Header.Get("X-Consul-Token") == tokenPlaceholder {
 		req = req.Clone(req.Context())
-		if s := t.tok.Secret(); s != "" {
+		s := t.tok.Secret()
+		if p, ok := req.Context().Value(oneSecretKey{}).(*oneSecret); ok {
+			s = p.use(t.tok, s) // one attempt, one secret (withOneSecret)
+		}
+		if s != "" {
 			req.Header.Set("X-Consul-Token", s)
 		} else {
 			req.Header.Del("X-Consul-Token") // Consul's anonymous token
 		}
 	}
 	return t.next.RoundTrip(req)
+}
+
+// oneSecretKey marks a context whose requests all send one secret (see
+// withOneSecret).
+type oneSecretKey struct{}
+
+// oneSecret is the secret the requests of one context send: the Token's
+// current one at the first request, kept for the rest.
+type oneSecret struct {
+	mu     sync.Mutex
+	tok    *Token // whose secret; a request through another Token's client is not pinned
+	set    bool
+	secret string
+}
+
+// use returns the secret to send through tok's transport, cur being
+// tok's current one: the first request's for every request after it.
+func (p *oneSecret) use(tok *Token, cur string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case !p.set:
+		p.tok, p.set, p.secret = tok, true, cur
+	case p.tok != tok:
+		return cur
+	}
+	return p.secret
+}
+
+// withOneSecret marks ctx so that every request made with it through a
+// NewTokenClient transport sends the secret the first one sent, even when
+// the token file changes meanwhile. A read is one attempt of the Watcher:
+// its listing, the proof that the listing's token may read the prefix
+// (CheckRead) and the identity it is applied under are one token's, so
+// that an empty listing made as the anonymous token is never "proven" by
+// the token read from the file a moment later. A ctx marked already is
+// returned as it is (CheckRead inside an attempt keeps the attempt's).
+func withOneSecret(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(oneSecretKey{}).(*oneSecret); ok {
+		return ctx
+	}
+	return context.WithValue(ctx, oneSecretKey{}, &oneSecret{})
 }

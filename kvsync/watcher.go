@@ -113,8 +113,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if failures > 0 {
 			ask = 0
 		}
+		// One attempt, one secret: the listing, its proof and the
+		// identity it is applied under are read with the token the first
+		// request sent, even if the token file changes meanwhile.
+		actx := withOneSecret(ctx)
 		if w.o.Identify != nil && (src == nil || failures > 0 || index == 0 || time.Since(srcAt) >= w.o.IdentifyEvery) {
-			s, err := w.o.Identify(ctx)
+			s, err := w.o.Identify(actx)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -125,7 +129,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 			src, srcAt = &s, time.Now()
 		}
-		got, l, err := w.read(ctx, ask, last)
+		got, l, err := w.read(actx, ask, last)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -155,7 +159,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 				// removes keys, or a first one (it may remove what raft
 				// holds) is applied only once the token is proven able
 				// to read the prefix. Until then the Sink keeps its state.
-				if err := CheckRead(ctx, w.o.Client, w.o.Prefix, w.accessor()); err != nil {
+				if err := CheckRead(actx, w.o.Client, w.o.Prefix, w.accessor(actx)); err != nil {
 					if ctx.Err() != nil {
 						return ctx.Err()
 					}
@@ -164,6 +168,30 @@ func (w *Watcher) Run(ctx context.Context) error {
 					wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
 					continue
 				}
+			}
+			if w.o.Identify != nil {
+				// The identity of the read handed over is read after it
+				// (and its proof), with its token: an address that began
+				// to answer for another cluster since the identity was
+				// last read is caught here, not up to IdentifyEvery later
+				// with that cluster's listing applied as the recorded
+				// one's. Read before and after the listing, the same
+				// cluster both times, or the read is discarded.
+				s, err := w.o.Identify(actx)
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if err == nil && (src == nil || s != *src) {
+					err = fmt.Errorf("%w: %s before the listing, %s after it", errIdentityChanged, src, &s)
+				}
+				if err != nil {
+					src = nil // read again before the next listing
+					failures, since = w.failed(failures, since, index,
+						fmt.Errorf("consul: %d keys listed at index %d, not applied: cannot tell which Consul cluster answered: %w", l.count, got, err), true)
+					wait = max(Backoff(failures-1, w.o.BackoffBase, w.o.BackoffMax), wait)
+					continue
+				}
+				src, srcAt = &s, time.Now()
 			}
 			r := state.KVRead{Index: got, KV: l.full.kv, Source: src, Reread: reread}
 			if l.edits != nil {
@@ -246,7 +274,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 		// not make; for any token that Consul does not know. Filtered:
 		// applying a partial read would clear the states the token
 		// cannot see.
-		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(), "list "+w.o.Prefix, err))
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(ctx), "list "+w.o.Prefix, err))
 	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return 0, listing{}, fmt.Errorf("consul: list %q: no answer within %s: %w", w.o.Prefix, limit, err)
 	case err != nil:
@@ -254,7 +282,7 @@ func (w *Watcher) read(ctx context.Context, index uint64, last held) (uint64, li
 	case meta == nil:
 		return 0, listing{}, fmt.Errorf("consul: list %q: no query metadata in the answer", w.o.Prefix)
 	case meta.ResultsFilteredByACLs:
-		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(), "list "+w.o.Prefix, errFilteredByACLs))
+		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, tokenError(w.o.Prefix, w.accessor(ctx), "list "+w.o.Prefix, errFilteredByACLs))
 	}
 	if !c.done {
 		return 0, listing{}, fmt.Errorf("consul: list %q: %w", w.o.Prefix, errNotNewClient)
@@ -280,6 +308,10 @@ var errNotNewClient = errors.New("the Consul client was not built by kvsync.NewC
 // checkConsulAnswer); what answered is a proxy, a load balancer or
 // another service, and its "nothing here" proves nothing.
 var errNotConsul = errors.New("the answer is not Consul's")
+
+// errIdentityChanged: the Consul cluster read after a listing is not the
+// one read before it; which one answered the listing cannot be told.
+var errIdentityChanged = errors.New("the Consul cluster at the address changed during the read")
 
 var errFilteredByACLs = errors.New("the Consul token may not read every key under the prefix (X-Consul-Results-Filtered-By-ACLs), refusing a partial read")
 
@@ -380,12 +412,13 @@ func consulHint(err error) string {
 	}
 }
 
-// accessor names the token the Watcher's client sends ("" unknown).
-func (w *Watcher) accessor() string {
+// accessor names the token the Watcher's client sends with ctx, an
+// attempt's ("" unknown).
+func (w *Watcher) accessor(ctx context.Context) string {
 	if w.o.Token == nil {
 		return ""
 	}
-	return w.o.Token.AccessorID()
+	return w.o.Token.accessorFor(ctx)
 }
 
 // succeeded records that the Sink holds Consul's content at index.

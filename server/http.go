@@ -57,8 +57,6 @@ type HTTPOptions struct {
 	// Raw reads one mirrored KV key (relative to the prefix) that is not a
 	// state key, such as the migration marker; nil: none.
 	Raw func(key string) (string, bool)
-	// Adopter answers POST /v1/consul/adopt (nil: not served).
-	Adopter Adopter
 	// now is the status page's clock (nil: time.Now); tests set it.
 	now func() time.Time
 }
@@ -89,9 +87,9 @@ func NewHTTPHandler(o HTTPOptions) http.Handler {
 	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, o.Replica.ClusterInfo())
 	})
-	if o.Adopter != nil {
-		mux.HandleFunc("POST /v1/consul/adopt", adoptHandler(o.Adopter))
-	}
+	// No request adopts a Consul (the adoption marker does); an older
+	// CLI is told so.
+	mux.HandleFunc("POST /v1/consul/adopt", adoptGoneHandler)
 	mux.HandleFunc("GET /{$}", h.page)
 	registerDebug(mux)
 	return mux

@@ -1,24 +1,32 @@
 package main
 
 // This file holds hastate adopt-consul: the operator's "this Consul was
-// restored (or rebuilt); mirror it from now on" (docs/runbook.md).
+// restored (or rebuilt); mirror it from now on" (docs/runbook.md), by the
+// adoption marker written with a writer's token (ctl/adopt).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/adopt"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/write"
 	"github.com/spf13/cobra"
 )
 
 func adoptCmd(stdout io.Writer) *cobra.Command {
-	var addr, confirm string
+	var (
+		addr, consulAddr string
+		o                adopt.Options
+	)
 	c := &cobra.Command{
 		Use:   "adopt-consul --cluster <ID>",
-		Short: "Tie the mirror to the Consul cluster the raft leader reads now (after a restore or rebuild)",
-		Long: `Tie the mirror to the Consul cluster the raft leader reads now (after a restore or rebuild).
+		Short: "Mirror another Consul cluster from now on (after a restore or rebuild): write its adoption marker with a writer's token",
+		Long: `Mirror another Consul cluster from now on (after a restore or rebuild): write its adoption marker with a writer's token.
 
 The mirror records which Consul cluster and prefix it mirrors (cluster ID,
 datacenter, namespace, partition, prefix). A leader whose Consul is another
@@ -29,16 +37,31 @@ for good and another one is to be mirrored from now on (a Consul restored
 from a snapshot under a new cluster ID, a rebuilt one, a DR cluster after
 fail-over), adopt it: point every replica at it, make sure its KV holds
 the state (what it holds is what every HAProxy is told once adopted),
-then run this against the raft leader.
+then run this with CONSUL_HTTP_ADDR pointing at that Consul and
+CONSUL_HTTP_TOKEN a token that may write <kv-prefix>config/ there (the
+shipped writer policy).
+
+Adopting takes the same authority as a write to that Consul's prefix: this
+command writes the adoption marker <kv-prefix>config/adopt into it, naming
+the cluster (--cluster, which must be the Consul written to) and the source
+raft records now, and the raft leader adopts the cluster when its own read
+of that Consul holds the marker. No request to a replica's HTTP port adopts
+anything. It then waits (up to --timeout) until the replica at --addr
+reports that raft records the cluster.
 
 Without --cluster it only shows what would be adopted: the recorded source
-and the leader's Consul, with the command to confirm. --cluster must name
-the cluster ID (or, for a Consul without Connect, its servers) that it
-shows, so that a leader that changed meanwhile adopts nothing.`,
+and the replica's Consul, with the command to confirm.
+
+Exit codes: 0 adopted (or raft records the cluster already); 1 not done:
+nothing written (the Consul written to is not --cluster, nothing recorded
+yet), or the marker is written but the leader has not adopted within
+--timeout (it names why; it adopts as soon as it can); 2 no --cluster;
+4 the replica or Consul could not be read; 5 permission denied: the token
+may not write the marker (nothing written, nothing adopted).`,
 		Example: `  # what would be adopted (exit 2: --cluster is needed to adopt)
   HASTATE_ADDR=hastate-0:9778 hastate adopt-consul
-  # adopt it
-  HASTATE_ADDR=hastate-0:9778 hastate adopt-consul --cluster 7f42f496-fbc7-8692-05ed-334aa5340c1e`,
+  # adopt it: CONSUL_HTTP_ADDR the Consul to adopt, CONSUL_HTTP_TOKEN a writer token of that Consul
+  CONSUL_HTTP_ADDR=consul-dr:8500 CONSUL_HTTP_TOKEN=$WRITER_TOKEN hastate adopt-consul --cluster 7f42f496-fbc7-8692-05ed-334aa5340c1e --reason "DR fail-over, INC-123"`,
 		Args: argCount(cobra.NoArgs, "no arguments"),
 		RunE: func(c *cobra.Command, _ []string) error {
 			ctx := c.Context()
@@ -50,33 +73,38 @@ shows, so that a leader that changed meanwhile adopts nothing.`,
 			if err := cl.Get(ctx, "/v1/cluster", &in); err != nil {
 				return fmt.Errorf("%w: read %s/v1/cluster: %v (check --addr / HASTATE_ADDR)", ctl.ErrCannotConfirm, cl.Addr(), err)
 			}
-			if confirm == "" {
+			if o.Cluster == "" {
 				fmt.Fprint(stdout, adoptPlan(in, cl.Addr()))
 				return usageError(c, errors.New("nothing adopted: --cluster <ID> confirms what to adopt"))
 			}
-			res, err := cl.AdoptConsul(ctx, confirm)
-			var ae *api.AdoptError
-			switch {
-			case errors.As(err, &ae):
-				return fmt.Errorf("%w: nothing adopted: %s", ctl.ErrNotDone, ae.Message)
-			case err != nil:
-				return fmt.Errorf("%w: POST %s/v1/consul/adopt: %v (nothing may have been adopted: check /v1/cluster source)", ctl.ErrCannotConfirm, cl.Addr(), err)
-			case res.Unchanged:
-				fmt.Fprintf(stdout, "nothing to adopt: the leader %s reads the recorded Consul (%s)\n", res.Leader, res.Adopted)
-				return nil
+			w, err := write.NewWriter(consulAddr, in.KVPrefix)
+			if err != nil {
+				return err
 			}
-			was := "none"
-			if res.Was != nil {
-				was = res.Was.String()
+			o.Now = time.Now()
+			res, err := adopt.Mark(ctx, replicaInfo{cl}, in, w, o)
+			if err != nil {
+				return err
 			}
-			fmt.Fprintf(stdout, "adopted by the leader %s: %s\nwas: %s\nThe leader applies its next read of this Consul (within a few seconds): every HAProxy is then told what it holds. Check with hastate status; replicas that still read the old cluster cannot lead the mirror (/v1/cluster mirror).\n",
-				res.Leader, res.Adopted, was)
+			res.Print(stdout)
 			return nil
 		},
 	}
 	replicaFlag(c, &addr)
-	c.Flags().StringVar(&confirm, "cluster", "", "the cluster ID (or servers) of the Consul to adopt, as shown without this flag")
+	c.Flags().StringVar(&consulAddr, "consul-addr", "", "the HTTP address of the Consul to adopt (default CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	c.Flags().StringVar(&o.Cluster, "cluster", "", "the cluster ID (or servers) of the Consul to adopt, as shown without this flag")
+	c.Flags().StringVar(&o.Reason, "reason", "", "why, written in the marker and logged by the leader")
+	c.Flags().StringVar(&o.By, "by", osUser(), "who, written in the marker and logged by the leader")
 	return c
+}
+
+// replicaInfo reads a replica's /v1/cluster for adopt.Mark.
+type replicaInfo struct{ cl *api.Client }
+
+func (r replicaInfo) Cluster(ctx context.Context) (api.ClusterInfo, error) {
+	var in api.ClusterInfo
+	err := r.cl.Get(ctx, "/v1/cluster", &in)
+	return in, err
 }
 
 // adoptPlan says what adopt-consul would adopt, from a replica's view.
@@ -106,10 +134,9 @@ func adoptPlan(in api.ClusterInfo, addr string) string {
 	if in.Mirror != nil {
 		s += "mirror verdict: " + in.Mirror.String() + "\n"
 	}
-	if in.State != "leader" {
-		s += fmt.Sprintf("run it against the leader %s: only the leader adopts the Consul it reads\n", orNone(in.LeaderID))
-	} else if id != "" {
-		s += fmt.Sprintf("to adopt it: hastate adopt-consul --addr %s --cluster %s\n", addr, id)
+	if id != "" {
+		s += fmt.Sprintf("to adopt it, with a token that may write %sconfig/ in that Consul (the writer policy):\n  CONSUL_HTTP_ADDR=<that Consul> CONSUL_HTTP_TOKEN=<writer token> hastate adopt-consul --addr %s --cluster %s\n",
+			in.KVPrefix, addr, id)
 	}
 	return s
 }

@@ -57,6 +57,8 @@ var allowed = map[string][]string{
 		"cmd/hastate/internal/ctl", "cmd/hastate/internal/ctl/fleet", "cmd/hastate/internal/ctl/haproxy"},
 	"cmd/hastate/internal/ctl/migration": {"state", "api",
 		"cmd/hastate/internal/ctl", "cmd/hastate/internal/ctl/fleet", "cmd/hastate/internal/ctl/write"},
+	"cmd/hastate/internal/ctl/adopt": {"state", "api", "kvsync",
+		"cmd/hastate/internal/ctl", "cmd/hastate/internal/ctl/write"},
 	"cmd/hastate/internal/ctl/status": {"state", "api",
 		"cmd/hastate/internal/ctl", "cmd/hastate/internal/ctl/fleet", "cmd/hastate/internal/ctl/haproxy"},
 	"cmd/hastate/internal/ctl/internal/ctltest": {"api"},

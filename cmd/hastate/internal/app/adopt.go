@@ -1,66 +1,92 @@
 package app
 
-// This file holds the operator's adoption of a Consul cluster (POST
-// /v1/consul/adopt, hastate adopt-consul): the raft leader records the
-// Consul it reads now as the mirror's source, in place of the recorded one.
+// This file holds the adoption of a Consul cluster (docs/runbook.md,
+// "Adopting a restored or rebuilt Consul"). Adopting changes what every
+// HAProxy is told, so it takes a writer's authority over the Consul to be
+// adopted, proven to that Consul: the operator (hastate adopt-consul)
+// writes the marker <prefix>config/adopt with a writer token into it
+// (state.Adoption), and the raft leader adopts the cluster it reads only
+// when its own read of it holds a marker naming that cluster and the
+// source recorded now. No HTTP request adopts anything.
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/http"
+	"sync"
 
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cluster"
-	"github.com/hastate/hastate/server"
+	"github.com/hastate/hastate/kvsync"
+	"github.com/hastate/hastate/state"
+	"go.uber.org/zap"
 )
 
-var _ server.Adopter = (*App)(nil)
-
-// AdoptConsul records the Consul cluster this replica reads as the
-// mirror's source, if this replica leads, its Consul answers as Consul,
-// and confirm names that cluster.
-func (a *App) AdoptConsul(ctx context.Context, confirm string) (api.AdoptResult, error) {
-	if !a.node.IsLeader() {
-		in := a.node.Info()
-		return api.AdoptResult{}, &api.AdoptError{Code: http.StatusConflict, LeaderID: in.LeaderID,
-			Message: fmt.Sprintf("this replica (%s) is not the raft leader; run the command against the leader %s (e.g. HASTATE_ADDR=<%s's HTTP address>)",
-				a.o.NodeID, orUnknown(in.LeaderID), orUnknown(in.LeaderID))}
-	}
-	if p := a.probe.Health(); !p.Verdict.CanMirror() {
-		return api.AdoptResult{}, &api.AdoptError{Code: http.StatusUnprocessableEntity,
-			Message: "this leader cannot read its Consul as Consul (" + p.Verdict.String() + "): fix that first; only a Consul that answers can be adopted"}
-	}
-	src, err := a.identify(ctx)
-	if err != nil {
-		return api.AdoptResult{}, &api.AdoptError{Code: http.StatusUnprocessableEntity,
-			Message: "cannot read which Consul cluster this leader reads: " + err.Error()}
-	}
-	res := api.AdoptResult{Adopted: src, Leader: a.o.NodeID}
-	if rec := a.node.RecordedSource(); rec != nil && api.SourceVerdict(src, *rec).CanMirror() {
-		if confirm != src.ClusterID && confirm != src.Servers {
-			return api.AdoptResult{}, &api.AdoptError{Code: http.StatusUnprocessableEntity,
-				Message: fmt.Sprintf("this leader's Consul is %s, not %q, and it is already the recorded one: nothing to adopt", src, confirm)}
-		}
-		res.Was, res.Unchanged = rec, true
-		return res, nil
-	}
-	was, err := a.node.Adopt(ctx, src, confirm)
-	switch {
-	case errors.Is(err, cluster.ErrAdoptRefused):
-		return api.AdoptResult{}, &api.AdoptError{Code: http.StatusUnprocessableEntity, Message: err.Error()}
-	case errors.Is(err, cluster.ErrNotLeader):
-		return api.AdoptResult{}, &api.AdoptError{Code: http.StatusConflict, Message: "leadership moved while adopting; run the command again against the new leader: " + err.Error()}
-	case err != nil:
-		return api.AdoptResult{}, err
-	}
-	res.Was = was
-	return res, nil
+// mirrorNode is what the leader's watch hands its reads to (cluster.Node).
+type mirrorNode interface {
+	ApplyRead(ctx context.Context, r state.KVRead) error
+	RecordedSource() *state.MirrorSource
+	Adopt(ctx context.Context, src state.MirrorSource, want string) (*state.MirrorSource, error)
 }
 
-func orUnknown(s string) string {
-	if s == "" {
-		return "(none known)"
+var _ mirrorNode = (*cluster.Node)(nil)
+
+// adoptingSink is the leader's Sink: the node's ApplyRead, and, for a
+// read the node refuses as another cluster's or prefix's, the adoption
+// that the read's own marker asks for (state.AdoptionOf), then the read
+// applied. The read is one the watch proved its token may read in full
+// and read the identity of, after it, with the same token: the marker in
+// it is that cluster's, written by a token that may write its prefix.
+type adoptingSink struct {
+	n   mirrorNode
+	log *zap.Logger
+
+	mu     sync.Mutex
+	ignore string // the last marker ignored, logged once
+}
+
+var _ kvsync.Sink = (*adoptingSink)(nil)
+
+func (s *adoptingSink) ApplyRead(ctx context.Context, r state.KVRead) error {
+	err := s.n.ApplyRead(ctx, r)
+	var me *api.MirrorError
+	if !errors.As(err, &me) || !me.Verdict.Identity() || r.Source == nil {
+		return err
 	}
-	return s
+	rec := s.n.RecordedSource()
+	if rec == nil {
+		return err
+	}
+	a, why := state.AdoptionOf(r.KV, *r.Source, *rec)
+	if errors.Is(why, state.ErrNoAdoption) {
+		return err
+	}
+	if why != nil {
+		s.ignored(r.KV[state.AdoptKey], why)
+		v := me.Verdict
+		v.Detail += "; " + state.AdoptKey + " ignored: " + why.Error()
+		return &api.MirrorError{Verdict: v}
+	}
+	was, aerr := s.n.Adopt(ctx, *r.Source, a.Cluster)
+	if aerr != nil {
+		s.ignored(r.KV[state.AdoptKey], aerr)
+		v := me.Verdict
+		v.Detail += "; the adoption marker " + state.AdoptKey + " was not applied: " + aerr.Error()
+		return &api.MirrorError{Verdict: v}
+	}
+	s.log.Warn("adopted a Consul cluster by its adoption marker: the mirror follows it from now on",
+		zap.Stringer("source", r.Source), zap.Stringer("was", was), zap.String("marker", state.AdoptKey),
+		zap.String("by", a.By), zap.String("reason", a.Reason), zap.Time("written_at", a.At))
+	return s.n.ApplyRead(ctx, r)
+}
+
+// ignored logs a marker that adopts nothing, once per value.
+func (s *adoptingSink) ignored(raw string, why error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ignore == raw {
+		return
+	}
+	s.ignore = raw
+	s.log.Warn("the Consul this leader reads holds an adoption marker that adopts nothing; the last state is served",
+		zap.String("marker", state.AdoptKey), zap.Error(why))
 }

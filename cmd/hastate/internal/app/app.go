@@ -402,7 +402,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	})
 	a.http = &http.Server{
 		Handler: server.NewHTTPHandler(server.HTTPOptions{Replica: replica{a}, Gatherer: a.o.Registry, Logger: a.log.Named("http"),
-			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw, Adopter: a}),
+			Pollers: a.pollers, NodeID: a.o.NodeID, Raw: a.node.Raw}),
 		ReadHeaderTimeout: min(5*time.Second, a.o.HTTPReadTimeout),
 		ReadTimeout:       a.o.HTTPReadTimeout,
 		WriteTimeout:      a.o.HTTPWriteTimeout,
@@ -465,7 +465,7 @@ func (a *App) watchConsul(ctx context.Context) error {
 
 func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
 	return kvsync.New(kvsync.Options{
-		Client: a.consul, Prefix: a.o.KVPrefix, Sink: a.node, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
+		Client: a.consul, Prefix: a.o.KVPrefix, Sink: &adoptingSink{n: a.node, log: a.log.Named("adopt")}, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
 		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
 		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait, Identify: a.identify,
 	})
@@ -494,7 +494,7 @@ func (a *App) sweepPollers(ctx context.Context) {
 // it. The probe (every 2s) is what notices a dead Consul fast.
 func (a *App) consulHealth() leader.ConsulHealth {
 	p := a.probe.Health()
-	h := leader.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: a.mirrorVerdict(p),
+	h := leader.ConsulHealth{Reachable: p.Reachable, FailingSince: p.FailingSince, Checked: p.Checked, Verdict: mirrorVerdict(p, a.consulID.Load()),
 		Source: a.source.Load(), TokenProblem: p.TokenProblem}
 	w := a.watcher.Load()
 	if w == nil {
@@ -527,10 +527,21 @@ func (a *App) consulHealth() leader.ConsulHealth {
 
 // mirrorVerdict is this replica's answer to "could it mirror Consul into
 // raft?" (api.MirrorReason): the probe's verdict (Consul unreachable, not
-// Consul, the token) first, since nothing else can be known without it.
-func (a *App) mirrorVerdict(p kvsync.ProbeHealth) api.MirrorVerdict {
-	if p.Verdict.Reason == "" {
+// Consul, the token) first, since nothing else can be known without it;
+// then its Consul's identity (id, the last read of it, nil before the
+// first): a replica whose last identity read failed cannot tell which
+// cluster it reads, its watch applies nothing (every read it would hand
+// over needs its identity), so it must not report that it can mirror,
+// or a leader would hand leadership to it, and it on, every
+// --kv-failover-after, withholding all the while.
+func mirrorVerdict(p kvsync.ProbeHealth, id *api.ConsulIdentity) api.MirrorVerdict {
+	switch {
+	case p.Verdict.Reason == "":
 		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Detail: "not checked yet"}
+	case p.Verdict.CanMirror() && id != nil && id.Error != "":
+		return api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Since: id.FailingSince,
+			Detail: "Consul answers the KV reads, but which Consul cluster it is cannot be read (" + id.Error +
+				"): as leader this replica would apply nothing; check /v1/status/peers and /v1/connect/ca/roots on its Consul agent"}
 	}
 	return p.Verdict
 }
@@ -654,7 +665,10 @@ func (a *App) identify(ctx context.Context) (state.MirrorSource, error) {
 		if last := a.consulID.Load(); last != nil {
 			ci.Datacenter, ci.Cluster, ci.ClusterID = last.Datacenter, last.Cluster, last.ClusterID
 		}
-		ci.Error = err.Error()
+		ci.Error, ci.FailingSince = err.Error(), time.Now()
+		if last := a.consulID.Load(); last != nil && last.Error != "" {
+			ci.FailingSince = last.FailingSince
+		}
 		a.consulID.Store(ci)
 		return state.MirrorSource{}, err
 	}

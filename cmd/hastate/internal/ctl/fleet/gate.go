@@ -341,6 +341,19 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 	if err := o.live(ctx, pv.Replicas); err != nil {
 		return []string{err.Error()}, true, nil
 	}
+	if Missing(pv.Replicas) != nil {
+		// A replica is down: "seen by a live replica" is decided per
+		// (server, HAProxy) pair, from the polls of the whole backends.
+		if pv, err = o.Replica.Pollers(ctx, BackendsOf(o.Selectors)...); err != nil {
+			return nil, false, err
+		}
+		if err := o.live(ctx, pv.Replicas); err != nil {
+			return []string{err.Error()}, true, nil
+		}
+		if unseen := UnseenPairs(pv, current, time.Now()); len(unseen) > 0 {
+			return unseen, true, nil
+		}
+	}
 	// The latest poll of each (server, HAProxy) on any replica; a manual
 	// probe (a source that asked once, a while ago) is not waited for.
 	latest := LatestPolls(pv, current)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
@@ -13,6 +14,7 @@ import (
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl/write"
 	"github.com/hastate/hastate/internal/testenv"
 	"github.com/hastate/hastate/kvsync"
+	"github.com/hastate/hastate/state"
 )
 
 // Issue 34: `migration start` against a concurrent backend-wide drain,
@@ -62,5 +64,51 @@ func TestStartRacesABackendWideDrain(t *testing.T) {
 	}
 	if _, started, err := Start(ctx, w, Options{By: "alice", Now: time.Now()}); err != nil || !started {
 		t.Fatalf("start once the key is cleared: %v %v", started, err)
+	}
+}
+
+// Issue 43: start takes back only its own marker, the one at the index its
+// CAS wrote. Raced as above by a backend-wide drain, it finds a key the
+// per-node agents serve differently; meanwhile another operator (the same
+// pipeline user, within the same second) finished the migration and
+// started it again: a marker with the very same words, but theirs. Start
+// must leave it and say so, not delete it because its content matches.
+func TestStartUndoesOnlyItsOwnMarker(t *testing.T) {
+	srv := testenv.StartConsul(t, testenv.ConsulOptions{})
+	w, err := write.NewWriter(srv.Addr(), "hastate/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Now()
+	o := Options{By: "ci", Reason: "gstg rollout", Now: now}
+	o.beforeWrite = func() {
+		if _, err := w.Client.KV().Put(&consulapi.KVPair{Key: "hastate/state/canary_web/*", Value: []byte("drain")}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var theirs uint64
+	o.afterWrite = func() {
+		// Someone else's finish, then start, with the same words.
+		if _, err := w.Client.KV().Delete("hastate/"+state.MigrationKey, nil); err != nil {
+			t.Fatal(err)
+		}
+		p := &consulapi.KVPair{Key: "hastate/" + state.MigrationKey, Value: []byte(state.MarshalMigration(state.Migration{Started: now, By: "ci", Reason: "gstg rollout"}))}
+		if _, err := w.Client.KV().Put(p, nil); err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := w.Client.KV().Get(p.Key, nil)
+		if err != nil || got == nil {
+			t.Fatalf("their marker: %v %v", got, err)
+		}
+		theirs = got.ModifyIndex
+	}
+	_, started, err := Start(ctx, w, o)
+	if err == nil || started || !strings.Contains(err.Error(), "changed meanwhile by someone else and is left as it is") {
+		t.Fatalf("start raced by a drain and by another start: started %v, %v; want it refused, leaving the other marker", started, err)
+	}
+	got, _, err := w.Client.KV().Get("hastate/"+state.MigrationKey, nil)
+	if err != nil || got == nil || got.ModifyIndex != theirs {
+		t.Fatalf("the other operator's marker (index %d) after start's undo: %+v %v; start deleted a marker it did not write", theirs, got, err)
 	}
 }

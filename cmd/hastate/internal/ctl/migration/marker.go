@@ -130,8 +130,9 @@ type Options struct {
 	// serves differently (they are named).
 	Force  bool
 	DryRun bool
-	// beforeWrite, for tests, runs between the read and the marker's CAS.
-	beforeWrite func()
+	// beforeWrite, for tests, runs between the read and the marker's CAS;
+	// afterWrite between the CAS and the read that checks it.
+	beforeWrite, afterWrite func()
 }
 
 // Start writes the marker (only if it does not exist: a
@@ -155,7 +156,8 @@ func Start(ctx context.Context, w write.Writer, o Options) (Migration, bool, err
 		o.beforeWrite()
 	}
 	ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVCAS, Key: m.Key, Index: 0, Value: []byte(state.MarshalMigration(m.Marker))}}}
-	if err := w.Txn(ctx, ops, "nothing was written", "`hastate migration status` shows whether it was"); err != nil {
+	res, err := w.TxnResults(ctx, ops, "nothing was written", "`hastate migration status` shows whether it was")
+	if err != nil {
 		if errors.Is(err, write.ErrConflict) {
 			m, err = Read(ctx, w) // marked meanwhile by someone else
 			return m, false, err
@@ -163,8 +165,14 @@ func Start(ctx context.Context, w write.Writer, o Options) (Migration, bool, err
 		return m, false, err
 	}
 	m.Marked = true
+	if len(res) == 1 && res[0].KV != nil {
+		m.ModifyIndex = res[0].KV.ModifyIndex // this start's marker, as written
+	}
 	if o.Force {
 		return m, true, nil
+	}
+	if o.afterWrite != nil {
+		o.afterWrite()
 	}
 	return recheck(ctx, w, m)
 }
@@ -175,8 +183,9 @@ func Start(ctx context.Context, w write.Writer, o Options) (Migration, bool, err
 // the per-node agents ignore) is seen only now. Every write after the CAS
 // depends on the marker (write.Options.Marker) and is planned as a
 // migration write. A key found now that the per-node agent serves
-// differently makes Start take its marker back (a CAS delete of the marker
-// as written) and refuse, naming the keys.
+// differently makes Start take its marker back (a CAS delete at the index
+// its CAS wrote the marker at, so never one written meanwhile by someone
+// else, whatever it holds) and refuse, naming the keys.
 func recheck(ctx context.Context, w write.Writer, m Migration) (Migration, bool, error) {
 	again, err := Read(ctx, w)
 	if err != nil {
@@ -186,8 +195,11 @@ func recheck(ctx context.Context, w write.Writer, m Migration) (Migration, bool,
 		return again, true, nil
 	}
 	undone := "the marker was removed again"
-	if again.Marked && state.MarshalMigration(again.Marker) == state.MarshalMigration(m.Marker) {
-		ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVDeleteCAS, Key: again.Key, Index: again.ModifyIndex}}}
+	// This start's own marker is the one at the index its CAS wrote: one
+	// written anew meanwhile (a finish and a start by someone else) may
+	// hold the same words, and is theirs to keep.
+	if again.Marked && m.ModifyIndex != 0 && again.ModifyIndex == m.ModifyIndex {
+		ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVDeleteCAS, Key: again.Key, Index: m.ModifyIndex}}}
 		if err := w.Txn(ctx, ops, "the marker stays", "`hastate migration status` shows whether it does"); err != nil {
 			undone = fmt.Sprintf("removing the marker again failed (%v): run `hastate migration finish`", err)
 		} else {

@@ -109,6 +109,13 @@ func conditional(v consul.KVOp) bool {
 // Consul names, not from its text); any other rollback says what Consul
 // said.
 func (w Writer) Txn(ctx context.Context, ops consul.TxnOps, unwritten, again string) error {
+	_, err := w.TxnResults(ctx, ops, unwritten, again)
+	return err
+}
+
+// TxnResults is Txn returning, when it committed, Consul's results: the
+// key of each KV op as written, with its modify index.
+func (w Writer) TxnResults(ctx context.Context, ops consul.TxnOps, unwritten, again string) (consul.TxnResults, error) {
 	ok, resp, _, err := w.Client.Txn().Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		note := unwritten
@@ -116,10 +123,10 @@ func (w Writer) Txn(ctx context.Context, ops consul.TxnOps, unwritten, again str
 			// The request may have reached Consul before the deadline.
 			note = "the transaction may or may not have been applied (all or nothing); " + again
 		}
-		return ctl.ConsulError(ctx, w.Addr, err, note)
+		return nil, ctl.ConsulError(ctx, w.Addr, err, note)
 	}
 	if ok {
-		return nil
+		return resp.Results, nil
 	}
 	var msgs, keys []string
 	allConditions := resp != nil && len(resp.Errors) > 0
@@ -129,7 +136,7 @@ func (w Writer) Txn(ctx context.Context, ops consul.TxnOps, unwritten, again str
 		// 'key:write' on ...".
 		if strings.Contains(e.What, "Permission denied") && e.OpIndex >= 0 && e.OpIndex < len(ops) && ops[e.OpIndex].KV != nil {
 			key := ops[e.OpIndex].KV.Key
-			return &ctl.PermissionError{Refused: "write " + key, Rule: ctl.WriteRule(w.Prefix, key), Consul: e.What,
+			return nil, &ctl.PermissionError{Refused: "write " + key, Rule: ctl.WriteRule(w.Prefix, key), Consul: e.What,
 				Note: "consul rolled back the transaction, " + unwritten + " (meta keys included: one transaction)"}
 		}
 		msgs = append(msgs, e.What)
@@ -141,9 +148,9 @@ func (w Writer) Txn(ctx context.Context, ops consul.TxnOps, unwritten, again str
 	}
 	what := strings.Join(msgs, "; ")
 	if allConditions {
-		return &ConflictError{Keys: keys, What: what}
+		return nil, &ConflictError{Keys: keys, What: what}
 	}
-	return fmt.Errorf("consul rolled back the transaction, %s: %s (check the token's KV write permission on the prefix)", unwritten, what)
+	return nil, fmt.Errorf("consul rolled back the transaction, %s: %s (check the token's KV write permission on the prefix)", unwritten, what)
 }
 
 var _ error = (*ConflictError)(nil)

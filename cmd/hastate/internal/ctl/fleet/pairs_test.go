@@ -1,0 +1,80 @@
+package fleet_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/internal/ctltest"
+)
+
+// Issue 43: with a replica down, wait decides "seen by a live replica" per
+// (server, HAProxy) pair. HAProxy 10.0.0.7 polls canary_web/web-2 on the
+// live replica n1, but its checks of web-1 (one connection each, spread by
+// the load balancer) all went to n3, which does not answer: what it was
+// told for web-1 only n3 may know. The HAProxy is seen by a live replica,
+// so the per-HAProxy rule passes; wait must not, and says why (cannot
+// confirm). Once n1 sees the pair, wait is done.
+func TestWaitDecidesPerServerAndHAProxyPair(t *testing.T) {
+	now := time.Now()
+	answers := []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}, {ID: "n3", Error: "connection refused"}}
+	poll := func(haproxy, server, answer string) api.Poll {
+		return api.Poll{HAProxy: haproxy, Backend: "canary_web", Server: server, Answer: answer, Replica: "n1", LastAsked: now, Count: 40}
+	}
+	for _, tt := range []struct {
+		name  string
+		polls []api.Poll
+		lag   string // "": done
+	}{
+		{"the pair's polls all went to the dead replica", []api.Poll{
+			poll("10.0.0.6", "web-1", "ready 100%"), poll("10.0.0.6", "web-2", "ready 50%"),
+			poll("10.0.0.7", "web-2", "ready 50%"),
+		}, "HAProxy 10.0.0.7 for canary_web/web-1"},
+		{"the pair moved to a live replica", []api.Poll{
+			poll("10.0.0.6", "web-1", "ready 100%"), poll("10.0.0.6", "web-2", "ready 50%"),
+			poll("10.0.0.7", "web-2", "ready 50%"), poll("10.0.0.7", "web-1", "ready 100%"),
+		}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := ctltest.Fleet()
+			v.Replicas = answers
+			id := ctltest.Identity()
+			replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/v1/cluster":
+					_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &id})
+				case "/v1/pollers":
+					_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: tt.polls, Replicas: answers, Total: len(tt.polls)})
+				case "/v1/haproxies":
+					_ = json.NewEncoder(w).Encode(api.HAProxiesView{Recorded: true, Replicas: answers, HAProxies: []api.HAProxyNode{
+						{HAProxy: "10.0.0.6", LastSeen: now, SeenBy: map[string]time.Time{"n1": now}},
+						{HAProxy: "10.0.0.7", LastSeen: now, SeenBy: map[string]time.Time{"n1": now}},
+					}})
+				default:
+					_ = json.NewEncoder(w).Encode(v)
+				}
+			}))
+			defer replica.Close()
+			addr := ctltest.FakeConsul(t, 5)
+			g := fleet.GateOptions{Consul: consulAt(t, addr), ConsulAddr: addr, Prefix: "hastate/", Replica: replicaAt(t, replica.URL),
+				Selectors: []ctl.Selector{{Backend: "canary_web", Server: "web-1"}}, Interval: 50 * time.Millisecond}
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			err := fleet.Wait(ctx, g)
+			switch {
+			case tt.lag == "" && err != nil:
+				t.Fatalf("wait: %v, want done", err)
+			case tt.lag != "" && (!errors.Is(err, ctl.ErrCannotConfirm) || !strings.Contains(err.Error(), tt.lag)):
+				t.Fatalf("wait: %v, want cannot confirm naming %q", err, tt.lag)
+			}
+		})
+	}
+}

@@ -1,0 +1,316 @@
+package kvsync
+
+// Issue 43: a listing, the proof that its token may read the prefix and
+// the identity it is applied under are one read, made with one secret and
+// read from one Consul cluster.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/state"
+)
+
+// aclConsul is a fake Consul with ACLs on and default deny: the token
+// secret it names may read the prefix, any other token (the anonymous one
+// above all) may read nothing. As Consul does, it lists the prefix as
+// empty (404, no filtered header) for the anonymous token, and answers a
+// direct read 403 where the token may not read. onList, if set, runs in
+// the handler of each listing before it is answered, with the token the
+// listing was made with.
+type aclConsul struct {
+	t      *testing.T
+	secret string
+	pairs  api.KVPairs
+	index  uint64
+	srv    *httptest.Server
+	onList func(token string)
+
+	mu     sync.Mutex
+	tokens []string // the token of each request, in order ("" anonymous)
+}
+
+func newACLConsul(t *testing.T, secret string, index uint64, pairs ...*api.KVPair) *aclConsul {
+	c := &aclConsul{t: t, secret: secret, pairs: pairs, index: index}
+	c.srv = httptest.NewServer(http.HandlerFunc(c.serve))
+	t.Cleanup(c.srv.Close)
+	return c
+}
+
+func (c *aclConsul) serve(rw http.ResponseWriter, r *http.Request) {
+	tok := r.Header.Get("X-Consul-Token")
+	c.mu.Lock()
+	c.tokens = append(c.tokens, r.Method+" "+r.URL.Path+" as "+tok)
+	onList := c.onList
+	c.mu.Unlock()
+	q := r.URL.Query()
+	may := tok == c.secret
+	switch {
+	case q.Has("recurse"):
+		if onList != nil {
+			onList(tok)
+		}
+		if q.Get("index") == strconv.FormatUint(c.index, 10) {
+			<-r.Context().Done() // nothing changes: the query blocks
+			return
+		}
+		rep := reply{index: c.index}
+		if may {
+			rep.pairs = c.pairs
+		}
+		serveReply(c.t, rw, rep) // the anonymous token lists nothing, unflagged
+	case !may:
+		rw.WriteHeader(http.StatusForbidden)
+		_, _ = rw.Write([]byte("Permission denied: anonymous token lacks permission 'key:read'"))
+	default:
+		consulHeaders(rw.Header(), strconv.FormatUint(c.index, 10))
+		rw.WriteHeader(http.StatusNotFound)
+	}
+}
+
+// requests lists what was asked, as "GET /v1/kv/hastate/ as <token>".
+func (c *aclConsul) requests() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.tokens...)
+}
+
+// TestTokenFilledBetweenListingAndProofIsNotApplied is the reproduced
+// window: a replica started with an empty token file lists the prefix as
+// the anonymous token (Consul: 404, empty, nothing says it filtered); the
+// file is filled before the proof runs. The proof must be made with the
+// listing's token (and fail), never with the new one: otherwise the empty
+// listing is applied and every drained server is answered ready 100%.
+func TestTokenFilledBetweenListingAndProofIsNotApplied(t *testing.T) {
+	t.Setenv(api.HTTPTokenEnvName, "")
+	t.Setenv(api.HTTPTokenFileEnvName, "")
+	const secret = "9a1c2f0e-reader"
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, nil, 0o600); err != nil { // the Secret not mounted yet
+		t.Fatal(err)
+	}
+	tok, err := NewToken(TokenOptions{File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newACLConsul(t, secret, 7, kvp("hastate/state/web/s1", "drain"))
+	var once sync.Once
+	c.onList = func(token string) {
+		if token != "" {
+			return
+		}
+		// Between the anonymous listing and its proof: the Secret is
+		// mounted, and the Token reads it (as its Run does every second).
+		once.Do(func() {
+			if err := os.WriteFile(file, []byte(secret+"\n"), 0o600); err != nil {
+				t.Error(err)
+			}
+			tok.reread()
+		})
+	}
+	client, err := NewTokenClient(c.srv.URL, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &recSink{}
+	o := Options{Client: client, Prefix: "hastate/", Sink: sink, Token: tok,
+		WaitTime: time.Second, BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond}
+	w, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, call := range sink.all() {
+			if call.kv["state/web/s1"] != "drain" {
+				t.Fatalf("the Sink was handed a read without the drain (%d keys at index %d): the anonymous token's empty listing was proven by the token read after it; requests:\n%s",
+					len(call.kv), call.index, strings.Join(c.requests(), "\n"))
+			}
+		}
+		if d := sink.lastDelivered(); d == nil {
+			return errors.New("nothing applied yet (the read with the file's token should be)")
+		}
+		return nil
+	})
+	if st := w.Status(); st.TokenProblem != nil {
+		t.Errorf("token problem still reported after a proven read: %+v", st.TokenProblem)
+	}
+}
+
+// TestProofIsMadeWithTheListingsToken pins the rule at its smallest: every
+// request of one attempt (the listing and each read of its proof) sends
+// the secret the first one sent, whatever the file says meanwhile.
+func TestProofIsMadeWithTheListingsToken(t *testing.T) {
+	t.Setenv(api.HTTPTokenEnvName, "")
+	t.Setenv(api.HTTPTokenFileEnvName, "")
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("old-secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := NewToken(TokenOptions{File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newACLConsul(t, "old-secret", 3)
+	client, err := NewTokenClient(c.srv.URL, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := withOneSecret(context.Background())
+	if _, _, err := client.KV().Keys("hastate/", "/", (&api.QueryOptions{}).WithContext(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte("new-secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok.reread()
+	if err := CheckRead(ctx, client, "hastate/", ""); err != nil {
+		t.Errorf("the proof of an attempt begun with old-secret: %v; requests:\n%s", err, strings.Join(c.requests(), "\n"))
+	}
+	// A new attempt sends the new one (which this Consul refuses).
+	var te *TokenError
+	if err := CheckRead(context.Background(), client, "hastate/", ""); !errors.As(err, &te) {
+		t.Errorf("a new attempt after the file changed: %v, want a TokenError (new-secret is refused)", err)
+	}
+}
+
+// identityConsul is a Consul address whose answers switch from one
+// cluster to another (a DNS name or a load balancer moved): each listing
+// and each identity read is answered by the cluster current at the time.
+type identityConsul struct {
+	mu      sync.Mutex
+	cluster string // "a" or "b"
+	reads   int    // identity reads
+}
+
+func (i *identityConsul) current() string {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.cluster
+}
+
+func (i *identityConsul) identify(context.Context) (state.MirrorSource, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.reads++
+	return state.MirrorSource{ClusterID: "cluster-" + i.cluster, Servers: "10.0.0." + i.cluster + ":8300", Prefix: "hastate/"}, nil
+}
+
+// TestListingIsAppliedUnderTheIdentityReadWithIt: the address starts
+// answering for another cluster right after an applied read (well inside
+// the identity's re-read interval). Its listing, at a higher index, must
+// not be handed over under the old cluster's identity: the Sink (the raft
+// leader) would apply another cluster's state as the recorded one's.
+func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
+	id := &identityConsul{cluster: "a"}
+	var (
+		mu    sync.Mutex
+		index uint64 = 5
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if !q.Has("recurse") {
+			consulHeaders(rw.Header(), "1")
+			rw.WriteHeader(http.StatusNotFound) // the proof: the token may read
+			return
+		}
+		cl := id.current()
+		mu.Lock()
+		idx := index
+		mu.Unlock()
+		if q.Get("index") == strconv.FormatUint(idx, 10) {
+			<-r.Context().Done()
+			return
+		}
+		pairs := api.KVPairs{kvp("hastate/state/web/s1", "drain")}
+		if cl == "b" {
+			pairs = api.KVPairs{kvp("hastate/state/web/s1", "ready"), kvp("hastate/state/web/s2", "ready")}
+		}
+		serveReply(t, rw, reply{index: idx, pairs: pairs})
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &srcSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: id.identify, IdentifyEvery: time.Hour,
+		WaitTime: 200 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if len(sink.reads()) == 0 {
+			return errors.New("cluster a's read not applied yet")
+		}
+		return nil
+	})
+	// The address now answers for cluster b, at a higher index.
+	id.mu.Lock()
+	id.cluster = "b"
+	id.mu.Unlock()
+	mu.Lock()
+	index = 9
+	mu.Unlock()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, r := range sink.reads() {
+			if _, fromB := r.kv["state/web/s2"]; fromB && r.src.ClusterID != "cluster-b" {
+				t.Fatalf("cluster b's listing (index %d) was handed over as %s's", r.index, r.src.ClusterID)
+			}
+		}
+		rs := sink.reads()
+		if last := rs[len(rs)-1]; last.src.ClusterID != "cluster-b" {
+			return fmt.Errorf("cluster b's listing not handed over yet (last: index %d from %s)", last.index, last.src.ClusterID)
+		}
+		return nil
+	})
+}
+
+// srcRead is one read handed to a srcSink.
+type srcRead struct {
+	index uint64
+	kv    map[string]string
+	src   state.MirrorSource
+}
+
+// srcSink records the reads handed to it with their source.
+type srcSink struct {
+	mu sync.Mutex
+	rs []srcRead
+}
+
+var _ Sink = (*srcSink)(nil)
+
+func (s *srcSink) ApplyRead(_ context.Context, r state.KVRead) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kv := map[string]string{}
+	for k, v := range r.KV {
+		kv[k] = v
+	}
+	var src state.MirrorSource
+	if r.Source != nil {
+		src = *r.Source
+	}
+	s.rs = append(s.rs, srcRead{index: r.Index, kv: kv, src: src})
+	return nil
+}
+
+func (s *srcSink) reads() []srcRead {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]srcRead(nil), s.rs...)
+}
