@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo demo-reset test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak mutate
+.PHONY: demo demo-reset test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak soak-mixed mutate
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell cat VERSION 2>/dev/null || echo dev)
@@ -157,6 +157,12 @@ soak: deps
 # test` (a few minutes: each mutation rebuilds and reruns its package).
 mutate:
 	cd test/mutate && CONSUL_BIN=$$(../../scripts/ensure-consul.sh) $(GO) run . -repo ../..
+
+# soak-mixed: the soak with the last replica on the previous release
+# (test/testdata/previous-release), every fault kind but the token's.
+soak-mixed: deps
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) HASTATE_NEMESIS_MIXED=1 HASTATE_NEMESIS_DURATION=$(SOAK) HASTATE_NEMESIS_SEEDS=$(SOAK_SEEDS) \
+	  $(GO) test -race -count=1 -v -run '^TestE2ENemesis$$' -timeout 6h ./test/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseValue -fuzztime 30s ./state

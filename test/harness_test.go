@@ -200,6 +200,14 @@ func (h *Hastate) Use(bin string, extra ...string) {
 	h.extra = extra
 }
 
+// SetEnv sets the environment of the next Start (nil: the test's own,
+// without hastate's and Consul's variables).
+func (h *Hastate) SetEnv(env []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.proc.Env = env
+}
+
 // Pid returns the replica's process ID, 0 when it is not running.
 func (h *Hastate) Pid() int { return h.proc.Pid() }
 

@@ -69,6 +69,9 @@ import (
 //	HASTATE_NEMESIS_SEEDS=<k>       run k seeds one after another (make soak)
 //	HASTATE_NEMESIS_DURATION=10m    of faults per seed, instead of 30s
 //	HASTATE_NEMESIS_SERVE_ARGS=...  extra `hastate serve` flags
+//	HASTATE_NEMESIS_MIXED=1         the last replica runs the previous release
+//	                                (test/testdata/previous-release), faults
+//	                                of every kind but token (make soak-mixed)
 //	HASTATE_NEMESIS_REPLICAS=1      a control: one replica behind the load
 //	                                balancer (no raft links to cut) cannot
 //	                                step back, so any violation is the checker's
@@ -126,19 +129,24 @@ func TestE2ENemesis(t *testing.T) {
 			t.Fatalf("HASTATE_NEMESIS_SEEDS=%q: want a number of seeds", s)
 		}
 	}
+	var prev string // the previous release's binary, for a mixed run
+	kinds := nemesis.Kinds
+	if os.Getenv("HASTATE_NEMESIS_MIXED") != "" {
+		prev, kinds = previousReleaseBin(t), nemesis.MixedKinds
+	}
 	if seeds == 1 {
-		plan := nemesis.Plan(seed, nemesis.Options{Duration: d})
+		plan := nemesis.Plan(seed, nemesis.Options{Duration: d, Kinds: kinds})
 		t.Logf("nemesis seed %d (from HASTATE_NEMESIS_SEED: %v; rerun with HASTATE_NEMESIS_SEED=%d): %d faults over %s", seed, fromEnv, seed, len(plan), d)
-		runNemesis(t, seed, replicas, plan)
+		runNemesis(t, seed, replicas, plan, prev)
 		return
 	}
 	var summary []string
 	for i := range seeds {
 		s := seed + uint64(i)
 		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
-			plan := nemesis.Plan(s, nemesis.Options{Duration: d})
+			plan := nemesis.Plan(s, nemesis.Options{Duration: d, Kinds: kinds})
 			t.Logf("nemesis seed %d (rerun with HASTATE_NEMESIS_SEED=%d): %d faults over %s", s, s, len(plan), d)
-			sum := runNemesis(t, s, replicas, plan)
+			sum := runNemesis(t, s, replicas, plan, prev)
 			summary = append(summary, fmt.Sprintf("seed %d: %s; failed %v", s, sum, t.Failed()))
 		})
 	}
@@ -160,7 +168,32 @@ func TestE2EHistoryCheck(t *testing.T) {
 		{Kind: nemesis.Consul, Target: nemesis.None, Gap: 2 * time.Second, Hold: 3 * time.Second},
 		{Kind: nemesis.Token, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: nemesis.TokenHold},
 	}
-	runNemesis(t, 1, 3, plan)
+	runNemesis(t, 1, 3, plan, "")
+}
+
+// TestE2ENemesisMixedRelease is a fixed schedule with one replica of the
+// previous release in the cluster (a rolling upgrade half done), its
+// leaders paused and deposed: the previous release answers the leader's
+// "ack" with null, so a leader of this release confirms its rounds with
+// raft's VerifyLeader while that replica's vote is needed; a leader paused
+// past the election timeout must not confirm itself with replies held
+// from before the election (issue 43's window). Judged as the nemesis is.
+func TestE2ENemesisMixedRelease(t *testing.T) {
+	plan := []nemesis.Fault{
+		{Kind: nemesis.PauseLong, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: nemesis.LongPause},
+		{Kind: nemesis.Transfer, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: 2 * time.Second},
+		{Kind: nemesis.Pause, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: 3 * time.Second},
+		{Kind: nemesis.PauseLong, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: nemesis.LongPause},
+		{Kind: nemesis.Cut, Target: nemesis.Leader, Gap: 2 * time.Second, Hold: 3 * time.Second},
+	}
+	runNemesis(t, 1, 3, plan, previousReleaseBin(t))
+}
+
+// previousReleaseBin builds the previous release (test/testdata/previous-release).
+func previousReleaseBin(t *testing.T) string {
+	t.Helper()
+	version, commit := previousRelease(t)
+	return buildRelease(t, version, commit)
 }
 
 // nemesisFailoverAfter is the replicas' --kv-failover-after (30s by
@@ -231,7 +264,10 @@ func (s nemesisSummary) String() string {
 		s.Reads+s.Writes, s.Reads, s.Writes, s.Pending, s.Violations, s.Linear, s.LongestWithheld.Round(time.Millisecond), s.WithheldDuring, tok)
 }
 
-func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) nemesisSummary {
+// runNemesis runs plan; prev, when set, is the binary the last replica
+// runs (the previous release: its Consul token comes from
+// CONSUL_HTTP_TOKEN_FILE, which it reads at start).
+func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault, prev string) nemesisSummary {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{Persistent: true, ACL: true})
 	_, writerTok := consul.ShippedTokens(t, kvPrefix)
 	args := []string{"--snapshot-threshold", fmt.Sprint(nemesisSnapshotThreshold), "--snapshot-interval", "1s",
@@ -243,6 +279,11 @@ func runNemesis(t *testing.T, seed uint64, replicas int, plan []nemesis.Fault) n
 	for _, h := range hs {
 		tok := consul.CreateToken(t, "hastate replica "+h.NodeID, "hastate-read")
 		tokens, files = append(tokens, tok), append(files, tokenFile(t, tok.SecretID))
+		if prev != "" && h == hs[len(hs)-1] {
+			h.Use(prev)
+			h.SetEnv(hermeticEnv("CONSUL_HTTP_TOKEN_FILE=" + files[len(files)-1]))
+			continue
+		}
 		h.AddArgs("--consul-token-file", files[len(files)-1])
 	}
 	writerClient, err := api.NewClient(&api.Config{Address: consul.Addr(), Token: writerTok.SecretID})

@@ -52,6 +52,12 @@ const (
 // Kinds are the kinds Plan draws from, equally likely.
 var Kinds = []Kind{Kill, Pause, Cut, Consul, PauseLong, Wipe, Transfer, LBCut, Token}
 
+// MixedKinds are the kinds of a run with one replica of the previous
+// release: every kind but Token (a release before the token file's
+// re-read holds its token until restarted; the hand-over on a refused
+// token is this release's).
+var MixedKinds = []Kind{Kill, Pause, Cut, Consul, PauseLong, Wipe, Transfer, LBCut}
+
 // LongPause is the shortest hold of a PauseLong fault: above the replicas'
 // election timeout (1s) and a -race election on two busy cores.
 const LongPause = 3 * time.Second
@@ -97,6 +103,8 @@ type Options struct {
 	// MinHold and MaxHold bound a fault's hold; MinGap and MaxGap the
 	// pause before it. Zero: 1s..6s and 1s..3s.
 	MinHold, MaxHold, MinGap, MaxGap time.Duration
+	// Kinds are the kinds to draw from, equally likely (nil: Kinds).
+	Kinds []Kind
 }
 
 // Plan draws faults from seed until their gaps and holds fill o.Duration.
@@ -107,6 +115,10 @@ func Plan(seed uint64, o Options) []Fault {
 	if o.MaxGap == 0 {
 		o.MinGap, o.MaxGap = time.Second, 3*time.Second
 	}
+	kinds := o.Kinds
+	if len(kinds) == 0 {
+		kinds = Kinds
+	}
 	r := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
 	between := func(lo, hi time.Duration) time.Duration {
 		return (lo + time.Duration(r.Int64N(int64(hi-lo)+1))).Round(100 * time.Millisecond)
@@ -114,7 +126,7 @@ func Plan(seed uint64, o Options) []Fault {
 	var out []Fault
 	var total time.Duration
 	for total < o.Duration {
-		f := Fault{Kind: Kinds[r.IntN(len(Kinds))], Gap: between(o.MinGap, o.MaxGap), Hold: between(o.MinHold, o.MaxHold)}
+		f := Fault{Kind: kinds[r.IntN(len(kinds))], Gap: between(o.MinGap, o.MaxGap), Hold: between(o.MinHold, o.MaxHold)}
 		target := []Target{Leader, Follower}[r.IntN(2)]
 		switch f.Kind {
 		case Consul:
