@@ -154,16 +154,21 @@ func probeAgent(addr, server string) (probeKind, string, error) {
 	}
 	b, err := io.ReadAll(c)
 	switch {
+	case bytes.HasSuffix(b, []byte("\n")) && bytes.Count(b, []byte("\n")) == 1:
+		// HAProxy takes the agent's line at its LF, whether the agent
+		// then closes or not (src/tcpcheck.c,
+		// tcpcheck_agent_expect_reply): a replica paused right after it
+		// wrote the line answered that check, although the read here
+		// then times out.
+		return probeAnswered, string(bytes.TrimSuffix(b, []byte("\n"))), nil
 	case err != nil && len(b) == 0 && errors.Is(err, syscall.ECONNRESET):
 		return probeUnanswered, "", err
 	case err != nil:
 		return probeFailed, string(b), err
 	case len(b) == 0:
 		return probeUnanswered, "", errors.New("closed without an answer")
-	case !bytes.HasSuffix(b, []byte("\n")) || bytes.Count(b, []byte("\n")) != 1:
-		return probeFailed, string(b), fmt.Errorf("answer %q is not one LF-terminated line", b)
 	}
-	return probeAnswered, string(bytes.TrimSuffix(b, []byte("\n"))), nil
+	return probeFailed, string(b), fmt.Errorf("answer %q is not one LF-terminated line", b)
 }
 
 // answerPoll is the pause between two probes of one replica in
