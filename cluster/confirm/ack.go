@@ -33,6 +33,7 @@ package confirm
 import (
 	"crypto/x509"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,11 +96,12 @@ func isQuorum(servers []raft.Server, acked map[raft.ServerID]bool) bool {
 	return voters > 0 && yes >= voters/2+1
 }
 
-// ackConns are the leader's open "ack" connections, one per peer, and the
-// peers that answered the query with null (an older release): when.
+// ackConns are the leader's open "ack" connections, maxRoundsInFlight per
+// peer (one per round in flight), and the peers that answered the query
+// with null (an older release): when.
 type ackConns struct {
 	mu        sync.Mutex
-	conns     map[raft.ServerID]*ackConn
+	peers     map[raft.ServerID]*peerConns
 	legacy    map[raft.ServerID]time.Time
 	preferred raft.ServerID // the peer whose ack made the last quorum
 }
@@ -123,26 +125,49 @@ func (a *ackConns) prefer(id raft.ServerID) {
 	a.mu.Unlock()
 }
 
-// ackConn is one peer's connection. sem (capacity 1) is held while a
-// round's request is in flight on it; seq is that round (0: none).
+// peerConns are one peer's connections: free holds those that carry no
+// request (a round takes one, and gives it back once answered).
+type peerConns struct {
+	free chan *ackConn
+	all  []*ackConn
+}
+
+// ackConn is one connection; seq is the round whose request it carries
+// (0: none).
 type ackConn struct {
-	sem chan struct{}
-	lc  LineConn // nil until the first request
+	lc  LineConn // nil until its first request
 	seq atomic.Uint64
 }
 
-func (a *ackConns) conn(id raft.ServerID) *ackConn {
+// inFlight lists the rounds whose requests the peer's connections carry.
+func (p *peerConns) inFlight() []uint64 {
+	var out []uint64
+	for _, c := range p.all {
+		if s := c.seq.Load(); s != 0 {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (a *ackConns) peer(id raft.ServerID) *peerConns {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.conns == nil {
-		a.conns = map[raft.ServerID]*ackConn{}
+	if a.peers == nil {
+		a.peers = map[raft.ServerID]*peerConns{}
 	}
-	c, ok := a.conns[id]
+	p, ok := a.peers[id]
 	if !ok {
-		c = &ackConn{sem: make(chan struct{}, 1)}
-		a.conns[id] = c
+		p = &peerConns{free: make(chan *ackConn, maxRoundsInFlight)}
+		for range maxRoundsInFlight {
+			c := &ackConn{}
+			p.all = append(p.all, c)
+			p.free <- c
+		}
+		a.peers[id] = p
 	}
-	return c
+	return p
 }
 
 // isLegacy reports whether id answered "ack" with null less than
@@ -167,12 +192,14 @@ func (a *ackConns) setLegacy(id raft.ServerID, now time.Time) {
 func (a *ackConns) close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, c := range a.conns {
-		c.sem <- struct{}{}
-		if c.lc != nil {
-			c.lc.Close()
+	for _, p := range a.peers {
+		for range p.all {
+			c := <-p.free
+			if c.lc != nil {
+				c.lc.Close()
+			}
+			defer func() { p.free <- c }()
 		}
-		<-c.sem
 	}
 }
 
@@ -309,9 +336,10 @@ func (rs *Reads) confirmLeadership(term uint64, deadline time.Time) error {
 }
 
 // askAck asks one voter for its acknowledgement of this leader in
-// req.Term, on the peer's kept-open connection. A request of an earlier
-// round still in flight on it (a slow peer) is waited for, until the
-// round is over (a quorum answered, or it failed) or deadline. A
+// req.Term, on one of the peer's kept-open connections (one per round in
+// flight). When each carries a request of an earlier round (a slow peer),
+// one is waited for, until the round is over (a quorum answered, or it
+// failed) or deadline. A
 // goroutine of a round that is over sends nothing: one the scheduler ran
 // late would otherwise hold the connection with a request nobody waits
 // for, and the next round would find both peers busy and fail (measured:
@@ -330,27 +358,28 @@ func (rs *Reads) askAck(s raft.Server, req ackRequest, deadline time.Time, over 
 			rs.m.confirmAcks.WithLabelValues("failed").Inc()
 		}
 	}()
-	c := rs.acks.conn(s.ID)
+	p := rs.acks.peer(s.ID)
+	var c *ackConn
 	select {
-	case c.sem <- struct{}{}:
+	case c = <-p.free:
 	default:
-		inFlight := c.seq.Load()
+		inFlight := p.inFlight()
 		t := time.NewTimer(time.Until(deadline))
 		defer t.Stop()
 		select {
-		case c.sem <- struct{}{}:
+		case c = <-p.free:
 		case <-over:
 			notSent = true
-			r.err = fmt.Errorf("%s: round %d was over before the request of round %d on the connection was answered", s.ID, req.Seq, inFlight)
+			r.err = fmt.Errorf("%s: round %d was over before a request of rounds %v on its connections was answered", s.ID, req.Seq, inFlight)
 			return r
 		case <-t.C:
-			r.err = fmt.Errorf("%s: the request of round %d was still in flight at round %d's deadline", s.ID, inFlight, req.Seq)
+			r.err = fmt.Errorf("%s: the requests of rounds %v were still in flight at round %d's deadline", s.ID, inFlight, req.Seq)
 			return r
 		}
 	}
 	defer func() {
 		c.seq.Store(0)
-		<-c.sem
+		p.free <- c
 	}()
 	select {
 	case <-over:

@@ -25,13 +25,26 @@ func TestLeaderRoundWaitsForABusyPeer(t *testing.T) {
 	l, busy, cut := ms[0].reads, ms[1], ms[2]
 	net.setCut(cut.addr, true)
 
-	c := l.acks.conn(raft.ServerID(busy.id))
-	c.sem <- struct{}{} // an earlier round's request in flight
-	c.seq.Store(1)
+	// Every connection to busy carries an earlier round's request.
+	p := l.acks.peer(raft.ServerID(busy.id))
+	hold := func(seqs ...uint64) (release func()) {
+		var held []*ackConn
+		for _, s := range seqs {
+			c := <-p.free
+			c.seq.Store(s)
+			held = append(held, c)
+		}
+		return func() {
+			for _, c := range held {
+				c.seq.Store(0)
+				p.free <- c
+			}
+		}
+	}
+	release := hold(1, 2)
 	released := make(chan struct{})
 	time.AfterFunc(100*time.Millisecond, func() {
-		c.seq.Store(0)
-		<-c.sem
+		release()
 		close(released)
 	})
 	err := l.confirmLeadership(2, time.Now().Add(2*time.Second))
@@ -45,12 +58,10 @@ func TestLeaderRoundWaitsForABusyPeer(t *testing.T) {
 	}
 
 	// Busy until the deadline: the round fails and says why.
-	c.sem <- struct{}{}
-	c.seq.Store(7)
+	release = hold(7, 8)
 	err = l.confirmLeadership(2, time.Now().Add(200*time.Millisecond))
-	c.seq.Store(0)
-	<-c.sem
-	if err == nil || !strings.Contains(err.Error(), "the request of round 7 was still in flight") {
+	release()
+	if err == nil || !strings.Contains(err.Error(), "the requests of rounds [7 8] were still in flight") {
 		t.Fatalf("round with %s busy past the deadline and %s cut off: %v; want it failed, naming the request in flight", busy.id, cut.id, err)
 	}
 }
@@ -68,9 +79,8 @@ func TestAckOfARoundThatIsOverSendsNothing(t *testing.T) {
 	if r.ok || r.err == nil || !strings.Contains(r.err.Error(), "round 42 was over before its request was sent") {
 		t.Fatalf("ack of a round that is over: ok=%v err=%v; want no request sent", r.ok, r.err)
 	}
-	c := l.acks.conn(peer.ID)
-	if len(c.sem) != 0 || net.asks.Load() != 0 {
-		t.Fatalf("the connection is held (%d) or a request was sent (%d) for a round that was over", len(c.sem), net.asks.Load())
+	if p := l.acks.peer(peer.ID); len(p.free) != len(p.all) || net.asks.Load() != 0 {
+		t.Fatalf("a connection is held (%d of %d free) or a request was sent (%d) for a round that was over", len(p.free), len(p.all), net.asks.Load())
 	}
 	if got := testutil.ToFloat64(l.m.confirmAcks.WithLabelValues("not_sent")); got != 1 {
 		t.Errorf("hastate_confirm_acks_total{result=not_sent} = %v, want 1", got)

@@ -150,12 +150,24 @@ func (n *fakeNet) silence(addr string) (release func()) {
 	n.mu.Lock()
 	n.silent[addr] = ch
 	n.mu.Unlock()
-	return sync.OnceFunc(func() {
+	return func() {
 		n.mu.Lock()
-		delete(n.silent, addr)
-		n.mu.Unlock()
+		defer n.mu.Unlock()
+		if n.silent[addr] == ch {
+			delete(n.silent, addr)
+			close(ch)
+		}
+	}
+}
+
+// releaseAll answers every request held by silence.
+func (n *fakeNet) releaseAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for addr, ch := range n.silent {
 		close(ch)
-	})
+		delete(n.silent, addr)
+	}
 }
 
 // transport is one member's view of the net.
@@ -258,7 +270,8 @@ type member struct {
 // cluster makes members n1..nK of one configuration (voters unless named
 // in nonvoters) on one fakeNet, n1 leading in term 2 with its barrier
 // done, every state at index 10 and every commit index at 10. The loops
-// are not started unless loops is set: tests drive the rounds.
+// are not started unless loops is set: tests drive the rounds (or start
+// the confirmation loop alone, startRounds).
 func cluster(t *testing.T, k int, nonvoters []string, loops bool, tweak func(*Options)) (*fakeNet, []*member) {
 	t.Helper()
 	net := newFakeNet()
@@ -288,13 +301,25 @@ func cluster(t *testing.T, k int, nonvoters []string, loops bool, tweak func(*Op
 		}
 		m.reads = New(o)
 		m.reads.raft = m.raft
-		if loops {
-			m.reads.Start(m.raft)
-		}
 		t.Cleanup(m.reads.Stop)
+		net.mu.Lock()
 		net.members[m.addr] = m.reads
+		net.mu.Unlock()
 		ms = append(ms, m)
 	}
 	ms[0].reads.BarrierDone(2)
+	t.Cleanup(net.releaseAll) // first: a test that failed may leave peers silent
+	if loops {
+		for _, m := range ms {
+			m.reads.Start(m.raft)
+		}
+	}
 	return net, ms
+}
+
+// startRounds starts m's confirmation loop alone (no contact loop, which
+// asks for rounds of its own): the test decides when rounds are wanted.
+func startRounds(m *member) {
+	m.reads.wg.Add(1)
+	go m.reads.confirmLoop()
 }

@@ -118,13 +118,14 @@ type Reads struct {
 	// 0: never led).
 	ledUntil atomic.Int64
 	// conf is the confirmation of answers (round.go); ri is the
-	// follower's open read-index connection to the leader (confirmLoop's);
+	// follower's open read-index connections to the leader (one per round in
+// flight);
 	// acks and ackSeq are the leader's "ack" connections to its voters and
 	// the number of its last round (ack.go); unboundLog limits the log of
 	// read-index requests whose ID their certificate does not name,
 	// failedLog that of failed rounds.
 	conf       confirmer
-	ri         LineConn
+	ri         chan LineConn
 	acks       ackConns
 	ackSeq     atomic.Uint64
 	unboundLog *ratelog.Limiter
@@ -151,7 +152,10 @@ func New(o Options) *Reads {
 	rs := &Reads{o: o, log: cmp.Or(o.Logger, zap.NewNop()), m: newMetrics(), stop: make(chan struct{}),
 		unboundLog: ratelog.New(10*time.Second, nil), failedLog: ratelog.New(10*time.Second, nil)}
 	rs.m.rs = rs
-	rs.ri = o.Transport.LineConn()
+	rs.ri = make(chan LineConn, maxRoundsInFlight)
+	for range maxRoundsInFlight {
+		rs.ri <- o.Transport.LineConn()
+	}
 	rs.leaderContact.Store(o.Started.UnixNano())
 	rs.conf.init(o.Started)
 	// Nothing is answered until the node has caught up with a leader.
@@ -178,7 +182,9 @@ func (rs *Reads) Stop() {
 	rs.stopOnce.Do(func() {
 		close(rs.stop)
 		rs.wg.Wait()
-		rs.ri.Close()
+		for range maxRoundsInFlight {
+			(<-rs.ri).Close()
+		}
 		rs.acks.close()
 	})
 }

@@ -49,6 +49,9 @@ const (
 	// first check that wants a round, the loop waits this long for more
 	// before it starts it (0: at once, as etcd does). See DESIGN.md.
 	DefaultConfirmWindow = 0
+	// maxRoundsInFlight bounds the pipelined rounds (confirmLoop): two let
+	// a check that arrives during a round join the next one at once.
+	maxRoundsInFlight = 2
 	// confirmRefresh: contactLoop asks for a round when none succeeded
 	// for this long, so that an idle replica knows whether it can answer.
 	confirmRefresh = 250 * time.Millisecond
@@ -85,13 +88,18 @@ func newReadNotifier() *readNotifier { return &readNotifier{done: make(chan stru
 // the wake-up of the loop and the last results.
 type confirmer struct {
 	next    atomic.Pointer[readNotifier]
-	wakeCh  chan struct{} // buffered 1: a round is wanted
-	applied chan struct{} // buffered 1: the FSM advanced
-	timers  sync.Pool     // *time.Timer, so that a check does not allocate one
+	wakeCh chan struct{} // buffered 1: a round is wanted
+	// applied is closed, and replaced, each time the FSM advances: every
+	// round waiting for its index (several, pipelined) wakes.
+	applied atomic.Pointer[chan struct{}]
+	timers  sync.Pool // *time.Timer, so that a check does not allocate one
+	// noteMu orders the results of rounds that end out of order.
+	noteMu sync.Mutex
 
 	okIndex   atomic.Uint64 // the index of the last confirmed round
 	okAt      atomic.Int64  // unix ns of the last confirmed round (start counts)
 	failSince atomic.Int64  // unix ns of the first failed round since the last success; 0: none
+	okBegan   int64         // unix ns the last confirmed round began (under noteMu)
 	lastErr   atomic.Pointer[error]
 	// rounds counts the rounds begun.
 	rounds atomic.Uint64
@@ -104,7 +112,8 @@ type confirmer struct {
 
 func (c *confirmer) init(start time.Time) {
 	c.wakeCh = make(chan struct{}, 1)
-	c.applied = make(chan struct{}, 1)
+	applied := make(chan struct{})
+	c.applied.Store(&applied)
 	c.next.Store(newReadNotifier())
 	c.okAt.Store(start.UnixNano())
 	c.timers.New = func() any {
@@ -122,12 +131,11 @@ func (c *confirmer) wake() {
 	}
 }
 
-// advanced tells the loop that the FSM applied an entry.
+// advanced tells the rounds waiting for an index that the FSM applied an
+// entry (called after the FSM's index moved).
 func (c *confirmer) advanced() {
-	select {
-	case c.applied <- struct{}{}:
-	default:
-	}
+	next := make(chan struct{})
+	close(*c.applied.Swap(&next))
 }
 
 // lastConfirmed returns the last confirmed index and when it was confirmed.
@@ -189,8 +197,13 @@ func (rs *Reads) Confirmed() *state.Snapshot {
 }
 
 // confirmLoop runs the rounds: it waits until a round is wanted, waits the
-// batching window, swaps in the next notifier and runs the round for every
-// reader of the one it took.
+// batching window, swaps in the next notifier and starts the round for
+// every reader of the one it took. Rounds are pipelined: a round may begin
+// while earlier ones are in flight (at most maxRoundsInFlight at once), so
+// a check that arrives during a round waits for the next one to begin, not
+// for the one in flight to end first. A check never joins a round that
+// began before it arrived: it waits on the notifier that the next round's
+// start swaps out.
 func (rs *Reads) confirmLoop() {
 	defer rs.wg.Done()
 	var window *time.Timer
@@ -198,12 +211,16 @@ func (rs *Reads) confirmLoop() {
 		window = time.NewTimer(time.Hour)
 		window.Stop()
 	}
+	slots := make(chan struct{}, maxRoundsInFlight)
+	stopped := func() {
+		nr := rs.conf.next.Swap(newReadNotifier())
+		nr.err = errConfirmStopped
+		close(nr.done)
+	}
 	for {
 		select {
 		case <-rs.stop:
-			nr := rs.conf.next.Swap(newReadNotifier())
-			nr.err = errConfirmStopped
-			close(nr.done)
+			stopped()
 			return
 		case <-rs.conf.wakeCh:
 		}
@@ -216,12 +233,23 @@ func (rs *Reads) confirmLoop() {
 			case <-window.C:
 			}
 		}
+		select {
+		case slots <- struct{}{}:
+		case <-rs.stop:
+			stopped()
+			return
+		}
 		nr := rs.conf.next.Swap(newReadNotifier())
 		rs.conf.rounds.Add(1)
 		began := time.Now()
-		nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))
-		rs.noteRound(began, nr.index, nr.err)
-		close(nr.done)
+		rs.wg.Add(1)
+		go func() {
+			defer rs.wg.Done()
+			nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))
+			rs.noteRound(began, nr.index, nr.err)
+			close(nr.done)
+			<-slots
+		}()
 	}
 }
 
@@ -230,15 +258,22 @@ func (rs *Reads) confirmLoop() {
 func (rs *Reads) noteRound(began time.Time, index uint64, err error) {
 	d := time.Since(began)
 	rs.m.confirmRound.Observe(d.Seconds())
+	rs.conf.noteMu.Lock()
+	defer rs.conf.noteMu.Unlock()
 	if err == nil {
 		rs.m.confirmRounds.WithLabelValues("confirmed").Inc()
-		rs.conf.okIndex.Store(index)
+		// Rounds may end out of order: the highest index confirmed.
+		rs.conf.okIndex.Store(max(rs.conf.okIndex.Load(), index))
+		rs.conf.okBegan = max(rs.conf.okBegan, began.UnixNano())
 		rs.conf.okAt.Store(time.Now().UnixNano())
 		rs.conf.failSince.Store(0)
 		rs.conf.lastErr.Store(nil)
 		return
 	}
 	rs.m.confirmRounds.WithLabelValues("failed").Inc()
+	if began.UnixNano() < rs.conf.okBegan {
+		return // a round that began before the last confirmed one: it says nothing newer
+	}
 	rs.conf.failSince.CompareAndSwap(0, began.UnixNano())
 	rs.conf.lastErr.Store(&err)
 	if ok, hidden := rs.failedLog.Allow(); ok {
@@ -342,7 +377,12 @@ func (rs *Reads) followerReadIndex(deadline time.Time) (uint64, error) {
 	if old := rs.conf.legacy.Load(); old == nil || old.id != id || old.term != term {
 		rs.conf.legacy.Store(nil)
 		var ans readIndexAnswer
-		known, err := rs.ri.Ask(dial, ReadIndexQuery, fmt.Sprintf("%s %d\n", rs.o.ID, term), deadline, &ans)
+		var known bool
+		err := rs.withReadIndexConn(deadline, func(ri LineConn) error {
+			var err error
+			known, err = ri.Ask(dial, ReadIndexQuery, fmt.Sprintf("%s %d\n", rs.o.ID, term), deadline, &ans)
+			return err
+		})
 		switch {
 		case !known:
 			rs.conf.legacy.Store(&legacyLeader{id: id, term: term})
@@ -370,6 +410,23 @@ func (rs *Reads) followerReadIndex(deadline time.Time) (uint64, error) {
 	return st.StateIndex, nil
 }
 
+// withReadIndexConn runs ask with one of the follower's kept-open
+// read-index connections to its leader (one per round in flight), waiting
+// for one until deadline.
+func (rs *Reads) withReadIndexConn(deadline time.Time, ask func(LineConn) error) error {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case ri := <-rs.ri:
+		defer func() { rs.ri <- ri }()
+		return ask(ri)
+	case <-t.C:
+		return fmt.Errorf("no read-index connection free: %w", errConfirmTimeout)
+	case <-rs.stop:
+		return errConfirmStopped
+	}
+}
+
 // waitApplied waits until the FSM serves index, at most until deadline.
 func (rs *Reads) waitApplied(index uint64, deadline time.Time) error {
 	if rs.o.State.Index() >= index {
@@ -377,16 +434,21 @@ func (rs *Reads) waitApplied(index uint64, deadline time.Time) error {
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	for rs.o.State.Index() < index {
+	for {
+		// The channel before the index: an advance after this load
+		// closes it.
+		applied := *rs.conf.applied.Load()
+		if rs.o.State.Index() >= index {
+			return nil
+		}
 		select {
-		case <-rs.conf.applied:
+		case <-applied:
 		case <-t.C:
 			return fmt.Errorf("apply index %d (at %d): %w", index, rs.o.State.Index(), errConfirmTimeout)
 		case <-rs.stop:
 			return errConfirmStopped
 		}
 	}
-	return nil
 }
 
 // readIndexAnswer is the leader's answer to one read-index request.

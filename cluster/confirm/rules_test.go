@@ -22,9 +22,11 @@ import (
 // flight confirms and every round after it fails: the check must be
 // answered nothing.
 func TestCheckNeverJoinsARoundThatBeganBeforeIt(t *testing.T) {
-	net, ms := cluster(t, 3, nil, true, func(o *Options) { o.Timeout, o.AckHedge = 2*time.Second, time.Minute })
+	net, ms := cluster(t, 3, nil, false, func(o *Options) { o.Timeout, o.AckHedge = 2*time.Second, time.Minute })
 	l := ms[0].reads
-	testEventually(t, func() bool { return l.FailingSince().IsZero() && l.Rounds() > 0 }, "the leader never confirmed")
+	startRounds(ms[0])
+	l.conf.wake()
+	testEventually(t, func() bool { _, at := l.conf.lastConfirmed(); return l.Rounds() > 0 && at.After(l.o.Started) }, "the leader never confirmed")
 	// Every peer silent: the next round waits on its first request.
 	releases := []func(){net.silence(ms[1].addr), net.silence(ms[2].addr)}
 	asked, rounds := net.asks.Load(), l.Rounds()
@@ -162,8 +164,7 @@ func TestAReasonThatCameDuringTheRoundWithholds(t *testing.T) {
 	m.ApplyAt(state.Change{Set: map[string]string{"state/web/a": "drain"}}, time.Now(), state.RampPolicy{})
 	l.state.serving.Store(m.Snapshot())
 	l.reads.withheld.set(withholdCatchingUp, false)
-	l.reads.wg.Add(1)
-	go l.reads.confirmLoop() // the rounds only: no contact loop to start others
+	startRounds(l)
 	releases := []func(){net.silence(ms[1].addr), net.silence(ms[2].addr)}
 	got := make(chan *state.Snapshot, 1)
 	go func() { got <- l.reads.Confirmed() }()
@@ -174,5 +175,67 @@ func TestAReasonThatCameDuringTheRoundWithholds(t *testing.T) {
 	}
 	if s := <-got; s != nil {
 		t.Fatal("a check was answered although a reason to withhold came into force while it waited")
+	}
+}
+
+// TestRoundsArePipelined: a round may begin while another is in flight,
+// so a check that arrives during a round waits for the next one to begin,
+// not for the one in flight to end first; at most maxRoundsInFlight run
+// at once, and every one ends.
+func TestRoundsArePipelined(t *testing.T) {
+	net, ms := cluster(t, 3, nil, false, func(o *Options) { o.Timeout, o.AckHedge = 5*time.Second, time.Minute })
+	l := ms[0].reads
+	startRounds(ms[0])
+	releases := []func(){net.silence(ms[1].addr), net.silence(ms[2].addr)}
+	first := l.conf.next.Load()
+	l.conf.wake()
+	testEventually(t, func() bool { return l.Rounds() == 1 && net.asks.Load() == 1 }, "no first round")
+	// A check arrives during the first round: the next round begins at
+	// once, the first still in flight.
+	second := l.conf.next.Load()
+	l.conf.wake()
+	testEventually(t, func() bool { return l.Rounds() == 2 }, "no round began while the first was in flight")
+	select {
+	case <-first.done:
+		t.Fatal("the first round ended while its peers were silent")
+	default:
+	}
+	// A third wish waits for a free slot.
+	third := l.conf.next.Load()
+	l.conf.wake()
+	testenv.Consistently(t, 100*time.Millisecond, func() error {
+		return testenv.Expect(l.Rounds() == 2, "%d rounds at once, want at most %d", l.Rounds(), maxRoundsInFlight)
+	})
+	for _, r := range releases {
+		r()
+	}
+	for i, nr := range []*readNotifier{first, second, third} {
+		select {
+		case <-nr.done:
+			if nr.err != nil {
+				t.Errorf("round %d: %v", i+1, nr.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d never ended", i+1)
+		}
+	}
+}
+
+// TestEveryRoundWaitingForTheStateWakes: rounds in flight together wait
+// for the state's index; one advance of the state wakes them all.
+func TestEveryRoundWaitingForTheStateWakes(t *testing.T) {
+	_, ms := cluster(t, 1, nil, false, nil)
+	l := ms[0]
+	done := make(chan error, 2)
+	for range 2 {
+		go func() { done <- l.reads.waitApplied(12, time.Now().Add(5*time.Second)) }()
+	}
+	testenv.Consistently(t, 50*time.Millisecond, func() error { return testenv.Expect(len(done) == 0, "a wait ended before the state served 12") })
+	l.state.index.Store(12)
+	l.reads.Advanced()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("a round waiting for 12 once the state serves it: %v", err)
+		}
 	}
 }

@@ -20,9 +20,19 @@ var mutations = []mutation{
 	// Confirmed reads (cluster/confirm).
 	{
 		Name: "confirm/check-joins-a-round-in-flight", File: "cluster/confirm/round.go", Package: "cluster/confirm",
-		From: "		nr := rs.conf.next.Swap(newReadNotifier())\n		rs.conf.rounds.Add(1)\n		began := time.Now()\n		nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))",
-		To:   "		rs.conf.rounds.Add(1)\n		began := time.Now()\n		index, err := rs.confirmRound(began.Add(rs.o.Timeout))\n		nr := rs.conf.next.Swap(newReadNotifier())\n		nr.index, nr.err = index, err",
+		From: "		nr := rs.conf.next.Swap(newReadNotifier())\n		rs.conf.rounds.Add(1)\n		began := time.Now()\n		rs.wg.Add(1)\n		go func() {\n			defer rs.wg.Done()\n			nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))",
+		To:   "		rs.conf.rounds.Add(1)\n		began := time.Now()\n		rs.wg.Add(1)\n		go func() {\n			defer rs.wg.Done()\n			index, err := rs.confirmRound(began.Add(rs.o.Timeout))\n			nr := rs.conf.next.Swap(newReadNotifier())\n			nr.index, nr.err = index, err",
 		Why:  "a check waits for a round that began after it arrived (the notifier is swapped before the round)",
+	},
+	{
+		Name: "confirm/rounds-pipelined", File: "cluster/confirm/round.go", Package: "cluster/confirm",
+		From: "maxRoundsInFlight = 2", To: "maxRoundsInFlight = 1",
+		Why: "a round begins while another is in flight: a check waits for the next round to begin, not for the one in flight to end",
+	},
+	{
+		Name: "confirm/every-waiting-round-wakes", File: "cluster/confirm/round.go", Package: "cluster/confirm",
+		From: "	next := make(chan struct{})\n	close(*c.applied.Swap(&next))", To: "	next := make(chan struct{})\n	old := c.applied.Swap(&next)\n	select {\n	case *old <- struct{}{}:\n	default:\n	}",
+		Why: "one advance of the state wakes every round waiting for it (pipelined rounds wait together)",
 	},
 	{
 		Name: "confirm/readindex-ack-is-quorum", File: "cluster/confirm/round.go", Package: "cluster/confirm",
