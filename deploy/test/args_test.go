@@ -185,12 +185,12 @@ func get(addr, path string) string {
 // for every <pod>.crt / <pod>.key item.
 func writeSecretVolume(t *testing.T, v *corev1.Volume, dir string) {
 	t.Helper()
-	if v == nil || v.Secret == nil || v.Secret.SecretName != "raft-certs" {
-		t.Fatalf("volume %+v: want the Secret volume of raftTLS.existingSecret", v)
+	if v == nil || v.Projected == nil || len(v.Projected.Sources) != 1 || v.Projected.Sources[0].Secret == nil || v.Projected.Sources[0].Secret.Name != "raft-certs" {
+		t.Fatalf("volume %+v: want the Secret of raftTLS.existingSecret, projected", v)
 	}
 	cert, key, ca := testenv.WriteRaftTLS(t, t.TempDir())
 	from := map[string]string{".crt": cert, ".key": key}
-	for _, it := range v.Secret.Items {
+	for _, it := range v.Projected.Sources[0].Secret.Items {
 		src := from[filepath.Ext(it.Key)]
 		if it.Key == "ca.crt" {
 			src = ca
