@@ -333,3 +333,87 @@ func upgradedValues(t *testing.T) map[string]any {
 	}
 	return vals
 }
+
+// Moving the raft CA from the Secret 0.14.0 made to cert-manager is two
+// rollouts, each keeping every pod able to talk to every other (docs/
+// deploy.md, "Moving the raft CA"): first every pod trusts a bundle of
+// both CAs while still presenting the old certificates (cert-manager
+// issues the new ones beside them), then the pods present cert-manager's
+// with the same bundle. A switch in one rollout, or without the bundle
+// rolled out first, is refused; so is an upgrade that cannot see what the
+// running pods present and is not told.
+func TestChartRaftCAMove(t *testing.T) {
+	_, _, live := previousRelease(t)
+	ch := loadChart(t, chartDir)
+	kept := upgradedValues(t)
+
+	with := func(raftTLS string) map[string]any {
+		v := upgradedValues(t)
+		v["raftTLS"] = values(t, raftTLS)
+		return v
+	}
+	refused := func(cl *fakeCluster, vals map[string]any, want string) {
+		t.Helper()
+		_, _, err := renderIn(ch, vals, "hastate", cl, true)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("raftTLS %v: err %v, want a refusal saying %q", vals["raftTLS"], err, want)
+		}
+	}
+	rendered := func(cl *fakeCluster, vals map[string]any) (*Rendered, string) {
+		t.Helper()
+		manifest, notes, err := renderIn(ch, vals, "hastate", cl, true)
+		if err != nil {
+			t.Fatalf("raftTLS %v: %v", vals["raftTLS"], err)
+		}
+		return renderedIn(t, manifest, notes), manifest
+	}
+
+	// In one rollout: refused, with or without a bundle the pods do not
+	// trust yet.
+	refused(live, with(`{certManager: {enabled: true}}`), "the running pods present certificates of secret hastate-raft-tls, these values of certManager")
+	refused(live, with(`{certManager: {enabled: true}, trustBundle: {configMap: hastate-raft-trust}}`), "First roll out a trust bundle holding both CAs")
+
+	// Step 1: the bundle, the old certificates, cert-manager issuing.
+	r1, m1 := rendered(live, with(`{existingSecret: hastate-raft-tls, certManager: {enabled: true}, trustBundle: {configMap: hastate-raft-trust}}`))
+	ss := r1.get(t, "StatefulSet", "hastate").(*appsv1.StatefulSet)
+	srcs := volume(ss, "raft-tls").Projected.Sources
+	if len(srcs) != 2 || srcs[0].Secret == nil || srcs[0].Secret.Name != "hastate-raft-tls" || srcs[1].ConfigMap == nil || srcs[1].ConfigMap.Name != "hastate-raft-trust" {
+		t.Fatalf("step 1 raft-tls sources %+v: want the Secret's certificates and the bundle's ca.crt", srcs)
+	}
+	if slices.Contains(tlsVolumeFiles(&corev1.Volume{VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: srcs[:1]}}}), "ca.crt") {
+		t.Errorf("step 1: ca.crt from the Secret as well as from the bundle")
+	}
+	for i := range 3 {
+		if !r1.has("Certificate", fmt.Sprintf("hastate-raft-%d", i)) {
+			t.Errorf("step 1: no Certificate hastate-raft-%d: cert-manager must issue the new certificates before the pods present them", i)
+		}
+	}
+
+	// Step 2, against the cluster as step 1 left it: the pods present
+	// cert-manager's certificates, trusting the same bundle.
+	after1 := newFakeCluster(t, liveObjects(t, m1, nil)...)
+	refused(after1, with(`{certManager: {enabled: true}}`), "First roll out a trust bundle holding both CAs")
+	refused(after1, with(`{certManager: {enabled: true}, trustBundle: {configMap: another}}`), "First roll out a trust bundle holding both CAs")
+	r2, m2 := rendered(after1, with(`{certManager: {enabled: true}, trustBundle: {configMap: hastate-raft-trust}}`))
+	ss = r2.get(t, "StatefulSet", "hastate").(*appsv1.StatefulSet)
+	srcs = volume(ss, "raft-tls").Projected.Sources
+	if len(srcs) != 4 || srcs[0].Secret == nil || srcs[0].Secret.Name != "hastate-raft-0" || srcs[3].ConfigMap == nil {
+		t.Fatalf("step 2 raft-tls sources %+v: want the three cert-manager Secrets and the bundle", srcs)
+	}
+
+	// Step 3, later: the bundle may go (same presented source).
+	after2 := newFakeCluster(t, liveObjects(t, m2, nil)...)
+	rendered(after2, with(`{certManager: {enabled: true}}`))
+	// Not said on a release that presents cert-manager's: it stays.
+	r, _ := rendered(after2, with(`{}`))
+	if !r.has("Certificate", "hastate-raft-0") || !r.has("Issuer", "hastate-raft-ca") {
+		t.Errorf("not said, pods presenting cert-manager's: want cert-manager kept, have %v", r.keys())
+	}
+
+	// An upgrade that cannot see the running pods and is not told.
+	refused(newFakeClusterEmpty(), with(`{}`), "the chart cannot see which raft certificates the running replicas use")
+	// Keeping the Secret needs nothing more.
+	rendered(live, kept)
+	// TLS off under a TLS cluster, in one rollout: refused.
+	refused(live, with(`{enabled: false}`), "raftTLS.enabled=false, and the running replicas use raft TLS")
+}
