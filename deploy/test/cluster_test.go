@@ -36,6 +36,9 @@ type fakeCluster struct {
 
 var _ engine.ClientProvider = (*fakeCluster)(nil)
 
+// clusterScoped are the kinds the chart looks up that have no namespace.
+var clusterScoped = map[string]bool{"Namespace": true, "CSIDriver": true}
+
 // newFakeCluster holds objs (each a decoded YAML document).
 func newFakeCluster(t *testing.T, objs ...map[string]any) *fakeCluster {
 	t.Helper()
@@ -43,7 +46,7 @@ func newFakeCluster(t *testing.T, objs ...map[string]any) *fakeCluster {
 	for _, o := range objs {
 		rs = append(rs, &unstructured.Unstructured{Object: o})
 	}
-	served := map[string]bool{"v1": true, "apps/v1": true, "policy/v1": true, "networking.k8s.io/v1": true}
+	served := map[string]bool{"v1": true, "apps/v1": true, "policy/v1": true, "networking.k8s.io/v1": true, "storage.k8s.io/v1": true}
 	for _, v := range extraAPIs {
 		served[v] = true
 	}
@@ -55,7 +58,7 @@ func (c *fakeCluster) GetClientFor(apiVersion, kind string) (dynamic.Namespaceab
 		return nil, false, fmt.Errorf("the server could not find the requested resource (%s)", apiVersion)
 	}
 	gvr, _ := meta.UnsafeGuessKindToResource(schema.FromAPIVersionAndKind(apiVersion, kind))
-	return c.client.Resource(gvr), true, nil
+	return c.client.Resource(gvr), !clusterScoped[kind], nil
 }
 
 // renderIn renders ch for release into namespace ops against cl (nil: no
@@ -103,7 +106,7 @@ func renderIn(ch *chart.Chart, vals map[string]any, release string, cl *fakeClus
 }
 
 func newFakeClusterEmpty() *fakeCluster {
-	return &fakeCluster{client: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), served: map[string]bool{"v1": true, "apps/v1": true}}
+	return &fakeCluster{client: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), served: map[string]bool{"v1": true, "apps/v1": true, "storage.k8s.io/v1": true}}
 }
 
 // renderedIn decodes a renderIn manifest strictly, as render does.

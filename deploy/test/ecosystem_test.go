@@ -1,6 +1,7 @@
 package deploytest
 
 import (
+	"fmt"
 	"os"
 	"reflect"
 	"slices"
@@ -191,5 +192,100 @@ minReadySeconds: 15`))
 	ss, _ = statefulSet(t, render(t, loadChart(t, chartDir), nil))
 	if ss.Spec.MinReadySeconds != 10 {
 		t.Errorf("default minReadySeconds %d, want 10", ss.Spec.MinReadySeconds)
+	}
+}
+
+// Per-pod keys: with raftTLS.certManager.csiDriver each pod mounts one
+// csi-driver volume that cert-manager fills with that pod's own key and
+// certificate (for its raft names), not every replica's Secret; no
+// per-replica Certificate is rendered. Against a cluster without the
+// driver the render fails naming it. Moving a running release from
+// per-replica Certificates to the driver is the same issuer, the same CA:
+// no CA move, an ordinary rollout.
+func TestChartPerPodKeys(t *testing.T) {
+	ch := loadChart(t, chartDir)
+	r := render(t, ch, values(t, `raftTLS: {certManager: {enabled: true, csiDriver: {enabled: true}}}`))
+	ss, c := statefulSet(t, r)
+	for i := range 3 {
+		if r.has("Certificate", fmt.Sprintf("%s-raft-%d", full, i)) {
+			t.Errorf("Certificate %s-raft-%d rendered with the csi-driver", full, i)
+		}
+	}
+	if !r.has("Issuer", full+"-raft-ca") {
+		t.Errorf("the chart's CA Issuer is gone with the csi-driver: %v", r.keys())
+	}
+	v := volume(ss, "raft-tls")
+	if v == nil || v.CSI == nil || v.CSI.Driver != "csi.cert-manager.io" || v.Projected != nil {
+		t.Fatalf("raft-tls volume %+v: want one csi.cert-manager.io volume", v)
+	}
+	attr := v.CSI.VolumeAttributes
+	want := map[string]string{
+		"csi.cert-manager.io/issuer-name": full + "-raft-ca",
+		"csi.cert-manager.io/issuer-kind": "Issuer",
+		"csi.cert-manager.io/common-name": "${POD_NAME}." + full + ".${POD_NAMESPACE}.svc",
+		"csi.cert-manager.io/key-usages":  "server auth,client auth,digital signature",
+		"csi.cert-manager.io/fs-group":    "65532",
+	}
+	for k, w := range want {
+		if attr[k] != w {
+			t.Errorf("volume attribute %s = %q, want %q", k, attr[k], w)
+		}
+	}
+	// The pinned peer name (the host of --peers) is the first SAN.
+	if names := strings.Split(attr["csi.cert-manager.io/dns-names"], ","); names[0] != "${POD_NAME}."+full+".${POD_NAMESPACE}.svc" {
+		t.Errorf("dns-names %v: the first must be the raft host of --peers", names)
+	}
+	for _, f := range []string{"raft-tls-cert", "raft-tls-key", "raft-tls-ca"} {
+		got, _ := flag(c.Args, f)
+		if !strings.HasPrefix(got, "/etc/hastate/raft-tls/") || strings.Contains(got, "POD_NAME") {
+			t.Errorf("--%s=%s: want the csi volume's own file", f, got)
+		}
+	}
+	for _, vol := range ss.Spec.Template.Spec.Volumes {
+		if vol.Projected != nil || (vol.Secret != nil && strings.Contains(vol.Secret.SecretName, "raft")) {
+			t.Errorf("volume %s still projects Secrets: %+v", vol.Name, vol)
+		}
+	}
+
+	// With a trust bundle, ca.crt comes from it, mounted beside.
+	r = render(t, ch, values(t, `raftTLS: {certManager: {enabled: true, csiDriver: {enabled: true}}, trustBundle: {configMap: raft-trust}}`))
+	ss, c = statefulSet(t, r)
+	if got, _ := flag(c.Args, "raft-tls-ca"); got != "/etc/hastate/raft-trust/ca.crt" {
+		t.Errorf("--raft-tls-ca=%s with a bundle", got)
+	}
+	if v := volume(ss, "raft-trust"); v == nil || v.ConfigMap == nil || v.ConfigMap.Name != "raft-trust" || mount(c, "raft-trust") == nil {
+		t.Errorf("raft-trust volume %+v", v)
+	}
+
+	// Against a cluster: without the driver, refused; with it, rendered.
+	vals := func() map[string]any {
+		v := values(t, requiredValues)
+		v["raftTLS"] = values(t, `{certManager: {enabled: true, csiDriver: {enabled: true}}}`)
+		return v
+	}
+	ns := map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "ops"}}
+	driver := map[string]any{"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": map[string]any{"name": "csi.cert-manager.io"}}
+	_, _, err := renderIn(ch, vals(), "t", newFakeCluster(t, ns), false)
+	if err == nil || !strings.Contains(err.Error(), "no CSIDriver csi.cert-manager.io") {
+		t.Fatalf("csi-driver not installed: err %v, want a refusal naming it", err)
+	}
+	if _, _, err := renderIn(ch, vals(), "t", newFakeCluster(t, ns, driver), false); err != nil {
+		t.Fatalf("csi-driver installed: %v", err)
+	}
+
+	// A release presenting per-replica Certificates moves to the driver
+	// in one ordinary rollout (same issuer), and back.
+	perReplica, _, err := renderIn(ch, values(t, requiredValues), "t", nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := newFakeCluster(t, append(liveObjects(t, perReplica, nil), ns, driver)...)
+	manifest, _, err := renderIn(ch, vals(), "t", live, true)
+	if err != nil {
+		t.Fatalf("per-replica Certificates → csi-driver: %v", err)
+	}
+	live = newFakeCluster(t, append(liveObjects(t, manifest, nil), ns, driver)...)
+	if _, _, err := renderIn(ch, values(t, requiredValues), "t", live, true); err != nil {
+		t.Fatalf("csi-driver → per-replica Certificates, not said: %v", err)
 	}
 }

@@ -120,7 +120,9 @@ a client-side dry run, which cannot look), present ("none", "certManager",
 {{- $_ := set $out "found" true -}}
 {{- range $v := $ss.spec.template.spec.volumes -}}
 {{- if eq $v.name "raft-tls" -}}
-{{- if $v.secret -}}
+{{- if and $v.csi (hasPrefix "csi.cert-manager.io" (toString $v.csi.driver)) -}}
+{{- $_ := set $out "present" "certManager" -}}
+{{- else if $v.secret -}}
 {{- $_ := set $out "present" "secret" -}}
 {{- $_ := set $out "secret" $v.secret.secretName -}}
 {{- else if $v.projected -}}
@@ -272,5 +274,27 @@ being ignored (docs/deploy.md, "Upgrading from 0.14.0").
 {{- end -}}
 {{- if hasKey .Values.agentService "loadBalancerSourceRanges" -}}
 {{- fail (printf "agentService.loadBalancerSourceRanges (chart 0.14.0) is now haproxyCIDRs (the load balancer's source ranges and the NetworkPolicy's agent rule): move the list there (haproxyCIDRs: %s) and remove agentService.loadBalancerSourceRanges" (toJson .Values.agentService.loadBalancerSourceRanges)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The issuer of the raft certificates, as JSON: raftTLS.certManager.issuerRef, else the chart's own CA Issuer. */}}
+{{- define "hastate.raftIssuer" -}}
+{{- $ref := .Values.raftTLS.certManager.issuerRef -}}
+{{- if $ref.name -}}
+{{- dict "name" $ref.name "kind" $ref.kind "group" $ref.group | toJson -}}
+{{- else -}}
+{{- dict "name" (printf "%s-raft-ca" (include "hastate.fullname" .)) "kind" "Issuer" "group" "cert-manager.io" | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+cert-manager's csi-driver must be installed for raftTLS.certManager.csiDriver:
+without it every pod waits in ContainerCreating. Checked when the chart can
+look at the cluster (its namespace is found); helm template cannot.
+*/}}
+{{- define "hastate.requireCSIDriver" -}}
+{{- $driver := .Values.raftTLS.certManager.csiDriver.driver -}}
+{{- if and (lookup "v1" "Namespace" "" .Release.Namespace) (not (lookup "storage.k8s.io/v1" "CSIDriver" "" $driver)) -}}
+{{- fail (printf "raftTLS.certManager.csiDriver: the cluster has no CSIDriver %s: install cert-manager's csi-driver (https://cert-manager.io/docs/usage/csi-driver/), or set raftTLS.certManager.csiDriver.enabled=false (per-replica Certificates, every pod mounting every replica's key)" $driver) -}}
 {{- end -}}
 {{- end -}}
