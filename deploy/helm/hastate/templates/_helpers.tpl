@@ -93,7 +93,7 @@ certManager
 {{- $running := include "hastate.runningRaftTLS" . | fromJson -}}
 {{- if not $running.found -}}
 {{- if .Release.IsUpgrade -}}
-{{- fail (printf "raftTLS: helm upgrade, and the chart cannot see which raft certificates the running replicas use (no StatefulSet %s found: a client-side dry run cannot look). Say it: raftTLS.existingSecret=<the Secret the pods mount> or raftTLS.certManager.enabled=true, as the running release does (docs/deploy.md, \"Upgrading from 0.14.0\")" (include "hastate.fullname" .)) -}}
+{{- fail (printf "raftTLS: helm upgrade, and the chart cannot see which raft certificates the running replicas use (no StatefulSet %s found: helm template and a client-side dry run cannot look). Say it: raftTLS.existingSecret=<the Secret the pods mount> or raftTLS.certManager.enabled=true, as the running release does (docs/deploy.md, \"Upgrading from 0.14.0\")" (include "hastate.fullname" .)) -}}
 {{- end -}}
 certManager
 {{- else if eq $running.present "certManager" -}}
