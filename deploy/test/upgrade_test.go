@@ -417,3 +417,59 @@ func TestChartRaftCAMove(t *testing.T) {
 	// TLS off under a TLS cluster, in one rollout: refused.
 	refused(live, with(`{enabled: false}`), "raftTLS.enabled=false, and the running replicas use raft TLS")
 }
+
+// A 0.14.0 release that used cert-manager (its values said
+// raftTLS.certManager.enabled: true) keeps it: the same values file,
+// agentCIDRs moved, renders against the cluster it made, with the same
+// Certificates and Issuers by name (the same CA Secret, the same issuer of
+// every replica's certificate) and the same Secrets mounted; what changes
+// in them is logged.
+func TestChartUpgradeFromPreviousReleaseWithCertManager(t *testing.T) {
+	version, dir := previousChart(t)
+	oldVals := previousValues + "raftTLS: {certManager: {enabled: true}}\n"
+	manifest, notes, err := renderIn(loadChart(t, dir), values(t, oldVals), "hastate", nil, false)
+	if err != nil {
+		t.Fatalf("render the %s chart with cert-manager: %v", version, err)
+	}
+	old := renderedIn(t, manifest, notes)
+	live := newFakeCluster(t, liveObjects(t, manifest, nil)...)
+	vals := values(t, oldVals)
+	upgradeSteps[0].fix(vals) // agentCIDRs → haproxyCIDRs; nothing about certificates
+	manifest, notes, err = renderIn(loadChart(t, chartDir), vals, "hastate", live, true)
+	if err != nil {
+		t.Fatalf("helm upgrade of a %s release on cert-manager: %v", version, err)
+	}
+	r := renderedIn(t, manifest, notes)
+	for _, kind := range []string{"Certificate", "Issuer"} {
+		for k := range old.objects {
+			if !strings.HasPrefix(k, kind+"/") {
+				continue
+			}
+			n, ok := r.objects[k]
+			if !ok {
+				t.Errorf("%s is gone: cert-manager would lose the CA or a replica's certificate", k)
+				continue
+			}
+			if changed := specFields(t, old.objects[k], n); len(changed) > 0 {
+				t.Logf("changed %s %v", k, changed)
+			}
+			if kind == "Certificate" {
+				oc, nc := old.objects[k].(*certificate), n.(*certificate)
+				// A new key algorithm or size makes cert-manager issue anew: for
+				// the CA, a new CA nobody trusts. rotationPolicy only says what
+				// the next renewal does (0.15.0: Never for the CA, keep its key).
+				if oc.Spec.PrivateKey.Algorithm != nc.Spec.PrivateKey.Algorithm || oc.Spec.PrivateKey.Size != nc.Spec.PrivateKey.Size || oc.Spec.IsCA != nc.Spec.IsCA || oc.Spec.CommonName != nc.Spec.CommonName {
+					t.Errorf("%s: key %+v → %+v, isCA %v → %v, commonName %q → %q: cert-manager would issue anew", k, oc.Spec.PrivateKey, nc.Spec.PrivateKey, oc.Spec.IsCA, nc.Spec.IsCA, oc.Spec.CommonName, nc.Spec.CommonName)
+				}
+				if oc.Spec.SecretName != nc.Spec.SecretName || oc.Spec.IssuerRef != nc.Spec.IssuerRef || !slices.Equal(oc.Spec.DNSNames, nc.Spec.DNSNames) {
+					t.Errorf("%s: secretName %q→%q issuerRef %+v→%+v dnsNames %v→%v", k, oc.Spec.SecretName, nc.Spec.SecretName, oc.Spec.IssuerRef, nc.Spec.IssuerRef, oc.Spec.DNSNames, nc.Spec.DNSNames)
+				}
+			}
+		}
+	}
+	ofiles := tlsVolumeFiles(volume(old.get(t, "StatefulSet", "hastate").(*appsv1.StatefulSet), "raft-tls"))
+	nfiles := tlsVolumeFiles(volume(r.get(t, "StatefulSet", "hastate").(*appsv1.StatefulSet), "raft-tls"))
+	if !slices.Equal(ofiles, nfiles) {
+		t.Errorf("raft TLS files %v → %v", ofiles, nfiles)
+	}
+}
