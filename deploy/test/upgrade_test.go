@@ -383,6 +383,9 @@ func TestChartRaftCAMove(t *testing.T) {
 	if slices.Contains(tlsVolumeFiles(&corev1.Volume{VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: srcs[:1]}}}), "ca.crt") {
 		t.Errorf("step 1: ca.crt from the Secret as well as from the bundle")
 	}
+	if !strings.Contains(r1.Notes, "CA MOVE IN PROGRESS") || !strings.Contains(r1.Notes, "Trusted raft CAs: ConfigMap hastate-raft-trust") {
+		t.Errorf("step 1 NOTES do not say the move is in progress and what is trusted:\n%s", r1.Notes)
+	}
 	for i := range 3 {
 		if !r1.has("Certificate", fmt.Sprintf("hastate-raft-%d", i)) {
 			t.Errorf("step 1: no Certificate hastate-raft-%d: cert-manager must issue the new certificates before the pods present them", i)
