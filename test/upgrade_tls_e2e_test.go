@@ -171,8 +171,9 @@ func TestE2EUpgradeWithCertificates(t *testing.T) {
 			}, func() string {
 				return fmt.Sprintf("%s, %s restarted: the replicas do not agree: %s", name, h.NodeID, last)
 			}))
+			// Checks of the cluster as this restart left it, before the next.
+			chk.waitMore(t, 300)
 		}
-		chk.waitMore(t, 300)
 		t.Logf("%s: every replica restarted and ready, the three agree (%s)", name, time.Since(start).Round(100*time.Millisecond))
 	}
 
