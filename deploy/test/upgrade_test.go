@@ -183,6 +183,17 @@ func TestChartUpgradeComparison(t *testing.T) {
 			say("same StatefulSet spec.%s (immutable)", f)
 		}
 	}
+	// Every other field of the spec that changes must be one Kubernetes
+	// updates in place.
+	mutable := map[string]bool{"spec.template": true, "spec.replicas": true, "spec.updateStrategy": true,
+		"spec.minReadySeconds": true, "spec.persistentVolumeClaimRetentionPolicy": true, "spec.ordinals": true}
+	for _, f := range specFields(t, oss, nss) {
+		if !mutable[f] {
+			t.Errorf("StatefulSet %s changes: Kubernetes refuses it (ValidateStatefulSetUpdate), the upgrade fails", f)
+		} else {
+			say("changed StatefulSet %s: updated in place (%s)", f, map[bool]string{true: "the pods roll, one at a time, highest ordinal first", false: "no pod restarts"}[f == "spec.template"])
+		}
+	}
 	if !reflect.DeepEqual(oss.Spec.Selector.MatchLabels, nss.Spec.Template.Labels) && !selects(nss.Spec.Selector.MatchLabels, nss.Spec.Template.Labels) {
 		t.Errorf("the new pod template's labels %v do not match the selector", nss.Spec.Template.Labels)
 	}
@@ -213,7 +224,13 @@ func TestChartUpgradeComparison(t *testing.T) {
 			say("StatefulSet pod template: new argument %s (rolled pod by pod; understood by this release only, not sent to %s pods)", a, version)
 		}
 	}
-	if envVar(&oc, "CONSUL_HTTP_TOKEN") != nil && envVar(&nc, "CONSUL_HTTP_TOKEN") == nil {
+	if f := specFields(t, oss.Spec.Template, nss.Spec.Template); len(f) > 0 {
+		say("pod template fields that change: %v", f)
+	}
+	if f := specFields(t, map[string]any{"spec": oc}, map[string]any{"spec": nc}); len(f) > 0 {
+		say("container fields that change: %v", f)
+	}
+		if envVar(&oc, "CONSUL_HTTP_TOKEN") != nil && envVar(&nc, "CONSUL_HTTP_TOKEN") == nil {
 		say("StatefulSet pod template: the Consul token moves from CONSUL_HTTP_TOKEN to a file (--consul-token-file), same Secret: a rolled pod reads the same token")
 	}
 
