@@ -230,7 +230,7 @@ func TestChartUpgradeComparison(t *testing.T) {
 	if f := specFields(t, map[string]any{"spec": oc}, map[string]any{"spec": nc}); len(f) > 0 {
 		say("container fields that change: %v", f)
 	}
-		if envVar(&oc, "CONSUL_HTTP_TOKEN") != nil && envVar(&nc, "CONSUL_HTTP_TOKEN") == nil {
+	if envVar(&oc, "CONSUL_HTTP_TOKEN") != nil && envVar(&nc, "CONSUL_HTTP_TOKEN") == nil {
 		say("StatefulSet pod template: the Consul token moves from CONSUL_HTTP_TOKEN to a file (--consul-token-file), same Secret: a rolled pod reads the same token")
 	}
 
