@@ -272,6 +272,13 @@ func TestChartPerPodKeys(t *testing.T) {
 	if _, _, err := renderIn(ch, vals(), "t", newFakeCluster(t, ns, driver), false); err != nil {
 		t.Fatalf("csi-driver installed: %v", err)
 	}
+	// Not checked when told (a deployer that may not read cluster-scoped
+	// objects): no lookup, no refusal.
+	unchecked := vals()
+	unchecked["raftTLS"].(map[string]any)["certManager"].(map[string]any)["csiDriver"].(map[string]any)["checkInstalled"] = false
+	if _, _, err := renderIn(ch, unchecked, "t", newFakeCluster(t, ns), false); err != nil {
+		t.Fatalf("csiDriver.checkInstalled=false: %v", err)
+	}
 
 	// A release presenting per-replica Certificates moves to the driver
 	// in one ordinary rollout (same issuer), and back.

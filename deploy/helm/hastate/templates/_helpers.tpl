@@ -294,7 +294,7 @@ look at the cluster (its namespace is found); helm template cannot.
 */}}
 {{- define "hastate.requireCSIDriver" -}}
 {{- $driver := .Values.raftTLS.certManager.csiDriver.driver -}}
-{{- if and (lookup "v1" "Namespace" "" .Release.Namespace) (not (lookup "storage.k8s.io/v1" "CSIDriver" "" $driver)) -}}
+{{- if and .Values.raftTLS.certManager.csiDriver.checkInstalled (lookup "v1" "Namespace" "" .Release.Namespace) (not (lookup "storage.k8s.io/v1" "CSIDriver" "" $driver)) -}}
 {{- fail (printf "raftTLS.certManager.csiDriver: the cluster has no CSIDriver %s: install cert-manager's csi-driver (https://cert-manager.io/docs/usage/csi-driver/), or set raftTLS.certManager.csiDriver.enabled=false (per-replica Certificates, every pod mounting every replica's key)" $driver) -}}
 {{- end -}}
 {{- end -}}
