@@ -3,7 +3,7 @@ GO      ?= go
 GOFLAGS ?=
 export GOTOOLCHAIN ?= local
 
-.PHONY: demo demo-reset test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files test-deploy soak soak-mixed mutate
+.PHONY: demo demo-reset test deps build vet fmt-check rules observability browser docs bench fuzz clean image chart-files chart-readme test-deploy soak soak-mixed mutate
 
 # What `hastate version`, hastate_build_info and the first log line say.
 VERSION  ?= $(shell cat VERSION 2>/dev/null || echo dev)
@@ -103,6 +103,11 @@ CHART_FILES := deploy/prometheus/alerts.yaml deploy/grafana/hastate.json
 # It also stamps VERSION into Chart.yaml's version and appVersion (the
 # default image tag), so that the chart and the binary of a release agree
 # (deploy/test checks it).
+# chart-readme: the chart README's values table, generated from values.yaml
+# and its comments (deploy/test's TestChartREADME fails when it drifts).
+chart-readme:
+	cd deploy/test && UPDATE_CHART_README=1 $(GO) test -count=1 -run TestChartREADME .
+
 chart-files:
 	@for src in $(CHART_FILES); do dst=$(CHART)/files/$$(basename $$src); \
 	  if [ -f $$src ]; then cmp -s $$src $$dst || { cp $$src $$dst; echo "chart-files: $$src -> $$dst"; }; \
@@ -121,8 +126,11 @@ chart-files:
 test-deploy: chart-files build
 	@scripts/ensure-podman.sh
 	$$(scripts/ensure-helm.sh) lint --strict --set consul.existingSecret.name=hastate-consul $(CHART)
-	# ... and with its other required value, so that every template is linted.
-	$$(scripts/ensure-helm.sh) lint --strict --set consul.existingSecret.name=hastate-consul $(CHART) --set 'haproxyCIDRs={10.20.0.0/16}'
+	# ... and with its other required value and a certificate Secret, so that
+	# every template renders: helm lint cannot be told which APIs the cluster
+	# serves, and without cert-manager.io/v1 the chart's capability check
+	# stops the render (deploy/test renders the cert-manager objects with it).
+	$$(scripts/ensure-helm.sh) lint --strict --set consul.existingSecret.name=hastate-consul $(CHART) --set 'haproxyCIDRs={10.20.0.0/16}' --set raftTLS.existingSecret=raft-certs
 	@if command -v terraform >/dev/null 2>&1; then terraform fmt -check -recursive deploy/terraform; \
 	else echo "test-deploy: terraform not installed: skipping terraform fmt (the HCL tests still run)"; fi
 	$(MAKE) image BASE=scratch

@@ -119,7 +119,7 @@ type Reads struct {
 	ledUntil atomic.Int64
 	// conf is the confirmation of answers (round.go); ri is the
 	// follower's open read-index connections to the leader (one per round in
-// flight);
+	// flight);
 	// acks and ackSeq are the leader's "ack" connections to its voters and
 	// the number of its last round (ack.go); unboundLog limits the log of
 	// read-index requests whose ID their certificate does not name,

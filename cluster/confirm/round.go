@@ -87,7 +87,7 @@ func newReadNotifier() *readNotifier { return &readNotifier{done: make(chan stru
 // confirmer is a node's confirmation state: the notifier of the next round,
 // the wake-up of the loop and the last results.
 type confirmer struct {
-	next    atomic.Pointer[readNotifier]
+	next   atomic.Pointer[readNotifier]
 	wakeCh chan struct{} // buffered 1: a round is wanted
 	// applied is closed, and replaced, each time the FSM advances: every
 	// round waiting for its index (several, pipelined) wakes.

@@ -12,10 +12,14 @@ resource "consul_acl_policy" "hastate" {
   rules       = templatefile("${path.module}/policies/read.hcl.tftpl", { kv_prefix = var.kv_prefix })
 }
 
+# A local token: valid only in the datacenter that made it (the Consul the
+# provider talks to, the one the replicas read), never replicated to other
+# datacenters. hastate reads its own datacenter's Consul only, so a leaked
+# read token reads nothing elsewhere.
 resource "consul_acl_token" "hastate" {
   description = "hastate replicas (${var.name})"
   policies    = [consul_acl_policy.hastate.name]
-  local       = false
+  local       = true
 }
 
 # Operators, ChatOps and pipelines write the desired state, its meta keys

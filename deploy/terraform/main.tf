@@ -6,6 +6,9 @@ locals {
   shared_vpc      = var.network_project != null && var.network_project != var.project
   subnetwork      = local.shared_vpc && !strcontains(var.subnetwork, "/") ? "projects/${var.network_project}/regions/${var.region}/subnetworks/${var.subnetwork}" : var.subnetwork
   network         = local.shared_vpc && !strcontains(var.network, "/") ? "projects/${var.network_project}/global/networks/${var.network}" : var.network
+  # Where the firewall rules let traffic go: the load balancer's address
+  # and the GKE nodes' ranges, not every VM the target tags may ever match.
+  agent_destinations = concat(["${google_compute_address.agent.address}/32"], var.gke_node_ranges)
 }
 
 # The internal address GKE's load balancer takes (the chart's
@@ -56,10 +59,19 @@ resource "google_compute_firewall" "agent_from_haproxy" {
   description   = "HAProxy agent checks to hastate (tcp/9777)"
   direction     = "INGRESS"
   source_ranges = var.haproxy_source_ranges
-  target_tags   = var.gke_node_tags
+  # Packets of an internal passthrough load balancer keep its address as
+  # their destination; the node ranges cover a node's own address.
+  destination_ranges = local.agent_destinations
+  target_tags        = var.gke_node_tags
   allow {
     protocol = "tcp"
     ports    = ["9777"]
+  }
+  dynamic "log_config" {
+    for_each = var.firewall_logging ? [1] : []
+    content {
+      metadata = "EXCLUDE_ALL_METADATA"
+    }
   }
 }
 
@@ -68,15 +80,22 @@ resource "google_compute_firewall" "agent_from_haproxy" {
 # kube-proxy's 10256 (Cluster). Not 30000-32767: that range holds every
 # NodePort of the cluster.
 resource "google_compute_firewall" "health_checks" {
-  project       = local.network_project
-  name          = "${var.name}-lb-health-checks"
-  network       = local.network
-  description   = "Google load balancer health checks to the GKE nodes running hastate"
-  direction     = "INGRESS"
-  source_ranges = var.health_check_ranges
-  target_tags   = var.gke_node_tags
+  project            = local.network_project
+  name               = "${var.name}-lb-health-checks"
+  network            = local.network
+  description        = "Google load balancer health checks to the GKE nodes running hastate"
+  direction          = "INGRESS"
+  source_ranges      = var.health_check_ranges
+  destination_ranges = local.agent_destinations
+  target_tags        = var.gke_node_tags
   allow {
     protocol = "tcp"
     ports    = [tostring(var.health_check_port)]
+  }
+  dynamic "log_config" {
+    for_each = var.firewall_logging ? [1] : []
+    content {
+      metadata = "EXCLUDE_ALL_METADATA"
+    }
   }
 }

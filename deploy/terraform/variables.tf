@@ -102,6 +102,21 @@ variable "health_check_ranges" {
   }
 }
 
+variable "gke_node_ranges" {
+  type        = list(string)
+  description = "CIDRs of the GKE nodes' subnetwork (primary range): with the reserved address, the firewall rules' destination_ranges."
+  validation {
+    condition     = length(var.gke_node_ranges) > 0 && alltrue([for c in var.gke_node_ranges : can(cidrhost(c, 0)) && strcontains(c, "/")])
+    error_message = "gke_node_ranges must be one or more CIDRs, e.g. 10.128.0.0/20."
+  }
+}
+
+variable "firewall_logging" {
+  type        = bool
+  description = "Firewall Rules Logging on both rules (connections allowed, without metadata): who reached 9777 and the health check port, for an audit or a blocked HAProxy."
+  default     = true
+}
+
 variable "health_check_port" {
   type        = number
   description = "The node port Google's health checks probe: the chart's agentService.healthCheckNodePort, pinned (externalTrafficPolicy Local), or 10256, kube-proxy's (Cluster)."

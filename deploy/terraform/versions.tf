@@ -6,12 +6,15 @@ terraform {
   required_version = ">= 1.5"
   required_providers {
     google = {
-      source  = "hashicorp/google"
-      version = ">= 5.0, < 8.0"
+      source = "hashicorp/google"
+      # One major version: a new major changes resources' arguments and
+      # defaults (6.0 made labels on an address effective_labels); move to
+      # the next one on purpose, with a plan reviewed.
+      version = ">= 6.0, < 7.0"
     }
     consul = {
       source  = "hashicorp/consul"
-      version = ">= 2.20, < 3.0"
+      version = ">= 2.20, < 3.0" # one major version
     }
   }
 }

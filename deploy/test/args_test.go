@@ -60,18 +60,31 @@ func runMain(m *testing.M) int {
 // exits 2 at once), answer /-/liveness, export hastate_raft_tls_enabled 1,
 // and stop on SIGTERM.
 func TestChartArgsStartHastate(t *testing.T) {
-	r := render(t, loadChart(t, chartDir), values(t, "consul: {token: s3cr3t}\nraftTLS: {existingSecret: raft-certs}"))
+	for name, vals := range map[string]string{
+		// The certificates of a Secret (every replica's, projected).
+		"existingSecret": "consul: {token: s3cr3t}\nraftTLS: {existingSecret: raft-certs}",
+		// This pod's own certificate from cert-manager's csi-driver, the
+		// trusted CAs from a bundle mounted beside it.
+		"csiDriver+trustBundle": "consul: {token: s3cr3t}\nraftTLS: {certManager: {enabled: true, csiDriver: {enabled: true}}, trustBundle: {configMap: raft-trust}}",
+	} {
+		t.Run(name, func(t *testing.T) { chartArgsStartHastate(t, vals) })
+	}
+}
+
+func chartArgsStartHastate(t *testing.T, vals string) {
+	r := render(t, loadChart(t, chartDir), values(t, vals))
 	ss, c := statefulSet(t, r)
 	pod := "t-hastate-0"
 
 	// The volumes, as files.
 	paths := map[string]string{} // mountPath → local dir
+	cert, key, ca := testenv.WriteRaftTLS(t, t.TempDir())
 	for _, m := range c.VolumeMounts {
 		dir := t.TempDir()
 		paths[m.MountPath] = dir
 		switch m.Name {
-		case "raft-tls":
-			writeSecretVolume(t, volume(ss, m.Name), dir)
+		case "raft-tls", "raft-trust":
+			writeRaftVolume(t, volume(ss, m.Name), dir, cert, key, ca)
 		case "consul-token":
 			writeRenderedSecretVolume(t, r, volume(ss, m.Name), dir)
 		}
@@ -183,23 +196,35 @@ func get(addr, path string) string {
 // writeSecretVolume writes the items of the existingSecret volume into dir,
 // as the kubelet would, from a test CA: ca.crt, and a certificate and key
 // for every <pod>.crt / <pod>.key item.
-func writeSecretVolume(t *testing.T, v *corev1.Volume, dir string) {
+// writeRaftVolume writes a raft TLS volume's files into dir as the kubelet
+// (or cert-manager's csi-driver) would: the items of raftTLS.existingSecret
+// (projected), the csi-driver's tls.crt, tls.key and ca.crt, or a trust
+// bundle's ca.crt. cert, key and ca are the files to write.
+func writeRaftVolume(t *testing.T, v *corev1.Volume, dir, cert, key, ca string) {
 	t.Helper()
-	if v == nil || v.Secret == nil || v.Secret.SecretName != "raft-certs" {
-		t.Fatalf("volume %+v: want the Secret volume of raftTLS.existingSecret", v)
-	}
-	cert, key, ca := testenv.WriteRaftTLS(t, t.TempDir())
-	from := map[string]string{".crt": cert, ".key": key}
-	for _, it := range v.Secret.Items {
-		src := from[filepath.Ext(it.Key)]
-		if it.Key == "ca.crt" {
-			src = ca
+	files := map[string]string{} // path in the volume → source
+	switch {
+	case v != nil && v.CSI != nil && v.CSI.Driver == "csi.cert-manager.io":
+		files = map[string]string{"tls.crt": cert, "tls.key": key, "ca.crt": ca}
+	case v != nil && v.ConfigMap != nil && len(v.ConfigMap.Items) == 1:
+		files[v.ConfigMap.Items[0].Path] = ca
+	case v != nil && v.Projected != nil && len(v.Projected.Sources) == 1 && v.Projected.Sources[0].Secret != nil && v.Projected.Sources[0].Secret.Name == "raft-certs":
+		from := map[string]string{".crt": cert, ".key": key}
+		for _, it := range v.Projected.Sources[0].Secret.Items {
+			files[it.Path] = from[filepath.Ext(it.Key)]
+			if it.Key == "ca.crt" {
+				files[it.Path] = ca
+			}
 		}
+	default:
+		t.Fatalf("volume %+v: want the Secret of raftTLS.existingSecret (projected), the csi-driver's or a trust bundle's", v)
+	}
+	for path, src := range files {
 		b, err := os.ReadFile(src)
 		if err != nil {
-			t.Fatalf("Secret key %s: %v", it.Key, err)
+			t.Fatalf("%s: %v", path, err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, it.Path), b, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, path), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

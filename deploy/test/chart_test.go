@@ -633,6 +633,11 @@ func tlsVolumeFiles(v *corev1.Volume) []string {
 					files = append(files, it.Path)
 				}
 			}
+			if s.ConfigMap != nil {
+				for _, it := range s.ConfigMap.Items {
+					files = append(files, it.Path)
+				}
+			}
 		}
 	}
 	return files

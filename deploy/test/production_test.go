@@ -42,8 +42,8 @@ func TestChartRendersNoCA(t *testing.T) {
 		t.Errorf("cert-manager objects rendered with existingSecret: %v", r.keys())
 	}
 	v := volume(ss, "raft-tls")
-	if v == nil || v.Secret == nil || v.Secret.SecretName != "raft-certs" {
-		t.Fatalf("raft-tls volume = %+v, want the Secret raft-certs", v)
+	if v == nil || v.Projected == nil || len(v.Projected.Sources) != 1 || v.Projected.Sources[0].Secret == nil || v.Projected.Sources[0].Secret.Name != "raft-certs" {
+		t.Fatalf("raft-tls volume = %+v, want the Secret raft-certs (projected)", v)
 	}
 	files := tlsVolumeFiles(v)
 	if slices.Contains(files, "ca.key") || len(files) != 1+2*3 {

@@ -111,6 +111,8 @@ func newObject(kind string) (any, error) {
 		return &corev1.Pod{}, nil
 	case "PodMonitoring":
 		return &podMonitoring{}, nil
+	case "Rules":
+		return &gmpRules{}, nil
 	}
 	return nil, fmt.Errorf("kind %q: the test knows no API type for it (add one)", kind)
 }
@@ -157,6 +159,27 @@ type podMonitoring struct {
 	} `json:"spec"`
 }
 
+// gmpRules mirrors monitoring.googleapis.com/v1 Rules (Managed Service for
+// Prometheus's rule evaluator): Prometheus rule groups.
+type gmpRules struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []struct {
+			Name     string `json:"name"`
+			Interval string `json:"interval,omitempty"`
+			Rules    []struct {
+				Record      string            `json:"record,omitempty"`
+				Alert       string            `json:"alert,omitempty"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for,omitempty"`
+				Labels      map[string]string `json:"labels,omitempty"`
+				Annotations map[string]string `json:"annotations,omitempty"`
+			} `json:"rules"`
+		} `json:"groups"`
+	} `json:"spec"`
+}
+
 type issuer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
@@ -197,6 +220,12 @@ func renderRelease(ch *chart.Chart, vals map[string]any) (*release.Release, erro
 
 // renderWithKube renders for the Kubernetes version kube.
 func renderWithKube(ch *chart.Chart, vals map[string]any, kube string) (*release.Release, error) {
+	return renderFor(ch, vals, kube, extraAPIs)
+}
+
+// renderFor renders for the Kubernetes version kube serving the API
+// groups apis beyond the built-in ones.
+func renderFor(ch *chart.Chart, vals map[string]any, kube string, apis chartutil.VersionSet) (*release.Release, error) {
 	inst := action.NewInstall(&action.Configuration{})
 	inst.ClientOnly = true
 	inst.DryRun = true
@@ -207,7 +236,7 @@ func renderWithKube(ch *chart.Chart, vals map[string]any, kube string) (*release
 		return nil, err
 	}
 	inst.KubeVersion = kv
-	inst.APIVersions = extraAPIs
+	inst.APIVersions = apis
 	return inst.Run(ch, vals)
 }
 

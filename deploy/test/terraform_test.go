@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -550,5 +551,93 @@ func walkBlocks(body *hclsyntax.Body, f func(*hclsyntax.Block)) {
 	for _, b := range body.Blocks {
 		f(b)
 		walkBlocks(b.Body, f)
+	}
+}
+
+// What a reviewer asks of the module beyond the resources: each provider
+// held to one major version (root and example), the replicas' read token
+// local to its datacenter, both firewall rules with destinations (the
+// address and the node ranges) and logging, and the example passing every
+// variable it declares the module needs, dns_project included.
+func TestTerraformReview(t *testing.T) {
+	files := tfFiles(t)
+	majorRE := regexp.MustCompile(`^>= ([0-9]+)\.[0-9]+, < ([0-9]+)\.0$`)
+	for path, body := range files {
+		walkBlocks(body, func(b *hclsyntax.Block) {
+			if b.Type != "required_providers" {
+				return
+			}
+			for name, a := range b.Body.Attributes {
+				v, diags := a.Expr.Value(nil)
+				if diags.HasErrors() {
+					t.Fatalf("%s: %s: %s", path, name, diags.Error())
+				}
+				c := v.GetAttr("version").AsString()
+				m := majorRE.FindStringSubmatch(c)
+				if m == nil {
+					t.Errorf("%s: provider %s version %q: want \">= X.Y, < X+1.0\" (one major version)", path, name, c)
+					continue
+				}
+				lo, _ := strconv.Atoi(m[1])
+				hi, _ := strconv.Atoi(m[2])
+				if hi != lo+1 {
+					t.Errorf("%s: provider %s version %q spans %d major versions, want one", path, name, c, hi-lo)
+				}
+			}
+		})
+	}
+
+	res := map[string]*hclsyntax.Block{}
+	for path, body := range files {
+		if filepath.Dir(path) != filepath.Clean(tfDir) {
+			continue
+		}
+		for _, b := range body.Blocks {
+			if b.Type == "resource" {
+				res[b.Labels[0]+"."+b.Labels[1]] = b
+			}
+		}
+	}
+	tok := res["consul_acl_token.hastate"]
+	if tok == nil {
+		t.Fatal("no consul_acl_token.hastate")
+	}
+	if v, diags := tok.Body.Attributes["local"].Expr.Value(nil); diags.HasErrors() || !v.True() {
+		t.Errorf("consul_acl_token.hastate: local is not true: the replicas' read token would be replicated to every datacenter")
+	}
+	for _, name := range []string{"agent_from_haproxy", "health_checks"} {
+		rule := res["google_compute_firewall."+name]
+		if refs := traversals(rule.Body.Attributes["destination_ranges"]); !slices.Equal(refs, []string{"local.agent_destinations"}) {
+			t.Errorf("%s: destination_ranges %v, want local.agent_destinations", name, refs)
+		}
+		var logged bool
+		for _, b := range rule.Body.Blocks {
+			if b.Type == "dynamic" && b.Labels[0] == "log_config" {
+				logged = slices.Equal(traversals(b.Body.Attributes["for_each"]), []string{"var.firewall_logging"})
+			}
+		}
+		if !logged {
+			t.Errorf("%s: no log_config following var.firewall_logging", name)
+		}
+	}
+
+	// The example passes every variable of the module it declares too.
+	example := files[filepath.Join(tfDir, "examples", "gstg", "main.tf")]
+	declared := map[string]bool{}
+	for _, b := range files[filepath.Join(tfDir, "examples", "gstg", "variables.tf")].Blocks {
+		if b.Type == "variable" {
+			declared[b.Labels[0]] = true
+		}
+	}
+	for _, b := range example.Blocks {
+		if b.Type != "module" {
+			continue
+		}
+		for _, v := range []string{"dns_project", "gke_node_ranges", "network_project", "health_check_port"} {
+			a, ok := b.Body.Attributes[v]
+			if !ok || !declared[v] || !slices.Equal(traversals(a), []string{"var." + v}) {
+				t.Errorf("examples/gstg: module argument %s not passed from var.%s", v, v)
+			}
+		}
 	}
 }

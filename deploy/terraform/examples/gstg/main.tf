@@ -5,12 +5,15 @@ terraform {
   required_version = ">= 1.5"
   required_providers {
     google = {
-      source  = "hashicorp/google"
-      version = ">= 5.0, < 8.0"
+      source = "hashicorp/google"
+      # One major version: a new major changes resources' arguments and
+      # defaults (6.0 made labels on an address effective_labels); move to
+      # the next one on purpose, with a plan reviewed.
+      version = ">= 6.0, < 7.0"
     }
     consul = {
       source  = "hashicorp/consul"
-      version = ">= 2.20, < 3.0"
+      version = ">= 2.20, < 3.0" # one major version
     }
   }
 }
@@ -33,10 +36,12 @@ module "hastate" {
   region                = var.region
   network               = var.network
   subnetwork            = var.subnetwork
+  dns_project           = var.dns_project
   dns_managed_zone      = var.dns_managed_zone
   dns_name              = "hastate.${var.dns_domain}"
   haproxy_source_ranges = var.haproxy_cidrs
   gke_node_tags         = var.gke_node_tags
+  gke_node_ranges       = var.gke_node_ranges
   health_check_port     = var.health_check_port
   kv_prefix             = var.kv_prefix
   labels                = { environment = var.environment, app = "hastate" }

@@ -60,3 +60,14 @@ variable "kv_prefix" {
   description = "Consul KV prefix (gitlab-haproxy-agent/ keeps the existing runbook's keys)."
   default     = "hastate/"
 }
+
+variable "dns_project" {
+  type        = string
+  description = "Project of the Cloud DNS zone (often the Shared VPC host project), null when it is project."
+  default     = null
+}
+
+variable "gke_node_ranges" {
+  type        = list(string)
+  description = "CIDRs of the ops GKE cluster's node subnetwork (the firewall rules' destinations besides the address)."
+}
