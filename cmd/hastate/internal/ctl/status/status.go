@@ -65,14 +65,23 @@ func Read(ctx context.Context, o Options) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	// Stale is not wrong, but the operator must know.
-	if w := v.KV.Warning; w != "" {
-		fmt.Fprintln(warn, "warning:", w)
-	}
-	if note, err := o.Replica.Live(ctx, v.Replicas); err != nil {
-		fmt.Fprintln(warn, "warning:", err)
-	} else if note != "" {
-		fmt.Fprintln(warn, "note:", note)
+	ci, cerr := o.Replica.Cluster(ctx)
+	// No raft leader comes first, as on the status page: it explains
+	// the rest (a stale sync, replicas that do not answer), which it
+	// replaces: "the replicas that are up decide" is not so without one.
+	_, leaderless := fleet.NoLeader(ci)
+	if cerr == nil && leaderless != nil {
+		fmt.Fprintln(warn, "warning:", leaderless)
+	} else {
+		// Stale is not wrong, but the operator must know.
+		if w := v.KV.Warning; w != "" {
+			fmt.Fprintln(warn, "warning:", w)
+		}
+		if note, err := o.Replica.Live(ctx, v.Replicas); err != nil {
+			fmt.Fprintln(warn, "warning:", err)
+		} else if note != "" {
+			fmt.Fprintln(warn, "note:", note)
+		}
 	}
 	if !v.HoldsState {
 		fmt.Fprintln(warn, "warning: this replica holds no state yet; its answers are withheld")
@@ -84,8 +93,8 @@ func Read(ctx context.Context, o Options) (Report, error) {
 		return Report{}, err
 	}
 	rep := Report{Rows: ctl.Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
-	if ci, err := o.Replica.Cluster(ctx); err == nil {
-		if w := mirrorWarning(ci); w != "" {
+	if cerr == nil {
+		if w := mirrorWarning(ci); w != "" && leaderless == nil {
 			fmt.Fprintln(warn, "warning:", w)
 		}
 		rep.Prefix = ci.KVPrefix
