@@ -128,7 +128,8 @@ func versionCmd(stdout io.Writer) *cobra.Command {
 // every call it makes to Consul, to a replica or to an agent port.
 func withTimeout(c *cobra.Command) *cobra.Command {
 	var timeout time.Duration
-	c.Flags().DurationVar(&timeout, "timeout", ctl.DefaultTimeout, "give up after this long; bounds every call to Consul and to hastate")
+	timeout = ctl.DefaultTimeout
+	c.Flags().Var(ctl.DurationFlag{D: &timeout, Name: "--timeout"}, "timeout", "give up after this long; bounds every call to Consul and to hastate")
 	run := c.RunE
 	c.RunE = func(c *cobra.Command, args []string) error {
 		if err := bindEnv(c.Flags()); err != nil {
