@@ -85,7 +85,7 @@ func TestE2EExitCodes(t *testing.T) {
 			t.Errorf("%s: %s", f, bad)
 		}
 	}
-	for _, c := range []string{"", "drain", "maint", "ready", "weight", "clear", "status", "wait", "precheck", "verify", "probe", "compare", "migration", "migrate-kv", "adopt"} {
+	for _, c := range []string{"", "drain", "maint", "ready", "weight", "clear", "status", "wait", "precheck", "verify", "probe", "compare", "migration", "migrate-kv", "adopt-consul"} {
 		for _, bad := range exitClaimsAgainstTable(op.Run(t, strings.Fields(c+" --help")...)) {
 			t.Errorf("hastate %s --help: %s", c, bad)
 		}
@@ -157,7 +157,7 @@ func TestE2EExitCodes(t *testing.T) {
 // table uses.
 var codeWords = map[int]*regexp.Regexp{
 	1: regexp.MustCompile(`(?i)\bblock(s|ed)?\b|timed out|disagree`),
-	2: regexp.MustCompile(`(?i)\busage\b`),
+	2: regexp.MustCompile(`(?i)\busage error`),
 	3: regexp.MustCompile(`(?i)match(es|ed)? nothing|\btypo\b`),
 	4: regexp.MustCompile(`(?i)cannot confirm|no replica is ready|no raft leader`),
 	5: regexp.MustCompile(`(?i)permission|\bACL\b|token Consul refuses`),

@@ -403,11 +403,23 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 	// The latest poll of each (server, HAProxy) on any replica; a manual
 	// probe (a source that asked once, a while ago) is not waited for.
 	latest := LatestPolls(pv, current)
+	now := time.Now()
 	for k, p := range latest {
-		if told := ToldAnswer(p); told != current[k[0]] {
-			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
-				k[1], k[0], told, p.Replica, time.Since(p.LastAsked).Round(time.Second), current[k[0]]))
+		told := ToldAnswer(p)
+		if told == current[k[0]] {
+			continue
 		}
+		since := now.Sub(p.LastAsked)
+		if since > api.ProbeGrace {
+			// An HAProxy polls every agent-inter: one silent this long
+			// has stopped (killed, its check disabled). It is waited for
+			// (it has not been told) until it is forgotten.
+			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: has not polled for %s (last told %q by %s, current %q); it drops out of the wait %s after its last poll, in %s",
+				k[1], k[0], since.Round(time.Second), told, p.Replica, current[k[0]], api.PollerTTL, (api.PollerTTL - since).Round(time.Second)))
+			continue
+		}
+		lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
+			k[1], k[0], told, p.Replica, since.Round(time.Second), current[k[0]]))
 	}
 	sort.Strings(lag)
 	return lag, false, nil

@@ -150,7 +150,7 @@ func TestWaitIgnoresAManualProbe(t *testing.T) {
 	}{
 		{"a probe once, 20s ago", []api.Poll{probe, current}, ""},
 		{"an HAProxy over two replicas", []api.Poll{probe, current, poll("127.0.0.11", "drain", "n1", 20*time.Second, 1),
-			poll("127.0.0.11", "drain", "n2", 10*time.Second, 1)}, `HAProxy 127.0.0.11 for canary_web/web-1: last told "drain" by n2`},
+			poll("127.0.0.11", "drain", "n2", 10*time.Second, 1)}, `HAProxy 127.0.0.11 for canary_web/web-1: has not polled for 10s (last told "drain" by n2`},
 		{"a new HAProxy's first check", []api.Poll{current, poll("127.0.0.12", "drain", "n2", time.Second, 1)}, "HAProxy 127.0.0.12"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

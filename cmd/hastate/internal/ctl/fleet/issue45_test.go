@@ -145,3 +145,20 @@ func TestA503IsNoReplicaReady(t *testing.T) {
 		t.Fatalf("a 503 from a load balancer: %v; want cannot confirm, \"no replica is ready\", without HAProxy's page", err)
 	}
 }
+
+// Issue 45: an HAProxy node killed, wait failed after its timeout with
+// `last told "ready 100%" ... 16s ago`. It says that the HAProxy has not
+// polled for 16s and when it drops out of the wait.
+func TestWaitSaysAnHAProxyStoppedPolling(t *testing.T) {
+	stopped := api.Poll{HAProxy: "127.0.0.9", Backend: "canary_web", Server: "web-1", Answer: "drain", Replica: "n2",
+		LastAsked: time.Now().Add(-16 * time.Second), Count: 40}
+	g := fakeGate(t, ctltest.Fleet(), []ctl.Selector{{Backend: "canary_web", Server: "web-1"}})
+	g.Replica, g.Interval = pollsReplica(t, []api.Poll{stopped}), 50*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := fleet.Wait(ctx, g)
+	want := `HAProxy 127.0.0.9 for canary_web/web-1: has not polled for 16s (last told "drain" by n2, current "ready 100%"); it drops out of the wait 1m0s after its last poll, in 44s`
+	if !errors.Is(err, ctl.ErrNotDone) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("wait for an HAProxy that stopped polling: %v\nwant %q", err, want)
+	}
+}
