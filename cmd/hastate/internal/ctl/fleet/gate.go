@@ -415,7 +415,7 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 			// has stopped (killed, its check disabled). It is waited for
 			// (it has not been told) until it is forgotten.
 			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: has not polled for %s (last told %q by %s, current %q); it drops out of the wait %s after its last poll, in %s",
-				k[1], k[0], since.Round(time.Second), told, p.Replica, current[k[0]], api.PollerTTL, (api.PollerTTL - since).Round(time.Second)))
+				k[1], k[0], since.Round(time.Second), told, p.Replica, current[k[0]], api.PollerTTL, (api.PollerTTL-since).Round(time.Second)))
 			continue
 		}
 		lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
