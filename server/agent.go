@@ -557,8 +557,8 @@ type agentMetrics struct {
 	// as far as the agent server can tell (see init).
 	withheldInvalid, withheldUnconfirmed prometheus.Counter
 	writeErrors                          prometheus.Counter
-	duration                                         prometheus.Histogram
-	active                                           prometheus.Gauge
+	duration                             prometheus.Histogram
+	active                               prometheus.Gauge
 }
 
 func (m *agentMetrics) init(reg prometheus.Registerer) {
