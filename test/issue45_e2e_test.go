@@ -54,6 +54,7 @@ func TestE2EQuorumLostIsSaidByTheCLI(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr()})
 	lb := startHTTPLBMode(t, hs, "http")
+	tcpLB := startHTTPLB(t, hs) // mode tcp: it closes the connection instead
 	survivor := hs[0]
 	survivor.Operator("--allow-unknown").Run(t, "drain", "canary_web/web-1")
 	waitRow(t, survivor, "canary_web", "web-1", func(r api.ServerState) bool { return r.Kind == api.KindDrain })
@@ -73,6 +74,14 @@ func TestE2EQuorumLostIsSaidByTheCLI(t *testing.T) {
 		lbOut = out
 		return testenv.Expect(code == 4 && strings.HasPrefix(out, "hastate: no replica is ready: http://"+lb+" answered HTTP 503") && !strings.Contains(out, "<html>"),
 			"status through the load balancer: exit %d:\n%q", code, out)
+	})
+
+	throughTCP := survivor.Operator()
+	throughTCP.Addr = tcpLB
+	testenv.Eventually(t, 10*time.Second, func() error {
+		out, code := throughTCP.RunCode(t, "status")
+		return testenv.Expect(code == 4 && strings.HasPrefix(out, "hastate: http://"+tcpLB+" closed the connection without an answer: if it is a load balancer, no replica behind it may be ready"),
+			"status through a TCP load balancer: exit %d:\n%q", code, out)
 	})
 
 	op := survivor.Operator()

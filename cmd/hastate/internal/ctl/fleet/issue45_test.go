@@ -162,3 +162,20 @@ func TestWaitSaysAnHAProxyStoppedPolling(t *testing.T) {
 		t.Fatalf("wait for an HAProxy that stopped polling: %v\nwant %q", err, want)
 	}
 }
+
+// Issue 45: a TCP load balancer with no ready replica behind it closes the
+// connection; the command said `Get "...": EOF`. It says what that may
+// mean and where to look.
+func TestAClosedConnectionMayBeALoadBalancerWithNoReplica(t *testing.T) {
+	lb := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			c.Close()
+		}
+	}))
+	defer lb.Close()
+	_, err := replicaAt(t, lb.URL).Fleet(context.Background())
+	if !errors.Is(err, ctl.ErrCannotConfirm) || !strings.HasPrefix(err.Error(), lb.URL+" closed the connection without an answer: if it is a load balancer, no replica behind it may be ready") {
+		t.Fatalf("a connection closed without an answer: %v", err)
+	}
+}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hastate/hastate/api"
@@ -53,6 +55,11 @@ func (r *Replica) explain(ctx context.Context, err error) error {
 			"ask a replica directly (HASTATE_ADDR=<replica>:9778 hastate status) to see why, and see %s", r.Addr(), RunbookNoLeader), err))
 	case errors.As(err, &se):
 		return ctl.CannotConfirm(fmt.Errorf("hastate replica at %s: %w: %s", r.Addr(), err, replicaAdvice))
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		// A replica answers; a TCP load balancer with no ready replica
+		// behind it closes or resets the connection instead.
+		return ctl.CannotConfirm(ctl.Explain(fmt.Sprintf("%s closed the connection without an answer: if it is a load balancer, no replica behind it may be ready "+
+			"(a lost quorum? see %s); ask a replica directly (HASTATE_ADDR=<replica>:9778 hastate status) to see why", r.Addr(), RunbookNoLeader), err))
 	}
 	return ctl.CannotConfirm(ctl.CallError(ctx, "hastate replica", r.Addr(), err, replicaAdvice))
 }
