@@ -294,10 +294,23 @@ fi
 addrs=("$lb:8500" "$lb:8300" "$lb:8301" "$lb:8302" "$lb:9777" "$lb:9778" "$lb:9090" "$lb:9881" "$lb:9882" "$lb:9883" "$lb:9884")
 for i in 0 1 2; do for p in 9777 9778 9779; do addrs+=("$(replica_ip $i):$p"); done; done
 for n in "${nodes[@]}"; do for p in 9777 8404 8080 8081; do addrs+=("$(node_ip "$n"):$p"); done; done
+# Asked of the kernel (ss), not by connecting: a connection to a running
+# replica's agent port that sends nothing counts there as a malformed
+# request (hastate_agent_errors_total, HastateAgentErrorRateHigh). Without
+# ss, every port but the agent ports is tried (a replica's HTTP port tells
+# that it runs).
 busy=()
-for a in "${addrs[@]}"; do
-  if (exec 3<>"/dev/tcp/${a%:*}/${a#*:}") 2>/dev/null; then busy+=("$a"); fi
-done
+if command -v ss >/dev/null; then
+  listening=$(ss -Hltn 2>/dev/null | awk '{print $4}')
+  for a in "${addrs[@]}"; do
+    if grep -qxF -e "$a" -e "*:${a#*:}" -e "0.0.0.0:${a#*:}" -e "[::]:${a#*:}" <<<"$listening"; then busy+=("$a"); fi
+  done
+else
+  for a in "${addrs[@]}"; do
+    [ "${a#*:}" = 9777 ] && continue
+    if (exec 3<>"/dev/tcp/${a%:*}/${a#*:}") 2>/dev/null; then busy+=("$a"); fi
+  done
+fi
 if [ ${#busy[@]} -gt 0 ]; then
   echo "demo: ${busy[*]} already in use" >&2
   left=$(demo_pids)
@@ -371,12 +384,6 @@ if ! wait_consul; then
 fi
 export CONSUL_HTTP_ADDR=$consul_addr
 
-if [ -z "${resume:-}" ]; then
-  # Seed an example: one drained server with a reason, one at 50%. --force:
-  # no replica runs yet to tell which servers HAProxy polls.
-  "$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" --by demo --force >/dev/null
-  "$bin" weight 50% canary_api/api-1 --by demo --force >/dev/null
-fi
 
 for i in 0 1 2; do start_replica $i; done
 say "demo: three replicas on $(replica_ip 0)-4 (:9777 agent, :9778 HTTP, :9779 raft; logs: $demo/hastate-*.log):" \
@@ -573,6 +580,20 @@ if [ -n "$have_prom" ]; then
   done
 fi
 
+if [ -z "${resume:-}" ]; then
+  # Seed an example: one drained server with a reason, one at 50%. Written
+  # once the replicas are ready and HAProxy polled every server, so that
+  # every guard holds and the meta keys name none lifted (without HAProxy
+  # no server is known: --allow-unknown, the narrowest override).
+  seed=(--by demo --addr "$addr")
+  [ -n "$have_haproxy" ] || seed+=(--allow-unknown)
+  "$bin" drain canary_web/web-2 --reason "demo: zonal maintenance" "${seed[@]}" >/dev/null ||
+    say "demo: could not seed the drain of canary_web/web-2 (see above)"
+  "$bin" weight 50% canary_api/api-1 "${seed[@]}" >/dev/null ||
+    say "demo: could not seed canary_api/api-1 at 50% (see above)"
+  [ -z "$have_haproxy" ] || "$bin" wait canary_web/web-2 canary_api/api-1 --addr "$addr" >/dev/null 2>&1 || true
+fi
+
 # The printed commands, kept in $demo/commands.txt to read again.
 # scripts/demo.sh run from another shell finds this demo by these two.
 [ "$demo" = "$root/.demo" ] || demoenv=" HASTATE_DEMO_DIR=$demo"
@@ -590,7 +611,7 @@ hastate demo is running. In another shell:
   hastate clear --expired                          # after those 2 minutes: status shows the key expired; this deletes it
   hastate wait canary_web/web-1 && $stat
   hastate precheck 'canary_*/*'                    # the deploy gate: exit 1, web-1 is drained
-  hastate drain 'canary_*/*' --dry-run             # the canary drain: refused, api-1's own 50% would escape it (the dry run shows the transaction)
+  hastate drain 'canary_*/*' --dry-run             # the canary drain: exit 1, refused: api-1's own 50% would escape it
   hastate drain 'canary_*/*' --override --dry-run  # one key per canary backend, api-1's key cleared in the same transaction
   hastate weight 25% canary_api/api-2
   hastate probe canary_web/web-1 --addr $agent       # ask like HAProxy does
@@ -610,11 +631,11 @@ TXT
 TXT
   [ -n "$have_prom" ] && echo "  http://$prom_addr/alerts                      # Prometheus: the alerts, the targets, every metric"
   cat <<TXT
-  $(printf '%-49s' "kill -9 \$(cat $demo/hastate-0.pid)")# kill replica hastate-0: the others keep answering, the gates name it
-  sleep 2; hastate precheck canary_api/api-2       # exit 4: cannot confirm, replica hastate-0 unreachable
-  $(printf "%-49s" "$root/scripts/demo.sh restart hastate-0")# start it again (Ctrl-C of the demo stops it too)
-  $(printf "%-49s" "$root/scripts/demo.sh consul stop")# a Consul outage: answers unchanged, writes refused; it says what to look at
-  $(printf "%-49s" "$root/scripts/demo.sh consul start")# Consul back, with the same data
+  $(printf '%-48s ' "kill -9 \$(cat $demo/hastate-0.pid)")# kill replica hastate-0: the others keep answering; commands name it in a note
+  sleep 2; hastate precheck canary_api/api-2       # exit 0: the replicas that are up decide (a note names hastate-0)
+  $(printf "%-48s " "$root/scripts/demo.sh restart hastate-0")# start it again (Ctrl-C of the demo stops it too)
+  $(printf "%-48s " "$root/scripts/demo.sh consul stop")# a Consul outage: answers unchanged, writes refused; it says what to look at
+  $(printf "%-48s " "$root/scripts/demo.sh consul start")# Consul back, with the same data
   hastate clear 'canary_*/*' canary_web/web-1 canary_api/api-1 canary_api/api-2 --force
 
   consul kv get -recurse hastate/                  # what hastate reads (consul: $demo/bin/consul; UI: http://$consul_addr/ui)

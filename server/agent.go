@@ -318,9 +318,15 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 	if bytes.HasPrefix(buf[n:read], probeMarker) {
 		pollers = nil
 	}
-	line := s.src.Snapshot().Lookup(req, len(backend))
+	snap := s.src.Snapshot()
+	line := snap.Lookup(req, len(backend))
 	if line == nil {
 		s.m.withheld.Inc()
+		if snap == nil {
+			s.m.withheldUnconfirmed.Inc()
+		} else {
+			s.m.withheldInvalid.Inc()
+		}
 		pollers.Record(c.RemoteAddr(), req, nil, start)
 		return
 	}
@@ -547,9 +553,12 @@ func (l *onceCloseListener) Close() error {
 // resolved once so that counting a probe does not allocate.
 type agentMetrics struct {
 	answered, withheld, malformed, timeout, rejected prometheus.Counter
-	writeErrors                                      prometheus.Counter
-	duration                                         prometheus.Histogram
-	active                                           prometheus.Gauge
+	// withheldInvalid and withheldUnconfirmed split withheld by why,
+	// as far as the agent server can tell (see init).
+	withheldInvalid, withheldUnconfirmed prometheus.Counter
+	writeErrors                          prometheus.Counter
+	duration                             prometheus.Histogram
+	active                               prometheus.Gauge
 }
 
 func (m *agentMetrics) init(reg prometheus.Registerer) {
@@ -563,6 +572,12 @@ func (m *agentMetrics) init(reg prometheus.Registerer) {
 	m.malformed = checks.WithLabelValues("malformed")
 	m.timeout = checks.WithLabelValues("timeout")
 	m.rejected = checks.WithLabelValues("rejected")
+	withheld := f.NewCounterVec(prometheus.CounterOpts{
+		Name: "hastate_agent_withheld_total",
+		Help: "Per replica: agent checks answered nothing (result withheld of hastate_agent_checks_total), by why: invalid_key (the server's key is invalid and has no last valid value: fix the key, hastate status names it), unconfirmed (the replica had no state it could confirm with the raft leader: an election, a lost quorum, a replica catching up or holding no state; hastate_withheld says which while it lasts).",
+	}, []string{"reason"})
+	m.withheldInvalid = withheld.WithLabelValues("invalid_key")
+	m.withheldUnconfirmed = withheld.WithLabelValues("unconfirmed")
 	m.writeErrors = f.NewCounter(prometheus.CounterOpts{
 		Name: "hastate_agent_write_errors_total",
 		Help: "Per replica: agent-check answers that could not be written (the probe is not counted as answered).",

@@ -151,7 +151,7 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, result string) float
 		for _, m := range mf.GetMetric() {
 			match := result == ""
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
+				if (l.GetName() == "result" || l.GetName() == "reason") && l.GetValue() == result {
 					match = true
 				}
 			}
@@ -248,6 +248,29 @@ func TestAgentNilSnapshotWithholds(t *testing.T) {
 		t.Fatalf("answer %q from a replica without state, want none", got)
 	}
 	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Expect(f.checks(t, "withheld") == 1, "withheld not counted") })
+}
+
+// Issue 45: hastate_withheld{reason} is a gauge, so why checks were
+// withheld could not be seen afterwards. hastate_agent_withheld_total
+// counts them by why: an invalid key, or no state the replica could
+// confirm (an election, a lost quorum, ...).
+func TestAgentCountsWithheldByReason(t *testing.T) {
+	invalid := startAgent(t, AgentOptions{})
+	if got := probe(t, invalid.addr, "web/bad\n"); got != "" {
+		t.Fatalf("answer %q for an invalid key, want none", got)
+	}
+	none := startAgent(t, AgentOptions{Source: SnapshotFunc(func() *state.Snapshot { return nil })})
+	for range 2 {
+		if got := probe(t, none.addr, "web/a\n"); got != "" {
+			t.Fatalf("answer %q from a replica without a confirmed state, want none", got)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		i, iu := gathered(t, invalid.reg, "hastate_agent_withheld_total", "invalid_key"), gathered(t, invalid.reg, "hastate_agent_withheld_total", "unconfirmed")
+		n, nu := gathered(t, none.reg, "hastate_agent_withheld_total", "invalid_key"), gathered(t, none.reg, "hastate_agent_withheld_total", "unconfirmed")
+		return testenv.Expect(i == 1 && iu == 0 && n == 0 && nu == 2,
+			"withheld by reason: invalid key %v/%v (invalid_key/unconfirmed), no snapshot %v/%v; want 1/0 and 0/2", i, iu, n, nu)
+	})
 }
 
 func TestAgentNoLFQuietPeriod(t *testing.T) {

@@ -78,6 +78,18 @@ func TestE2EExitCodes(t *testing.T) {
 	// `hastate --help` lists the same codes in the same words, and no
 	// command's --help gives cannot confirm another code.
 	op := Operator{Addr: "127.0.0.1:1"} // --help asks no replica
+	// Issue 45: every "exit N" the documents and every --help claim is
+	// said in the words of code N, never only in another code's.
+	for f, s := range docs {
+		for _, bad := range exitClaimsAgainstTable(s) {
+			t.Errorf("%s: %s", f, bad)
+		}
+	}
+	for _, c := range []string{"", "drain", "maint", "ready", "weight", "clear", "status", "wait", "precheck", "verify", "probe", "compare", "migration", "migrate-kv", "adopt-consul"} {
+		for _, bad := range exitClaimsAgainstTable(op.Run(t, strings.Fields(c+" --help")...)) {
+			t.Errorf("hastate %s --help: %s", c, bad)
+		}
+	}
 	help := strings.Join(strings.Fields(op.Run(t, "--help")), " ")
 	for _, r := range rows {
 		if want := strings.Join(strings.Fields(fmt.Sprintf("%d %s", r.code, r.meaning)), " "); !strings.Contains(help, want) {
@@ -138,5 +150,73 @@ func TestE2EExitCodes(t *testing.T) {
 			continue
 		}
 		t.Logf("exit %d: hastate %s %s: %s", code, m[1], when, lastLine(out))
+	}
+}
+
+// codeWords are, per exit code, words only its meaning in the README's
+// table uses.
+var codeWords = map[int]*regexp.Regexp{
+	1: regexp.MustCompile(`(?i)\bblock(s|ed)?\b|timed out|disagree`),
+	2: regexp.MustCompile(`(?i)\busage error`),
+	3: regexp.MustCompile(`(?i)match(es|ed)? nothing|\btypo\b`),
+	4: regexp.MustCompile(`(?i)cannot confirm|no replica is ready|no raft leader`),
+	5: regexp.MustCompile(`(?i)permission|\bACL\b|token Consul refuses`),
+}
+
+// exitClaim is one "exit N" or "exits N" (not a list such as "exits 0, 1
+// or 4", which names several).
+var (
+	exitClaim = regexp.MustCompile(`(?i)\bexits? (\d)\b`)
+	codeList  = regexp.MustCompile(`^,? (or )?\d\b`)
+)
+
+// exitClaimsAgainstTable returns each claim "exit N" of text whose
+// clause (between ". ", ";", "|" or a blank line) says what another code
+// means and nothing of what N means: e.g. "exits 1 with cannot confirm".
+func exitClaimsAgainstTable(text string) []string {
+	s := strings.Join(strings.Fields(text), " ")
+	var bad []string
+	for _, m := range exitClaim.FindAllStringSubmatchIndex(s, -1) {
+		n := int(s[m[2]] - '0')
+		if codeList.MatchString(s[m[1]:]) {
+			continue
+		}
+		start, end := 0, len(s)
+		for _, sep := range []string{". ", ";", "|"} {
+			if i := strings.LastIndex(s[:m[0]], sep); i+len(sep) > start && i >= 0 {
+				start = i + len(sep)
+			}
+			if i := strings.Index(s[m[1]:], sep); i >= 0 && m[1]+i < end {
+				end = m[1] + i
+			}
+		}
+		clause := s[start:end]
+		if own := codeWords[n]; own != nil && own.MatchString(clause) {
+			continue
+		}
+		for code, w := range codeWords {
+			if code != n && w.MatchString(clause) {
+				bad = append(bad, fmt.Sprintf("claims exit %d where it says what exit %d means: %q", n, code, clause))
+				break
+			}
+		}
+	}
+	return bad
+}
+
+// The claim check catches what issue 35 and issue 45 found, and passes
+// what is right.
+func TestExitClaimsAgainstTable(t *testing.T) {
+	for text, want := range map[string]bool{
+		`precheck exits 1 with "cannot confirm" when a replica is down.`:                                               true,
+		`kill -9 hastate-0; hastate precheck canary_api/api-2 # exit 4: cannot confirm, replica hastate-0 unreachable`: false,
+		`a selector that matches nothing exits 1.`:                                                                     true,
+		`blocks (exit 1) while anything selected is drained, and exits 4 when it cannot confirm.`:                      false,
+		`then exits 0, 1 for a real disagreement, or 4 if it still cannot tell.`:                                       false,
+		`a token Consul refuses exits 5, naming the rule.`:                                                             false,
+	} {
+		if got := len(exitClaimsAgainstTable(text)) > 0; got != want {
+			t.Errorf("%q: flagged %v, want %v (%q)", text, got, want, exitClaimsAgainstTable(text))
+		}
 	}
 }

@@ -193,10 +193,18 @@ func gateRuns(t *testing.T, op Operator, cmds [][]string, since time.Time, windo
 // address an operator's HASTATE_ADDR points at. It returns its address.
 func startHTTPLB(t *testing.T, replicas []*Hastate) string {
 	t.Helper()
+	return startHTTPLBMode(t, replicas, "tcp")
+}
+
+// startHTTPLBMode is startHTTPLB in HAProxy's mode tcp or http (http: with
+// no replica ready it answers 503 itself, as the demo's and many cloud
+// load balancers do).
+func startHTTPLBMode(t *testing.T, replicas []*Hastate, mode string) string {
+	t.Helper()
 	h := newHAProxy(t)
 	var cfg strings.Builder
 	cfg.WriteString(h.global(0))
-	fmt.Fprintf(&cfg, "\nlisten http_lb\n    bind %s\n    mode tcp\n    balance roundrobin\n    option httpchk GET /-/readiness\n", h.Frontend)
+	fmt.Fprintf(&cfg, "\nlisten http_lb\n    bind %s\n    mode %s\n    balance roundrobin\n    option httpchk GET /-/readiness\n", h.Frontend, mode)
 	for i, r := range replicas {
 		fmt.Fprintf(&cfg, "    server %s %s check inter %dms fall 1 rise 2\n", lbServerName(i), r.HTTPAddr, lbCheck.Milliseconds())
 	}

@@ -96,7 +96,7 @@ func TestE2EBackendWideReadyWithARamp(t *testing.T) {
 		t.Fatalf("ready canary_web --ramp 90s: exit %d\n%s", code, out)
 	}
 	t.Logf("ready canary_web --ramp 90s:\n%s", out)
-	if !strings.Contains(out, "stays after the ramp") || !strings.Contains(out, "`hastate clear canary_web` once it has ramped") {
+	if !strings.Contains(out, "stays after the ramp") || !strings.Contains(out, "`hastate clear --ramped` deletes it once it has ramped") {
 		t.Errorf("ready --ramp of a whole backend does not say what it leaves:\n%s", out)
 	}
 	waitRow(t, h, "canary_web", "*", func(r api.ServerState) bool { return r.Kind == api.KindRamping })

@@ -183,7 +183,8 @@ type drainFirstFlags struct {
 
 func (d *drainFirstFlags) add(c *cobra.Command) {
 	c.Flags().BoolVar(&d.on, "drain-first", false, "drain first, wait until every HAProxy was told and holds no session (or --idle-timeout passes), then maint: ChatOps --disable")
-	c.Flags().DurationVar(&d.idleTimeout, "idle-timeout", write.DefaultIdleTimeout, "with --drain-first: set maint after this long even if sessions remain")
+	d.idleTimeout = write.DefaultIdleTimeout
+	c.Flags().Var(ctl.DurationFlag{D: &d.idleTimeout, Name: "--idle-timeout"}, "idle-timeout", "with --drain-first: set maint after this long even if sessions remain")
 	d.prom.add(c)
 	c.Long += "\n\n--drain-first is ChatOps `canary --disable` in one command: drain; wait until\n" +
 		"every HAProxy was told and reports no session on the servers (through\n" +

@@ -65,13 +65,15 @@ written by the same command (--reason, --for, --ramp).
 Exit codes, the same for every command (the README's table):
   0  ok: done, written, or nothing blocks
   1  refused, blocked or not done: a guard refused a write, precheck found
-     something drained, at 0% or ramping, wait timed out, verify or compare
-     found a disagreement
+     something drained, at 0%, ramping or withheld (an invalid key), wait
+     timed out or found an answer withheld, verify or compare found a
+     disagreement
   2  usage error: a flag, an argument, a value or a command that does not
      exist
   3  the selector matched nothing (a typo: the known backends are named)
   4  cannot confirm: hastate, Consul or Prometheus could not be read well
-     enough to decide; gates and writes fail closed, so a pipeline tells
+     enough to decide (no raft leader, no replica ready, an HAProxy seen by
+     no live replica); gates and writes fail closed, so a pipeline tells
      "drained on purpose" (1) from "hastate is broken" (4)
   5  permission denied: Consul refused the command's token a read or a
      write it needs (the message names the ACL rule that would allow it;
@@ -127,7 +129,8 @@ func versionCmd(stdout io.Writer) *cobra.Command {
 // every call it makes to Consul, to a replica or to an agent port.
 func withTimeout(c *cobra.Command) *cobra.Command {
 	var timeout time.Duration
-	c.Flags().DurationVar(&timeout, "timeout", ctl.DefaultTimeout, "give up after this long; bounds every call to Consul and to hastate")
+	timeout = ctl.DefaultTimeout
+	c.Flags().Var(ctl.DurationFlag{D: &timeout, Name: "--timeout"}, "timeout", "give up after this long; bounds every call to Consul and to hastate")
 	run := c.RunE
 	c.RunE = func(c *cobra.Command, args []string) error {
 		if err := bindEnv(c.Flags()); err != nil {

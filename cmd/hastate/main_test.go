@@ -52,6 +52,12 @@ func TestInvalidInputIsRefusedWithTheValidForms(t *testing.T) {
 		{[]string{"serve", "--pollers-max", "-1"}, "--pollers-max -1 is negative"},
 		{[]string{"serve", "--ramp-duration", "48h"}, "ramp flags: invalid ramp policy: duration 48h0m0s"},
 		{[]string{"status", "-o", "yaml"}, "table or json"},
+		// Issue 45: one rule for units, and a clear message.
+		{[]string{"drain", "web/a", "--for", "90"}, "--for 90 has no unit: write 90s, 90m or 90h"},
+		{[]string{"drain", "web/a", "--ramp", "90"}, "--ramp 90 has no unit: write 90s, 90m or 90h"},
+		{[]string{"weight", "25", "web/a"}, "weight 25 has no unit: write 25%"},
+		{[]string{"status", "--timeout", "5"}, "--timeout 5 has no unit: write 5s, 5m or 5h"},
+		{[]string{"maint", "web/a", "--drain-first", "--idle-timeout", "60"}, "--idle-timeout 60 has no unit"},
 	} {
 		var out bytes.Buffer
 		code := run(tt.args, &out, &out)

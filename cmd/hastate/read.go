@@ -128,11 +128,15 @@ each selected server, in a sample scraped after every HAProxy was told,
 naming the servers and HAProxy instances that still hold sessions.
 ` + promHelp + `
 
+A server whose answer every replica withholds (its key is invalid and has
+no last valid value) is not told anything: wait fails at once for it,
+naming the key and the fix, in precheck's words and with its exit code (1).
+
 Exit 0 when done; 1 on timeout, naming what lags (an HAProxy, a ramp,
-sessions); 3 when a selector matches no server; 4 when it cannot confirm
-(an HAProxy seen by no replica that answers, which it names, a replica that
-has not applied Consul's index of the prefix, Consul or Prometheus
-unreadable). Before anything it checks that the replica reads the same KV
+sessions), or at once for a withheld answer; 3 when a selector matches no
+server; 4 when it cannot confirm (no raft leader, an HAProxy seen by no
+replica that answers, which it names, a replica that has not applied
+Consul's index of the prefix, Consul or Prometheus unreadable). Before anything it checks that the replica reads the same KV
 prefix of the same Consul.
 
 ` + liveHelp,
@@ -204,16 +208,19 @@ precheck first waits until the replica has applied every write made to Consul
 before it started, and out of a replica's start-up (bounded by --timeout),
 then checks the deploy pipeline's contract over the whole cluster: servers
 that are ready or in maint pass; a drained server, a server at 0% (HAProxy
-shows it as DRAIN), a ramp in progress and anything it cannot confirm (an
-HAProxy seen by no replica that answers, Consul not in sync, an invalid key)
-block. It counts servers, never backend-wide keys.
+shows it as DRAIN), a ramp in progress, a server whose answer every replica
+withholds (an invalid key with no last valid value: it is told nothing) and
+anything it cannot confirm (no raft leader, an HAProxy seen by no replica
+that answers, Consul not in sync) block. It counts servers, never
+backend-wide keys.
 
-Exit 0: deploy; 1: blocked (something selected is drained, at 0% or
-ramping; the reasons on stderr); 3: a selector matches no server; 4: cannot
-confirm (an HAProxy seen by no replica that answers, a replica that has not
-applied Consul's latest index, Consul unreadable, a KV prefix the replica
-does not read): a pipeline tells "drained on purpose" from "hastate is
-broken".
+Exit 0: deploy; 1: blocked (something selected is drained, at 0%, ramping
+or withheld, the key and its fix named; the reasons on stderr); 3: a
+selector matches no server; 4: cannot confirm (no raft leader, said at once
+once the replica has given up on one, an HAProxy seen by no replica that
+answers, a replica that has not applied Consul's latest index, Consul
+unreadable, a KV prefix the replica does not read): a pipeline tells
+"drained on purpose" from "hastate is broken".
 
 ` + liveHelp,
 		Example: `  hastate precheck 'canary_*/*' && ./deploy.sh

@@ -71,7 +71,7 @@ func (w *writeFlags) add(c *cobra.Command, k writeKind) {
 	f.BoolVar(&w.override, "override", false, "with <backend>/*: also clear the own keys of the backend's servers, so that the backend-wide key reaches them")
 	f.StringVar(&w.reason, "reason", "", "why, shown in status")
 	f.StringVar(&w.by, "by", osUser(), "who, shown in status")
-	f.DurationVar(&w.forDur, "for", 0, "the state expires after this long (e.g. 2h): hastate then treats the key as absent, through a ramp after a drain; leave it out for a state that stays until cleared")
+	f.Var(ctl.DurationFlag{D: &w.forDur, Name: "--for"}, "for", "the state expires after this long (e.g. 2h): hastate then treats the key as absent, through a ramp after a drain; leave it out for a state that stays until cleared")
 	// --for 0 is no duration: refused, not taken as "no expiry" in
 	// silence (issue 35).
 	c.PreRunE = func(c *cobra.Command, _ []string) error {
@@ -261,6 +261,10 @@ func weightCmd(stdout io.Writer) *cobra.Command {
 		Short: "Set servers ready at N% of their configured weight (0..256)",
 		Long: `Set servers ready at N% of their configured weight (0..256).
 
+The weight takes its %: a bare 25 is refused (HAProxy's own weights are
+absolute, so 25 could mean either), as a duration takes its unit (--for 2h,
+not --for 2). The plan shows what each key held before.
+
 0% takes servers out of rotation (HAProxy shows it as DRAIN): it is refused
 below --min-ready like a drain, precheck blocks on it, and a backend-wide
 0% that own keys would escape needs --override or --keep-own.
@@ -298,9 +302,9 @@ below --min-ready like a drain, precheck blocks on it, and a backend-wide
 
 func clearCmd(stdout io.Writer) *cobra.Command {
 	var w writeFlags
-	var expired bool
+	var expired, ramped bool
 	c := &cobra.Command{
-		Use:   "clear <selector>... | clear --expired [<selector>...]",
+		Use:   "clear <selector>... | clear --expired|--ramped [<selector>...]",
 		Short: "Delete servers' keys: they fall back to the backend-wide key, else ready",
 		Long: `Delete servers' keys: they fall back to the backend-wide key, else ready.
 
@@ -317,32 +321,43 @@ stops listing them as expired, and migration start no longer refuses
 them. A key counts only when the cluster shows it expired too (the
 leader's clock decides, not this machine's).
 
+--ramped deletes the keys "hastate ready --ramp" leaves holding ready once
+their ramp is done (the same way: every such key, or the selectors', with
+its meta key, in one conditional transaction), where that changes no
+answer: a server's own ready key under a backend-wide key is left, named
+(it keeps the server out of that key), as is one whose ramp still runs.
+
 ` + selectorHelp + "\n\n" + guardHelp(false),
 		Example: `  hastate clear canary_web/gke-cny-web 'canary_web/*'
   hastate clear 'canary_web/web 3'                 # a server name with a space
   hastate clear '*/gke-cny-web' --dry-run
   hastate clear --expired                          # every key whose --for has passed
-  hastate clear --expired 'canary_*/*' --dry-run`,
+  hastate clear --expired 'canary_*/*' --dry-run
+  hastate clear --ramped                           # the ready keys ready --ramp left, once ramped`,
 		Args: func(c *cobra.Command, args []string) error {
-			if expired {
+			if expired && ramped {
+				return usageError(c, errors.New("--expired and --ramped: give one (run clear twice for both)"))
+			}
+			if expired || ramped {
 				return nil
 			}
-			return argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector (or --expired)")(c, args)
+			return argCount(cobra.MinimumNArgs(1), "at least one <backend>/<server> selector (or --expired, --ramped)")(c, args)
 		},
 		RunE: func(c *cobra.Command, args []string) error {
-			if expired {
-				return w.clearExpired(c, stdout, args)
+			if expired || ramped {
+				return w.clearExpired(c, stdout, args, ramped)
 			}
 			return w.run(c, stdout, "clear", "", args)
 		},
 	}
 	w.add(c, writeKind{})
 	c.Flags().BoolVar(&expired, "expired", false, "delete only the keys whose --for has passed (all of them, or those of the selectors), in one conditional transaction")
+	c.Flags().BoolVar(&ramped, "ramped", false, "delete only the keys ready --ramp left holding ready, once their ramp is done and where that changes no answer")
 	return c
 }
 
-// clearExpired runs clear --expired.
-func (w *writeFlags) clearExpired(c *cobra.Command, stdout io.Writer, args []string) error {
+// clearExpired runs clear --expired, or with ramped clear --ramped.
+func (w *writeFlags) clearExpired(c *cobra.Command, stdout io.Writer, args []string, ramped bool) error {
 	var sels []ctl.Selector // none: every key of the prefix
 	if len(args) > 0 {
 		var err error
@@ -358,7 +373,7 @@ func (w *writeFlags) clearExpired(c *cobra.Command, stdout io.Writer, args []str
 	if err != nil {
 		return err
 	}
-	res, err := write.ClearExpired(c.Context(), write.ClearExpiredOptions{Writer: wr, Replica: r, Selectors: sels, Now: time.Now(), DryRun: w.dryRun})
+	res, err := write.ClearExpired(c.Context(), write.ClearExpiredOptions{Writer: wr, Replica: r, Selectors: sels, Now: time.Now(), DryRun: w.dryRun, Ramped: ramped})
 	if err != nil {
 		return err
 	}

@@ -305,17 +305,35 @@ func (d *Demo) script(args ...string) (string, int, error) {
 // environment) and returns its combined output and exit code.
 func (d *Demo) Hastate(t testing.TB, args ...string) (string, int) {
 	t.Helper()
+	return d.combined(t, "hastate "+strings.Join(args, " "), d.Env(), d.Bin, args...)
+}
+
+// Shell runs a command line as an operator types it in "another shell"
+// (bash -c, from the repository): with the demo's environment (the export
+// line the demo prints completes it), the binary scripts/demo.sh restarts
+// a replica with (make demo builds it as bin/hastate) and the test's PATH.
+// It returns the combined output and exit code.
+func (d *Demo) Shell(t testing.TB, line string) (string, int) {
+	t.Helper()
+	env := append(d.Env(), "HASTATE_BIN="+d.Bin, "PATH="+os.Getenv("PATH"))
+	return d.combined(t, line, env, "bash", "-c", line)
+}
+
+// combined runs name args with env (for at most 3 minutes) and returns
+// its combined output and exit code; what names it in a failure.
+func (d *Demo) combined(t testing.TB, what string, env []string, name string, args ...string) (string, int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, d.Bin, args...)
-	cmd.Env = d.Env()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Env = d.Root, env
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {
 	case errors.As(err, &ee):
 		return string(out), ee.ExitCode()
 	case err != nil:
-		t.Fatalf("testenv: demo: hastate %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatalf("testenv: demo: %s: %v\n%s", what, err, out)
 	}
 	return string(out), 0
 }

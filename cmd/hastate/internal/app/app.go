@@ -463,11 +463,15 @@ func (a *App) watchConsul(ctx context.Context) error {
 	return nil
 }
 
+// KVBackoffMax caps the leader's wait between failed Consul reads:
+// Consul is close by, so a recovery is seen within it (the README and the
+// runbook say this figure; TestDocsSayTheCode holds them to it).
+const KVBackoffMax = 5 * time.Second
+
 func (a *App) defaultWatcher() (*kvsync.Watcher, error) {
 	return kvsync.New(kvsync.Options{
 		Client: a.consul, Prefix: a.o.KVPrefix, Sink: &adoptingSink{n: a.node, log: a.log.Named("adopt")}, Logger: a.log.Named("kvsync"), Metrics: a.kvm, Token: a.token,
-		// Consul is close by: retry at least every 5s so a recovery is seen quickly.
-		BackoffMax: 5 * time.Second, WaitTime: a.o.KVWait, Identify: a.identify,
+		BackoffMax: KVBackoffMax, WaitTime: a.o.KVWait, Identify: a.identify,
 	})
 }
 

@@ -57,7 +57,7 @@ func Precheck(ctx context.Context, o GateOptions) (checked int, blocking []strin
 		name := row.Backend + "/" + row.Server
 		switch {
 		case row.Kind == api.KindWithheld:
-			blocking = append(blocking, fmt.Sprintf("%s: cannot confirm: its key is invalid and has no valid value (%s)", name, row.Error))
+			blocking = append(blocking, Withheld(o.Prefix, row))
 		case row.Kind == api.KindDrain:
 			blocking = append(blocking, fmt.Sprintf("%s is drained%s", name, why(row)))
 		case row.AtZero():
@@ -83,12 +83,20 @@ func (o GateOptions) ConfirmedFleet(ctx context.Context) (api.StateView, error) 
 		case err != nil:
 			return fleet, fmt.Errorf("%w: %w", ctl.ErrCannotConfirm, err)
 		}
-		err = Confirmable(fleet)
-		if err == nil {
-			err = o.live(ctx, fleet.Replicas)
+		settled, leaderless := o.leaderless(ctx)
+		switch {
+		case settled:
+			return fleet, leaderless
+		case leaderless != nil:
+			err = leaderless // an election: wait for its end
+		default:
+			err = Confirmable(fleet)
+			if err == nil {
+				err = o.live(ctx, fleet.Replicas)
+			}
 		}
 		last = err
-		if err == nil || !startingUp(fleet) {
+		if err == nil || (leaderless == nil && !startingUp(fleet)) {
 			return fleet, err
 		}
 		select {
@@ -97,6 +105,16 @@ func (o GateOptions) ConfirmedFleet(ctx context.Context) (api.StateView, error) 
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// leaderless is NoLeader of the replica's view of the raft cluster; nil
+// also when that view cannot be read (the read that follows says why).
+func (o GateOptions) leaderless(ctx context.Context) (settled bool, err error) {
+	ci, cerr := o.Replica.Cluster(ctx)
+	if cerr != nil {
+		return false, nil
+	}
+	return NoLeader(ci)
 }
 
 // startingUp reports whether the view is that of a replica that has just
@@ -144,6 +162,9 @@ func (o GateOptions) ConsulIndex(ctx context.Context) (uint64, error) {
 func (o GateOptions) Synced(ctx context.Context, index uint64) error {
 	var last *api.ClusterInfo
 	behind := func(ci api.ClusterInfo) error {
+		if _, err := NoLeader(ci); err != nil {
+			return err // why it is behind: nothing is applied without a leader
+		}
 		return fmt.Errorf("%w: replica %s has applied Consul index %d of prefix %q, not yet %d (the writes made before this command): %s",
 			ctl.ErrCannotConfirm, ci.NodeID, ci.KV.SyncedIndex, o.Prefix, index, cmp.Or(ci.KV.Warning, "is the leader syncing?"))
 	}
@@ -157,6 +178,9 @@ func (o GateOptions) Synced(ctx context.Context, index uint64) error {
 		case ci.KV.SyncedIndex >= index:
 			return nil
 		}
+		if settled, err := NoLeader(ci); settled {
+			return err // no election is under way: waiting changes nothing
+		}
 		last = &ci
 		select {
 		case <-ctx.Done():
@@ -164,6 +188,27 @@ func (o GateOptions) Synced(ctx context.Context, index uint64) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// Withheld says, for a server whose answer every replica withholds (its
+// key is invalid and has no last valid value), that it is not told
+// anything, which key is at fault and how to fix it. wait and precheck say
+// these same words and exit 1 for it: the cluster was read well enough to
+// know the answer is withheld (not "cannot confirm", exit 4); what blocks
+// is a value in KV that an operator must fix.
+func Withheld(prefix string, row api.ServerState) string {
+	name := row.Backend + "/" + row.Server
+	key, sel := "its key", name
+	if row.Key != "" {
+		key = fmt.Sprintf("key %s holds %q, which", prefix+row.Key, row.Value)
+	}
+	if strings.HasSuffix(row.Key, "/"+state.Wildcard) {
+		sel = row.Backend + "/" + state.Wildcard // the backend-wide key is at fault
+	}
+	return fmt.Sprintf("%s: not told: every replica withholds its answer (HAProxy keeps its last state), "+
+		"because %s is invalid (%s) and has no last valid value; "+
+		"fix the key: hastate ready|drain|maint %s, hastate weight <N>%% %s, or hastate clear %s",
+		name, key, cmp.Or(row.Error, "invalid value"), sel, sel, sel)
 }
 
 func why(r api.ServerState) string {
@@ -299,6 +344,11 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 	if err != nil {
 		return nil, false, err
 	}
+	if settled, err := NoLeader(ci); settled {
+		return nil, false, err
+	} else if err != nil {
+		return []string{err.Error()}, true, nil // an election: wait for its end
+	}
 	if ci.KV.SyncedIndex < index {
 		return []string{fmt.Sprintf("replica %s has applied Consul index %d of prefix %q, waiting for %d (the writes made before wait started)", ci.NodeID, ci.KV.SyncedIndex, o.Prefix, index)}, true, nil
 	}
@@ -314,10 +364,13 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 		return nil, false, err
 	}
 	current := map[string]string{}
-	var unsettled []string
+	var unsettled, withheld []string
 	deadline, hasDeadline := ctx.Deadline()
 	for name, r := range selected {
 		current[name] = r.Answer
+		if r.Kind == api.KindWithheld {
+			withheld = append(withheld, Withheld(o.Prefix, r))
+		}
 		if !o.Settled {
 			continue
 		}
@@ -329,6 +382,12 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 		case r.Until != nil && hasDeadline && r.Until.Before(deadline):
 			unsettled = append(unsettled, fmt.Sprintf("%s expires at %s, before --timeout runs out", name, r.Until.UTC().Format(time.RFC3339)))
 		}
+	}
+	if len(withheld) > 0 {
+		// No HAProxy can be told an answer no replica gives; it takes a
+		// write to KV, not time: fail now, as precheck does (exit 1).
+		sort.Strings(withheld)
+		return nil, false, ctl.Errorf(ctl.ErrNotDone, "%s", strings.Join(withheld, "\n"))
 	}
 	if len(unsettled) > 0 {
 		sort.Strings(unsettled)
@@ -357,11 +416,23 @@ func waitLag(ctx context.Context, o GateOptions, index uint64) (lag []string, un
 	// The latest poll of each (server, HAProxy) on any replica; a manual
 	// probe (a source that asked once, a while ago) is not waited for.
 	latest := LatestPolls(pv, current)
+	now := time.Now()
 	for k, p := range latest {
-		if told := ToldAnswer(p); told != current[k[0]] {
-			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
-				k[1], k[0], told, p.Replica, time.Since(p.LastAsked).Round(time.Second), current[k[0]]))
+		told := ToldAnswer(p)
+		if told == current[k[0]] {
+			continue
 		}
+		since := now.Sub(p.LastAsked)
+		if since > api.ProbeGrace {
+			// An HAProxy polls every agent-inter: one silent this long
+			// has stopped (killed, its check disabled). It is waited for
+			// (it has not been told) until it is forgotten.
+			lag = append(lag, fmt.Sprintf("HAProxy %s for %s: has not polled for %s (last told %q by %s, current %q); it drops out of the wait %s after its last poll, in %s",
+				k[1], k[0], since.Round(time.Second), told, p.Replica, current[k[0]], api.PollerTTL, (api.PollerTTL-since).Round(time.Second)))
+			continue
+		}
+		lag = append(lag, fmt.Sprintf("HAProxy %s for %s: last told %q by %s %s ago, current %q",
+			k[1], k[0], told, p.Replica, since.Round(time.Second), current[k[0]]))
 	}
 	sort.Strings(lag)
 	return lag, false, nil

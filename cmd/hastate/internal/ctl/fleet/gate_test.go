@@ -34,8 +34,8 @@ func TestPrecheckFollowsTheDeployContract(t *testing.T) {
 			v.Servers[2].Ramping, v.Servers[2].Kind, v.Servers[2].Weight = &api.RampProgress{WeightPercent: 40}, api.KindRamping, 40
 		}, "block:canary_web/web-1 is ramping: 40%"},
 		{"an invalid key with no valid value", "canary_web/web-1", func(v *api.StateView) {
-			v.Servers[2].Withheld, v.Servers[2].Error, v.Servers[2].Kind = true, "invalid value", api.KindWithheld
-		}, "block:cannot confirm"},
+			withhold(&v.Servers[2])
+		}, "block:canary_web/web-1: not told: every replica withholds its answer (HAProxy keeps its last state), because key hastate/state/canary_web/web-1 holds \"300%\", which is invalid"},
 		// Issue 15.3: 0% is DRAIN in HAProxy.
 		{"one at 0%", "canary_web", func(v *api.StateView) {
 			v.Servers[3].Answer, v.Servers[3].Kind, v.Servers[3].Weight = "ready 0%", api.KindWeight, 0
@@ -114,7 +114,7 @@ func TestWaitNamesWhatLags(t *testing.T) {
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: new(ctltest.Identity())})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: new(ctltest.Identity())})
 		case "/v1/pollers":
 			_, _ = w.Write([]byte(polls))
 		default:
@@ -150,7 +150,7 @@ func TestWaitIgnoresAManualProbe(t *testing.T) {
 	}{
 		{"a probe once, 20s ago", []api.Poll{probe, current}, ""},
 		{"an HAProxy over two replicas", []api.Poll{probe, current, poll("127.0.0.11", "drain", "n1", 20*time.Second, 1),
-			poll("127.0.0.11", "drain", "n2", 10*time.Second, 1)}, `HAProxy 127.0.0.11 for canary_web/web-1: last told "drain" by n2`},
+			poll("127.0.0.11", "drain", "n2", 10*time.Second, 1)}, `HAProxy 127.0.0.11 for canary_web/web-1: has not polled for 10s (last told "drain" by n2`},
 		{"a new HAProxy's first check", []api.Poll{current, poll("127.0.0.12", "drain", "n2", time.Second, 1)}, "HAProxy 127.0.0.12"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,7 +21,7 @@ func fakeGate(t *testing.T, v *api.StateView, sels []ctl.Selector) fleet.GateOpt
 	id := ctltest.Identity()
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/cluster" {
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &id})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &id})
 			return
 		}
 		_ = json.NewEncoder(w).Encode(v)

@@ -50,7 +50,7 @@ func TestWaitDecidesPerServerAndHAProxyPair(t *testing.T) {
 			replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				switch r.URL.Path {
 				case "/v1/cluster":
-					_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &id})
+					_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &id})
 				case "/v1/pollers":
 					_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: tt.polls, Replicas: answers, Total: len(tt.polls)})
 				case "/v1/haproxies":

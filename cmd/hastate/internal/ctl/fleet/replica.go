@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hastate/hastate/api"
@@ -44,8 +47,19 @@ func (r *Replica) explain(ctx context.Context, err error) error {
 		return ctl.CannotConfirm(fmt.Errorf("hastate replica at %s: %w; refusing to act on a partial list (it could hide a drained server or a lagging HAProxy)", r.Addr(), err))
 	case errors.Is(err, api.ErrOlderReplica):
 		return ctl.CannotConfirm(fmt.Errorf("hastate replica at %s: %w; point HASTATE_ADDR / --addr at a replica that runs this CLI's release or later", r.Addr(), err))
+	case errors.As(err, &se) && se.Code == http.StatusServiceUnavailable:
+		// A replica answers its API whether it is ready or not: a 503 is
+		// a load balancer in front of the replicas with none ready.
+		return ctl.CannotConfirm(ctl.Explain(fmt.Sprintf("no replica is ready: %s answered HTTP 503, as a load balancer does when none of the replicas behind it passes its readiness check; "+
+			"the cluster has probably lost its quorum (no raft leader): every replica withholds its answers and HAProxy keeps each server's last state; "+
+			"ask a replica directly (HASTATE_ADDR=<replica>:9778 hastate status) to see why, and see %s", r.Addr(), RunbookNoLeader), err))
 	case errors.As(err, &se):
 		return ctl.CannotConfirm(fmt.Errorf("hastate replica at %s: %w: %s", r.Addr(), err, replicaAdvice))
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		// A replica answers; a TCP load balancer with no ready replica
+		// behind it closes or resets the connection instead.
+		return ctl.CannotConfirm(ctl.Explain(fmt.Sprintf("%s closed the connection without an answer: if it is a load balancer, no replica behind it may be ready "+
+			"(a lost quorum? see %s); ask a replica directly (HASTATE_ADDR=<replica>:9778 hastate status) to see why", r.Addr(), RunbookNoLeader), err))
 	}
 	return ctl.CannotConfirm(ctl.CallError(ctx, "hastate replica", r.Addr(), err, replicaAdvice))
 }

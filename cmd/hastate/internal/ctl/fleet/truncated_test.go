@@ -36,7 +36,7 @@ func fakeLists(t *testing.T, cutState, cutPollers bool) (addr string, queries fu
 		}
 		switch r.URL.Path {
 		case "/v1/cluster":
-			fmt.Fprint(w, `{"node_id":"n1","kv":{"synced_index":5},"kv_prefix":"hastate/","consul":{"datacenter":"dc1","cluster":"127.0.0.1:8300"}}`)
+			fmt.Fprint(w, `{"node_id":"n1","state":"leader","leader_id":"n1","kv":{"synced_index":5},"kv_prefix":"hastate/","consul":{"datacenter":"dc1","cluster":"127.0.0.1:8300"}}`)
 		case "/v1/state":
 			total, cut := answer(cutState)
 			fmt.Fprintf(w, `{"holds_state":true,"servers":[{"backend":"web","server":"a","answer":"ready 100%%","polled":1,"told":1}],"replicas":[{"id":"n1","answered":true}],"total":%d,"truncated":%v}`, total, cut)

@@ -214,6 +214,18 @@ func TestJudge(t *testing.T) {
 		{"not asked since the change", row("UP", 100, "drain", "ready 100%", 2*time.Second), true, ago(time.Second), time.Second, "cannot confirm yet: reports UP weight 100, hastate answers \"drain\" since 1s ago, and this HAProxy has not asked since", pending},
 		{"a ramp step not asked yet", row("UP", 40, "ready 50%", "ready 40%", 2*time.Second), true, ago(time.Second), time.Second, "cannot confirm yet", pending},
 		{"withheld", VerifyRow{Reported: Reported{State: "UP", Sample: now}, Withheld: true}, true, nil, 0, "withholds", disagrees},
+		// Issue 45: UP weight 100 against ready 25%, told, the sample from
+		// before the change: it looked like agreement ("ok").
+		{"a weight change the sample predates", func() VerifyRow {
+			r := row("UP", 100, "ready 25%", "ready 25%", 0)
+			r.since = ago(time.Second)
+			return r
+		}(), true, ago(time.Second), time.Second, "pending: reports UP weight 100, hastate answers \"ready 25%\" since 1s ago: the newest sample (1s old) predates", pending},
+		{"a weight change the sample shows", func() VerifyRow {
+			r := row("UP", 25, "ready 25%", "ready 25%", 0)
+			r.since = ago(10 * time.Second)
+			return r
+		}(), true, ago(10 * time.Second), time.Second, "", disagrees},
 	} {
 		got, _, v := judge(tc.r, tc.polled, tc.since, tc.age, maxAge)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {

@@ -48,6 +48,9 @@ type VerifyRow struct {
 	// judges by (never by Answer's text).
 	kind   api.Kind
 	weight int
+	// since is when the answer took effect as the replica says (nil: not
+	// known, e.g. the default ready 100%).
+	since *time.Time
 	// Told is what hastate last told this HAProxy (matched by address),
 	// and ToldAt when; empty when no agent check of it reached hastate
 	// within api.PollerTTL.
@@ -117,6 +120,10 @@ func (rep VerifyReport) Err() error {
 	kind := ctl.ErrNotDone
 	if rep.Disagreements == 0 {
 		kind = ctl.ErrCannotConfirm
+	}
+	if rep.Disagreements == 0 && rep.Pending == len(rep.Problems) {
+		return fmt.Errorf("%w yet: %s pending: hastate's answer changed after the newest sample of HAProxy (%s); run verify again after the next scrape:\n  %s",
+			kind, ctl.PluralN(rep.Pending, "row is", "rows are"), rep.Summary(), strings.Join(rep.Problems, "\n  "))
 	}
 	return fmt.Errorf("%w: HAProxy does not agree with hastate (%s):\n  %s", kind, rep.Summary(), strings.Join(rep.Problems, "\n  "))
 }
@@ -196,7 +203,7 @@ func Verify(ctx context.Context, o VerifyOptions) (VerifyReport, error) {
 		}
 		have[r.Name()] = true
 		instances[r.Instance] = true
-		row := VerifyRow{Reported: r, Answer: cur.Answer, Withheld: cur.Withheld, kind: cur.Kind, weight: cur.Weight}
+		row := VerifyRow{Reported: r, Answer: cur.Answer, Withheld: cur.Withheld, kind: cur.Kind, weight: cur.Weight, since: cur.Since}
 		var poll *api.Poll
 		for _, a := range hosts[r.Instance] {
 			scraped[a] = true
@@ -306,6 +313,12 @@ func judge(r VerifyRow, polled bool, since *time.Time, age, maxAge time.Duration
 		told = fmt.Sprintf("its last agent check reached hastate %s ago: disabled (`enable agent %s` on its admin socket) or it cannot reach hastate", ctl.RoundAge(time.Since(*r.ToldAt)), r.Name())
 	}
 	switch {
+	case agrees && told == "" && r.since != nil && r.Sample.Before(r.since.Add(applyGrace)):
+		// The exporter's weight is HAProxy's absolute weight, so a
+		// sample from before the change (UP weight 100 against ready
+		// 25%) looks like agreement: it cannot tell yet.
+		return fmt.Sprintf("pending: reports %s, hastate answers %q since %s ago: the newest sample (%s old) predates HAProxy applying it at its next agent check",
+			r.Reports(), r.Answer, ctl.RoundAge(time.Since(*r.since)), ctl.RoundAge(age)), note, pending
 	case agrees && told == "":
 		return "", note, disagrees
 	case agrees:

@@ -24,3 +24,13 @@ func TestVerifyVerdict(t *testing.T) {
 		t.Errorf("a disagreement: %v, want ErrNotDone with the summary", err)
 	}
 }
+
+// Issue 45: rows whose samples predate the change are pending, and the
+// summary says so (not "HAProxy does not agree").
+func TestVerifyVerdictPending(t *testing.T) {
+	rep := VerifyReport{Problems: []string{"web/a on HAProxy h: pending: reports UP weight 100"}, Pending: 1, Servers: 1, Instances: 1}
+	err := rep.Err()
+	if !errors.Is(err, ctl.ErrCannotConfirm) || !strings.Contains(err.Error(), "cannot confirm yet: 1 row is pending") || strings.Contains(err.Error(), "does not agree") {
+		t.Errorf("only pending rows: %v", err)
+	}
+}

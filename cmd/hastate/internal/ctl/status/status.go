@@ -65,14 +65,34 @@ func Read(ctx context.Context, o Options) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	// Stale is not wrong, but the operator must know.
-	if w := v.KV.Warning; w != "" {
-		fmt.Fprintln(warn, "warning:", w)
-	}
-	if note, err := o.Replica.Live(ctx, v.Replicas); err != nil {
-		fmt.Fprintln(warn, "warning:", err)
-	} else if note != "" {
-		fmt.Fprintln(warn, "note:", note)
+	ci, cerr := o.Replica.Cluster(ctx)
+	// No raft leader comes first, as on the status page: it explains
+	// the rest (a stale sync, replicas that do not answer), which it
+	// replaces: "the replicas that are up decide" is not so without one.
+	_, leaderless := fleet.NoLeader(ci)
+	if cerr == nil && leaderless != nil {
+		fmt.Fprintln(warn, "warning:", leaderless)
+	} else {
+		// Stale is not wrong, but the operator must know: once, with
+		// the runbook section, when what stops the sync is that no
+		// replica reaches Consul.
+		down := ""
+		if cerr == nil {
+			down = consulDown(ci)
+		}
+		switch w := v.KV.Warning; {
+		case w != "" && down != "":
+			fmt.Fprintf(warn, "warning: %s; %s\n", w, down)
+		case w != "":
+			fmt.Fprintln(warn, "warning:", w)
+		case down != "":
+			fmt.Fprintln(warn, "warning:", down)
+		}
+		if note, err := o.Replica.Live(ctx, v.Replicas); err != nil {
+			fmt.Fprintln(warn, "warning:", err)
+		} else if note != "" {
+			fmt.Fprintln(warn, "note:", note)
+		}
 	}
 	if !v.HoldsState {
 		fmt.Fprintln(warn, "warning: this replica holds no state yet; its answers are withheld")
@@ -84,8 +104,8 @@ func Read(ctx context.Context, o Options) (Report, error) {
 		return Report{}, err
 	}
 	rep := Report{Rows: ctl.Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
-	if ci, err := o.Replica.Cluster(ctx); err == nil {
-		if w := mirrorWarning(ci); w != "" {
+	if cerr == nil && consulDown(ci) == "" {
+		if w := mirrorWarning(ci); w != "" && leaderless == nil {
 			fmt.Fprintln(warn, "warning:", w)
 		}
 		rep.Prefix = ci.KVPrefix
@@ -101,6 +121,32 @@ func Read(ctx context.Context, o Options) (Report, error) {
 		rep.HAProxy, rep.HAProxyRows = haproxyColumn(ctx, *o.HAProxy, o.Replica, &v, sels, warn)
 	}
 	return rep, nil
+}
+
+// consulDown says, when every replica that reported cannot reach Consul,
+// that Consul is down, each distinct error once, and the runbook section;
+// "" otherwise (mirrorWarning then names the replicas that cannot mirror).
+func consulDown(ci api.ClusterInfo) string {
+	var errs []string
+	reported := 0
+	for _, m := range ci.Members {
+		if m.Status == nil {
+			continue
+		}
+		reported++
+		v := m.Status.Verdict()
+		if v.Reason != api.MirrorConsulUnreachable {
+			return ""
+		}
+		if d := cmp.Or(v.Detail, "no detail"); !slices.Contains(errs, d) {
+			errs = append(errs, d)
+		}
+	}
+	if reported == 0 {
+		return ""
+	}
+	return fmt.Sprintf("no replica reaches Consul (%s): Consul is down or cut off; every replica serves the last state it mirrored, and writes are refused until it is back; "+
+		`see docs/runbook.md, "Consul is down"`, strings.Join(errs, "; "))
 }
 
 // mirrorWarning says which replicas cannot mirror Consul into raft, as

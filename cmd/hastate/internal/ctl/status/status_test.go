@@ -1,12 +1,18 @@
 package status
 
 import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
+	"github.com/hastate/hastate/cmd/hastate/internal/ctl/internal/ctltest"
 	"github.com/hastate/hastate/state"
 )
 
@@ -123,5 +129,79 @@ func TestMirrorWarning(t *testing.T) {
 		if (c.want == "") != (got == "") || (c.want != "" && !regexp.MustCompile(c.want).MatchString(got)) {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
+	}
+}
+
+// statusWarnings is what status.Read warns of, reading a replica whose
+// /v1/cluster is ci and whose /v1/state is v.
+func statusWarnings(t *testing.T, ci api.ClusterInfo, v *api.StateView) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(ci)
+		case "/v1/haproxies":
+			_ = json.NewEncoder(w).Encode(api.HAProxiesView{Recorded: true})
+		default:
+			_ = json.NewEncoder(w).Encode(v)
+		}
+	}))
+	defer srv.Close()
+	r, err := fleet.NewReplica(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warn strings.Builder
+	if _, err := Read(context.Background(), Options{Replica: r, Warn: &warn}); err != nil {
+		t.Fatalf("status: %v, want the table", err)
+	}
+	return warn.String()
+}
+
+// Issue 45: with Consul stopped, status printed two warnings, one of ~900
+// characters repeating "dial tcp ... connection refused" per replica and
+// pointing to "A replica cannot mirror Consul". One warning: the sync's
+// age, that no replica reaches Consul (each distinct error once), and the
+// runbook's "Consul is down".
+func TestStatusWithConsulDownWarnsOnce(t *testing.T) {
+	v := ctltest.Fleet()
+	v.KV.Warning = "Consul not synced for 40s: the leader hs1 cannot read it"
+	refused := "dial tcp 127.0.0.1:8500: connect: connection refused"
+	ci := api.ClusterInfo{NodeID: "hs1", State: "leader", LeaderID: "hs1"}
+	for _, id := range []string{"hs1", "hs2", "hs3"} {
+		ci.Members = append(ci.Members, api.MemberInfo{ID: id, Status: &api.PeerStatus{Mirror: &api.MirrorVerdict{Reason: api.MirrorConsulUnreachable, Detail: refused}}})
+	}
+	warn := statusWarnings(t, ci, v)
+	if n := strings.Count(warn, "warning:"); n != 1 || strings.Count(warn, refused) != 1 || !strings.Contains(warn, `see docs/runbook.md, "Consul is down"`) ||
+		strings.Contains(warn, "A replica cannot mirror Consul") || !strings.Contains(warn, "Consul not synced for 40s") {
+		t.Errorf("status with Consul down warns:\n%s\nwant one warning, the error once, pointing to \"Consul is down\"", warn)
+	}
+	// One replica cut off from Consul is not "Consul is down".
+	ci.Members[1].Status = &api.PeerStatus{Mirror: &api.MirrorVerdict{Reason: api.MirrorOK}}
+	ci.Members[2].Status = &api.PeerStatus{Mirror: &api.MirrorVerdict{Reason: api.MirrorOK}}
+	v.KV.Warning = ""
+	if warn := statusWarnings(t, ci, v); strings.Contains(warn, "Consul is down") || !strings.Contains(warn, "A replica cannot mirror Consul") {
+		t.Errorf("status with one replica cut off from Consul warns:\n%s", warn)
+	}
+}
+
+// Issue 45: status straight to the replica that survived a lost quorum
+// showed a normal table, a Consul warning and "the replicas that are up
+// decide". It says first what the status page says: no raft leader, what
+// HAProxy does meanwhile, the runbook section; and nothing that pretends
+// the replicas that are up decide.
+func TestStatusSaysThereIsNoLeaderFirst(t *testing.T) {
+	v := ctltest.Fleet()
+	v.KV.Warning = "Consul not synced for 40s: the leader has not reported"
+	v.Replicas = []api.ReplicaAnswer{{ID: "n1", Error: "dial tcp 127.0.0.1:1: connection refused"}, {ID: "n2", Error: "dial tcp 127.0.0.1:2: connection refused"}, {ID: "n3", Answered: true}}
+	ci := api.ClusterInfo{NodeID: "n3", State: "candidate", LeaderlessSeconds: 30, Withholding: []string{"leaderless"}}
+	warn := statusWarnings(t, ci, v)
+	first, _, _ := strings.Cut(warn, "\n")
+	if !strings.HasPrefix(first, "warning: no raft leader: replica n3 has known no leader for 30s (the cluster has lost its quorum") ||
+		!strings.Contains(first, "HAProxy keeps each server's last state") || !strings.Contains(first, fleet.RunbookNoLeader) {
+		t.Errorf("status does not say first that there is no leader:\n%s", warn)
+	}
+	if s := warn; strings.Contains(s, "the replicas that are up decide") || strings.Contains(s, "Consul not synced") {
+		t.Errorf("status without a leader says what is not so (the replicas that are up decide, Consul is to blame):\n%s", s)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
+	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl/fleet"
 	"github.com/hastate/hastate/state"
@@ -38,6 +39,10 @@ type ClearExpiredOptions struct {
 	Selectors []ctl.Selector
 	Now       time.Time
 	DryRun    bool
+	// Ramped: clear --ramped instead of --expired: the keys that hold
+	// plain ready (left by ready --ramp) whose ramp is over, where
+	// deleting them changes no answer (see rampedKey).
+	Ramped bool
 	// beforeTxn, for tests, runs between the read and each transaction.
 	beforeTxn func(attempt int)
 }
@@ -52,6 +57,10 @@ type ClearExpiredResult struct {
 	DryRun      bool
 	Written     bool
 	Prefix      string
+	// Ramped: the result of clear --ramped; Kept then names the ready
+	// keys left and why.
+	Ramped bool
+	Kept   []string
 }
 
 // ClearExpired deletes, in one Consul transaction, the state keys (and
@@ -65,13 +74,18 @@ type ClearExpiredResult struct {
 // deleted. Selectors that match no key and no server the cluster knows
 // are ctl.ErrNoMatch.
 func ClearExpired(ctx context.Context, o ClearExpiredOptions) (ClearExpiredResult, error) {
-	res := ClearExpiredResult{DryRun: o.DryRun, Prefix: o.Writer.Prefix}
+	res := ClearExpiredResult{DryRun: o.DryRun, Prefix: o.Writer.Prefix, Ramped: o.Ramped}
 	if err := fleet.CheckReplica(ctx, o.Writer.Client, o.Writer.Addr, o.Writer.Prefix, o.Replica); err != nil {
-		return res, fmt.Errorf("%w; nothing was deleted (clear --expired asks the cluster which keys it treats as expired)", err)
+		return res, fmt.Errorf("%w; nothing was deleted (clear %s asks the cluster which keys it treats as %s)", err, res.flag(), strings.TrimPrefix(res.flag(), "--"))
 	}
 	for attempt := 1; ; attempt++ {
 		keys, unconfirmed, err := expiredKeys(ctx, o)
-		res.Keys, res.Unconfirmed = keys, unconfirmed
+		res.Keys = keys
+		if o.Ramped {
+			res.Kept = unconfirmed
+		} else {
+			res.Unconfirmed = unconfirmed
+		}
 		if err != nil || len(keys) == 0 || o.DryRun {
 			return res, err
 		}
@@ -84,7 +98,7 @@ func ClearExpired(ctx context.Context, o ClearExpiredOptions) (ClearExpiredResul
 		}
 		if len(ops) > MaxTxnKeys {
 			return res, fmt.Errorf("refused, nothing was deleted: %s with their meta keys are %d operations, more than one Consul transaction holds (%d); "+
-				"clear them by backend (hastate clear --expired '<backend>/*')", ctl.PluralN(len(keys), "expired key", "expired keys"), len(ops), MaxTxnKeys)
+				"clear them by backend (hastate clear %s '<backend>/*')", ctl.PluralN(len(keys), res.what(), res.what()+"s"), len(ops), MaxTxnKeys, res.flag())
 		}
 		if o.beforeTxn != nil {
 			o.beforeTxn(attempt)
@@ -134,6 +148,16 @@ func expiredKeys(ctx context.Context, o ClearExpiredOptions) (keys []ExpiredKey,
 			continue
 		}
 		matched = true
+		if o.Ramped {
+			ek, why, ok := rampedKey(k, string(p.Value), p.ModifyIndex, kv, view.Servers)
+			switch {
+			case ok:
+				keys = append(keys, ek)
+			case why != "":
+				unconfirmed = append(unconfirmed, fmt.Sprintf("%s (%s)", k, why))
+			}
+			continue
+		}
 		ek, ok := expiredKey(k, string(p.Value), p.ModifyIndex, kv, o.Now)
 		if !ok {
 			continue
@@ -154,6 +178,49 @@ func expiredKeys(ctx context.Context, o ClearExpiredOptions) (keys []ExpiredKey,
 	slices.SortFunc(keys, func(a, b ExpiredKey) int { return strings.Compare(a.Key, b.Key) })
 	slices.Sort(unconfirmed)
 	return keys, unconfirmed, nil
+}
+
+// rampedKey says whether the state key k (raw, at index) is one `hastate
+// ready --ramp` left behind that can go: it holds plain ready (its meta
+// key, with the ramp, goes with it), no ramp the cluster runs comes from
+// it, and, for a server's own key, no backend-wide key covers the server
+// (deleting it would put the server under that key: a changed answer).
+// why says why a ready key stays ("" for a key that is no ready key).
+func rampedKey(k, raw string, index uint64, kv map[string]*consul.KVPair, rows []api.ServerState) (ek ExpiredKey, why string, ok bool) {
+	v, err := state.ParseValue(raw)
+	if err != nil || v.String() != "ready" {
+		return ExpiredKey{}, "", false
+	}
+	ek = ExpiredKey{Key: k, Word: v.String(), index: index}
+	if mk, _ := state.MetaKeyOf(k); kv[mk] != nil {
+		ek.meta, ek.metaIndex = mk, kv[mk].ModifyIndex
+	}
+	rest := strings.TrimPrefix(k, state.StatePrefix)
+	b, s, _ := strings.Cut(rest, "/")
+	for _, r := range rows {
+		if r.Ramping != nil && r.Ramping.Target == rest {
+			return ExpiredKey{}, fmt.Sprintf("its ramp is at %d%%, done %s", r.Ramping.WeightPercent, r.Ramping.ETA.UTC().Format(time.RFC3339)), false
+		}
+	}
+	if wk := state.StatePrefix + b + "/" + state.Wildcard; s != state.Wildcard && kv[wk] != nil {
+		return ExpiredKey{}, fmt.Sprintf("it keeps %s/%s out of %s, which holds %s: clear it by name to follow that key", b, s, wk, strings.TrimSpace(string(kv[wk].Value))), false
+	}
+	return ek, "", true
+}
+
+// flag is the clear flag of the result, what names one key it deletes.
+func (r ClearExpiredResult) flag() string {
+	if r.Ramped {
+		return "--ramped"
+	}
+	return "--expired"
+}
+
+func (r ClearExpiredResult) what() string {
+	if r.Ramped {
+		return "ramped ready key"
+	}
+	return "expired key"
 }
 
 // expiredKey says whether the state key k (raw, at index) has expired at
@@ -187,21 +254,31 @@ func expiredKey(k, raw string, index uint64, kv map[string]*consul.KVPair, now t
 
 // Report prints what was (or would be) deleted, and what was left.
 func (r ClearExpiredResult) Report(w io.Writer) {
+	nothing, effect := "no selected key has expired", "hastate treated them as absent already, so no answer changes"
+	if r.Ramped {
+		nothing, effect = "no selected key holds ready with its ramp done", "each answers as no key does, so no answer changes"
+	}
 	switch {
 	case len(r.Keys) == 0:
-		fmt.Fprintln(w, "clear --expired: nothing to clear: no selected key has expired")
+		fmt.Fprintf(w, "clear %s: nothing to clear: %s\n", r.flag(), nothing)
 	default:
 		verb := "deleted in one Consul transaction"
 		if !r.Written {
 			verb = "would be deleted in one Consul transaction (--dry-run: nothing was written)"
 		}
-		fmt.Fprintf(w, "clear --expired: %s (with their meta keys) %s; hastate treated them as absent already, so no answer changes:\n",
-			ctl.PluralN(len(r.Keys), "expired key", "expired keys"), verb)
+		fmt.Fprintf(w, "clear %s: %s (with their meta keys) %s; %s:\n", r.flag(), ctl.PluralN(len(r.Keys), r.what(), r.what()+"s"), verb, effect)
 		for _, k := range r.Keys {
-			fmt.Fprintf(w, "  delete %s%s (%s, expired %s)\n", r.Prefix, k.Key, k.Word, k.Until.UTC().Format(time.RFC3339))
+			why := fmt.Sprintf("%s, expired %s", k.Word, k.Until.UTC().Format(time.RFC3339))
+			if r.Ramped {
+				why = "ready, its ramp done"
+			}
+			fmt.Fprintf(w, "  delete %s%s (%s)\n", r.Prefix, k.Key, why)
 		}
 	}
 	for _, k := range r.Unconfirmed {
 		fmt.Fprintf(w, "left %s%s: its until has passed by this machine's clock, but the cluster does not treat it as expired yet (the leader's clock decides); run it again in a moment\n", r.Prefix, k)
+	}
+	for _, k := range r.Kept {
+		fmt.Fprintf(w, "left %s%s\n", r.Prefix, k)
 	}
 }

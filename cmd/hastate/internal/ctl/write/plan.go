@@ -32,6 +32,11 @@ type Op struct {
 	// Effect is what the write leaves that its meta key records, e.g. a
 	// backend with no server in rotation ("" for nothing).
 	Effect string
+	// Replaces is, for showing only, what the key held when the plan was
+	// read ("drain until 2026-12-01 15:04:05 UTC by alice: zonal
+	// maintenance"; "" when it was absent): the value from Consul, its
+	// meta as the replica shows it.
+	Replaces string
 }
 
 func (o Op) String() string {
@@ -39,6 +44,28 @@ func (o Op) String() string {
 		return "delete " + o.Key
 	}
 	return "set    " + o.Key + " = " + o.Value
+}
+
+// replaces says what the state key k held, with its meta as row shows it
+// (nil: not known).
+func replaces(k KVKey, row *api.ServerState) string {
+	if !k.Present {
+		return ""
+	}
+	out := k.short()
+	if row == nil {
+		return out
+	}
+	if row.Until != nil {
+		out += " until " + row.Until.UTC().Format("2006-01-02 15:04:05 UTC")
+	}
+	if row.By != "" {
+		out += " by " + row.By
+	}
+	if row.Reason != "" {
+		out += ": " + row.Reason
+	}
+	return out
 }
 
 // Plan is what a write command will do.
@@ -67,8 +94,12 @@ type Plan struct {
 // the lifted guards and the notes.
 func (p Plan) Print(w io.Writer) {
 	for _, o := range p.Ops {
-		for _, t := range TxnOps(o) {
-			fmt.Fprintln(w, "  "+t.String())
+		for i, t := range TxnOps(o) {
+			l := "  " + t.String()
+			if i == 0 && o.Replaces != "" {
+				l += "   (replaces " + o.Replaces + ")"
+			}
+			fmt.Fprintln(w, l)
 		}
 	}
 	for _, l := range p.Lifted {
@@ -251,9 +282,13 @@ func PlanWrite(view *api.StateView, kv *KVRead, sels []ctl.Selector, o Options) 
 		return pl.p, nil, fmt.Errorf("refused, nothing was written: %d keys, each with its meta key, and %d checks of keys the plan read are %d operations, more than one Consul transaction holds (%d); "+
 			"use backend-wide keys (<backend>/*, or '<glob>/*') or split the command (a backend-wide drain checks every own key of the backend unless --keep-own)", len(pl.p.Ops), len(pl.checks()), n, MaxTxnKeys)
 	}
+	pl.droppedReason()
 	lifted := pl.p.liftedNames()
-	for i := range pl.p.Ops {
+	for i, op := range pl.p.Ops {
 		pl.p.Ops[i].Lifted = lifted
+		if k, ok := pl.deps[op.Key]; ok {
+			pl.p.Ops[i].Replaces = replaces(k, pl.rowOf(strings.TrimPrefix(op.Key, o.Prefix)))
+		}
 	}
 	return pl.p, nil, nil
 }
@@ -301,6 +336,39 @@ func (pl *planner) readBackend(backend string) bool {
 }
 
 func (pl *planner) dep(k KVKey) { pl.deps[k.Key] = k }
+
+// droppedReason says that ready's --reason is recorded nowhere for the
+// keys it deletes: the meta key a reason lives in goes with its state key
+// (an absent key is ready), and the leader's "kv change applied" log line
+// names the key and what it held, not why.
+func (pl *planner) droppedReason() {
+	if !pl.in.ready || pl.in.value.Reason == "" {
+		return
+	}
+	var deleted []string
+	for _, op := range pl.p.Ops {
+		if op.Delete {
+			deleted = append(deleted, strings.TrimPrefix(op.Key, pl.o.Prefix))
+		}
+	}
+	if len(deleted) == 0 {
+		return
+	}
+	pl.note("--reason %q is recorded nowhere: ready deletes %s (%s; an absent key is ready), each with its meta key, where a reason lives; "+
+		"the leader's log line \"kv change applied\" names each deleted key and what it held, not the reason: keep it in your change record",
+		pl.in.value.Reason, ctl.PluralN(len(deleted), "key", "keys"), strings.Join(deleted, ", "))
+}
+
+// rowOf is a row of the replica's view whose answer comes from key
+// (relative to the prefix), nil when none does.
+func (pl *planner) rowOf(key string) *api.ServerState {
+	for i := range pl.rows {
+		if pl.rows[i].Key == key {
+			return &pl.rows[i]
+		}
+	}
+	return nil
+}
 
 func (pl *planner) selector(sel ctl.Selector, individual *[]ctl.Selector) error {
 	literal := !ctl.Globbed(sel.Backend) && (sel.Server == state.Wildcard || !ctl.Globbed(sel.Server))
@@ -428,8 +496,8 @@ func (pl *planner) server(backend, srv string, literal bool) bool {
 		pl.add(Op{Key: k.Key, Value: o.Value})
 	case in.value.RampSet && k.Present:
 		pl.note("%s/%s: left as the key ready (its --ramp lives in the meta key beside it), and it stays after the ramp: "+
-			"it answers as no key does, but backend-wide drains do not reach it; `hastate clear %s/%s` once it has ramped (%s)",
-			backend, srv, backend, srv, in.value.Ramp)
+			"it answers as no key does, but backend-wide drains do not reach it; `hastate clear --ramped` deletes it once it has ramped (%s)",
+			backend, srv, in.value.Ramp)
 		pl.add(Op{Key: k.Key, Value: o.Value})
 	case in.value.RampSet:
 		pl.note("already ready: %s does not exist (no key means ready), so there is nothing to ramp; --ramp is not written", k.Key)
@@ -478,8 +546,8 @@ func (pl *planner) backendWide(backend string) {
 		// hastate never writes KV itself, so no one deletes this key
 		// when the ramp is done: say so, and how.
 		pl.note("%s: left as the key ready (its --ramp lives in the meta key beside it), and it stays after the ramp: "+
-			"it answers as no key does; `hastate clear %s` once it has ramped (%s), or next time `hastate ready %s` without --ramp "+
-			"(the drain's own --ramp applies)", w.Key, backend, in.value.Ramp, backend)
+			"it answers as no key does; `hastate clear --ramped` deletes it once it has ramped (%s), or next time `hastate ready %s` without --ramp "+
+			"(the drain's own --ramp applies)", w.Key, in.value.Ramp, backend)
 		pl.add(Op{Key: w.Key, Value: o.Value})
 	default:
 		pl.add(Op{Key: w.Key, Value: o.Value})

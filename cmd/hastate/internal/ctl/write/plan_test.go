@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cmd/hastate/internal/ctl"
@@ -353,5 +354,47 @@ func TestClearOfATypo(t *testing.T) {
 		case tt.want != "" && (!errors.Is(err, ctl.ErrNoMatch) || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("clear %s: %v; want ErrNoMatch (exit 3) with %q", tt.arg, err, tt.want)
 		}
+	}
+}
+
+// Issue 45: `hastate weight 25% canary_web/web-2` silently replaced an
+// active expiring drain. Every plan (and --dry-run) shows what each key
+// held: the value from Consul, the meta the replica shows.
+func TestPlanShowsWhatItReplaces(t *testing.T) {
+	f := ctltest.Fleet()
+	until := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
+	web2 := &f.Servers[3] // canary_web/web-2, own key
+	web2.Answer, web2.Kind, web2.Desired, web2.Until, web2.By, web2.Reason = "drain", api.KindDrain, "drain", &until, "alice", "zonal maintenance"
+	sels, _ := ctl.ParseSelectors([]string{"canary_web/web-2", "canary_web/web-1"})
+	p, err := planAll(t, f, kvOf(f, nil), sels, Options{Command: "weight 25%", Value: "25%", Prefix: "hastate/", MinReady: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	p.Print(&out)
+	want := "  set    hastate/state/canary_web/web-2 = 25%   (replaces drain until 2026-12-07 05:00:00 UTC by alice: zonal maintenance)\n"
+	if !strings.Contains(out.String(), want) || strings.Count(out.String(), "replaces") != 1 {
+		t.Errorf("the plan does not show what it replaces (web-1 had no key):\n%s\nwant %q", out.String(), want)
+	}
+}
+
+// Issue 45: `hastate ready canary_web --reason "backend back"` deleted the
+// keys and recorded the reason nowhere, silently. The plan says so.
+func TestReadyThatDeletesSaysItsReasonIsNotRecorded(t *testing.T) {
+	f := ctltest.Fleet()
+	sels, _ := ctl.ParseSelectors([]string{"canary_web/web-2"})
+	p, err := planAll(t, f, kvOf(f, nil), sels, Options{Command: "ready", Value: `{"state":"ready","reason":"backend back"}`, Prefix: "hastate/", MinReady: 1})
+	if err != nil || planKeys(p) != "-canary_web/web-2" {
+		t.Fatalf("ready of an own key: %q %v, want its deletion", planKeys(p), err)
+	}
+	want := `--reason "backend back" is recorded nowhere: ready deletes 1 key (state/canary_web/web-2; an absent key is ready)`
+	if !strings.Contains(strings.Join(p.Notes, "\n"), want) {
+		t.Errorf("notes %q, want %q", p.Notes, want)
+	}
+	// A ready that writes keeps its reason in the meta key: nothing to say.
+	sels, _ = ctl.ParseSelectors([]string{"canary_web/web-2"})
+	p, err = planAll(t, f, kvOf(f, nil), sels, Options{Command: "ready", Value: `{"state":"ready","reason":"backend back","ramp":"10m"}`, Prefix: "hastate/", MinReady: 1})
+	if err != nil || strings.Contains(strings.Join(p.Notes, "\n"), "recorded nowhere") {
+		t.Errorf("ready --ramp (a key written): %v, notes %q", err, p.Notes)
 	}
 }

@@ -69,7 +69,7 @@ func staleConsulReplica(t *testing.T, synced uint64) *fleet.Replica {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: synced},
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: synced},
 				KVPrefix: "hastate/", Consul: &api.ConsulIdentity{Datacenter: "dc1", Cluster: "127.0.0.1:8300"}})
 		default:
 			_ = json.NewEncoder(w).Encode(api.StateView{HoldsState: true, KV: api.KVStatus{KVView: api.KVView{Synced: true}},

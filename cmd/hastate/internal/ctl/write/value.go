@@ -39,6 +39,9 @@ func Value(st string, o ValueOptions) (string, error) {
 		v["by"] = o.By
 	}
 	if o.Ramp != "" {
+		if err := ctl.CheckDurationUnit("--ramp", o.Ramp); err != nil {
+			return "", err
+		}
 		if _, err := state.ParseRamp(o.Ramp); err != nil {
 			return "", fmt.Errorf("%w: --ramp: %v", ctl.ErrUsage, err)
 		}
@@ -64,8 +67,12 @@ func Value(st string, o ValueOptions) (string, error) {
 }
 
 // ParseWeight reads the weight argument of `hastate weight`: a whole
-// percentage 0..256, "25%" or "25".
+// percentage 0..256 with its %, "25%" ("25" alone is refused: see
+// ctl.CheckWeightUnit).
 func ParseWeight(arg string) (string, error) {
+	if err := ctl.CheckWeightUnit(arg); err != nil && !strings.HasPrefix(strings.TrimSpace(arg), "-") {
+		return "", err
+	}
 	if strings.HasPrefix(strings.TrimSpace(arg), "-") {
 		return "", fmt.Errorf("%w: weight %s is below 0%%: want 0%% to %d%%", ctl.ErrUsage, arg, state.MaxWeight)
 	}

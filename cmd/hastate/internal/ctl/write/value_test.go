@@ -29,6 +29,8 @@ func TestValue(t *testing.T) {
 		{"drian", ValueOptions{}, `state "drian": want ready, drain, maint`},
 		{"drain", ValueOptions{Ramp: "ten minutes"}, `--ramp: ramp "ten minutes"`},
 		{"drain", ValueOptions{For: -time.Hour}, "--for -1h0m0s: want a positive duration"},
+		// Issue 45: one rule for units.
+		{"drain", ValueOptions{Ramp: "90"}, "--ramp 90 has no unit: write 90s, 90m or 90h"},
 	} {
 		_, err := Value(bad.st, bad.o)
 		if !errors.Is(err, ctl.ErrUsage) || !strings.Contains(err.Error(), bad.want) || strings.Contains(err.Error(), "{") {
@@ -38,7 +40,7 @@ func TestValue(t *testing.T) {
 }
 
 func TestParseWeight(t *testing.T) {
-	for in, want := range map[string]string{"25%": "25%", "25": "25%", "0%": "0%", "256%": "256%",
+	for in, want := range map[string]string{"25%": "25%", "25": "ERR:weight 25 has no unit: write 25%, a percentage of each server's configured weight", "0%": "0%", "256%": "256%",
 		"300%": "ERR:weight 300% is above 256%", "-5%": "ERR:weight -5% is below 0%", "lots": "ERR:want a whole percentage", "2.5%": "ERR:want a whole"} {
 		got, err := ParseWeight(in)
 		if strings.HasPrefix(want, "ERR:") {

@@ -104,7 +104,7 @@ func Replica(t testing.TB, id api.ConsulIdentity, synced uint64, polls []api.Pol
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: synced}, KVPrefix: "hastate/", Consul: &id})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: synced}, KVPrefix: "hastate/", Consul: &id})
 		case "/v1/pollers":
 			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls,
 				Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Answered: true}}})
