@@ -62,7 +62,7 @@ fmt-check:
 test: deps vet fmt-check rules
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -race -count=1 -timeout 40m ./...
 	# Allocation counts need a build without -race (it makes sync.Pool drop items).
-	$(GO) test -count=1 -run 'Alloc' ./server ./state
+	$(GO) test -count=1 -run 'Alloc' ./server ./state ./cluster/confirm
 	$(MAKE) observability
 	$(MAKE) browser
 	$(MAKE) test-deploy

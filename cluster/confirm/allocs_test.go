@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/state"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestServingAllocs: the agent's read of the serving snapshot, withhold
@@ -58,5 +59,32 @@ func TestConfirmWaitAllocs(t *testing.T) {
 		}
 	}); allocs != 0 {
 		t.Errorf("await that times out allocates %v times per check, want 0", allocs)
+	}
+}
+
+// TestWithheldCheckAllocsAndCounts: every check Confirmed answers nothing
+// is counted under why, without allocating: the first withhold reason in
+// force, a round that did not confirm in time, or no state held.
+func TestWithheldCheckAllocsAndCounts(t *testing.T) {
+	_, ms := cluster(t, 1, nil, false, func(o *Options) { o.Timeout = 10 * time.Millisecond })
+	n := ms[0].reads
+	count := func(reason string) float64 { return testutil.ToFloat64(n.m.withheldVec.WithLabelValues(reason)) }
+	// Catching up (from start): counted as catching_up.
+	if allocs := testing.AllocsPerRun(100, func() { n.Confirmed() }); allocs != 0 {
+		t.Errorf("a withheld check allocates %v times", allocs)
+	}
+	if got := count("catching_up"); got < 100 {
+		t.Errorf("catching_up counted %v checks, want every one", got)
+	}
+	// No round runs (no loop started): confirm_timeout.
+	n.withheld.set(withholdCatchingUp, false)
+	n.Confirmed()
+	if got := count("confirm_timeout"); got != 1 {
+		t.Errorf("confirm_timeout counted %v, want 1", got)
+	}
+	// Confirmed, but no state held: no_state.
+	startRounds(ms[0])
+	if s := n.Confirmed(); s != nil || count("no_state") != 1 {
+		t.Errorf("a confirmed check without state: %v, no_state counted %v, want nil and 1", s, count("no_state"))
 	}
 }

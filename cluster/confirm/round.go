@@ -183,17 +183,24 @@ func (c *confirmer) await(timeout time.Duration) bool {
 // confirms within Options.ConfirmTimeout. It allocates nothing; it blocks
 // for a round trip to the leader at most once per batch.
 func (rs *Reads) Confirmed() *state.Snapshot {
-	if rs.withheld.any() {
+	if b := rs.withheld.bits.Load(); b != 0 {
+		rs.m.withheldCheck(b)
 		return nil
 	}
 	if !rs.conf.await(rs.o.Timeout) {
 		rs.m.unconfirmedChecks.Inc()
+		rs.m.withheldChecks[withheldTimeout].Inc()
 		return nil
 	}
-	if rs.withheld.any() {
+	if b := rs.withheld.bits.Load(); b != 0 {
+		rs.m.withheldCheck(b)
 		return nil
 	}
-	return rs.o.State.Serving()
+	s := rs.o.State.Serving()
+	if s == nil {
+		rs.m.withheldChecks[withheldNoState].Inc()
+	}
+	return s
 }
 
 // confirmLoop runs the rounds: it waits until a round is wanted, waits the

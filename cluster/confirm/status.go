@@ -85,7 +85,25 @@ type metrics struct {
 	confirmAcks       *prometheus.CounterVec
 	unconfirmedChecks prometheus.Counter
 
+	// withheldChecks counts the checks Confirmed answered nothing, by
+	// why: one counter per withhold reason (by bit), then withheldTimeout
+	// and withheldNoState; built once, so that counting allocates nothing.
+	withheldChecks [maxWithholdReasons + 2]prometheus.Counter
+	withheldVec    *prometheus.CounterVec
+
 	withheld, contactAge, confirmAge, confirmFailing, grace *prometheus.Desc
+}
+
+// The withheldChecks slots after the withhold reasons'.
+const (
+	withheldTimeout = maxWithholdReasons
+	withheldNoState = maxWithholdReasons + 1
+)
+
+// withheldCheck counts a check withheld while the reasons bits are in
+// force, under the first of them.
+func (m *metrics) withheldCheck(bits uint32) {
+	m.withheldChecks[bitIndex(withholdReason(bits&-bits))].Inc()
 }
 
 func newMetrics() *metrics {
@@ -99,6 +117,8 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
 		confirmAcks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hastate_confirm_acks_total", Help: "Per replica, as leader: acknowledgement requests of its confirmation rounds to its voters, by result: acked (the voter is in the leader's term), failed (unreachable, another term, an older release, or not answered by the deadline), not_sent (the round was over before the request was sent). A round asks what a quorum needs (one voter of three) at once and the others only after 2ms or on a failure, so requests per confirmed round (hastate_confirm_rounds_total) near 1 in a cluster of three is the healthy figure; near 2, every round waits for its first voter for 2ms."}, []string{"result"}),
+		withheldVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hastate_withheld_checks_total", Help: "Per replica: agent checks this replica answered nothing because it could not vouch for its state, by why: a withhold reason in force (leaderless, catching_up, not_understood, unconfirmed: see hastate_withheld), confirm_timeout (no confirmation round succeeded within --confirm-timeout after the check arrived: an election, the leader slow or cut off), no_state (it holds no state yet). An invalid key is not counted here (hastate_agent_withheld_total{reason=\"invalid_key\"})."}, []string{"reason"}),
 		unconfirmedChecks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hastate_agent_unconfirmed_total", Help: "Per replica: agent checks answered nothing because no confirmation round succeeded within --confirm-timeout after they arrived (HAProxy keeps the server's state)."}),
 		confirmAge: prometheus.NewDesc("hastate_confirm_age_seconds",
@@ -115,7 +135,10 @@ func newMetrics() *metrics {
 	for _, r := range withholdReasons() {
 		label, _ := r.info()
 		m.withholds.WithLabelValues(label) // every reason's series exists from the start, at 0
+		m.withheldChecks[bitIndex(r)] = m.withheldVec.WithLabelValues(label)
 	}
+	m.withheldChecks[withheldTimeout] = m.withheldVec.WithLabelValues("confirm_timeout")
+	m.withheldChecks[withheldNoState] = m.withheldVec.WithLabelValues("no_state")
 	m.confirmRounds.WithLabelValues("confirmed")
 	m.confirmRounds.WithLabelValues("failed")
 	for _, r := range []string{"acked", "failed", "not_sent"} {
@@ -125,7 +148,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{m.withholds, m.confirmRounds, m.confirmRound, m.confirmAcks, m.unconfirmedChecks}
+	return []prometheus.Collector{m.withholds, m.confirmRounds, m.confirmRound, m.confirmAcks, m.unconfirmedChecks, m.withheldVec}
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
