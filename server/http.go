@@ -253,23 +253,17 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		}
 	}
 	now := time.Now()
-	merged := MergeSummaries(sums)
+	polls := indexSummaries(sums) // merged per server of the page only
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
 			seen[t] = true
 		}
 		// A manual probe does not make a server known.
-		for t, m := range merged {
-			if seen[t] {
-				continue
-			}
-			for _, p := range m {
-				if p.fromHAProxy(now.UnixMilli()) {
-					seen[t] = true
-					targets = append(targets, t)
-					break
-				}
+		for t := range polls.at {
+			if !seen[t] && polls.fromHAProxy(t, now.UnixMilli()) {
+				seen[t] = true
+				targets = append(targets, t)
 			}
 		}
 	}
@@ -295,7 +289,7 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	targets, cutServers := cut(targets, q.limit)
 	for _, t := range targets {
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		told, kept := toldOf(merged[t], now.UnixMilli(), rowTold != nil)
+		told, kept := toldOf(polls.polls(t), now.UnixMilli(), rowTold != nil)
 		row.Polled, row.Told = told.polled, told.told(row.Answer)
 		if row.Withheld {
 			keepsOf(&row, kept)
