@@ -3,12 +3,14 @@ package server
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -76,15 +78,30 @@ type poll struct {
 	addr   pollAddr
 }
 
-// pollAddr is a source address: its length (0: none, 4 or 16), then its
-// bytes.
-type pollAddr [17]byte
+// pollAddr is a source address: its bytes (an IPv4 address in the first
+// four) and its length (0: none, 4 or 16). Compared as numbers: a binary
+// search among a server's sources is a few integer comparisons.
+type pollAddr struct {
+	hi, lo uint64
+	n      uint8
+}
 
-func (a pollAddr) ip() []byte { return a[1 : 1+int(a[0])] }
+func (a pollAddr) compare(b pollAddr) int {
+	if c := cmp.Compare(a.hi, b.hi); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.lo, b.lo); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.n, b.n)
+}
 
 // String is the address as /v1/pollers shows it ("" for none).
 func (a pollAddr) String() string {
-	ip, ok := netip.AddrFromSlice(a.ip())
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], a.hi)
+	binary.BigEndian.PutUint64(b[8:], a.lo)
+	ip, ok := netip.AddrFromSlice(b[:a.n])
 	if !ok {
 		return ""
 	}
@@ -92,15 +109,17 @@ func (a pollAddr) String() string {
 }
 
 func addrOf(addr net.Addr) pollAddr {
-	var a pollAddr
-	if ta, ok := addr.(*net.TCPAddr); ok {
-		ip := ta.IP
-		if ip4 := ip.To4(); ip4 != nil {
-			ip = ip4
-		}
-		a[0] = byte(copy(a[1:], ip))
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return pollAddr{}
 	}
-	return a
+	ip := ta.IP
+	if ip4 := ip.To4(); ip4 != nil {
+		ip = ip4
+	}
+	var b [16]byte
+	n := copy(b[:], ip)
+	return pollAddr{hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:]), n: uint8(n)}
 }
 
 // answerTable is the interned answer lines: lines[id], id 0 nil
@@ -192,7 +211,7 @@ func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
 			sp.mu.Unlock()
 			continue
 		}
-		i, found := slices.BinarySearchFunc(sp.polls, a, func(e poll, a pollAddr) int { return bytes.Compare(e.addr[:], a[:]) })
+		i, found := slices.BinarySearchFunc(sp.polls, a, func(e poll, a pollAddr) int { return e.addr.compare(a) })
 		if !found {
 			if p.pairs.Add(1) > int64(p.max) {
 				p.pairs.Add(-1)
@@ -303,7 +322,12 @@ func (p *Pollers) walk(f api.Filter, from string, fn func(sp *serverPolls, backe
 	for _, pre := range f.Prefixes() {
 		lo := max(pre, from)
 		i, _ := slices.BinarySearchFunc(l, lo, func(sp *serverPolls, k string) int { return strings.Compare(sp.key, k) })
-		for ; i < len(l) && strings.HasPrefix(l[i].key, pre); i++ {
+		for n := 0; i < len(l) && strings.HasPrefix(l[i].key, pre); i, n = i+1, n+1 {
+			if n%256 == 255 {
+				// The walk is the operator's, the CPU the agent's:
+				// let its goroutines run.
+				runtime.Gosched()
+			}
 			b, s, _ := strings.Cut(l[i].key, "/")
 			if f.Match(b, s) && !fn(l[i], b, s) {
 				return
@@ -523,7 +547,7 @@ func (p *Pollers) Sightings(since, now time.Time) map[string]time.Time {
 	})
 	out := make(map[string]time.Time, len(bySrc))
 	for a, s := range bySrc {
-		if a[0] == 0 || s.count <= 1 {
+		if a.n == 0 || s.count <= 1 {
 			continue
 		}
 		out[a.String()] = time.Unix(0, s.last).UTC()

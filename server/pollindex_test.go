@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/state"
 )
 
 // fillPollers records every source of srcs polling every server of
@@ -300,6 +301,21 @@ func untilClosed(done <-chan struct{}, f func()) {
 			return
 		default:
 			f()
+		}
+	}
+}
+
+// compareCursors orders targets as their cursors do.
+func TestCompareCursors(t *testing.T) {
+	names := []string{"a/b", "a-x/a", "a/a", "ab/a", "a/", "b/a", "a.b/z", "a/b-c", "A/z"}
+	for _, x := range names {
+		for _, y := range names {
+			bx, sx, _ := strings.Cut(x, "/")
+			by, sy, _ := strings.Cut(y, "/")
+			got := compareCursors(state.Target{Backend: bx, Server: sx}, state.Target{Backend: by, Server: sy})
+			if want := strings.Compare(x, y); got != want {
+				t.Errorf("compareCursors(%q, %q) = %d, want %d", x, y, got, want)
+			}
 		}
 	}
 }

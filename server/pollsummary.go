@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -87,6 +88,11 @@ func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
 	srcs := map[pollAddr]int32{}
 	ansIdx := make([]int32, len(answers.lines)) // by interned id; 0: not yet in out
 	at := since.UnixNano()
+	type srcIdx struct {
+		addr pollAddr
+		idx  int32
+	}
+	var prev []srcIdx
 	var buf []poll
 	n := 0
 	p.walk(f, q.After, func(sp *serverPolls, b, s string) bool {
@@ -103,11 +109,24 @@ func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
 		}
 		polls := make([]SourcePoll, len(buf))
 		for i, e := range buf {
-			si, ok := srcs[e.addr]
-			if !ok {
-				si = int32(len(out.Sources))
-				srcs[e.addr] = si
-				out.Sources = append(out.Sources, e.addr.String())
+			// Servers are mostly polled by the same sources, in the
+			// same (address) order: the previous server's i-th source
+			// is likely this one's.
+			var si int32
+			if i < len(prev) && prev[i].addr == e.addr {
+				si = prev[i].idx
+			} else {
+				var ok bool
+				if si, ok = srcs[e.addr]; !ok {
+					si = int32(len(out.Sources))
+					srcs[e.addr] = si
+					out.Sources = append(out.Sources, e.addr.String())
+				}
+				if i < len(prev) {
+					prev[i] = srcIdx{e.addr, si}
+				} else {
+					prev = append(prev, srcIdx{e.addr, si})
+				}
 			}
 			polls[i] = SourcePoll{Source: si, Count: uint32(min(e.count, 2)), LastMs: e.last / int64(time.Millisecond),
 				Answer: internID(answers, ansIdx, &out.Answers, e.answer)}
@@ -335,18 +354,44 @@ func indexSummaries(sums []PollSummary) summaryIndex {
 // polls is MergeSummaries' answer for one server (nil: no replica saw it).
 func (x summaryIndex) polls(t state.Target) []mergedPoll {
 	refs := x.at[t]
-	var m []mergedPoll
+	n := 0
+	for _, r := range refs {
+		n += len(x.sums[r.sum].Servers[r.server].Polls)
+	}
+	m := make([]mergedPoll, 0, n)
 	for _, r := range refs {
 		s := &x.sums[r.sum]
 		for _, p := range s.Servers[r.server].Polls {
-			m = append(m, mergedPoll{Source: s.Sources[p.Source], Answer: s.Answers[p.Answer], Withheld: p.Answer == 0,
-				Kept: s.Answers[p.Kept], Count: p.Count, LastMs: p.LastMs})
+			m = append(m, s.merged(p))
 		}
 	}
 	if len(refs) > 1 {
 		m = foldSources(m)
 	}
 	return m
+}
+
+// seq yields t's merged polls; a server that one replica saw is read
+// from its summary as it stands, without a copy.
+func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
+	refs := x.at[t]
+	if len(refs) != 1 {
+		return slices.Values(x.polls(t))
+	}
+	s := &x.sums[refs[0].sum]
+	return func(yield func(mergedPoll) bool) {
+		for _, p := range s.Servers[refs[0].server].Polls {
+			if !yield(s.merged(p)) {
+				return
+			}
+		}
+	}
+}
+
+// merged is p, of s, as a mergedPoll.
+func (s *PollSummary) merged(p SourcePoll) mergedPoll {
+	return mergedPoll{Source: s.Sources[p.Source], Answer: s.Answers[p.Answer], Withheld: p.Answer == 0,
+		Kept: s.Answers[p.Kept], Count: p.Count, LastMs: p.LastMs}
 }
 
 // fromHAProxy reports whether any source of t counts as an HAProxy at

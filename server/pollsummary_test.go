@@ -87,7 +87,7 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 		wantTold, wantKept := oracleTold(all, now)
 		merged := MergeSummaries(sums)
 		for tgt, m := range merged {
-			told, kept := toldOf(m, now.UnixMilli(), true)
+			told, kept := toldOf(slices.Values(m), now.UnixMilli(), true)
 			if len(wantTold[tgt]) == 0 && told.polled == 0 {
 				continue
 			}
@@ -117,7 +117,7 @@ func TestMergeSummariesOneSourceThroughTwoReplicas(t *testing.T) {
 	}
 	b.Record(src, []byte("web/a"), []byte("drain\n"), now.Add(-time.Second))
 	merged := MergeSummaries([]PollSummary{roundTrip(t, a.Summary(time.Time{}, SummaryArg{})), roundTrip(t, b.Summary(time.Time{}, SummaryArg{}))})
-	told, _ := toldOf(merged[state.Target{Backend: "web", Server: "a"}], now.UnixMilli(), true)
+	told, _ := toldOf(slices.Values(merged[state.Target{Backend: "web", Server: "a"}]), now.UnixMilli(), true)
 	if told.polled != 1 || told.told("drain") != 1 || told.told("ready 100%") != 0 {
 		t.Fatalf("told %+v, want one HAProxy told drain", told)
 	}
