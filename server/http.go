@@ -289,7 +289,7 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	targets, cutServers := cut(targets, q.limit)
 	for _, t := range targets {
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		told, kept := toldOf(polls.seq(t), now.UnixMilli(), rowTold != nil)
+		told, kept := polls.told(t, now.UnixMilli(), rowTold != nil)
 		row.Polled, row.Told = told.polled, told.told(row.Answer)
 		if row.Withheld {
 			keepsOf(&row, kept)

@@ -388,6 +388,41 @@ func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
 	}
 }
 
+// told is toldOf over t's merged polls. For a server that one replica
+// saw, and without the answers by HAProxy, it counts by the summary's
+// answer indexes (no map operation per poll): /v1/state of every server
+// counts every poll of the table.
+func (x summaryIndex) told(t state.Target, nowMs int64, byHAProxy bool) (toldAnswers, map[string]int) {
+	refs := x.at[t]
+	if len(refs) != 1 || byHAProxy {
+		return toldOf(x.seq(t), nowMs, byHAProxy)
+	}
+	s := &x.sums[refs[0].sum]
+	counts := make([]int, 2*len(s.Answers)) // told, then kept, by index
+	told := toldAnswers{answers: map[string]int{}}
+	for _, p := range s.Servers[refs[0].server].Polls {
+		if !(mergedPoll{Count: p.Count, LastMs: p.LastMs}).polling(nowMs) {
+			continue
+		}
+		told.polled++
+		counts[p.Answer]++ // 0, "": withheld
+		if p.Answer == 0 && p.Kept != 0 {
+			counts[len(s.Answers)+int(p.Kept)]++
+		}
+	}
+	kept := map[string]int{}
+	for i, n := range counts {
+		switch {
+		case n == 0:
+		case i < len(s.Answers):
+			told.answers[s.Answers[i]] += n
+		default:
+			kept[s.Answers[i-len(s.Answers)]] += n
+		}
+	}
+	return told, kept
+}
+
 // merged is p, of s, as a mergedPoll.
 func (s *PollSummary) merged(p SourcePoll) mergedPoll {
 	return mergedPoll{Source: s.Sources[p.Source], Answer: s.Answers[p.Answer], Withheld: p.Answer == 0,
