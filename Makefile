@@ -144,7 +144,7 @@ test-deploy: chart-files build
 # Consul's own listing time) and a backend-wide ramp (raft entries, other
 # servers' latency before and during). About 2.5 minutes on two cores.
 bench: deps
-	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp|FleetOperator' -benchtime 1x -timeout 30m ./test/
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp|FleetOperator|PollerTable' -benchtime 1x -timeout 30m ./test/
 
 # soak: the fault-injection test (test/nemesis_e2e_test.go) on SOAK_SEEDS
 # seeds (default 20, one after another from a fresh seed, each logged) of

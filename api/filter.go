@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"slices"
 	"strings"
 	"time"
 )
@@ -65,6 +66,42 @@ func globMatch(pattern, name string) bool {
 	}
 	ok, _ := path.Match(pattern, name)
 	return ok
+}
+
+// Prefixes returns the literal beginnings of "backend/server" (a
+// ServerCursor) that every name f selects starts with: one per selector
+// up to its first glob character, sorted, none the beginning of another.
+// An index sorted by ServerCursor finds what f selects in these ranges
+// alone. For a filter that selects everything, and for a selector that
+// starts with a glob, it is [""] (the whole index).
+func (f Filter) Prefixes() []string {
+	var out []string
+	for _, s := range f.sels {
+		p := literalPrefix(s.backend)
+		if p == s.backend {
+			p += "/" + literalPrefix(s.server)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return []string{""}
+	}
+	slices.Sort(out)
+	kept := out[:1]
+	for _, p := range out[1:] {
+		if !strings.HasPrefix(p, kept[len(kept)-1]) {
+			kept = append(kept, p)
+		}
+	}
+	return kept
+}
+
+// literalPrefix is pattern up to its first glob character.
+func literalPrefix(pattern string) string {
+	if i := strings.IndexAny(pattern, `*?[\`); i >= 0 {
+		return pattern[:i]
+	}
+	return pattern
 }
 
 // Strings returns the selectors as given to ParseFilter, normalized

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"github.com/hastate/hastate/api"
+	"iter"
 	"maps"
 	"net/http"
 	"slices"
@@ -253,23 +255,17 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		}
 	}
 	now := time.Now()
-	merged := MergeSummaries(sums)
+	polls := indexSummaries(sums) // merged per server of the page only
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
 			seen[t] = true
 		}
 		// A manual probe does not make a server known.
-		for t, m := range merged {
-			if seen[t] {
-				continue
-			}
-			for _, p := range m {
-				if p.fromHAProxy(now.UnixMilli()) {
-					seen[t] = true
-					targets = append(targets, t)
-					break
-				}
+		for t := range polls.at {
+			if !seen[t] && polls.fromHAProxy(t, now.UnixMilli()) {
+				seen[t] = true
+				targets = append(targets, t)
 			}
 		}
 	}
@@ -279,9 +275,7 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		}
 		v.Backends = slices.Sorted(maps.Keys(backends))
 	}
-	slices.SortFunc(targets, func(a, b state.Target) int {
-		return strings.Compare(api.ServerCursor(a.Backend, a.Server), api.ServerCursor(b.Backend, b.Server))
-	})
+	slices.SortFunc(targets, compareCursors)
 	v.Total = len(targets)
 	if q.after != "" {
 		i, _ := slices.BinarySearchFunc(targets, q.after, func(t state.Target, after string) int {
@@ -295,7 +289,7 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	targets, cutServers := cut(targets, q.limit)
 	for _, t := range targets {
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		told, kept := toldOf(merged[t], now.UnixMilli(), rowTold != nil)
+		told, kept := polls.told(t, now.UnixMilli(), rowTold != nil)
 		row.Polled, row.Told = told.polled, told.told(row.Answer)
 		if row.Withheld {
 			keepsOf(&row, kept)
@@ -311,6 +305,22 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	}
 	v.Truncated = cutServers || cutInvalid
 	return v
+}
+
+// compareCursors orders targets as their api.ServerCursor, without
+// building it (a backend holds no "/").
+func compareCursors(a, b state.Target) int {
+	if a.Backend == b.Backend {
+		return strings.Compare(a.Server, b.Server)
+	}
+	n := min(len(a.Backend), len(b.Backend))
+	if c := strings.Compare(a.Backend[:n], b.Backend[:n]); c != 0 {
+		return c
+	}
+	if len(a.Backend) == n { // a's "/" against b's next byte
+		return cmp.Compare('/', b.Backend[n])
+	}
+	return cmp.Compare(a.Backend[n], '/')
 }
 
 // toldAnswers are the answers the HAProxy nodes polling one server were
@@ -329,12 +339,12 @@ func (t toldAnswers) told(answer string) int { return t.answers[answer] }
 // every replica behind the load balancer; the latest answer counts), and,
 // for those withheld, how many keep each earlier answer. A manual probe is
 // no HAProxy (api.Poll.FromHAProxy).
-func toldOf(polls []mergedPoll, nowMs int64, byHAProxy bool) (told toldAnswers, kept map[string]int) {
+func toldOf(polls iter.Seq[mergedPoll], nowMs int64, byHAProxy bool) (told toldAnswers, kept map[string]int) {
 	told.answers, kept = map[string]int{}, map[string]int{}
 	if byHAProxy {
 		told.by = map[string]string{}
 	}
-	for _, p := range polls {
+	for p := range polls {
 		if !p.polling(nowMs) {
 			continue
 		}

@@ -1,45 +1,145 @@
 package server
 
 import (
+	"bytes"
 	"cmp"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"github.com/hastate/hastate/api"
+	"maps"
+	"math"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/hastate/hastate/state"
+	"github.com/hastate/hastate/api"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Pollers remembers, for every HAProxy address and server it asked about,
 // when it last asked and what it was told. It answers /v1/pollers and lets
-// `hastate wait` know when every HAProxy has seen a change. Recording a
-// probe that was seen before allocates nothing. Safe for concurrent use.
+// `hastate wait` know when every HAProxy has seen a change. Safe for
+// concurrent use.
+//
+// The table is indexed by server (server/DESIGN.md): a server's polls sit
+// together, one small fixed-size record per source with no pointer in it
+// (about 40 bytes; the collector does not scan them), and the answer lines
+// are interned. Recording a poll takes a shard's read lock for one map
+// look-up and then the server's own lock; recording a probe that was seen
+// before allocates nothing. Readers never hold a shard's lock while they
+// read polls: they walk a sorted index of the servers (rebuilt only after
+// servers came or went) and hold one server's lock at a time, so that a
+// reader of the whole table never stands between a check and its record,
+// and a read of a few servers, or of one page, costs what it returns.
 type Pollers struct {
-	shards  [pollerShards]pollerShard
-	max     int
-	dropped prometheus.Counter
+	shards [pollerShards]serverShard
+	// answers interns the answer lines (copy on write: Record reads it
+	// without a lock); answersMu orders the writers.
+	answers   atomic.Pointer[answerTable]
+	answersMu sync.Mutex
+	index     serverIndex
+	pairs     atomic.Int64 // pairs held
+	max       int
+	dropped   prometheus.Counter
 }
 
-const pollerShards = 16
+const pollerShards = 64
 
-type pollerShard struct {
+// serverShard holds the servers whose name hashes to it.
+type serverShard struct {
 	mu sync.RWMutex
-	m  map[string]*pollEntry
+	m  map[string]*serverPolls // by "backend/server"
 }
 
-type pollEntry struct {
-	mu     sync.Mutex
-	last   time.Time
-	answer []byte // shared wire line; nil: withheld
-	kept   []byte // the last non-nil answer: what a withheld HAProxy keeps
-	count  uint64
+// serverPolls are one server's polls, one per source, sorted by address.
+type serverPolls struct {
+	key string // "backend/server", its ServerCursor
+	mu  sync.Mutex
+	// gone: Sweep removed the server from its shard; Record looks it
+	// up again.
+	gone  bool
+	polls []poll
+	last  int64 // its latest poll, Unix ns
+}
+
+// poll is one source's polls of one server: no pointer, 40 bytes.
+type poll struct {
+	last   int64  // Unix ns
+	count  uint32 // saturates
+	answer uint16 // interned line; 0: withheld
+	kept   uint16 // the last answer not withheld; 0: none
+	addr   pollAddr
+}
+
+// pollAddr is a source address: its bytes (an IPv4 address in the first
+// four) and its length (0: none, 4 or 16). Compared as numbers: a binary
+// search among a server's sources is a few integer comparisons.
+type pollAddr struct {
+	hi, lo uint64
+	n      uint8
+}
+
+func (a pollAddr) compare(b pollAddr) int {
+	if c := cmp.Compare(a.hi, b.hi); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.lo, b.lo); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.n, b.n)
+}
+
+// String is the address as /v1/pollers shows it ("" for none).
+func (a pollAddr) String() string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], a.hi)
+	binary.BigEndian.PutUint64(b[8:], a.lo)
+	ip, ok := netip.AddrFromSlice(b[:a.n])
+	if !ok {
+		return ""
+	}
+	return ip.String()
+}
+
+func addrOf(addr net.Addr) pollAddr {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return pollAddr{}
+	}
+	ip := ta.IP
+	if ip4 := ip.To4(); ip4 != nil {
+		ip = ip4
+	}
+	var b [16]byte
+	n := copy(b[:], ip)
+	return pollAddr{hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:]), n: uint8(n)}
+}
+
+// answerTable is the interned answer lines: lines[id], id 0 nil
+// (withheld).
+type answerTable struct {
+	ids   map[string]uint16
+	lines [][]byte
+}
+
+// maxAnswers bounds the interned lines. The agent's answers are a few
+// hundred (ready 0-256%, drain, maint); a line beyond the bound is not
+// recorded (counted as dropped).
+const maxAnswers = 1 << 16
+
+// serverIndex is the servers sorted by name, rebuilt by the first reader
+// after servers came or went (dirty).
+type serverIndex struct {
+	mu    sync.Mutex // one rebuild at a time
+	dirty atomic.Bool
+	list  atomic.Pointer[[]*serverPolls]
 }
 
 // DefaultMaxPollers bounds the (HAProxy, server) pairs remembered.
@@ -69,18 +169,16 @@ func NewPollers(o PollersOptions) (*Pollers, error) {
 		Help: "Probes of a new (HAProxy, server) pair that this replica did not remember because its poller table was full (--pollers-max). Per replica: each replica keeps its own table. Such pairs are missing from /v1/pollers and `hastate wait` does not wait for them; raise --pollers-max.",
 	})}
 	for i := range p.shards {
-		p.shards[i].m = map[string]*pollEntry{}
+		p.shards[i].m = map[string]*serverPolls{}
 	}
+	p.answers.Store(&answerTable{ids: map[string]uint16{}, lines: [][]byte{nil}})
+	p.index.dirty.Store(true)
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hastate_pollers_entries",
 		Help: "(HAProxy, server) pairs this replica remembers in its poller table (per replica; at most --pollers-max).",
 	}, func() float64 { return float64(p.Len()) })
 	return p, nil
 }
-
-// keyBufSize holds the key: the address length, the address (4 or 16
-// bytes) and the longest request.
-const keyBufSize = 1 + 16 + state.MaxRequest
 
 // Record notes that the HAProxy at addr asked for req ("backend/server",
 // without terminator) at now and was told line (nil: withheld). A new pair
@@ -89,42 +187,89 @@ func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
 	if p == nil {
 		return
 	}
-	var buf [keyBufSize]byte
-	n := 1
-	if ta, ok := addr.(*net.TCPAddr); ok {
-		ip := ta.IP
-		if ip4 := ip.To4(); ip4 != nil {
-			ip = ip4
-		}
-		n += copy(buf[1:17], ip)
+	a := addrOf(addr)
+	answer, ok := p.answerID(line)
+	if !ok {
+		p.dropped.Inc()
+		return
 	}
-	buf[0] = byte(n - 1)
-	n += copy(buf[n:], req)
-	key := buf[:n]
-	sh := &p.shards[shardOf(key)]
+	at := now.UnixNano()
+	sh := &p.shards[shardOf(req)]
+	for {
+		sh.mu.RLock()
+		sp := sh.m[string(req)]
+		sh.mu.RUnlock()
+		if sp == nil {
+			if p.pairs.Load() >= int64(p.max) {
+				p.dropped.Inc()
+				return
+			}
+			sp = p.addServer(sh, req)
+		}
+		sp.mu.Lock()
+		if sp.gone { // swept meanwhile: look again
+			sp.mu.Unlock()
+			continue
+		}
+		i, found := slices.BinarySearchFunc(sp.polls, a, func(e poll, a pollAddr) int { return e.addr.compare(a) })
+		if !found {
+			if p.pairs.Add(1) > int64(p.max) {
+				p.pairs.Add(-1)
+				sp.mu.Unlock()
+				p.dropped.Inc()
+				return
+			}
+			sp.polls = slices.Insert(sp.polls, i, poll{addr: a})
+		}
+		e := &sp.polls[i]
+		e.last, e.answer = at, answer
+		if answer != 0 {
+			e.kept = answer
+		}
+		if e.count < math.MaxUint32 {
+			e.count++
+		}
+		sp.last = max(sp.last, at)
+		sp.mu.Unlock()
+		return
+	}
+}
 
-	sh.mu.RLock()
-	e := sh.m[string(key)]
-	sh.mu.RUnlock()
-	if e == nil {
-		if p.Len() >= p.max {
-			p.dropped.Inc()
-			return
-		}
-		sh.mu.Lock()
-		if e = sh.m[string(key)]; e == nil {
-			e = &pollEntry{}
-			sh.m[string(key)] = e
-		}
-		sh.mu.Unlock()
+// addServer returns sh's entry for req, adding it.
+func (p *Pollers) addServer(sh *serverShard, req []byte) *serverPolls {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sp := sh.m[string(req)]
+	if sp == nil {
+		sp = &serverPolls{key: string(req)}
+		sh.m[sp.key] = sp
+		p.index.dirty.Store(true)
 	}
-	e.mu.Lock()
-	e.last, e.answer = now, line
-	if line != nil {
-		e.kept = line
+	return sp
+}
+
+// answerID interns line (nil: 0); false when the table is full.
+func (p *Pollers) answerID(line []byte) (uint16, bool) {
+	if line == nil {
+		return 0, true
 	}
-	e.count++
-	e.mu.Unlock()
+	if id, ok := p.answers.Load().ids[string(line)]; ok {
+		return id, true
+	}
+	p.answersMu.Lock()
+	defer p.answersMu.Unlock()
+	t := p.answers.Load()
+	if id, ok := t.ids[string(line)]; ok {
+		return id, true
+	}
+	if len(t.lines) >= maxAnswers {
+		return 0, false
+	}
+	id := uint16(len(t.lines))
+	nt := &answerTable{ids: maps.Clone(t.ids), lines: append(slices.Clip(t.lines), bytes.Clone(line))}
+	nt.ids[string(line)] = id
+	p.answers.Store(nt)
+	return id, true
 }
 
 func shardOf(key []byte) int {
@@ -136,32 +281,132 @@ func shardOf(key []byte) int {
 }
 
 // Len is the number of pairs remembered.
-func (p *Pollers) Len() int {
-	n := 0
+func (p *Pollers) Len() int { return int(p.pairs.Load()) }
+
+// sorted returns the servers sorted by name. A server added after the
+// call began may be missing, one swept may be present (gone, no polls).
+func (p *Pollers) sorted() []*serverPolls {
+	ix := &p.index
+	if l := ix.list.Load(); l != nil && !ix.dirty.Load() {
+		return *l
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if l := ix.list.Load(); l != nil && !ix.dirty.Load() {
+		return *l
+	}
+	ix.dirty.Store(false) // before the walk: a server added during it dirties it again
+	var l []*serverPolls
+	if old := ix.list.Load(); old != nil {
+		l = make([]*serverPolls, 0, len(*old)+len(*old)/8)
+	}
 	for i := range p.shards {
 		sh := &p.shards[i]
 		sh.mu.RLock()
-		n += len(sh.m)
+		for _, sp := range sh.m {
+			l = append(l, sp)
+		}
 		sh.mu.RUnlock()
 	}
-	return n
+	slices.SortFunc(l, func(a, b *serverPolls) int { return strings.Compare(a.key, b.key) })
+	ix.list.Store(&l)
+	return l
 }
 
-// Sweep forgets pairs not asked about since before.
-func (p *Pollers) Sweep(before time.Time) {
-	for i := range p.shards {
-		sh := &p.shards[i]
-		sh.mu.Lock()
-		for k, e := range sh.m {
-			e.mu.Lock()
-			old := e.last.Before(before)
-			e.mu.Unlock()
-			if old {
-				delete(sh.m, k)
+// walk calls fn, in name order, for each server f selects whose name is
+// from or after from, until fn returns false. It looks only at the
+// servers within f's literal prefixes (api.Filter.Prefixes): a walk of a
+// few servers costs a binary search, not the table.
+func (p *Pollers) walk(f api.Filter, from string, fn func(sp *serverPolls, backend, server string) bool) {
+	l := p.sorted()
+	for _, pre := range f.Prefixes() {
+		lo := max(pre, from)
+		i, _ := slices.BinarySearchFunc(l, lo, func(sp *serverPolls, k string) int { return strings.Compare(sp.key, k) })
+		for n := 0; i < len(l) && strings.HasPrefix(l[i].key, pre); i, n = i+1, n+1 {
+			if n%256 == 255 {
+				// The walk is the operator's, the CPU the agent's:
+				// let its goroutines run.
+				runtime.Gosched()
+			}
+			b, s, _ := strings.Cut(l[i].key, "/")
+			if f.Match(b, s) && !fn(l[i], b, s) {
+				return
 			}
 		}
+	}
+}
+
+// copyPolls appends sp's polls asked about since since (Unix ns) to dst,
+// holding sp's lock only while it copies.
+func (sp *serverPolls) copyPolls(dst []poll, since int64) []poll {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.last < since {
+		return dst
+	}
+	for _, e := range sp.polls {
+		if e.last >= since {
+			dst = append(dst, e)
+		}
+	}
+	return dst
+}
+
+// held is how many pairs of sp the table holds.
+func (sp *serverPolls) held() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return len(sp.polls)
+}
+
+// Sweep forgets pairs not asked about since before, and servers left
+// without any. It holds a shard's write lock only to remove servers.
+func (p *Pollers) Sweep(before time.Time) {
+	cut := before.UnixNano()
+	var empty []*serverPolls
+	for i := range p.shards {
+		sh := &p.shards[i]
+		empty = empty[:0]
+		for _, sp := range p.shardServers(sh) {
+			sp.mu.Lock()
+			if sp.last < cut {
+				p.pairs.Add(-int64(len(sp.polls)))
+				sp.polls = nil
+			} else {
+				n := len(sp.polls)
+				sp.polls = slices.DeleteFunc(sp.polls, func(e poll) bool { return e.last < cut })
+				p.pairs.Add(-int64(n - len(sp.polls)))
+				if cap(sp.polls) > 2*len(sp.polls)+8 {
+					sp.polls = slices.Clone(sp.polls)
+				}
+			}
+			if len(sp.polls) == 0 {
+				empty = append(empty, sp)
+			}
+			sp.mu.Unlock()
+		}
+		if len(empty) == 0 {
+			continue
+		}
+		sh.mu.Lock()
+		for _, sp := range empty {
+			sp.mu.Lock()
+			if len(sp.polls) == 0 { // no Record came in between
+				sp.gone = true
+				delete(sh.m, sp.key)
+			}
+			sp.mu.Unlock()
+		}
+		p.index.dirty.Store(true)
 		sh.mu.Unlock()
 	}
+}
+
+// shardServers copies sh's servers under its read lock.
+func (p *Pollers) shardServers(sh *serverShard) []*serverPolls {
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	return slices.Collect(maps.Values(sh.m))
 }
 
 // List returns the pairs asked about since since, sorted by server then
@@ -174,50 +419,62 @@ func (p *Pollers) List(since time.Time) []api.Poll {
 // Select returns the pairs asked about since since of the servers
 // q.Selectors match, sorted by server then HAProxy, those after q.After
 // (api.PollCursor, with replica as the replica's name), at most q.Limit
-// (0: all); total counts every pair the selectors match. A bad selector
-// selects nothing (the HTTP handler refuses it before).
+// (0: all); total counts the pairs of those servers that the table holds
+// (a pair older than since stays until the next Sweep). It reads the
+// servers of the page, not the table. A bad selector selects nothing
+// (the HTTP handler refuses it before).
 func (p *Pollers) Select(since time.Time, q PollsArg, replica string) (rows []api.Poll, total int) {
 	f, err := api.ParseFilter(q.Selectors)
-	if err != nil {
+	if err != nil || p == nil {
 		return []api.Poll{}, 0
 	}
+	from, _, _ := strings.Cut(q.After, cursorSep)
 	out := []api.Poll{}
-	for i := range p.shards {
-		sh := &p.shards[i]
-		sh.mu.RLock()
-		for k, e := range sh.m {
-			ipb, req := k[1:1+int(k[0])], k[1+int(k[0]):]
-			b, s, _ := strings.Cut(req, "/")
-			if !f.Match(b, s) {
-				continue
-			}
-			e.mu.Lock()
-			last, line, kept, count := e.last, e.answer, e.kept, e.count
-			e.mu.Unlock()
-			if last.Before(since) {
-				continue
-			}
-			total++
-			pl := api.Poll{Backend: b, Server: s, LastAsked: last, Count: count, Replica: replica,
-				Answer: strings.TrimSuffix(string(line), "\n"), Withheld: line == nil}
-			if line == nil {
-				pl.Kept = strings.TrimSuffix(string(kept), "\n")
-			}
-			if ip, ok := netip.AddrFromSlice([]byte(ipb)); ok {
-				pl.HAProxy = ip.String()
+	if f.All() {
+		total = p.Len()
+	} else {
+		p.walk(f, "", func(sp *serverPolls, _, _ string) bool {
+			total += sp.held()
+			return true
+		})
+	}
+	at := since.UnixNano()
+	answers := p.answers.Load()
+	var buf []poll
+	var page []api.Poll
+	p.walk(f, from, func(sp *serverPolls, b, s string) bool {
+		buf = sp.copyPolls(buf[:0], at)
+		page = page[:0]
+		for _, e := range buf {
+			pl := api.Poll{Backend: b, Server: s, LastAsked: time.Unix(0, e.last).UTC(), Count: uint64(e.count), Replica: replica,
+				Answer: lineText(answers, e.answer), Withheld: e.answer == 0, HAProxy: e.addr.String()}
+			if e.answer == 0 {
+				pl.Kept = lineText(answers, e.kept)
 			}
 			if q.After != "" && api.PollCursor(pl) <= q.After {
 				continue
 			}
-			out = append(out, pl)
+			page = append(page, pl)
 		}
-		sh.mu.RUnlock()
-	}
-	SortPolls(out)
+		slices.SortFunc(page, func(a, b api.Poll) int { return strings.Compare(a.HAProxy, b.HAProxy) })
+		out = append(out, page...)
+		return q.Limit <= 0 || len(out) < q.Limit
+	})
 	if q.Limit > 0 && len(out) > q.Limit {
 		out = out[:q.Limit:q.Limit]
 	}
 	return out, total
+}
+
+// cursorSep separates a poll cursor's parts (api.PollCursor).
+const cursorSep = "\x1f"
+
+// lineText is answer line id without its LF ("" for 0).
+func lineText(t *answerTable, id uint16) string {
+	if id == 0 || int(id) >= len(t.lines) {
+		return ""
+	}
+	return strings.TrimSuffix(string(t.lines[id]), "\n")
 }
 
 // SelectPolls is Select over a list of polls (a peer's, from a release
@@ -268,43 +525,32 @@ func SortPolls(polls []api.Poll) {
 // asks once, is never recorded as an HAProxy node (the record would keep
 // it as "polled recently" long after api.ProbeGrace, and hold the
 // operator commands with a replica down).
-// It walks the table (about 10 ms at 200,000 pairs); the leader asks every
-// few seconds.
+// It walks the table, one server's lock at a time (the leader asks every
+// few seconds).
 func (p *Pollers) Sightings(since, now time.Time) map[string]time.Time {
 	type src struct {
-		last  time.Time
+		last  int64
 		count uint64
 	}
-	bySrc := map[string]src{}
-	for i := range p.shards {
-		sh := &p.shards[i]
-		sh.mu.RLock()
-		for k, e := range sh.m {
-			ipb := k[1 : 1+int(k[0])]
-			e.mu.Lock()
-			last, count := e.last, e.count
-			e.mu.Unlock()
-			if last.Before(since) {
-				continue
-			}
-			s := bySrc[ipb]
-			s.count += count
-			if last.After(s.last) {
-				s.last = last
-			}
-			bySrc[ipb] = s
+	bySrc := map[pollAddr]src{}
+	at := since.UnixNano()
+	var buf []poll
+	p.walk(api.Filter{}, "", func(sp *serverPolls, _, _ string) bool {
+		buf = sp.copyPolls(buf[:0], at)
+		for _, e := range buf {
+			s := bySrc[e.addr]
+			s.count += uint64(e.count)
+			s.last = max(s.last, e.last)
+			bySrc[e.addr] = s
 		}
-		sh.mu.RUnlock()
-	}
+		return true
+	})
 	out := make(map[string]time.Time, len(bySrc))
-	for ipb, s := range bySrc {
-		ip, ok := netip.AddrFromSlice([]byte(ipb))
-		if !ok {
+	for a, s := range bySrc {
+		if a.n == 0 || s.count <= 1 {
 			continue
 		}
-		if s.count > 1 {
-			out[ip.String()] = s.last
-		}
+		out[a.String()] = time.Unix(0, s.last).UTC()
 	}
 	return out
 }
@@ -315,21 +561,16 @@ func (p *Pollers) Backends(since time.Time) map[string]bool {
 	if p == nil {
 		return out
 	}
-	for i := range p.shards {
-		sh := &p.shards[i]
-		sh.mu.RLock()
-		for k, e := range sh.m {
-			e.mu.Lock()
-			last := e.last
-			e.mu.Unlock()
-			if last.Before(since) {
-				continue
-			}
-			b, _, _ := strings.Cut(k[1+int(k[0]):], "/")
+	at := since.UnixNano()
+	p.walk(api.Filter{}, "", func(sp *serverPolls, b, _ string) bool {
+		sp.mu.Lock()
+		recent := sp.last >= at && len(sp.polls) > 0
+		sp.mu.Unlock()
+		if recent {
 			out[b] = true
 		}
-		sh.mu.RUnlock()
-	}
+		return true
+	})
 	return out
 }
 

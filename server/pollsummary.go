@@ -5,9 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
-	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -75,76 +74,87 @@ type SourcePoll struct {
 
 // Summary returns the pairs asked about since since of the servers
 // q.Selectors match, after q.After, in at most q.Limit polls (whole
-// servers; at least one server). It never holds a shard's lock while it
-// reads the entries (the agent's Record takes the same locks), and it
-// allocates per server, not per poll. A bad selector selects nothing.
+// servers; at least one server). It reads the servers it answers, in
+// order, one server's lock at a time (the agent's Record takes the same
+// lock), and allocates per server, not per poll. A bad selector selects
+// nothing.
 func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
 	out := PollSummary{Sources: []string{}, Answers: []string{""}, Servers: []ServerPolls{}}
 	f, err := api.ParseFilter(q.Selectors)
 	if err != nil || p == nil {
 		return out
 	}
-	srcs := map[string]int32{}         // by the address's bytes
-	answers := map[string]int32{"": 0} // by the line, LF included
-	byServer := map[string]int{}       // index into polls, by "backend/server"
-	var polls [][]SourcePoll
-	refs := make([]pollRef, 0, p.Len()/pollerShards+16)
-	for i := range p.shards {
-		refs = p.shards[i].refs(refs[:0])
-		for _, r := range refs {
-			ipb, req := r.key[1:1+int(r.key[0])], r.key[1+int(r.key[0]):]
-			if q.After != "" && req <= q.After {
-				continue
-			}
-			b, s, _ := strings.Cut(req, "/")
-			if !f.Match(b, s) {
-				continue
-			}
-			r.e.mu.Lock()
-			last, line, kept, count := r.e.last, r.e.answer, r.e.kept, r.e.count
-			r.e.mu.Unlock()
-			if last.Before(since) {
-				continue
-			}
-			si, ok := srcs[ipb]
-			if !ok {
-				si = int32(len(out.Sources))
-				srcs[ipb] = si
-				addr, _ := netip.AddrFromSlice([]byte(ipb))
-				out.Sources = append(out.Sources, addr.String())
-			}
-			sp := SourcePoll{Source: si, Count: uint32(min(count, 2)), LastMs: last.UnixMilli()}
-			sp.Answer = intern(answers, &out.Answers, line)
-			if line == nil {
-				sp.Kept = intern(answers, &out.Answers, kept)
-			}
-			j, ok := byServer[req]
-			if !ok {
-				j = len(polls)
-				byServer[req] = j
-				polls = append(polls, nil)
-			}
-			polls[j] = append(polls[j], sp)
-		}
-		// The walk is the operator's, the CPU the agent's: let its
-		// goroutines run between shards.
-		runtime.Gosched()
+	answers := p.answers.Load()
+	srcs := map[pollAddr]int32{}
+	ansIdx := make([]int32, len(answers.lines)) // by interned id; 0: not yet in out
+	at := since.UnixNano()
+	type srcIdx struct {
+		addr pollAddr
+		idx  int32
 	}
+	var prev []srcIdx
+	var buf []poll
 	n := 0
-	for _, req := range slices.Sorted(maps.Keys(byServer)) {
-		sp := polls[byServer[req]]
-		if q.Limit > 0 && n > 0 && n+len(sp) > q.Limit {
-			out.Next = out.Servers[len(out.Servers)-1].cursor()
-			break
+	p.walk(f, q.After, func(sp *serverPolls, b, s string) bool {
+		if sp.key == q.After {
+			return true
 		}
-		b, s, _ := strings.Cut(req, "/")
-		out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: sp})
-		n += len(sp)
-	}
+		buf = sp.copyPolls(buf[:0], at)
+		if len(buf) == 0 {
+			return true
+		}
+		if q.Limit > 0 && n > 0 && n+len(buf) > q.Limit {
+			out.Next = out.Servers[len(out.Servers)-1].cursor()
+			return false
+		}
+		polls := make([]SourcePoll, len(buf))
+		for i, e := range buf {
+			// Servers are mostly polled by the same sources, in the
+			// same (address) order: the previous server's i-th source
+			// is likely this one's.
+			var si int32
+			if i < len(prev) && prev[i].addr == e.addr {
+				si = prev[i].idx
+			} else {
+				var ok bool
+				if si, ok = srcs[e.addr]; !ok {
+					si = int32(len(out.Sources))
+					srcs[e.addr] = si
+					out.Sources = append(out.Sources, e.addr.String())
+				}
+				if i < len(prev) {
+					prev[i] = srcIdx{e.addr, si}
+				} else {
+					prev = append(prev, srcIdx{e.addr, si})
+				}
+			}
+			polls[i] = SourcePoll{Source: si, Count: uint32(min(e.count, 2)), LastMs: e.last / int64(time.Millisecond),
+				Answer: internID(answers, ansIdx, &out.Answers, e.answer)}
+			if e.answer == 0 {
+				polls[i].Kept = internID(answers, ansIdx, &out.Answers, e.kept)
+			}
+		}
+		out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: polls})
+		n += len(polls)
+		return true
+	})
 	return out
 }
 
 func (sp ServerPolls) cursor() string { return api.ServerCursor(sp.Backend, sp.Server) }
+
+// internID returns the index in list of the table's line id (0: 0),
+// adding it; idx maps ids to indexes (0: not yet added).
+func internID(t *answerTable, idx []int32, list *[]string, id uint16) int32 {
+	if id == 0 || int(id) >= len(idx) {
+		return 0
+	}
+	if idx[id] == 0 {
+		idx[id] = int32(len(*list))
+		*list = append(*list, lineText(t, id))
+	}
+	return idx[id]
+}
 
 // intern returns the index of line (nil: 0) in list, adding it.
 func intern(idx map[string]int32, list *[]string, line []byte) int32 {
@@ -158,22 +168,6 @@ func intern(idx map[string]int32, list *[]string, line []byte) int32 {
 	idx[string(line)] = i
 	*list = append(*list, strings.TrimSuffix(string(line), "\n"))
 	return i
-}
-
-type pollRef struct {
-	key string
-	e   *pollEntry
-}
-
-// refs appends the shard's entries to dst, holding its read lock only
-// while it copies the pointers.
-func (sh *pollerShard) refs(dst []pollRef) []pollRef {
-	sh.mu.RLock()
-	defer sh.mu.RUnlock()
-	for k, e := range sh.m {
-		dst = append(dst, pollRef{k, e})
-	}
-	return dst
 }
 
 // AnswerSummary answers PollSummaryQuery: the polls within PollerWindow
@@ -320,30 +314,141 @@ func (m mergedPoll) polling(nowMs int64) bool {
 // time, what another replica told it when the latest is withheld without
 // one, counts summed. It is the union of the sources, not a sum: a source
 // that polled a server through two replicas (after a load balancer's
-// failover) is one.
+// failover) is one. (A view of a page merges only its servers:
+// summaryIndex.)
 func MergeSummaries(sums []PollSummary) map[state.Target][]mergedPoll {
-	out := map[state.Target][]mergedPoll{}
-	var twice []state.Target // servers more than one summary holds
-	for _, s := range sums {
-		for _, sv := range s.Servers {
-			t := state.Target{Backend: sv.Backend, Server: sv.Server}
-			m, ok := out[t]
-			if ok {
-				twice = append(twice, t)
-			} else {
-				m = make([]mergedPoll, 0, len(sv.Polls))
-			}
-			for _, p := range sv.Polls {
-				m = append(m, mergedPoll{Source: s.Sources[p.Source], Answer: s.Answers[p.Answer], Withheld: p.Answer == 0,
-					Kept: s.Answers[p.Kept], Count: p.Count, LastMs: p.LastMs})
-			}
-			out[t] = m
-		}
-	}
-	for _, t := range twice {
-		out[t] = foldSources(out[t])
+	x := indexSummaries(sums)
+	out := make(map[state.Target][]mergedPoll, len(x.at))
+	for t := range x.at {
+		out[t] = x.polls(t)
 	}
 	return out
+}
+
+// summaryIndex finds each server's polls in several replicas' summaries
+// and merges a server's only when asked: a view of one page merges the
+// servers of the page, not the table.
+type summaryIndex struct {
+	sums []PollSummary
+	at   map[state.Target][]sumRef
+}
+
+// sumRef is one server's place in the summaries: sums[sum].Servers[server].
+type sumRef struct{ sum, server int32 }
+
+func indexSummaries(sums []PollSummary) summaryIndex {
+	n := 0
+	for _, s := range sums {
+		n += len(s.Servers)
+	}
+	x := summaryIndex{sums: sums, at: make(map[state.Target][]sumRef, n)}
+	for i, s := range sums {
+		for j, sv := range s.Servers {
+			t := state.Target{Backend: sv.Backend, Server: sv.Server}
+			x.at[t] = append(x.at[t], sumRef{int32(i), int32(j)})
+		}
+	}
+	return x
+}
+
+// polls is MergeSummaries' answer for one server (nil: no replica saw it).
+func (x summaryIndex) polls(t state.Target) []mergedPoll {
+	refs := x.at[t]
+	n := 0
+	for _, r := range refs {
+		n += len(x.sums[r.sum].Servers[r.server].Polls)
+	}
+	m := make([]mergedPoll, 0, n)
+	for _, r := range refs {
+		s := &x.sums[r.sum]
+		for _, p := range s.Servers[r.server].Polls {
+			m = append(m, s.merged(p))
+		}
+	}
+	if len(refs) > 1 {
+		m = foldSources(m)
+	}
+	return m
+}
+
+// seq yields t's merged polls; a server that one replica saw is read
+// from its summary as it stands, without a copy.
+func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
+	refs := x.at[t]
+	if len(refs) != 1 {
+		return slices.Values(x.polls(t))
+	}
+	s := &x.sums[refs[0].sum]
+	return func(yield func(mergedPoll) bool) {
+		for _, p := range s.Servers[refs[0].server].Polls {
+			if !yield(s.merged(p)) {
+				return
+			}
+		}
+	}
+}
+
+// told is toldOf over t's merged polls. For a server that one replica
+// saw, and without the answers by HAProxy, it counts by the summary's
+// answer indexes (no map operation per poll): /v1/state of every server
+// counts every poll of the table.
+func (x summaryIndex) told(t state.Target, nowMs int64, byHAProxy bool) (toldAnswers, map[string]int) {
+	refs := x.at[t]
+	if len(refs) != 1 || byHAProxy {
+		return toldOf(x.seq(t), nowMs, byHAProxy)
+	}
+	s := &x.sums[refs[0].sum]
+	counts := make([]int, 2*len(s.Answers)) // told, then kept, by index
+	told := toldAnswers{answers: map[string]int{}}
+	for _, p := range s.Servers[refs[0].server].Polls {
+		if !(mergedPoll{Count: p.Count, LastMs: p.LastMs}).polling(nowMs) {
+			continue
+		}
+		told.polled++
+		counts[p.Answer]++ // 0, "": withheld
+		if p.Answer == 0 && p.Kept != 0 {
+			counts[len(s.Answers)+int(p.Kept)]++
+		}
+	}
+	kept := map[string]int{}
+	for i, n := range counts {
+		switch {
+		case n == 0:
+		case i < len(s.Answers):
+			told.answers[s.Answers[i]] += n
+		default:
+			kept[s.Answers[i-len(s.Answers)]] += n
+		}
+	}
+	return told, kept
+}
+
+// merged is p, of s, as a mergedPoll.
+func (s *PollSummary) merged(p SourcePoll) mergedPoll {
+	return mergedPoll{Source: s.Sources[p.Source], Answer: s.Answers[p.Answer], Withheld: p.Answer == 0,
+		Kept: s.Answers[p.Kept], Count: p.Count, LastMs: p.LastMs}
+}
+
+// fromHAProxy reports whether any source of t counts as an HAProxy at
+// nowMs (mergedPoll.fromHAProxy), merging only a server that more than
+// one replica saw.
+func (x summaryIndex) fromHAProxy(t state.Target, nowMs int64) bool {
+	refs := x.at[t]
+	if len(refs) == 1 {
+		s := &x.sums[refs[0].sum]
+		for _, p := range s.Servers[refs[0].server].Polls {
+			if (mergedPoll{Count: p.Count, LastMs: p.LastMs}).fromHAProxy(nowMs) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, p := range x.polls(t) {
+		if p.fromHAProxy(nowMs) {
+			return true
+		}
+	}
+	return false
 }
 
 // foldSources merges the polls of one source into one, in their order

@@ -86,8 +86,9 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 		}
 		wantTold, wantKept := oracleTold(all, now)
 		merged := MergeSummaries(sums)
+		x := indexSummaries(sums)
 		for tgt, m := range merged {
-			told, kept := toldOf(m, now.UnixMilli(), true)
+			told, kept := toldOf(slices.Values(m), now.UnixMilli(), true)
 			if len(wantTold[tgt]) == 0 && told.polled == 0 {
 				continue
 			}
@@ -96,6 +97,24 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 			}
 			if fmt.Sprint(kept) != fmt.Sprint(wantKept[tgt]) && !(len(kept) == 0 && len(wantKept[tgt]) == 0) {
 				t.Fatalf("seed %d: %v keeps %v, merging every poll: %v", seed, tgt, kept, wantKept[tgt])
+			}
+			// The counts /v1/state takes (without the answers by
+			// HAProxy) agree, by index or not.
+			fast, fastKept := x.told(tgt, now.UnixMilli(), false)
+			if fast.polled != told.polled || fmt.Sprint(fast.answers) != fmt.Sprint(told.answers) || fmt.Sprint(fastKept) != fmt.Sprint(kept) {
+				t.Fatalf("seed %d: %v counted %d %v keeping %v, merged %d %v keeping %v", seed, tgt, fast.polled, fast.answers, fastKept, told.polled, told.answers, kept)
+			}
+		}
+		// One replica's summary alone: the counts by index agree
+		// with the counts over its polls.
+		for _, one := range sums {
+			x := indexSummaries([]PollSummary{one})
+			for tgt := range x.at {
+				told, kept := toldOf(x.seq(tgt), now.UnixMilli(), false)
+				fast, fastKept := x.told(tgt, now.UnixMilli(), false)
+				if fast.polled != told.polled || fmt.Sprint(fast.answers) != fmt.Sprint(told.answers) || fmt.Sprint(fastKept) != fmt.Sprint(kept) {
+					t.Fatalf("seed %d: %v alone counted %d %v keeping %v, over its polls %d %v keeping %v", seed, tgt, fast.polled, fast.answers, fastKept, told.polled, told.answers, kept)
+				}
 			}
 		}
 		for tgt, w := range wantTold {
@@ -117,7 +136,7 @@ func TestMergeSummariesOneSourceThroughTwoReplicas(t *testing.T) {
 	}
 	b.Record(src, []byte("web/a"), []byte("drain\n"), now.Add(-time.Second))
 	merged := MergeSummaries([]PollSummary{roundTrip(t, a.Summary(time.Time{}, SummaryArg{})), roundTrip(t, b.Summary(time.Time{}, SummaryArg{}))})
-	told, _ := toldOf(merged[state.Target{Backend: "web", Server: "a"}], now.UnixMilli(), true)
+	told, _ := toldOf(slices.Values(merged[state.Target{Backend: "web", Server: "a"}]), now.UnixMilli(), true)
 	if told.polled != 1 || told.told("drain") != 1 || told.told("ready 100%") != 0 {
 		t.Fatalf("told %+v, want one HAProxy told drain", told)
 	}

@@ -336,9 +336,14 @@ func startHastateAgent(tb testing.TB, kv map[string]string) string {
 	m := state.NewMirror()
 	m.Apply(state.Change{Set: kv})
 	snap := m.Snapshot()
-	s, err := server.NewAgentServer(server.AgentOptions{
-		Source: server.SnapshotFunc(func() *state.Snapshot { return snap }),
-	})
+	return startAgentServer(tb, server.AgentOptions{Source: server.SnapshotFunc(func() *state.Snapshot { return snap })})
+}
+
+// startAgentServer serves an agent server of o on loopback until the
+// test ends.
+func startAgentServer(tb testing.TB, o server.AgentOptions) string {
+	tb.Helper()
+	s, err := server.NewAgentServer(o)
 	if err != nil {
 		tb.Fatal(err)
 	}
