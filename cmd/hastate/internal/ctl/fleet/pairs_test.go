@@ -66,7 +66,9 @@ func TestWaitDecidesPerServerAndHAProxyPair(t *testing.T) {
 			addr := ctltest.FakeConsul(t, 5)
 			g := fleet.GateOptions{Consul: consulAt(t, addr), ConsulAddr: addr, Prefix: "hastate/", Replica: replicaAt(t, replica.URL),
 				Selectors: []ctl.Selector{{Backend: "canary_web", Server: "web-1"}}, Interval: 50 * time.Millisecond}
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			// Long enough for a whole look on a loaded machine (-race):
+			// the error names the last whole look's lag.
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
 			err := fleet.Wait(ctx, g)
 			switch {
