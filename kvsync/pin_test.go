@@ -37,6 +37,10 @@ type aclConsul struct {
 	index  uint64
 	srv    *httptest.Server
 	onList func(token string)
+	// onRead, if set, runs in the handler of each request that is not a
+	// listing (the proof's key list and direct reads), before it is
+	// answered.
+	onRead func(token string)
 
 	mu     sync.Mutex
 	tokens []string // the token of each request, in order ("" anonymous)
@@ -53,9 +57,12 @@ func (c *aclConsul) serve(rw http.ResponseWriter, r *http.Request) {
 	tok := r.Header.Get("X-Consul-Token")
 	c.mu.Lock()
 	c.tokens = append(c.tokens, r.Method+" "+r.URL.Path+" as "+tok)
-	onList := c.onList
+	onList, onRead := c.onList, c.onRead
 	c.mu.Unlock()
 	q := r.URL.Query()
+	if onRead != nil && !q.Has("recurse") {
+		onRead(tok)
+	}
 	may := tok == c.secret
 	switch {
 	case q.Has("recurse"):
@@ -183,6 +190,47 @@ func TestProofIsMadeWithTheListingsToken(t *testing.T) {
 	var te *TokenError
 	if err := CheckRead(context.Background(), client, "hastate/", ""); !errors.As(err, &te) {
 		t.Errorf("a new attempt after the file changed: %v, want a TokenError (new-secret is refused)", err)
+	}
+}
+
+// TestProofOnItsOwnIsOneSecret: CheckRead outside a Watcher's attempt
+// (the probe every replica runs) is one secret too: the token file
+// rotated after its key list does not change the token of its direct
+// reads, so what it proves is one token's.
+func TestProofOnItsOwnIsOneSecret(t *testing.T) {
+	t.Setenv(api.HTTPTokenEnvName, "")
+	t.Setenv(api.HTTPTokenFileEnvName, "")
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("reader"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := NewToken(TokenOptions{File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newACLConsul(t, "reader", 3)
+	var once sync.Once
+	c.onRead = func(string) {
+		once.Do(func() { // after the proof's first request: the Secret rotated
+			if err := os.WriteFile(file, []byte("rotated"), 0o600); err != nil {
+				t.Error(err)
+			}
+			tok.reread()
+		})
+	}
+	client, err := NewTokenClient(c.srv.URL, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = CheckRead(context.Background(), client, "hastate/", "")
+	reqs := c.requests()
+	for _, r := range reqs {
+		if !strings.HasSuffix(r, " as reader") {
+			t.Fatalf("one proof sent two tokens (%v); requests:\n%s", err, strings.Join(reqs, "\n"))
+		}
+	}
+	if err != nil || len(reqs) != 1+len(ProbePaths("hastate/")) {
+		t.Fatalf("the proof with the reader's token: %v after %d requests, want nil after %d", err, len(reqs), 1+len(ProbePaths("hastate/")))
 	}
 }
 

@@ -142,11 +142,6 @@ var mutations = []mutation{
 		Why: "a listing that removes keys the Sink holds is applied only once the token is proven able to read the prefix",
 	},
 	{
-		Name: "kvsync/proof-on-an-empty-listing", File: "kvsync/watcher.go", Package: "kvsync",
-		From: "if last.kv == nil || l.count == 0 || l.removes {", To: "if last.kv == nil || l.removes {",
-		Why: "an empty listing is applied only once the token is proven able to read the prefix",
-	},
-	{
 		Name: "kvsync/index-backwards-resets", File: "kvsync/watcher.go", Package: "kvsync",
 		From: "			index = 0\n			continue\n		case got == index:", To: "			index = got\n			continue\n		case got == index:",
 		Why: "an index that went backwards starts over with a full read at index 0",
