@@ -147,11 +147,6 @@ var mutations = []mutation{
 		Why: "an index that went backwards starts over with a full read at index 0",
 	},
 	{
-		Name: "kvsync/index-unchanged-no-delivery", File: "kvsync/watcher.go", Package: "kvsync",
-		From: "		case got == index:\n", To: "		case false:\n",
-		Why: "an answer at the index held (the wait ended, an unrelated write) hands nothing to the Sink",
-	},
-	{
 		Name: "kvsync/failed-delivery-keeps-the-index", File: "kvsync/watcher.go", Package: "kvsync",
 		From: "				reread = errors.Is(err, state.ErrIndexBehind)\n", To: "				reread = errors.Is(err, state.ErrIndexBehind)\n				index = got\n",
 		Why: "a read the Sink refused is not delivered: the index stays where the Sink is in sync, so the retry hands it the then-current data",
@@ -346,7 +341,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "fleet/dead-replica-sighting-not-live", File: "api/filter.go", Package: "cmd/hastate/internal/ctl/fleet",
-		From: "seen = seen || (live[id] && now.Sub(at) <= SeenWithin)", To: "seen = seen || now.Sub(at) <= SeenWithin",
+		From: "seen = seen || (live[id] && now.Sub(at) <= SeenWithin)", To: "seen = seen || (id != \"\" && now.Sub(at) <= SeenWithin)",
 		Why: "an HAProxy seen only by the replica that did not answer is not seen by a live one",
 	},
 	// The write path's conditions (cmd/hastate/internal/ctl/write).
@@ -382,7 +377,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "write/min-ready-counts-consul", File: "cmd/hastate/internal/ctl/write/guard.go", Package: "cmd/hastate/internal/ctl/write",
-		From: "		if guard && (!okOwn || !okWild || !consulReady(ServerKeys{Own: own, Backend: wild})) {", To: "		if false {",
+		From: "		if guard && (!okOwn || !okWild || !consulReady(ServerKeys{Own: own, Backend: wild})) {", To: "		if guard && false && (!okOwn || !okWild || !consulReady(ServerKeys{Own: own, Backend: wild})) {",
 		Why: "a server counts as ready only if Consul's keys leave it in rotation",
 	},
 	{
