@@ -58,7 +58,7 @@ func TestWriterTransactions(t *testing.T) {
 	}
 	// A set is conditional the same way: on the index read, and, for a
 	// key read as absent, on its absence (KVCAS with index 0).
-	for _, dep := range []KVKey{{Key: a.Key, Present: true, Index: a.ModifyIndex - 1}, {Key: a.Key}} {
+	for _, dep := range []KVKey{{Key: a.Key, Present: true, Value: "drain", Index: a.ModifyIndex - 1}, {Key: a.Key}} {
 		set := Plan{Ops: []Op{{Key: a.Key, Value: "maint"}}, Deps: []KVKey{dep}}
 		if err := w.Apply(ctx, set); !errors.As(err, &conflict) || len(conflict.Keys) != 1 || conflict.Keys[0] != a.Key {
 			t.Fatalf("set %s read as %s: %v, want a ConflictError on it", a.Key, dep, err)
