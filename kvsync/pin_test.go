@@ -362,3 +362,55 @@ func (s *srcSink) reads() []srcRead {
 	defer s.mu.Unlock()
 	return append([]srcRead(nil), s.rs...)
 }
+
+// TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt: the identity read
+// before a listing and the one read after it must be the same cluster.
+// Here the address answers for cluster a when the listing is made and for
+// cluster b (the one the mirror follows, say) right after it: a's listing
+// must not be handed over as b's. The next attempt reads b before and
+// after its listing, and b's listing is handed over.
+func TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt(t *testing.T) {
+	id := &identityConsul{cluster: "a"}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if !q.Has("recurse") {
+			consulHeaders(rw.Header(), "1")
+			rw.WriteHeader(http.StatusNotFound) // the proof: the token may read
+			return
+		}
+		if q.Get("index") == "9" {
+			<-r.Context().Done() // nothing changes: the query blocks
+			return
+		}
+		id.mu.Lock()
+		cl := id.cluster
+		id.cluster = "b" // the address moves right after a's listing
+		id.mu.Unlock()
+		pairs := api.KVPairs{kvp("hastate/state/web/b1", "drain")}
+		if cl == "a" {
+			pairs = api.KVPairs{kvp("hastate/state/web/a1", "ready")}
+		}
+		serveReply(t, rw, reply{index: 9, pairs: pairs})
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &srcSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: id.identify, IdentifyEvery: time.Hour,
+		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		rs := sink.reads()
+		for _, r := range rs {
+			if _, fromA := r.kv["state/web/a1"]; fromA {
+				t.Fatalf("cluster a's listing was handed over (as %s's): the cluster changed between the identity read before it and the one after", r.src.ClusterID)
+			}
+		}
+		return testenv.Expect(len(rs) > 0 && rs[len(rs)-1].src.ClusterID == "cluster-b", "cluster b's listing not handed over yet")
+	})
+}
