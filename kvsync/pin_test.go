@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -412,5 +413,53 @@ func TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt(t *testing.T) {
 			}
 		}
 		return testenv.Expect(len(rs) > 0 && rs[len(rs)-1].src.ClusterID == "cluster-b", "cluster b's listing not handed over yet")
+	})
+}
+
+// TestListingWhoseIdentityCannotBeReadIsNotHandedOver: the identity read
+// after a listing fails (Consul's Connect CA endpoint times out, say).
+// Which cluster answered the listing is then unknown, and a read whose
+// cluster is unknown is never handed over; the next attempt reads the
+// identity again, before and after its listing.
+func TestListingWhoseIdentityCannotBeReadIsNotHandedOver(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		switch {
+		case !q.Has("recurse"):
+			consulHeaders(rw.Header(), "1")
+			rw.WriteHeader(http.StatusNotFound) // the proof: the token may read
+		case q.Get("index") == "9":
+			<-r.Context().Done() // nothing changes: the query blocks
+		default:
+			serveReply(t, rw, reply{index: 9, pairs: api.KVPairs{kvp("hastate/state/web/s1", "drain")}})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	identify := func(context.Context) (state.MirrorSource, error) {
+		if calls.Add(1) == 2 { // the one after the first listing
+			return state.MirrorSource{}, errors.New("GET /v1/connect/ca/roots: context deadline exceeded")
+		}
+		return state.MirrorSource{ClusterID: "cluster-a", Servers: "10.0.0.1:8300", Prefix: "hastate/"}, nil
+	}
+	sink := &srcSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: identify, IdentifyEvery: time.Hour,
+		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		rs := sink.reads()
+		for _, r := range rs {
+			if r.src.ClusterID != "cluster-a" {
+				t.Fatalf("a read was handed over named %+v, although the identity read after its listing failed", r.src)
+			}
+		}
+		return testenv.Expect(len(rs) > 0 && calls.Load() >= 4, "the retry's read not handed over yet (%d identity reads)", calls.Load())
 	})
 }
