@@ -290,17 +290,7 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 		serveReply(t, rw, reply{index: idx, pairs: pairs})
 	}))
 	t.Cleanup(srv.Close)
-	client, err := NewClient(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &srcSink{}
-	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: id.identify, IdentifyEvery: time.Hour,
-		WaitTime: 200 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWatcher(t, w)
+	sink := watchNamed(t, srv, id.identify)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if len(sink.reads()) == 0 {
 			return errors.New("cluster a's read not applied yet")
@@ -394,17 +384,7 @@ func TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt(t *testing.T) {
 		serveReply(t, rw, reply{index: 9, pairs: pairs})
 	}))
 	t.Cleanup(srv.Close)
-	client, err := NewClient(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &srcSink{}
-	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: id.identify, IdentifyEvery: time.Hour,
-		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWatcher(t, w)
+	sink := watchNamed(t, srv, id.identify)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		rs := sink.reads()
 		for _, r := range rs {
@@ -435,10 +415,6 @@ func TestListingWhoseIdentityCannotBeReadIsNotHandedOver(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	client, err := NewClient(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var calls atomic.Int32
 	identify := func(context.Context) (state.MirrorSource, error) {
 		if calls.Add(1) == 2 { // the one after the first listing
@@ -446,13 +422,7 @@ func TestListingWhoseIdentityCannotBeReadIsNotHandedOver(t *testing.T) {
 		}
 		return state.MirrorSource{ClusterID: "cluster-a", Servers: "10.0.0.1:8300", Prefix: "hastate/"}, nil
 	}
-	sink := &srcSink{}
-	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: identify, IdentifyEvery: time.Hour,
-		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWatcher(t, w)
+	sink := watchNamed(t, srv, identify)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		rs := sink.reads()
 		for _, r := range rs {
@@ -462,4 +432,23 @@ func TestListingWhoseIdentityCannotBeReadIsNotHandedOver(t *testing.T) {
 		}
 		return testenv.Expect(len(rs) > 0 && calls.Load() >= 4, "the retry's read not handed over yet (%d identity reads)", calls.Load())
 	})
+}
+
+// watchNamed runs a Watcher of hastate/ against the fake Consul srv, each
+// read named by identify (read again only around listings and after
+// failures), until the test ends, and returns its Sink.
+func watchNamed(t *testing.T, srv *httptest.Server, identify func(context.Context) (state.MirrorSource, error)) *srcSink {
+	t.Helper()
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &srcSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: identify, IdentifyEvery: time.Hour,
+		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	return sink
 }
