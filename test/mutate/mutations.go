@@ -192,11 +192,6 @@ var mutations = []mutation{
 		Why: "a read whose Consul cluster cannot be read is not applied",
 	},
 	{
-		Name: "kvsync/identity-before-the-first-read", File: "kvsync/watcher.go", Package: "kvsync",
-		From: "			if err != nil {\n				failures, since = w.failed(failures, since, index, fmt.Errorf(\"consul: cannot tell", To: "			if err != nil && false {\n				failures, since = w.failed(failures, since, index, fmt.Errorf(\"consul: cannot tell",
-		Why: "a read is not made while the identity before it cannot be read",
-	},
-	{
 		Name: "kvsync/answer-index-present", File: "kvsync/transport.go", Package: "kvsync",
 		From: "	case idx == \"\":\n", To: "	case false:\n",
 		Why: "an answer without X-Consul-Index is not Consul's",
