@@ -198,7 +198,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "kvsync/answer-index-above-zero", File: "kvsync/transport.go", Package: "kvsync",
-		From: "	case n == 0:\n", To: "	case false:\n",
+		From: "	case n == 0:\n", To: "	case n == 0 && false:\n",
 		Why: "an answer with X-Consul-Index 0 is not Consul's",
 	},
 	{
