@@ -241,6 +241,11 @@ var mutations = []mutation{
 		From: "			case 0:\n				return fmt.Errorf(\"%w: %q\", errDuplicateKey, cutKey(rel))", To: "			case 0:\n				return nil",
 		Why: "a key listed twice (invalid UTF-8 merged by Consul's JSON) is refused",
 	},
+	{
+		Name: "kvsync/consistent-read", File: "kvsync/watcher.go", Package: "kvsync",
+		From: "RequireConsistent: !w.defaultMode}", To: "RequireConsistent: false}",
+		Why: "every listing is a consistent read (Consul's default mode answered an empty prefix at index 1 after a restart)",
+	},
 	// Adoption only by a marker in the adopted Consul (state, internal/app).
 	{
 		Name: "adopt/marker-names-the-read-cluster", File: "state/adopt.go", Package: "state",
@@ -338,6 +343,21 @@ var mutations = []mutation{
 		Name: "fleet/dead-replica-sighting-not-live", File: "api/filter.go", Package: "cmd/hastate/internal/ctl/fleet",
 		From: "seen = seen || (live[id] && now.Sub(at) <= SeenWithin)", To: "seen = seen || (id != \"\" && now.Sub(at) <= SeenWithin)",
 		Why: "an HAProxy seen only by the replica that did not answer is not seen by a live one",
+	},
+	{
+		Name: "fleet/replica-reads-the-prefix", File: "cmd/hastate/internal/ctl/fleet/identity.go", Package: "cmd/hastate/internal/ctl/fleet",
+		From: "	if ci.KVPrefix != prefix {\n", To: "	if false {\n",
+		Why: "a command refuses a replica that reads another KV prefix than the one it writes",
+	},
+	{
+		Name: "fleet/replica-reads-the-cluster", File: "cmd/hastate/internal/ctl/fleet/identity.go", Package: "cmd/hastate/internal/ctl/fleet",
+		From: "	if !theirs.Same(mine) {\n", To: "	if false {\n",
+		Why: "a command refuses a replica that reads another Consul cluster than the one it writes to",
+	},
+	{
+		Name: "fleet/replica-cluster-unknown", File: "cmd/hastate/internal/ctl/fleet/identity.go", Package: "cmd/hastate/internal/ctl/fleet",
+		From: "	if ci.Consul == nil || ci.Consul.Cluster == \"\" {\n		why :=", To: "	if ci.Consul == nil {\n		why :=",
+		Why: "a replica that cannot say which Consul cluster it reads is not taken as reading this one",
 	},
 	// The write path's conditions (cmd/hastate/internal/ctl/write).
 	{
