@@ -354,11 +354,6 @@ var mutations = []mutation{
 		From: "	if !theirs.Same(mine) {\n", To: "	if false {\n",
 		Why: "a command refuses a replica that reads another Consul cluster than the one it writes to",
 	},
-	{
-		Name: "fleet/replica-cluster-unknown", File: "cmd/hastate/internal/ctl/fleet/identity.go", Package: "cmd/hastate/internal/ctl/fleet",
-		From: "	if ci.Consul == nil || ci.Consul.Cluster == \"\" {\n		why :=", To: "	if ci.Consul == nil {\n		why :=",
-		Why: "a replica that cannot say which Consul cluster it reads is not taken as reading this one",
-	},
 	// The write path's conditions (cmd/hastate/internal/ctl/write).
 	{
 		Name: "write/cas-on-the-state-key", File: "cmd/hastate/internal/ctl/write/writer.go", Package: "cmd/hastate/internal/ctl/write",

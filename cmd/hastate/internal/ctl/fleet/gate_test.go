@@ -310,3 +310,38 @@ func TestPrecheckOfAPrefixNoReplicaReads(t *testing.T) {
 		t.Fatalf("precheck of a prefix no replica reads: %v; want cannot confirm naming the prefix the replica reads", err)
 	}
 }
+
+// CheckReplica refuses, before anything else, a replica that does not
+// read what the command writes: another prefix, or the same prefix of
+// another Consul cluster (a write nobody serves, a wait for an index the
+// replica never reaches).
+func TestCheckReplicaRefusesAnotherPrefixOrCluster(t *testing.T) {
+	addr := ctltest.FakeConsul(t, 5) // cluster ctltest.Identity()
+	for _, tt := range []struct {
+		name   string
+		prefix string
+		id     api.ConsulIdentity
+		want   string // in the refusal; "": none
+	}{
+		{"the same prefix of the same cluster", "hastate/", ctltest.Identity(), ""},
+		{"another prefix", "gitlab-haproxy-agent/", ctltest.Identity(), `reads KV prefix "gitlab-haproxy-agent/"`},
+		{"another cluster", "hastate/", api.ConsulIdentity{Datacenter: "dc1", Cluster: "10.9.9.9:8300"}, "of another Consul cluster"},
+		{"another datacenter", "hastate/", api.ConsulIdentity{Datacenter: "dc2", Cluster: ctltest.Identity().Cluster}, "of another Consul cluster"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: tt.prefix, Consul: &tt.id})
+			}))
+			defer replica.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := fleet.CheckReplica(ctx, consulAt(t, addr), addr, "hastate/", replicaAt(t, replica.URL))
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("a replica that reads what the command writes: %v", err)
+			case tt.want != "" && (!errors.Is(err, ctl.ErrWrongReplica) || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("CheckReplica: %v, want a refusal (wrong replica) saying %q", err, tt.want)
+			}
+		})
+	}
+}
