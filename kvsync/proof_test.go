@@ -91,3 +91,29 @@ func TestProofOnEveryListingThatRemovesKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestProofRefusesAKeyListFilteredByACLs: a token that may read state/
+// but where a narrower rule denies some key below it passes every direct
+// read of the proof; Consul says so only on the key list, with
+// X-Consul-Results-Filtered-By-ACLs, which consul/api's Keys does not
+// return. The proof reads the header itself and refuses the token.
+func TestProofRefusesAKeyListFilteredByACLs(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		consulHeaders(rw.Header(), "7")
+		if r.URL.Query().Has("keys") {
+			rw.Header().Set("X-Consul-Results-Filtered-By-ACLs", "true")
+			_, _ = rw.Write([]byte(`["hastate/state/"]`))
+			return
+		}
+		rw.WriteHeader(http.StatusNotFound) // a direct read: may read, absent
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var te *TokenError
+	if err := CheckRead(t.Context(), client, "hastate/", "acc-1"); !errors.As(err, &te) || te.Refused != "read every key under hastate/" {
+		t.Fatalf("the proof with a filtered key list: %v, want a TokenError refusing to read every key under hastate/", err)
+	}
+}
