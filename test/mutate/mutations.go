@@ -233,7 +233,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "kvsync/answer-key-outside-the-prefix", File: "kvsync/decode.go", Package: "kvsync",
-		From: "		if !ok {\n			return fmt.Errorf(\"%w: %q (in the pair at byte %d)\", errOutsidePrefix", To: "		if false {\n			return fmt.Errorf(\"%w: %q (in the pair at byte %d)\", errOutsidePrefix",
+		From: "		if !ok {\n			return fmt.Errorf(\"%w: %q (in the pair at byte %d)\", errOutsidePrefix", To: "		if !ok && false {\n			return fmt.Errorf(\"%w: %q (in the pair at byte %d)\", errOutsidePrefix",
 		Why: "a key outside the prefix asked means the answer is for another path",
 	},
 	{
@@ -399,5 +399,25 @@ var mutations = []mutation{
 		Name: "write/unknown-server-guard", File: "cmd/hastate/internal/ctl/write/guard.go", Package: "cmd/hastate/internal/ctl/write",
 		From: "			if r.Polled > 0 {\n				return nil\n			}", To: "			if true {\n				return nil\n			}",
 		Why: "a write for a server no HAProxy polled is refused unless --force",
+	},
+	{
+		Name: "write/partial-backend-refused", File: "cmd/hastate/internal/ctl/write/plan.go", Package: "cmd/hastate/internal/ctl/write",
+		From: "	if len(escape) > 0 && !o.KeepOwn {\n		pl.refuse(", To: "	if false {\n		pl.refuse(",
+		Why: "a backend-wide drain or maint that servers with their own key would escape is refused without --override or --keep-own",
+	},
+	{
+		Name: "write/override-conditional-on-own-keys", File: "cmd/hastate/internal/ctl/write/plan.go", Package: "cmd/hastate/internal/ctl/write",
+		From: "		if o.Override {\n			pl.dep(k)\n", To: "		if o.Override {\n",
+		Why: "--override deletes a server's own key only as it was read (a concurrent write to it plans again)",
+	},
+	{
+		Name: "write/no-replica-refuses", File: "cmd/hastate/internal/ctl/write/run.go", Package: "cmd/hastate/internal/ctl/write",
+		From: "	case !w.req.Allow.NoReplica:\n		return nil, fmt.Errorf(", To: "	case false:\n		return nil, fmt.Errorf(",
+		Why: "a write whose replica cannot be asked, or does not catch up, is refused unless --allow-no-replica (or --force)",
+	},
+	{
+		Name: "write/waits-for-the-replica", File: "cmd/hastate/internal/ctl/write/run.go", Package: "cmd/hastate/internal/ctl/write",
+		From: "	err := w.gate.Synced(wctx, index)\n", To: "	var err error\n",
+		Why: "the plan uses the replica's fleet only once it applied the Consul index the plan read",
 	},
 }
