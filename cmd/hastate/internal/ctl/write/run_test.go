@@ -172,3 +172,27 @@ func TestWriteWaitsForTheReplicaOrRefuses(t *testing.T) {
 		})
 	}
 }
+
+// --override deletes the own keys a backend-wide drain would not reach,
+// each only as it was read: one written meanwhile (an operator's maint of
+// that server) makes the write read and plan again, never deleted unseen.
+func TestOverrideDeletesOwnKeysOnlyAsRead(t *testing.T) {
+	kv, wr := realConsul(t)
+	ctx := context.Background()
+	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/canary_web/web-1", Value: []byte("50%")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Write(ctx, Request{Options: Options{Command: "drain", Value: "drain", MinReady: 1, Override: true},
+		Selectors: []ctl.Selector{{Backend: "canary_web", Server: "*"}}, Writer: wr,
+		Replica: scriptedReplicaOf(t, identityOf(t, wr), 1<<50, nil, func(int) *api.StateView { return ctltest.Fleet() }),
+		beforeApply: func(attempt int) {
+			if attempt == 0 {
+				if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/canary_web/web-1", Value: []byte("maint")}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}})
+	if err != nil || !p.Written || p.Retried != 1 {
+		t.Fatalf("drain canary_web/* --override overtaken by a write to web-1's own key: %+v %v; want it read and planned again once", p, err)
+	}
+}
