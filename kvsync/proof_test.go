@@ -117,3 +117,44 @@ func TestProofRefusesAKeyListFilteredByACLs(t *testing.T) {
 		t.Fatalf("the proof with a filtered key list: %v, want a TokenError refusing to read every key under hastate/", err)
 	}
 }
+
+// TestListingsAreConsistentReads: right after a Consul server restarts or
+// its leader changes, Consul's default read mode answers from whatever
+// that server has applied so far (an empty prefix at index 1 was seen).
+// The fake answers so in the default mode and with the current state only
+// to a consistent read: the watch must never hand over the stale answer.
+func TestListingsAreConsistentReads(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		switch {
+		case !q.Has("consistent"):
+			serveReply(t, rw, reply{index: 1}) // not caught up yet: empty, index 1
+		case !q.Has("recurse"):
+			serveReply(t, rw, reply{index: 11}) // the proof: 404, the token may read
+		case q.Get("index") == "11":
+			<-r.Context().Done() // nothing changes: the query blocks
+		default:
+			serveReply(t, rw, reply{index: 11, pairs: api.KVPairs{kvp("hastate/state/web/s1", "drain")}})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &recSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink,
+		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, c := range sink.delivered() {
+			if c.kv["state/web/s1"] != "drain" {
+				t.Fatalf("the Sink was handed a read of %d keys at index %d: a stale default-mode answer", len(c.kv), c.index)
+			}
+		}
+		return testenv.Expect(len(sink.delivered()) > 0, "nothing handed over yet")
+	})
+}
