@@ -58,17 +58,7 @@ func TestProofOnEveryListingThatRemovesKeys(t *testing.T) {
 				}
 			}))
 			t.Cleanup(srv.Close)
-			client, err := NewClient(srv.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sink := &recSink{}
-			w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink,
-				WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			runWatcher(t, w)
+			sink, w := watchFake(t, srv)
 			testenv.Eventually(t, 10*time.Second, func() error {
 				return testenv.Expect(len(sink.delivered()) == 1, "the first read (proven) is not applied yet")
 			})
@@ -138,6 +128,21 @@ func TestListingsAreConsistentReads(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
+	sink, _ := watchFake(t, srv)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for _, c := range sink.delivered() {
+			if c.kv["state/web/s1"] != "drain" {
+				t.Fatalf("the Sink was handed a read of %d keys at index %d: a stale default-mode answer", len(c.kv), c.index)
+			}
+		}
+		return testenv.Expect(len(sink.delivered()) > 0, "nothing handed over yet")
+	})
+}
+
+// watchFake runs a Watcher of hastate/ against the fake Consul srv until
+// the test ends, and returns its Sink and the Watcher.
+func watchFake(t *testing.T, srv *httptest.Server) (*recSink, *Watcher) {
+	t.Helper()
 	client, err := NewClient(srv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -149,12 +154,5 @@ func TestListingsAreConsistentReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	runWatcher(t, w)
-	testenv.Eventually(t, 10*time.Second, func() error {
-		for _, c := range sink.delivered() {
-			if c.kv["state/web/s1"] != "drain" {
-				t.Fatalf("the Sink was handed a read of %d keys at index %d: a stale default-mode answer", len(c.kv), c.index)
-			}
-		}
-		return testenv.Expect(len(sink.delivered()) > 0, "nothing handed over yet")
-	})
+	return sink, w
 }
