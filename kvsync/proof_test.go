@@ -36,10 +36,11 @@ func TestProofOnEveryListingThatRemovesKeys(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var (
-				mu    sync.Mutex
-				index uint64 = 5
-				pairs        = held
-				may          = true // the direct reads of the proof
+				mu      sync.Mutex
+				index   uint64 = 5
+				pairs          = held
+				may            = true // the direct reads of the proof
+				changed        = make(chan struct{})
 			)
 			srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 				mu.Lock()
@@ -47,9 +48,17 @@ func TestProofOnEveryListingThatRemovesKeys(t *testing.T) {
 				mu.Unlock()
 				q := r.URL.Query()
 				switch {
-				case q.Has("recurse") && q.Get("index") == strconv.FormatUint(idx, 10):
-					<-r.Context().Done() // nothing changes: the query blocks
 				case q.Has("recurse"):
+					if q.Get("index") == strconv.FormatUint(idx, 10) {
+						select { // a blocking query: answered once the prefix changes
+						case <-r.Context().Done():
+							return
+						case <-changed:
+						}
+						mu.Lock()
+						idx, ps = index, pairs
+						mu.Unlock()
+					}
 					serveReply(t, rw, reply{index: idx, pairs: ps})
 				case ok:
 					serveReply(t, rw, reply{index: idx}) // 404: may read, absent
@@ -65,6 +74,7 @@ func TestProofOnEveryListingThatRemovesKeys(t *testing.T) {
 			mu.Lock()
 			index, pairs, may = 9, tc.after, false
 			mu.Unlock()
+			close(changed)
 			testenv.Eventually(t, 10*time.Second, func() error {
 				calls := sink.delivered()
 				last := calls[len(calls)-1]
