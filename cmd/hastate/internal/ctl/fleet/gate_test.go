@@ -131,6 +131,33 @@ func TestWaitNamesWhatLags(t *testing.T) {
 	}
 }
 
+// wait passes only once the replica has applied the Consul index current
+// when wait started (every write made before it is in): a replica at
+// index 3 of a prefix at 5 is waited for, and at the timeout that is
+// "cannot confirm" (exit 4), naming the index, although every HAProxy
+// was told what the replica holds.
+func TestWaitForTheReplicaToApplyTheIndex(t *testing.T) {
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 3}, KVPrefix: "hastate/", Consul: new(ctltest.Identity())})
+		case "/v1/pollers":
+			_ = json.NewEncoder(w).Encode(api.PollersView{Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}}})
+		default:
+			_ = json.NewEncoder(w).Encode(ctltest.Fleet())
+		}
+	}))
+	defer replica.Close()
+	g := fakeGate(t, ctltest.Fleet(), []ctl.Selector{{Backend: "canary_web", Server: "web-1"}}) // Consul at index 5
+	g.Replica, g.Interval = replicaAt(t, replica.URL), 50*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := fleet.Wait(ctx, g)
+	if !errors.Is(err, ctl.ErrCannotConfirm) || !strings.Contains(err.Error(), "has applied Consul index 3") || !strings.Contains(err.Error(), "waiting for 5") {
+		t.Fatalf("wait with a replica behind Consul: %v, want cannot confirm naming index 3 of 5", err)
+	}
+}
+
 // Issue 15.2: a source that asked once, longer than api.ProbeGrace ago (a
 // person's nc), is not waited for; an HAProxy that spread two checks over
 // two replicas is, and so is a source whose one ask is fresh (an HAProxy
