@@ -265,8 +265,9 @@ func (i *identityConsul) identify(context.Context) (state.MirrorSource, error) {
 func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 	id := &identityConsul{cluster: "a"}
 	var (
-		mu    sync.Mutex
-		index uint64 = 5
+		mu      sync.Mutex
+		index   uint64 = 5
+		changed        = make(chan struct{}) // closed when the address moves
 	)
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -275,14 +276,20 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 			rw.WriteHeader(http.StatusNotFound) // the proof: the token may read
 			return
 		}
-		cl := id.current()
 		mu.Lock()
 		idx := index
 		mu.Unlock()
 		if q.Get("index") == strconv.FormatUint(idx, 10) {
-			<-r.Context().Done()
-			return
+			select { // a blocking query: answered once the address moves
+			case <-r.Context().Done():
+				return
+			case <-changed:
+			}
+			mu.Lock()
+			idx = index
+			mu.Unlock()
 		}
+		cl := id.current()
 		pairs := api.KVPairs{kvp("hastate/state/web/s1", "drain")}
 		if cl == "b" {
 			pairs = api.KVPairs{kvp("hastate/state/web/s1", "ready"), kvp("hastate/state/web/s2", "ready")}
@@ -304,6 +311,7 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 	mu.Lock()
 	index = 9
 	mu.Unlock()
+	close(changed)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		for _, r := range sink.reads() {
 			if _, fromB := r.kv["state/web/s2"]; fromB && r.src.ClusterID != "cluster-b" {
