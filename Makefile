@@ -162,7 +162,8 @@ soak: deps
 # mutate: removes each safety rule listed in test/mutate/mutations.go, one
 # at a time, from a copy of the tree, runs its package's tests and prints
 # which test caught it; fails on a rule no test misses. Not part of `make
-# test` (a few minutes: each mutation rebuilds and reruns its package).
+# test` (about 30 minutes on two shared cores: each mutation rebuilds and
+# reruns its package). docs/safety-rules.md tables the rules and tests.
 mutate:
 	cd test/mutate && CONSUL_BIN=$$(../../scripts/ensure-consul.sh) $(GO) run . -repo ../..
 

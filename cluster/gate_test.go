@@ -86,11 +86,21 @@ func TestLevelGateDefersUntilEveryVoterAdvertises(t *testing.T) {
 		t.Errorf("status note %q, want %q", got, state.NoteMetaWaits)
 	}
 
-	// n2 is upgraded: same data dir, this release.
+	// n2 stops to be upgraded: a member that does not answer has not said
+	// that it understands the next level, so nothing rises meanwhile.
 	o := nodes[2].opts
 	if err := nodes[2].Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
+	testenv.Consistently(t, 3*leader.LevelEvery, func() error {
+		for _, n := range nodes[:2] {
+			if lvl := n.fsm.Level(); lvl != state.LevelBase {
+				return fmt.Errorf("%s: level %d with n2 down, want %d (n2 never advertised more)", n.opts.ID, lvl, state.LevelBase)
+			}
+		}
+		return nil
+	})
+	// n2 is upgraded: same data dir, this release.
 	o.MaxLevel = 0
 	nodes[2] = startNode(t, o)
 	testenv.Eventually(t, 15*time.Second, holdsf(func() bool {

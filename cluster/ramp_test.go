@@ -109,4 +109,15 @@ func TestRampPolicyFromKV(t *testing.T) {
 	if w := weightOf(l.Node, "web/b"); w != 10 {
 		t.Fatalf("weight %d, want the flags' start 10", w)
 	}
+	// While a migration from the per-node agent is marked, an undrain is
+	// not ramped, whatever the policy says: the agent restores full weight
+	// at once, and both must serve the same answer (noRampWhile).
+	mig := state.MarshalMigration(state.Migration{Started: time.Now(), By: "test"})
+	kv = map[string]string{"state/web/c": "drain", RampConfigKey: `{"start":"50%","duration":"1h"}`, state.MigrationKey: mig}
+	applyOnLeader(t, nodes, 5, kv)
+	delete(kv, "state/web/c")
+	l = applyOnLeader(t, nodes, 6, kv)
+	if w := weightOf(l.Node, "web/c"); w != 100 {
+		t.Fatalf("weight %d during a marked migration, want 100 at once (no ramp)", w)
+	}
 }

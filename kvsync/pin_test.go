@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +38,10 @@ type aclConsul struct {
 	index  uint64
 	srv    *httptest.Server
 	onList func(token string)
+	// onRead, if set, runs in the handler of each request that is not a
+	// listing (the proof's key list and direct reads), before it is
+	// answered.
+	onRead func(token string)
 
 	mu     sync.Mutex
 	tokens []string // the token of each request, in order ("" anonymous)
@@ -53,9 +58,12 @@ func (c *aclConsul) serve(rw http.ResponseWriter, r *http.Request) {
 	tok := r.Header.Get("X-Consul-Token")
 	c.mu.Lock()
 	c.tokens = append(c.tokens, r.Method+" "+r.URL.Path+" as "+tok)
-	onList := c.onList
+	onList, onRead := c.onList, c.onRead
 	c.mu.Unlock()
 	q := r.URL.Query()
+	if onRead != nil && !q.Has("recurse") {
+		onRead(tok)
+	}
 	may := tok == c.secret
 	switch {
 	case q.Has("recurse"):
@@ -186,6 +194,47 @@ func TestProofIsMadeWithTheListingsToken(t *testing.T) {
 	}
 }
 
+// TestProofOnItsOwnIsOneSecret: CheckRead outside a Watcher's attempt
+// (the probe every replica runs) is one secret too: the token file
+// rotated after its key list does not change the token of its direct
+// reads, so what it proves is one token's.
+func TestProofOnItsOwnIsOneSecret(t *testing.T) {
+	t.Setenv(api.HTTPTokenEnvName, "")
+	t.Setenv(api.HTTPTokenFileEnvName, "")
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("reader"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := NewToken(TokenOptions{File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newACLConsul(t, "reader", 3)
+	var once sync.Once
+	c.onRead = func(string) {
+		once.Do(func() { // after the proof's first request: the Secret rotated
+			if err := os.WriteFile(file, []byte("rotated"), 0o600); err != nil {
+				t.Error(err)
+			}
+			tok.reread()
+		})
+	}
+	client, err := NewTokenClient(c.srv.URL, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = CheckRead(context.Background(), client, "hastate/", "")
+	reqs := c.requests()
+	for _, r := range reqs {
+		if !strings.HasSuffix(r, " as reader") {
+			t.Fatalf("one proof sent two tokens (%v); requests:\n%s", err, strings.Join(reqs, "\n"))
+		}
+	}
+	if err != nil || len(reqs) != 1+len(ProbePaths("hastate/")) {
+		t.Fatalf("the proof with the reader's token: %v after %d requests, want nil after %d", err, len(reqs), 1+len(ProbePaths("hastate/")))
+	}
+}
+
 // identityConsul is a Consul address whose answers switch from one
 // cluster to another (a DNS name or a load balancer moved): each listing
 // and each identity read is answered by the cluster current at the time.
@@ -216,8 +265,9 @@ func (i *identityConsul) identify(context.Context) (state.MirrorSource, error) {
 func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 	id := &identityConsul{cluster: "a"}
 	var (
-		mu    sync.Mutex
-		index uint64 = 5
+		mu      sync.Mutex
+		index   uint64 = 5
+		changed        = make(chan struct{}) // closed when the address moves
 	)
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -226,14 +276,20 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 			rw.WriteHeader(http.StatusNotFound) // the proof: the token may read
 			return
 		}
-		cl := id.current()
 		mu.Lock()
 		idx := index
 		mu.Unlock()
 		if q.Get("index") == strconv.FormatUint(idx, 10) {
-			<-r.Context().Done()
-			return
+			select { // a blocking query: answered once the address moves
+			case <-r.Context().Done():
+				return
+			case <-changed:
+			}
+			mu.Lock()
+			idx = index
+			mu.Unlock()
 		}
+		cl := id.current()
 		pairs := api.KVPairs{kvp("hastate/state/web/s1", "drain")}
 		if cl == "b" {
 			pairs = api.KVPairs{kvp("hastate/state/web/s1", "ready"), kvp("hastate/state/web/s2", "ready")}
@@ -241,17 +297,7 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 		serveReply(t, rw, reply{index: idx, pairs: pairs})
 	}))
 	t.Cleanup(srv.Close)
-	client, err := NewClient(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &srcSink{}
-	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: id.identify, IdentifyEvery: time.Hour,
-		WaitTime: 200 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runWatcher(t, w)
+	sink := watchNamed(t, srv, id.identify)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if len(sink.reads()) == 0 {
 			return errors.New("cluster a's read not applied yet")
@@ -265,6 +311,7 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 	mu.Lock()
 	index = 9
 	mu.Unlock()
+	close(changed)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		for _, r := range sink.reads() {
 			if _, fromB := r.kv["state/web/s2"]; fromB && r.src.ClusterID != "cluster-b" {
@@ -313,4 +360,103 @@ func (s *srcSink) reads() []srcRead {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]srcRead(nil), s.rs...)
+}
+
+// TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt: the identity read
+// before a listing and the one read after it must be the same cluster.
+// Here the address answers for cluster a when the listing is made and for
+// cluster b (the one the mirror follows, say) right after it: a's listing
+// must not be handed over as b's. The next attempt reads b before and
+// after its listing, and b's listing is handed over.
+func TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt(t *testing.T) {
+	id := &identityConsul{cluster: "a"}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if !q.Has("recurse") {
+			consulHeaders(rw.Header(), "1")
+			rw.WriteHeader(http.StatusNotFound) // the proof: the token may read
+			return
+		}
+		if q.Get("index") == "9" {
+			<-r.Context().Done() // nothing changes: the query blocks
+			return
+		}
+		id.mu.Lock()
+		cl := id.cluster
+		id.cluster = "b" // the address moves right after a's listing
+		id.mu.Unlock()
+		pairs := api.KVPairs{kvp("hastate/state/web/b1", "drain")}
+		if cl == "a" {
+			pairs = api.KVPairs{kvp("hastate/state/web/a1", "ready")}
+		}
+		serveReply(t, rw, reply{index: 9, pairs: pairs})
+	}))
+	t.Cleanup(srv.Close)
+	sink := watchNamed(t, srv, id.identify)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		rs := sink.reads()
+		for _, r := range rs {
+			if _, fromA := r.kv["state/web/a1"]; fromA {
+				t.Fatalf("cluster a's listing was handed over (as %s's): the cluster changed between the identity read before it and the one after", r.src.ClusterID)
+			}
+		}
+		return testenv.Expect(len(rs) > 0 && rs[len(rs)-1].src.ClusterID == "cluster-b", "cluster b's listing not handed over yet")
+	})
+}
+
+// TestListingWhoseIdentityCannotBeReadIsNotHandedOver: the identity read
+// after a listing fails (Consul's Connect CA endpoint times out, say).
+// Which cluster answered the listing is then unknown, and a read whose
+// cluster is unknown is never handed over; the next attempt reads the
+// identity again, before and after its listing.
+func TestListingWhoseIdentityCannotBeReadIsNotHandedOver(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		switch {
+		case !q.Has("recurse"):
+			consulHeaders(rw.Header(), "1")
+			rw.WriteHeader(http.StatusNotFound) // the proof: the token may read
+		case q.Get("index") == "9":
+			<-r.Context().Done() // nothing changes: the query blocks
+		default:
+			serveReply(t, rw, reply{index: 9, pairs: api.KVPairs{kvp("hastate/state/web/s1", "drain")}})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	var calls atomic.Int32
+	identify := func(context.Context) (state.MirrorSource, error) {
+		if calls.Add(1) == 2 { // the one after the first listing
+			return state.MirrorSource{}, errors.New("GET /v1/connect/ca/roots: context deadline exceeded")
+		}
+		return state.MirrorSource{ClusterID: "cluster-a", Servers: "10.0.0.1:8300", Prefix: "hastate/"}, nil
+	}
+	sink := watchNamed(t, srv, identify)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		rs := sink.reads()
+		for _, r := range rs {
+			if r.src.ClusterID != "cluster-a" {
+				t.Fatalf("a read was handed over named %+v, although the identity read after its listing failed", r.src)
+			}
+		}
+		return testenv.Expect(len(rs) > 0 && calls.Load() >= 4, "the retry's read not handed over yet (%d identity reads)", calls.Load())
+	})
+}
+
+// watchNamed runs a Watcher of hastate/ against the fake Consul srv, each
+// read named by identify (read again only around listings and after
+// failures), until the test ends, and returns its Sink.
+func watchNamed(t *testing.T, srv *httptest.Server, identify func(context.Context) (state.MirrorSource, error)) *srcSink {
+	t.Helper()
+	client, err := NewClient(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &srcSink{}
+	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: identify, IdentifyEvery: time.Hour,
+		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatcher(t, w)
+	return sink
 }

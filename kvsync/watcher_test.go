@@ -1,19 +1,23 @@
 package kvsync
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -462,4 +466,52 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not registered", name)
 	return 0
+}
+
+// TestReadAfterIndexBehindIsMarkedReread: the Sink (the raft leader)
+// refuses a read of the recorded cluster below the index it holds until
+// Consul confirmed it; the watch's next read (consistent, at index 0) is
+// that confirmation and says so (state.KVRead.Reread), once: the read
+// after it is an ordinary one again.
+func TestReadAfterIndexBehindIsMarkedReread(t *testing.T) {
+	t.Parallel()
+	a := api.KVPairs{kvp("hastate/state/web/a", "drain")}
+	b := api.KVPairs{kvp("hastate/state/web/a", "drain"), kvp("hastate/state/web/b", "maint")}
+	fake := newScript(t, time.Second, reply{pairs: a, index: 10}, reply{pairs: a, index: 10}, reply{pairs: b, index: 11})
+	sink := &rereadSink{}
+	w, err := New(fastOptions(fake.client(), sink))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWatcher(t, w)
+	fake.exhausted(t)
+	stop()
+	if got, want := sink.marks(), []bool{false, true, false}; !slices.Equal(got, want) {
+		t.Errorf("Reread of the Sink's calls = %v, want %v (refused as behind, read again, then an ordinary read)", got, want)
+	}
+}
+
+// rereadSink records each read's Reread and refuses the first as behind
+// the index it holds.
+type rereadSink struct {
+	mu      sync.Mutex
+	rereads []bool
+}
+
+var _ Sink = (*rereadSink)(nil)
+
+func (s *rereadSink) ApplyRead(_ context.Context, r state.KVRead) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rereads = append(s.rereads, r.Reread)
+	if len(s.rereads) == 1 {
+		return fmt.Errorf("%w: Consul index %d, the mirror holds 12", state.ErrIndexBehind, r.Index)
+	}
+	return nil
+}
+
+func (s *rereadSink) marks() []bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.rereads)
 }

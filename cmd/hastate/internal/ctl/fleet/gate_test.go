@@ -131,6 +131,33 @@ func TestWaitNamesWhatLags(t *testing.T) {
 	}
 }
 
+// wait passes only once the replica has applied the Consul index current
+// when wait started (every write made before it is in): a replica at
+// index 3 of a prefix at 5 is waited for, and at the timeout that is
+// "cannot confirm" (exit 4), naming the index, although every HAProxy
+// was told what the replica holds.
+func TestWaitForTheReplicaToApplyTheIndex(t *testing.T) {
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 3}, KVPrefix: "hastate/", Consul: new(ctltest.Identity())})
+		case "/v1/pollers":
+			_ = json.NewEncoder(w).Encode(api.PollersView{Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}}})
+		default:
+			_ = json.NewEncoder(w).Encode(ctltest.Fleet())
+		}
+	}))
+	defer replica.Close()
+	g := fakeGate(t, ctltest.Fleet(), []ctl.Selector{{Backend: "canary_web", Server: "web-1"}}) // Consul at index 5
+	g.Replica, g.Interval = replicaAt(t, replica.URL), 50*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := fleet.Wait(ctx, g)
+	if !errors.Is(err, ctl.ErrCannotConfirm) || !strings.Contains(err.Error(), "has applied Consul index 3") || !strings.Contains(err.Error(), "waiting for 5") {
+		t.Fatalf("wait with a replica behind Consul: %v, want cannot confirm naming index 3 of 5", err)
+	}
+}
+
 // Issue 15.2: a source that asked once, longer than api.ProbeGrace ago (a
 // person's nc), is not waited for; an HAProxy that spread two checks over
 // two replicas is, and so is a source whose one ask is fresh (an HAProxy
@@ -312,5 +339,40 @@ func TestPrecheckOfAPrefixNoReplicaReads(t *testing.T) {
 	_, _, err := fleet.Precheck(context.Background(), g)
 	if !errors.Is(err, ctl.ErrCannotConfirm) || !errors.Is(err, ctl.ErrWrongReplica) || !strings.Contains(err.Error(), `reads KV prefix "hastate/"`) {
 		t.Fatalf("precheck of a prefix no replica reads: %v; want cannot confirm naming the prefix the replica reads", err)
+	}
+}
+
+// CheckReplica refuses, before anything else, a replica that does not
+// read what the command writes: another prefix, or the same prefix of
+// another Consul cluster (a write nobody serves, a wait for an index the
+// replica never reaches).
+func TestCheckReplicaRefusesAnotherPrefixOrCluster(t *testing.T) {
+	addr := ctltest.FakeConsul(t, 5) // cluster ctltest.Identity()
+	for _, tt := range []struct {
+		name   string
+		prefix string
+		id     api.ConsulIdentity
+		want   string // in the refusal; "": none
+	}{
+		{"the same prefix of the same cluster", "hastate/", ctltest.Identity(), ""},
+		{"another prefix", "gitlab-haproxy-agent/", ctltest.Identity(), `reads KV prefix "gitlab-haproxy-agent/"`},
+		{"another cluster", "hastate/", api.ConsulIdentity{Datacenter: "dc1", Cluster: "10.9.9.9:8300"}, "of another Consul cluster"},
+		{"another datacenter", "hastate/", api.ConsulIdentity{Datacenter: "dc2", Cluster: ctltest.Identity().Cluster}, "of another Consul cluster"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: tt.prefix, Consul: &tt.id})
+			}))
+			defer replica.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := fleet.CheckReplica(ctx, consulAt(t, addr), addr, "hastate/", replicaAt(t, replica.URL))
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("a replica that reads what the command writes: %v", err)
+			case tt.want != "" && (!errors.Is(err, ctl.ErrWrongReplica) || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("CheckReplica: %v, want a refusal (wrong replica) saying %q", err, tt.want)
+			}
+		})
 	}
 }

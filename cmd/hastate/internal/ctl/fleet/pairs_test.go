@@ -33,20 +33,34 @@ func TestWaitDecidesPerServerAndHAProxyPair(t *testing.T) {
 		name  string
 		polls []api.Poll
 		lag   string // "": done
+		// seen7: which replicas the cluster's record says saw 10.0.0.7
+		// (nil: n1, a live one).
+		seen7 map[string]time.Time
 	}{
 		{"the pair's polls all went to the dead replica", []api.Poll{
 			poll("10.0.0.6", "web-1", "ready 100%"), poll("10.0.0.6", "web-2", "ready 50%"),
 			poll("10.0.0.7", "web-2", "ready 50%"),
-		}, "HAProxy 10.0.0.7 for canary_web/web-1"},
+		}, "HAProxy 10.0.0.7 for canary_web/web-1", nil},
 		{"the pair moved to a live replica", []api.Poll{
 			poll("10.0.0.6", "web-1", "ready 100%"), poll("10.0.0.6", "web-2", "ready 50%"),
 			poll("10.0.0.7", "web-2", "ready 50%"), poll("10.0.0.7", "web-1", "ready 100%"),
-		}, ""},
+		}, "", nil},
+		// The live replicas do not cover the fleet: 10.0.0.7 was seen
+		// only by n3. That is "cannot confirm" (exit 4), not "not done"
+		// (exit 1): a pipeline must tell a broken view from a lagging
+		// HAProxy.
+		{"an HAProxy seen by no live replica", []api.Poll{
+			poll("10.0.0.6", "web-1", "ready 100%"), poll("10.0.0.6", "web-2", "ready 50%"),
+		}, "HAProxy 10.0.0.7 (last poll", map[string]time.Time{"n3": now}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			v := ctltest.Fleet()
 			v.Replicas = answers
 			id := ctltest.Identity()
+			seen7 := tt.seen7
+			if seen7 == nil {
+				seen7 = map[string]time.Time{"n1": now}
+			}
 			replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				switch r.URL.Path {
 				case "/v1/cluster":
@@ -56,7 +70,7 @@ func TestWaitDecidesPerServerAndHAProxyPair(t *testing.T) {
 				case "/v1/haproxies":
 					_ = json.NewEncoder(w).Encode(api.HAProxiesView{Recorded: true, Replicas: answers, HAProxies: []api.HAProxyNode{
 						{HAProxy: "10.0.0.6", LastSeen: now, SeenBy: map[string]time.Time{"n1": now}},
-						{HAProxy: "10.0.0.7", LastSeen: now, SeenBy: map[string]time.Time{"n1": now}},
+						{HAProxy: "10.0.0.7", LastSeen: now, SeenBy: seen7},
 					}})
 				default:
 					_ = json.NewEncoder(w).Encode(v)

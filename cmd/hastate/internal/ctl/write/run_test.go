@@ -132,3 +132,67 @@ func TestWriteReplansAfterAConcurrentWrite(t *testing.T) {
 		t.Errorf("report: %s", out.String())
 	}
 }
+
+// A write waits until the replica has applied the Consul index its plan
+// read, and a replica that does not catch up in time refuses the write
+// (cannot confirm: the replica tells who polls which server and the
+// capacity guard counts from it) unless --allow-no-replica lifts the
+// guard, which the plan then names. Here the replica stays at index 1,
+// below the prefix's.
+func TestWriteWaitsForTheReplicaOrRefuses(t *testing.T) {
+	kv, wr := realConsul(t)
+	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/main_web/m-2", Value: []byte("maint")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name    string
+		allow   Allow
+		written bool
+	}{
+		{"refused", Allow{}, false},
+		{"--allow-no-replica", Allow{NoReplica: true}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			p, err := Write(ctx, Request{Options: Options{Command: "drain", Value: "drain", MinReady: 1, Allow: tt.allow},
+				Selectors: []ctl.Selector{{Backend: "canary_web", Server: "web-1"}}, Writer: wr,
+				Replica: scriptedReplicaOf(t, identityOf(t, wr), 1, nil, func(int) *api.StateView { return ctltest.Fleet() })})
+			got, _, gerr := kv.Get("hastate/state/canary_web/web-1", nil)
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			switch {
+			case !tt.written && (!errors.Is(err, ctl.ErrCannotConfirm) || !strings.Contains(fmt.Sprint(err), "nothing was written") ||
+				!strings.Contains(fmt.Sprint(err), GuardNoReplica.Flag()) || got != nil || p.Written):
+				t.Fatalf("a write whose replica never applied the index it read: %v (written %v, key %v), want refused by the guard %q (cannot confirm, nothing written)", err, p.Written, got, GuardNoReplica)
+			case tt.written && (err != nil || got == nil || len(p.Lifted) != 1 || p.Lifted[0].Guard != GuardNoReplica):
+				t.Fatalf("with --allow-no-replica: %v (key %v, lifted %v), want written with the guard %q named", err, got, p.Lifted, GuardNoReplica)
+			}
+		})
+	}
+}
+
+// --override deletes the own keys a backend-wide drain would not reach,
+// each only as it was read: one written meanwhile (an operator's maint of
+// that server) makes the write read and plan again, never deleted unseen.
+func TestOverrideDeletesOwnKeysOnlyAsRead(t *testing.T) {
+	kv, wr := realConsul(t)
+	ctx := context.Background()
+	if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/canary_web/web-1", Value: []byte("50%")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Write(ctx, Request{Options: Options{Command: "drain", Value: "drain", MinReady: 1, Override: true},
+		Selectors: []ctl.Selector{{Backend: "canary_web", Server: "*"}}, Writer: wr,
+		Replica: scriptedReplicaOf(t, identityOf(t, wr), 1<<50, nil, func(int) *api.StateView { return ctltest.Fleet() }),
+		beforeApply: func(attempt int) {
+			if attempt == 0 {
+				if _, err := kv.Put(&consulapi.KVPair{Key: "hastate/state/canary_web/web-1", Value: []byte("maint")}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}})
+	if err != nil || !p.Written || p.Retried != 1 {
+		t.Fatalf("drain canary_web/* --override overtaken by a write to web-1's own key: %+v %v; want it read and planned again once", p, err)
+	}
+}

@@ -56,6 +56,17 @@ func TestWriterTransactions(t *testing.T) {
 	if err := w.Apply(ctx, stale); !errors.As(err, &conflict) || !errors.Is(err, ErrConflict) || len(conflict.Keys) != 1 || conflict.Keys[0] != a.Key {
 		t.Fatalf("delete at a stale index: %v, want a ConflictError on %s", err, a.Key)
 	}
+	// A set is conditional the same way: on the index read, and, for a
+	// key read as absent, on its absence (KVCAS with index 0).
+	for _, dep := range []KVKey{{Key: a.Key, Present: true, Value: "drain", Index: a.ModifyIndex - 1}, {Key: a.Key}} {
+		set := Plan{Ops: []Op{{Key: a.Key, Value: "maint"}}, Deps: []KVKey{dep}}
+		if err := w.Apply(ctx, set); !errors.As(err, &conflict) || len(conflict.Keys) != 1 || conflict.Keys[0] != a.Key {
+			t.Fatalf("set %s read as %s: %v, want a ConflictError on it", a.Key, dep, err)
+		}
+		if p, _, _ := cl.KV().Get(a.Key, nil); p == nil || string(p.Value) != "drain" || p.ModifyIndex != a.ModifyIndex {
+			t.Fatalf("a set read as %s overwrote %s: %+v", dep, a.Key, p)
+		}
+	}
 	created := Plan{Ops: []Op{{Key: absent.Key, Value: "drain"}}, Deps: []KVKey{absent, {Key: "gitlab-haproxy-agent/state/web/*", Present: true, Index: 1}}}
 	if err := w.Apply(ctx, created); !errors.As(err, &conflict) || conflict.Keys[0] != "gitlab-haproxy-agent/state/web/*" {
 		t.Fatalf("a check of a key that changed: %v", err)
