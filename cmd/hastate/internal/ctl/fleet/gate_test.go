@@ -140,7 +140,7 @@ func TestWaitForTheReplicaToApplyTheIndex(t *testing.T) {
 	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cluster":
-			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", KV: api.KVView{SyncedIndex: 3}, KVPrefix: "hastate/", Consul: new(ctltest.Identity())})
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: 3}, KVPrefix: "hastate/", Consul: new(ctltest.Identity())})
 		case "/v1/pollers":
 			_ = json.NewEncoder(w).Encode(api.PollersView{Replicas: []api.ReplicaAnswer{{ID: "n1", Answered: true}}})
 		default:
