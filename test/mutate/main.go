@@ -27,11 +27,15 @@ func main() { os.Exit(run()) }
 func run() int {
 	repo := flag.String("repo", ".", "the repository's root")
 	only := flag.String("only", "", "run only the mutations whose name contains this")
+	check := flag.Bool("check", false, "only check that every rule's code is where the table says (once), running no test")
 	flag.Parse()
 	root, err := filepath.Abs(*repo)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mutate:", err)
 		return 2
+	}
+	if *check {
+		return checkTable(root)
 	}
 	work, err := os.MkdirTemp("", "hastate-mutate-")
 	if err != nil {
@@ -64,6 +68,30 @@ func run() int {
 }
 
 var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
+
+// checkTable reports every mutation whose code is not found exactly once
+// (the table went stale with a change of the code): `make test` runs it,
+// so that the table cannot rot between runs of `make mutate`.
+func checkTable(root string) int {
+	bad := 0
+	for _, m := range mutations {
+		b, err := os.ReadFile(filepath.Join(root, m.File))
+		if err != nil {
+			fmt.Printf("%s: %v\n", m.Name, err)
+			bad++
+			continue
+		}
+		if n := bytes.Count(b, []byte(m.From)); n != 1 {
+			fmt.Printf("%s: its code is found %d times in %s (want once): update test/mutate/mutations.go, then run make mutate\n", m.Name, n, m.File)
+			bad++
+		}
+	}
+	if bad > 0 {
+		return 1
+	}
+	fmt.Printf("mutate: the code of every one of the %d rules is where the table says\n", len(mutations))
+	return 0
+}
 
 // apply makes m in work, runs its package's tests and restores the file.
 func apply(work string, m mutation) (result string, took time.Duration, by string) {

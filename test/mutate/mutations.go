@@ -66,7 +66,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "confirm/withheld-after-the-round", File: "cluster/confirm/round.go", Package: "cluster/confirm",
-		From: "		return nil\n	}\n	if rs.withheld.any() {\n		return nil\n	}\n	return rs.o.State.Serving()", To: "		return nil\n	}\n	return rs.o.State.Serving()",
+		From: "		return nil\n	}\n	if b := rs.withheld.bits.Load(); b != 0 {\n		rs.m.withheldCheck(b)\n		return nil\n	}\n	s := rs.o.State.Serving()", To: "		return nil\n	}\n	s := rs.o.State.Serving()",
 		Why: "a reason to withhold that came into force during the round withholds the answer",
 	},
 	{
@@ -341,7 +341,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "fleet/precheck-live", File: "cmd/hastate/internal/ctl/fleet/gate.go", Package: "cmd/hastate/internal/ctl/fleet",
-		From: "		if err == nil {\n			err = o.live(ctx, fleet.Replicas)\n		}\n", To: "",
+		From: "			if err == nil {\n				err = o.live(ctx, fleet.Replicas)\n			}\n", To: "",
 		Why: "precheck (and the write guards' fleet read) fails with cannot confirm while the live replicas do not cover the fleet",
 	},
 	{
