@@ -8,7 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/cluster/fsm"
-	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/internal/testenv/raftenv"
 	"github.com/hastate/hastate/state"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -53,7 +53,7 @@ func TestServerSeriesFromEntries(t *testing.T) {
 
 	// Through a snapshot, as a restarted replica has it.
 	g := fsm.New(fsm.Options{})
-	testenv.Snapshot(t, f, g)
+	raftenv.Snapshot(t, f, g)
 	want := `
 # HELP hastate_server_state x
 # TYPE hastate_server_state gauge

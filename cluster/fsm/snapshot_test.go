@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/hastate/hastate/internal/testenv"
+	"github.com/hastate/hastate/internal/testenv/raftenv"
 	"github.com/hastate/hastate/state"
 )
 
@@ -50,7 +50,7 @@ func TestFSMSnapshotVersioning(t *testing.T) {
 func roundTrip(t *testing.T, f *FSM) (*FSM, *bytes.Buffer) {
 	t.Helper()
 	g := New(Options{})
-	return g, testenv.Snapshot(t, f, g)
+	return g, raftenv.Snapshot(t, f, g)
 }
 
 // A snapshot keeps release 0.13.0's shape (version 4) until level 2 is in

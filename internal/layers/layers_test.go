@@ -26,9 +26,10 @@ var allowed = map[string][]string{
 	"internal/version":   {},
 	"internal/layers":    {},
 	// Test support: imported by tests only (see TestTestSupportOnlyInTests).
-	"internal/testenv": {},
-	"internal/history": {},
-	"internal/nemesis": {},
+	"internal/testenv":         {},
+	"internal/testenv/raftenv": {},
+	"internal/history":         {},
+	"internal/nemesis":         {},
 
 	// The service, bottom up.
 	"state":  {},
@@ -146,7 +147,7 @@ func TestDependencyDirection(t *testing.T) {
 // The test support packages run real processes (Consul, hastate) and
 // record histories: no package but a test may import them.
 func TestTestSupportOnlyInTests(t *testing.T) {
-	support := []string{"internal/testenv", "internal/history", "internal/nemesis", "cmd/hastate/internal/ctl/internal/ctltest"}
+	support := []string{"internal/testenv", "internal/testenv/raftenv", "internal/history", "internal/nemesis", "cmd/hastate/internal/ctl/internal/ctltest"}
 	for pkg, deps := range imports(t, false) {
 		for _, dep := range deps {
 			if slices.Contains(support, dep) {

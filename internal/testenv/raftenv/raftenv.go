@@ -1,9 +1,11 @@
-package testenv
+// Package raftenv is test support that needs hashicorp/raft (kept out of
+// internal/testenv, which the test modules of their own import without
+// raft): a state machine's snapshot taken and restored in memory.
+package raftenv
 
 import (
 	"bytes"
 	"io"
-	"os"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -33,20 +35,3 @@ type memSink struct{ bytes.Buffer }
 func (s *memSink) ID() string    { return "mem" }
 func (s *memSink) Cancel() error { return nil }
 func (s *memSink) Close() error  { return nil }
-
-// Lines reads the file at path (a fixture under testdata/) as one item
-// per line, without the line breaks; empty lines are skipped.
-func Lines(t testing.TB, path string) [][]byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out [][]byte
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if len(l) > 0 {
-			out = append(out, l)
-		}
-	}
-	return out
-}
