@@ -95,6 +95,24 @@ func (c *aclConsul) requests() []string {
 	return append([]string(nil), c.tokens...)
 }
 
+// tokenFile is a Token read from a file holding secret ("" : the file
+// exists, empty), with the environment's tokens cleared; the test
+// rewrites the file and calls tok.reread() to rotate it.
+func tokenFile(t *testing.T, secret string) (file string, tok *Token) {
+	t.Helper()
+	t.Setenv(api.HTTPTokenEnvName, "")
+	t.Setenv(api.HTTPTokenFileEnvName, "")
+	file = filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := NewToken(TokenOptions{File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return file, tok
+}
+
 // TestTokenFilledBetweenListingAndProofIsNotApplied is the reproduced
 // window: a replica started with an empty token file lists the prefix as
 // the anonymous token (Consul: 404, empty, nothing says it filtered); the
@@ -102,17 +120,8 @@ func (c *aclConsul) requests() []string {
 // listing's token (and fail), never with the new one: otherwise the empty
 // listing is applied and every drained server is answered ready 100%.
 func TestTokenFilledBetweenListingAndProofIsNotApplied(t *testing.T) {
-	t.Setenv(api.HTTPTokenEnvName, "")
-	t.Setenv(api.HTTPTokenFileEnvName, "")
 	const secret = "9a1c2f0e-reader"
-	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, nil, 0o600); err != nil { // the Secret not mounted yet
-		t.Fatal(err)
-	}
-	tok, err := NewToken(TokenOptions{File: file})
-	if err != nil {
-		t.Fatal(err)
-	}
+	file, tok := tokenFile(t, "") // the Secret not mounted yet
 	c := newACLConsul(t, secret, 7, kvp("hastate/state/web/s1", "drain"))
 	var once sync.Once
 	c.onList = func(token string) {
@@ -161,16 +170,7 @@ func TestTokenFilledBetweenListingAndProofIsNotApplied(t *testing.T) {
 // request of one attempt (the listing and each read of its proof) sends
 // the secret the first one sent, whatever the file says meanwhile.
 func TestProofIsMadeWithTheListingsToken(t *testing.T) {
-	t.Setenv(api.HTTPTokenEnvName, "")
-	t.Setenv(api.HTTPTokenFileEnvName, "")
-	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte("old-secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := NewToken(TokenOptions{File: file})
-	if err != nil {
-		t.Fatal(err)
-	}
+	file, tok := tokenFile(t, "old-secret")
 	c := newACLConsul(t, "old-secret", 3)
 	client, err := NewTokenClient(c.srv.URL, tok)
 	if err != nil {
@@ -199,16 +199,7 @@ func TestProofIsMadeWithTheListingsToken(t *testing.T) {
 // rotated after its key list does not change the token of its direct
 // reads, so what it proves is one token's.
 func TestProofOnItsOwnIsOneSecret(t *testing.T) {
-	t.Setenv(api.HTTPTokenEnvName, "")
-	t.Setenv(api.HTTPTokenFileEnvName, "")
-	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte("reader"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := NewToken(TokenOptions{File: file})
-	if err != nil {
-		t.Fatal(err)
-	}
+	file, tok := tokenFile(t, "reader")
 	c := newACLConsul(t, "reader", 3)
 	var once sync.Once
 	c.onRead = func(string) {
