@@ -39,9 +39,9 @@ const (
 	// logCacheEntries is how many recent raft entries are kept decoded
 	// (see fsm/logcache.go): replication reads the last few.
 	logCacheEntries = 64
-	// DefaultLeaderlessGrace is Options.LeaderlessGrace's default: a
-	// leader heartbeats many times a second and a failover takes about 2s.
-	DefaultLeaderlessGrace = 3 * time.Second
+	// DefaultLeaderlessGrace is Options.LeaderlessGrace's default
+	// (confirm.DefaultGrace).
+	DefaultLeaderlessGrace = confirm.DefaultGrace
 )
 
 // Errors returned by Node, from its leader's duties.

@@ -74,6 +74,10 @@ type LineConn interface {
 	Close()
 }
 
+// DefaultGrace is Options.Grace's default: a leader heartbeats many times
+// a second and a failover takes about 2s.
+const DefaultGrace = 3 * time.Second
+
 // Options configure Reads. Required: ID, State, Log, Transport.
 type Options struct {
 	ID        string // this member's raft server ID
@@ -85,7 +89,7 @@ type Options struct {
 	Dial func(id raft.ServerID, addr raft.ServerAddress) string
 	// Timeout (0: DefaultConfirmTimeout) is how long a check waits for its
 	// round; Window (0: none) how long the loop waits after the first check
-	// that wants a round before it starts it; Grace (0: 3s) how old the last
+	// that wants a round before it starts it; Grace (0: DefaultGrace) how old the last
 	// leader contact, or the first of a run of failed rounds, may grow
 	// before every answer is withheld; AckHedge (0: 2ms) how long the
 	// leader's round waits for the voters it asked first.
@@ -141,7 +145,7 @@ type Reads struct {
 // caught up with a leader (catching_up).
 func New(o Options) *Reads {
 	o.Timeout = cmp.Or(o.Timeout, DefaultConfirmTimeout)
-	o.Grace = cmp.Or(o.Grace, 3*time.Second)
+	o.Grace = cmp.Or(o.Grace, DefaultGrace)
 	o.AckHedge = cmp.Or(o.AckHedge, ackHedge)
 	if o.Started.IsZero() {
 		o.Started = time.Now()
