@@ -284,6 +284,11 @@ var mutations = []mutation{
 	},
 	// The leader's apply path and level gate (cluster/leader; the node's tests).
 	{
+		Name: "leader/verdict-identity-unread", File: "cluster/leader/mirror.go", Package: "cluster/leader",
+		From: "	if h.Source == nil {\n", To: "	if false {\n",
+		Why: "a replica that cannot tell which Consul it reads may not mirror a recorded source",
+	},
+	{
 		Name: "leader/apply-other-source-refused", File: "cluster/leader/apply.go", Package: "cluster", Run: "Mirror|Source|Adopt",
 		From: "if v := api.SourceVerdict(*r.Source, *rec); !v.CanMirror() {", To: "if v := api.SourceVerdict(*r.Source, *rec); false && !v.CanMirror() {",
 		Why: "a read from another Consul cluster or prefix than the recorded one is refused",
