@@ -205,6 +205,7 @@ type sinkCall struct {
 type recSink struct {
 	mu    sync.Mutex
 	calls []sinkCall
+	reads []state.KVRead // each call's read, whole (its source, Reread)
 	fail  func(n int) error
 }
 
@@ -218,6 +219,8 @@ func (s *recSink) ApplyRead(_ context.Context, r state.KVRead) error {
 		err = s.fail(len(s.calls))
 	}
 	s.calls = append(s.calls, sinkCall{index: r.Index, kv: maps.Clone(r.KV), base: r.Base, changed: slices.Sorted(slices.Values(r.Changed)), err: err})
+	r.KV = maps.Clone(r.KV)
+	s.reads = append(s.reads, r)
 	return err
 }
 
@@ -225,6 +228,13 @@ func (s *recSink) all() []sinkCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]sinkCall(nil), s.calls...)
+}
+
+// allReads returns each call's read, whole.
+func (s *recSink) allReads() []state.KVRead {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]state.KVRead(nil), s.reads...)
 }
 
 // delivered returns the calls that succeeded.

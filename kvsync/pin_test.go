@@ -290,7 +290,7 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 	t.Cleanup(srv.Close)
 	sink := watchNamed(t, srv, id.identify)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if len(sink.reads()) == 0 {
+		if len(sink.allReads()) == 0 {
 			return errors.New("cluster a's read not applied yet")
 		}
 		return nil
@@ -304,53 +304,25 @@ func TestListingIsAppliedUnderTheIdentityReadWithIt(t *testing.T) {
 	mu.Unlock()
 	close(changed)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		for _, r := range sink.reads() {
-			if _, fromB := r.kv["state/web/s2"]; fromB && r.src.ClusterID != "cluster-b" {
-				t.Fatalf("cluster b's listing (index %d) was handed over as %s's", r.index, r.src.ClusterID)
+		for _, r := range sink.allReads() {
+			if _, fromB := r.KV["state/web/s2"]; fromB && clusterOf(r) != "cluster-b" {
+				t.Fatalf("cluster b's listing (index %d) was handed over as %s's", r.Index, clusterOf(r))
 			}
 		}
-		rs := sink.reads()
-		if last := rs[len(rs)-1]; last.src.ClusterID != "cluster-b" {
-			return fmt.Errorf("cluster b's listing not handed over yet (last: index %d from %s)", last.index, last.src.ClusterID)
+		rs := sink.allReads()
+		if last := rs[len(rs)-1]; clusterOf(last) != "cluster-b" {
+			return fmt.Errorf("cluster b's listing not handed over yet (last: index %d from %s)", last.Index, clusterOf(last))
 		}
 		return nil
 	})
 }
 
-// srcRead is one read handed to a srcSink.
-type srcRead struct {
-	index uint64
-	kv    map[string]string
-	src   state.MirrorSource
-}
-
-// srcSink records the reads handed to it with their source.
-type srcSink struct {
-	mu sync.Mutex
-	rs []srcRead
-}
-
-var _ Sink = (*srcSink)(nil)
-
-func (s *srcSink) ApplyRead(_ context.Context, r state.KVRead) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	kv := map[string]string{}
-	for k, v := range r.KV {
-		kv[k] = v
+// clusterOf is the cluster ID a read was handed over under ("": none).
+func clusterOf(r state.KVRead) string {
+	if r.Source == nil {
+		return ""
 	}
-	var src state.MirrorSource
-	if r.Source != nil {
-		src = *r.Source
-	}
-	s.rs = append(s.rs, srcRead{index: r.Index, kv: kv, src: src})
-	return nil
-}
-
-func (s *srcSink) reads() []srcRead {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]srcRead(nil), s.rs...)
+	return r.Source.ClusterID
 }
 
 // TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt: the identity read
@@ -385,13 +357,13 @@ func TestListingIsAppliedOnlyIfOneClusterAnsweredAroundIt(t *testing.T) {
 	t.Cleanup(srv.Close)
 	sink := watchNamed(t, srv, id.identify)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		rs := sink.reads()
+		rs := sink.allReads()
 		for _, r := range rs {
-			if _, fromA := r.kv["state/web/a1"]; fromA {
-				t.Fatalf("cluster a's listing was handed over (as %s's): the cluster changed between the identity read before it and the one after", r.src.ClusterID)
+			if _, fromA := r.KV["state/web/a1"]; fromA {
+				t.Fatalf("cluster a's listing was handed over (as %s's): the cluster changed between the identity read before it and the one after", clusterOf(r))
 			}
 		}
-		return testenv.Expect(len(rs) > 0 && rs[len(rs)-1].src.ClusterID == "cluster-b", "cluster b's listing not handed over yet")
+		return testenv.Expect(len(rs) > 0 && clusterOf(rs[len(rs)-1]) == "cluster-b", "cluster b's listing not handed over yet")
 	})
 }
 
@@ -423,10 +395,10 @@ func TestListingWhoseIdentityCannotBeReadIsNotHandedOver(t *testing.T) {
 	}
 	sink := watchNamed(t, srv, identify)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		rs := sink.reads()
+		rs := sink.allReads()
 		for _, r := range rs {
-			if r.src.ClusterID != "cluster-a" {
-				t.Fatalf("a read was handed over named %+v, although the identity read after its listing failed", r.src)
+			if clusterOf(r) != "cluster-a" {
+				t.Fatalf("a read was handed over named %+v, although the identity read after its listing failed", r.Source)
 			}
 		}
 		return testenv.Expect(len(rs) > 0 && calls.Load() >= 4, "the retry's read not handed over yet (%d identity reads)", calls.Load())
@@ -436,13 +408,13 @@ func TestListingWhoseIdentityCannotBeReadIsNotHandedOver(t *testing.T) {
 // watchNamed runs a Watcher of hastate/ against the fake Consul srv, each
 // read named by identify (read again only around listings and after
 // failures), until the test ends, and returns its Sink.
-func watchNamed(t *testing.T, srv *httptest.Server, identify func(context.Context) (state.MirrorSource, error)) *srcSink {
+func watchNamed(t *testing.T, srv *httptest.Server, identify func(context.Context) (state.MirrorSource, error)) *recSink {
 	t.Helper()
 	client, err := NewClient(srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := &srcSink{}
+	sink := &recSink{}
 	w, err := New(Options{Client: client, Prefix: "hastate/", Sink: sink, Identify: identify, IdentifyEvery: time.Hour,
 		WaitTime: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
 	if err != nil {

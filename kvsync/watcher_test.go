@@ -1,7 +1,6 @@
 package kvsync
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,7 +9,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -478,7 +476,13 @@ func TestReadAfterIndexBehindIsMarkedReread(t *testing.T) {
 	a := api.KVPairs{kvp("hastate/state/web/a", "drain")}
 	b := api.KVPairs{kvp("hastate/state/web/a", "drain"), kvp("hastate/state/web/b", "maint")}
 	fake := newScript(t, time.Second, reply{pairs: a, index: 10}, reply{pairs: a, index: 10}, reply{pairs: b, index: 11})
-	sink := &rereadSink{}
+	// The Sink refuses the first read as behind the index it holds.
+	sink := &recSink{fail: func(n int) error {
+		if n == 0 {
+			return fmt.Errorf("%w: Consul index 10, the mirror holds 12", state.ErrIndexBehind)
+		}
+		return nil
+	}}
 	w, err := New(fastOptions(fake.client(), sink))
 	if err != nil {
 		t.Fatal(err)
@@ -486,32 +490,11 @@ func TestReadAfterIndexBehindIsMarkedReread(t *testing.T) {
 	stop := runWatcher(t, w)
 	fake.exhausted(t)
 	stop()
-	if got, want := sink.marks(), []bool{false, true, false}; !slices.Equal(got, want) {
+	var got []bool
+	for _, r := range sink.allReads() {
+		got = append(got, r.Reread)
+	}
+	if want := []bool{false, true, false}; !slices.Equal(got, want) {
 		t.Errorf("Reread of the Sink's calls = %v, want %v (refused as behind, read again, then an ordinary read)", got, want)
 	}
-}
-
-// rereadSink records each read's Reread and refuses the first as behind
-// the index it holds.
-type rereadSink struct {
-	mu      sync.Mutex
-	rereads []bool
-}
-
-var _ Sink = (*rereadSink)(nil)
-
-func (s *rereadSink) ApplyRead(_ context.Context, r state.KVRead) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.rereads = append(s.rereads, r.Reread)
-	if len(s.rereads) == 1 {
-		return fmt.Errorf("%w: Consul index %d, the mirror holds 12", state.ErrIndexBehind, r.Index)
-	}
-	return nil
-}
-
-func (s *rereadSink) marks() []bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.rereads)
 }
