@@ -48,7 +48,10 @@ consul_addr=$lb:8500
 prom_addr=$lb:9090
 
 # Every process runs in a session of its own (setsid): Ctrl-C reaches only
-# this script, whose cleanup stops them in order. Sharing the terminal's
+# this script, whose cleanup stops them in order. Each is disowned once
+# started: bash would otherwise print its own job line ("line 661: 22329
+# Killed ...") for a replica killed in the demo, at whichever command it
+# happened to reap it; the watch loop at the end says it in words instead. Sharing the terminal's
 # process group, Consul got the SIGINT too and exited first, and the demo
 # said "consul exited unexpectedly" before "stopping".
 
@@ -87,6 +90,7 @@ start_replica() {
     --ramp-duration 60s --ramp-interval 5s \
     --log-format json >>"$demo/hastate-$i.log" 2>&1 </dev/null &
   echo $! >"$demo/hastate-$i.pid"
+  disown "$!" # no job line ("Killed") when it dies: the watch loop names it
 }
 
 # start_consul: a single Consul server with its data in $demo/consul (not a
@@ -100,6 +104,7 @@ start_consul() {
     -hcl 'disable_update_check = true' -hcl 'performance { raft_multiplier = 1 }' \
     >>"$demo/consul.log" 2>&1 </dev/null &
   echo $! >"$demo/consul.pid"
+  disown "$!" # no job line ("Killed") when it dies: the watch loop names it
 }
 
 # consul_ready: Consul has a leader and answers a KV read.
@@ -491,6 +496,7 @@ CFG
     log_header haproxy-$h start
     setsid "$haproxy" -db -f "$demo/haproxy-$h.cfg" >>"$demo/haproxy-$h.log" 2>&1 </dev/null &
     echo $! >"$demo/haproxy-$h.pid"
+    disown "$!" # no job line ("Killed") when it dies: the watch loop names it
   done
   say "demo: HAProxy $("$haproxy" -v | head -1 | awk '{print $3}'): the load balancer of the replicas on $lb:9777 (agent) and $lb:9778 (HTTP);" \
     "three HAProxy nodes on $(node_ip 1), $(node_ip 2), $(node_ip 3) poll through it (configs: $demo/haproxy-*.cfg)"
@@ -551,6 +557,7 @@ CFG
     --storage.tsdb.retention.time=1d --web.listen-address="$prom_addr" --log.level=warn \
     >>"$demo/prometheus.log" 2>&1 </dev/null &
   echo $! >"$demo/prometheus.pid"
+  disown "$!" # no job line ("Killed") when it dies: the watch loop names it
   for _ in $(seq 100); do
     curl -fs -o /dev/null "http://$prom_addr/-/ready" && break
     kill -0 "$(cat "$demo/prometheus.pid")" 2>/dev/null || break
