@@ -386,6 +386,9 @@ func New(o Options) (_ *Node, err error) {
 	}
 	n.raft = r
 	trans.SetRaft(r)
+	// After raft's Shutdown (the steps run last-first), before the store
+	// closes: a heartbeat in flight may still save a term (heartbeat.go).
+	n.stops.Add("raft heartbeats", func(context.Context) error { trans.StopHeartbeats(); return nil })
 	n.stops.Add("raft", func(context.Context) error { return r.Shutdown().Error() })
 	// A snapshot older than version 3 does not carry the FSM's index; the
 	// snapshot's own raft index is as good.

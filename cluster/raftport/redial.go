@@ -13,7 +13,7 @@ import (
 // cannot dial (see PatientTransport).
 const redialEvery = 50 * time.Millisecond
 
-// PatientTransport is raft's NetworkTransport with one change: the leader
+// PatientTransport is raft's NetworkTransport with two changes. The leader
 // keeps trying to reach a follower that cannot be dialled, every
 // redialEvery, instead of letting raft back off.
 //
@@ -43,9 +43,14 @@ const redialEvery = 50 * time.Millisecond
 // from the leader, and a leadership transfer that picks that follower
 // fails after the election timeout rather than at once (raft picks the
 // most up-to-date follower, and the transfer waits for its replication).
+//
+// The second: raft's heartbeat fast path runs behind a guard that
+// StopHeartbeats closes (heartbeat.go), so that no heartbeat writes to the
+// raft store once it is closed.
 type PatientTransport struct {
 	*raft.NetworkTransport
 	raft atomic.Pointer[Leading] // set once raft runs (SetRaft); nil: no retries
+	hb   heartbeatGuard
 }
 
 // Leading is what PatientTransport asks raft (a *raft.Raft): whether this
