@@ -318,7 +318,9 @@ func Wait(ctx context.Context, o GateOptions) error {
 		last, lastUnconfirmed := lag, unconfirmed
 		lag, unconfirmed, err = waitLag(ctx, o, index)
 		switch {
-		case err != nil && ctx.Err() != nil && len(last) > 0:
+		case (err != nil || len(lag) > 0) && ctx.Err() != nil && len(last) > 0:
+			// The deadline cut this look short (a read of it "did not
+			// answer in time"): the last whole look says what lags.
 			return timedOut(last, lastUnconfirmed)
 		case err != nil:
 			return err

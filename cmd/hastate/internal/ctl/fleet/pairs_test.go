@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,29 +55,16 @@ func TestWaitDecidesPerServerAndHAProxyPair(t *testing.T) {
 		}, "HAProxy 10.0.0.7 (last poll", map[string]time.Time{"n3": now}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			v := ctltest.Fleet()
-			v.Replicas = answers
-			id := ctltest.Identity()
 			seen7 := tt.seen7
 			if seen7 == nil {
 				seen7 = map[string]time.Time{"n1": now}
 			}
-			replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				switch r.URL.Path {
-				case "/v1/cluster":
-					_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &id})
-				case "/v1/pollers":
-					_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: tt.polls, Replicas: answers, Total: len(tt.polls)})
-				case "/v1/haproxies":
-					_ = json.NewEncoder(w).Encode(api.HAProxiesView{Recorded: true, Replicas: answers, HAProxies: []api.HAProxyNode{
-						{HAProxy: "10.0.0.6", LastSeen: now, SeenBy: map[string]time.Time{"n1": now}},
-						{HAProxy: "10.0.0.7", LastSeen: now, SeenBy: seen7},
-					}})
-				default:
-					_ = json.NewEncoder(w).Encode(v)
-				}
-			}))
-			defer replica.Close()
+			replica := pairsReplica(t, answers, tt.polls, func(w http.ResponseWriter, _ *http.Request) {
+				_ = json.NewEncoder(w).Encode(api.HAProxiesView{Recorded: true, Replicas: answers, HAProxies: []api.HAProxyNode{
+					{HAProxy: "10.0.0.6", LastSeen: now, SeenBy: map[string]time.Time{"n1": now}},
+					{HAProxy: "10.0.0.7", LastSeen: now, SeenBy: seen7},
+				}})
+			})
 			addr := ctltest.FakeConsul(t, 5)
 			g := fleet.GateOptions{Consul: consulAt(t, addr), ConsulAddr: addr, Prefix: "hastate/", Replica: replicaAt(t, replica.URL),
 				Selectors: []ctl.Selector{{Backend: "canary_web", Server: "web-1"}}, Interval: 50 * time.Millisecond}
@@ -93,4 +81,58 @@ func TestWaitDecidesPerServerAndHAProxyPair(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A look that the deadline cuts short is not what wait reports: when
+// --timeout ends while the record of HAProxy nodes is being read (a slow
+// replica), the error names what the last whole look found (an HAProxy
+// seen by no live replica), not "did not answer in time".
+func TestWaitReportsTheLastWholeLook(t *testing.T) {
+	now := time.Now()
+	answers := []api.ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n3", Error: "connection refused"}}
+	var looks atomic.Int32
+	replica := pairsReplica(t, answers, nil, func(w http.ResponseWriter, r *http.Request) {
+		if looks.Add(1) > 1 {
+			<-r.Context().Done() // the second look's read outlasts the deadline
+			return
+		}
+		_ = json.NewEncoder(w).Encode(api.HAProxiesView{Recorded: true, Replicas: answers, HAProxies: []api.HAProxyNode{
+			{HAProxy: "10.0.0.7", LastSeen: now, SeenBy: map[string]time.Time{"n3": now}},
+		}})
+	})
+	addr := ctltest.FakeConsul(t, 5)
+	g := fleet.GateOptions{Consul: consulAt(t, addr), ConsulAddr: addr, Prefix: "hastate/", Replica: replicaAt(t, replica.URL),
+		Selectors: []ctl.Selector{{Backend: "canary_web", Server: "web-1"}}, Interval: 10 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err := fleet.Wait(ctx, g)
+	if looks.Load() < 2 {
+		t.Fatalf("wait read the record of HAProxy nodes %d times, want a second look cut short (err: %v)", looks.Load(), err)
+	}
+	if !errors.Is(err, ctl.ErrCannotConfirm) || !strings.Contains(err.Error(), "HAProxy 10.0.0.7 (last poll") || strings.Contains(err.Error(), "in time") {
+		t.Fatalf("wait: %v\nwant cannot confirm naming the first look's HAProxy 10.0.0.7, not the look the deadline cut short", err)
+	}
+}
+
+// pairsReplica is a replica of the cluster ctltest.Fleet describes, whose
+// peers answered as answers say, holding polls, and whose record of
+// HAProxy nodes is what haproxies writes. It is closed with the test.
+func pairsReplica(t *testing.T, answers []api.ReplicaAnswer, polls []api.Poll, haproxies http.HandlerFunc) *httptest.Server {
+	v := ctltest.Fleet()
+	v.Replicas = answers
+	id := ctltest.Identity()
+	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cluster":
+			_ = json.NewEncoder(w).Encode(api.ClusterInfo{NodeID: "n1", State: "leader", LeaderID: "n1", KV: api.KVView{SyncedIndex: 5}, KVPrefix: "hastate/", Consul: &id})
+		case "/v1/pollers":
+			_ = json.NewEncoder(w).Encode(api.PollersView{Pollers: polls, Replicas: answers, Total: len(polls)})
+		case "/v1/haproxies":
+			haproxies(w, r)
+		default:
+			_ = json.NewEncoder(w).Encode(v)
+		}
+	}))
+	t.Cleanup(replica.Close)
+	return replica
 }
