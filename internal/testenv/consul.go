@@ -61,8 +61,37 @@ func cacheDir() string {
 	return filepath.Join(base, "hastate")
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that this process has not handed out before.
 func FreePort(t testing.TB) int {
+	t.Helper()
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 50 {
+		if p := freePort(t); !handedOut.ports[p] {
+			handedOut.ports[p] = true
+			return p
+		}
+	}
+	t.Fatalf("testenv: 50 free ports in a row were ones this process already handed out")
+	return 0
+}
+
+// handedOut is every port FreePort returned in this process. The port
+// space is the kernel's, shared by every test of the process, so the
+// record is process-wide too: testenv's one package-level variable. The
+// TIME_WAIT that freePort leaves keeps the kernel from handing a port out
+// again, but not always: with tcp_tw_reuse (on for loopback by default) a
+// busy machine's outgoing connections take over TIME_WAIT ports, and a
+// port closed again after that is free at once (make test beside a
+// benchmark: one port twice in 300 calls).
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort is a port no socket holds, left in TIME_WAIT (FreePort).
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
