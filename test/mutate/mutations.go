@@ -318,6 +318,17 @@ var mutations = []mutation{
 		From: "	if migrating {\n		p.Duration = 0\n	}", To: "	_ = migrating",
 		Why: "while a migration is marked an undrain is not ramped (the per-node agent restores full weight at once)",
 	},
+	// The raft port (cluster/raftport): nothing writes to a closed raft store.
+	{
+		Name: "raftport/no-heartbeat-after-stop", File: "cluster/raftport/heartbeat.go", Package: "cluster/raftport", Run: "Heartbeat",
+		From: "		if t.hb.stopped {\n			return\n		}\n", To: "",
+		Why: "no heartbeat reaches raft once the node stopped them (it would save a term to the closed store: raft panics)",
+	},
+	{
+		Name: "raftport/stop-waits-for-heartbeat", File: "cluster/raftport/heartbeat.go", Package: "cluster/raftport", Run: "Heartbeat",
+		From: "	t.hb.mu.Lock()\n	defer t.hb.mu.Unlock()\n	t.hb.stopped = true\n", To: "	t.hb.mu.RLock()\n	defer t.hb.mu.RUnlock()\n	t.hb.stopped = true\n",
+		Why: "stopping heartbeats waits for the one raft is handling, so the store closes after it",
+	},
 	// The operator gates (cmd/hastate/internal/ctl/fleet, api).
 	{
 		Name: "fleet/wait-live-cannot-confirm", File: "cmd/hastate/internal/ctl/fleet/gate.go", Package: "cmd/hastate/internal/ctl/fleet",
@@ -328,6 +339,11 @@ var mutations = []mutation{
 		Name: "fleet/wait-timeout-cannot-confirm", File: "cmd/hastate/internal/ctl/fleet/gate.go", Package: "cmd/hastate/internal/ctl/fleet",
 		From: "			kind = ctl.ErrCannotConfirm\n", To: "			kind = ctl.ErrNotDone\n",
 		Why: "wait that times out on something it cannot see exits 4, not 1",
+	},
+	{
+		Name: "fleet/wait-last-whole-look", File: "cmd/hastate/internal/ctl/fleet/gate.go", Package: "cmd/hastate/internal/ctl/fleet",
+		From: "		case (err != nil || len(lag) > 0) && ctx.Err() != nil && len(last) > 0:\n", To: "		case err != nil && ctx.Err() != nil && len(last) > 0:\n",
+		Why: "wait that times out in the middle of a look reports the last whole look, not the read the deadline cut short",
 	},
 	{
 		Name: "fleet/wait-synced-index", File: "cmd/hastate/internal/ctl/fleet/gate.go", Package: "cmd/hastate/internal/ctl/fleet",
