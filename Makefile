@@ -36,9 +36,12 @@ image:
 	$(PODMAN) save --format oci-archive -o bin/hastate-image.tar $(IMAGE):$(IMAGE_TAG)
 	@echo "image: $(IMAGE):$(IMAGE_TAG) $(IMAGE):latest -> bin/hastate-image.tar"
 
-# deps: a Consul binary (found or built once, cached outside the tree) and HAProxy.
+# deps: a Consul binary (found or built once, cached outside the tree),
+# Debian's HAProxy (2.6) and HAProxy 3.0 LTS (built once from Debian
+# trixie's source package, about 2.5 minutes, cached outside the tree).
 deps:
 	@scripts/ensure-haproxy.sh
+	@scripts/ensure-haproxy3.sh >/dev/null
 	@scripts/ensure-consul.sh >/dev/null
 
 # demo: resumes the earlier demo's data in .demo (Consul, raft, logs);
@@ -60,7 +63,7 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 test: deps vet fmt-check rules
-	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -race -count=1 -timeout 40m ./...
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) HAPROXY3_BIN=$$(scripts/ensure-haproxy3.sh) $(GO) test -race -count=1 -timeout 40m ./...
 	# Allocation counts need a build without -race (it makes sync.Pool drop items).
 	$(GO) test -count=1 -run 'Alloc' ./server ./state ./cluster/confirm
 	# The safety rules' table still names code that exists (make mutate runs it).
