@@ -146,10 +146,12 @@ test-deploy: chart-files build
 # Benchmarks report ratios against baselines measured in the same run:
 # agent-check throughput against a minimal responder, one write's
 # propagation, the scale table (one change at 1k, 10k and 50k keys against
-# Consul's own listing time) and a backend-wide ramp (raft entries, other
-# servers' latency before and during). About 2.5 minutes on two cores.
+# Consul's own listing time), a backend-wide ramp (raft entries, other
+# servers' latency before and during) and the reload window of a drained
+# server per HAProxy release and configuration (against production's check
+# intervals). About 4.5 minutes on two cores.
 bench: deps
-	CONSUL_BIN=$$(scripts/ensure-consul.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp|FleetOperator|PollerTable' -benchtime 1x -timeout 30m ./test/
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) HAPROXY3_BIN=$$(scripts/ensure-haproxy3.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp|FleetOperator|PollerTable|ReloadWindow' -benchtime 1x -timeout 30m ./test/
 
 # soak: the fault-injection test (test/nemesis_e2e_test.go) on SOAK_SEEDS
 # seeds (default 20, one after another from a fresh seed, each logged) of
