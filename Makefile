@@ -36,12 +36,12 @@ image:
 	$(PODMAN) save --format oci-archive -o bin/hastate-image.tar $(IMAGE):$(IMAGE_TAG)
 	@echo "image: $(IMAGE):$(IMAGE_TAG) $(IMAGE):latest -> bin/hastate-image.tar"
 
-# deps: a Consul binary (found or built once, cached outside the tree),
-# Debian's HAProxy (2.6) and HAProxy 3.0 LTS (built once from Debian
-# trixie's source package, about 2.5 minutes, cached outside the tree).
+# deps: a Consul binary (found or built once, cached outside the tree) and
+# HAProxy. `make test` and `make bench` also get HAProxy 3.0 LTS (built once
+# from Debian trixie's source package by scripts/ensure-haproxy3.sh, about
+# 2.5 minutes, cached outside the tree); the demo does not need it.
 deps:
 	@scripts/ensure-haproxy.sh
-	@scripts/ensure-haproxy3.sh >/dev/null
 	@scripts/ensure-consul.sh >/dev/null
 
 # demo: resumes the earlier demo's data in .demo (Consul, raft, logs);
@@ -63,6 +63,7 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 test: deps vet fmt-check rules
+	@scripts/ensure-haproxy3.sh >/dev/null
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) HAPROXY3_BIN=$$(scripts/ensure-haproxy3.sh) $(GO) test -race -count=1 -timeout 40m ./...
 	# Allocation counts need a build without -race (it makes sync.Pool drop items).
 	$(GO) test -count=1 -run 'Alloc' ./server ./state ./cluster/confirm
@@ -151,6 +152,7 @@ test-deploy: chart-files build
 # server per HAProxy release and configuration (against production's check
 # intervals). About 4.5 minutes on two cores.
 bench: deps
+	@scripts/ensure-haproxy3.sh >/dev/null
 	CONSUL_BIN=$$(scripts/ensure-consul.sh) HAPROXY3_BIN=$$(scripts/ensure-haproxy3.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp|FleetOperator|PollerTable|ReloadWindow' -benchtime 1x -timeout 30m ./test/
 
 # soak: the fault-injection test (test/nemesis_e2e_test.go) on SOAK_SEEDS

@@ -10,7 +10,7 @@
 # against the sha256 of trixie's signed Sources index. The build deps
 # (libssl-dev, libpcre2-dev) are installed when running as root on Debian;
 # otherwise the script stops with the command to run. The build takes about
-# 90 seconds on 2 cores; later runs reuse the cache.
+# 2.5 minutes on 2 shared cores; later runs reuse the cache.
 set -euo pipefail
 series=3.0
 cache="${HASTATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hastate}"
@@ -76,7 +76,7 @@ case "$upstream" in
 esac
 orig="haproxy_$upstream.orig.tar.gz"
 sha=$(awk -v f="$orig" '/^Checksums-Sha256:/ {s=1; next} /^[^ ]/ {s=0} s && $3 == f {print $1; exit}' <<<"$srcinfo")
-echo "ensure-haproxy3: building HAProxy $upstream (Debian trixie $debversion) into $cache/bin/haproxy-$upstream (about 90 seconds the first time)" >&2
+echo "ensure-haproxy3: building HAProxy $upstream (Debian trixie $debversion) into $cache/bin/haproxy-$upstream (about 2.5 minutes the first time)" >&2
 
 # Only the upstream tarball is needed; the .dsc and the Debian patches of a
 # security update can be missing from the mirror, so their failure is not
