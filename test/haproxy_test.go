@@ -87,7 +87,7 @@ func releaseOf(t testing.TB, bin string) haproxyRelease {
 	t.Helper()
 	out, err := exec.Command(bin, "-v").Output()
 	if err != nil {
-		t.Fatalf("%s -v: %v; set HAPROXY_BIN or HAPROXY3_BIN to a working HAProxy (`make deps` installs both)", bin, err)
+		t.Fatalf("%s -v: %v; set HAPROXY_BIN or HAPROXY3_BIN to a working HAProxy (`make test` installs Debian's and builds 3.0)", bin, err)
 	}
 	m := versionRE.FindStringSubmatch(string(out))
 	if m == nil {
