@@ -31,7 +31,7 @@ func allServers() []string {
 	return s
 }
 
-// Status rows shown by HAProxy 2.6 (DESIGN.md, "HAProxy facts"):
+// Status rows shown by HAProxy 2.6 and 3.0 (DESIGN.md, "HAProxy facts"):
 // drain set by the agent shows as "DRAIN (agent)", maint as plain "MAINT".
 const (
 	statUp         = "UP"
@@ -40,12 +40,13 @@ const (
 )
 
 // TestE2EOperatorStateReachesHAProxy follows the runbook against one
-// Consul, one hastate and one HAProxy: an operator command writes KV, and
-// HAProxy's own agent-check applies it.
+// Consul, one hastate and two HAProxy nodes, one per release (Debian's 2.6
+// and 3.0 LTS): an operator command writes KV, and each HAProxy's own
+// agent-check applies it.
 func TestE2EOperatorStateReachesHAProxy(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartHastate(t, HastateOptions{ConsulAddr: consul.Addr()})
-	hap := StartHAProxy(t, hs.AgentAddr, beWeb, beAPI)
+	hap := StartHAProxies(t, hs.AgentAddr, beWeb, beAPI)
 	op := hs.Operator("--allow-unknown") // writes before HAProxy has polled every server
 	// clear of a server nobody polled and no key names exits 3 (a typo):
 	// reset clears every server, so HAProxy must have polled each first.
@@ -89,9 +90,9 @@ func TestE2EOperatorStateReachesHAProxy(t *testing.T) {
 
 		// Nothing else moved.
 		for _, s := range []string{"be_web/web2", "be_api/api1", "be_api/api2"} {
-			if r := hap.Server(t, s); r.Status != statUp || r.Weight != serverWeight {
-				t.Errorf("%s: %s; want UP at weight %d (it was never named)", s, r, serverWeight)
-			}
+			hap.Expect(t, s, fmt.Sprintf("UP at weight %d (it was never named)", serverWeight), func(r Row) bool {
+				return r.Status == statUp && r.Weight == serverWeight
+			})
 		}
 	})
 
@@ -203,12 +204,13 @@ func TestE2EOperatorStateReachesHAProxy(t *testing.T) {
 		hs.Kill()
 		// HAProxy's agent checks now fail to connect; once every server
 		// has seen that a few times, nothing may have changed.
-		for s := range want {
-			var last Row
-			testenv.Eventually(t, 10*time.Second, func() error {
-				last = hap.Server(t, s)
-				return testenv.Expect(last.AgentStatus == "L4CON", "%s: agent check never failed to connect: %s", s, last)
-			})
+		for _, h := range hap {
+			for s := range want {
+				testenv.Eventually(t, 10*time.Second, func() error {
+					last := h.Server(t, s)
+					return testenv.Expect(last.AgentStatus == "L4CON", "%s %s: agent check never failed to connect: %s", h.Release, s, last)
+				})
+			}
 		}
 		// HAProxy counts no agent checks, so the hold is by time: a few
 		// agent-inter periods, watched throughout.
@@ -219,18 +221,20 @@ func TestE2EOperatorStateReachesHAProxy(t *testing.T) {
 // holdRounds is how many agent-inter periods a "nothing changes" check lasts.
 const holdRounds = 4
 
-// holdWhileAsked checks that HAProxy keeps the servers in want (Weight -1:
-// any weight) over holdRounds agent-inter periods, and that hastate was
-// probed for every configured server meanwhile: the check proves HAProxy
-// asked and applied nothing new, not merely that time passed.
-func holdWhileAsked(t *testing.T, hs *Hastate, hap *HAProxy, want map[string]Row) {
+// holdWhileAsked checks that every HAProxy keeps the servers in want
+// (Weight -1: any weight) over holdRounds agent-inter periods, and that
+// hastate was probed for every configured server meanwhile: the check
+// proves HAProxy asked and applied nothing new, not merely that time
+// passed.
+func holdWhileAsked(t *testing.T, hs *Hastate, hap HAProxies, want map[string]Row) {
 	t.Helper()
 	const probes = `hastate_agent_checks_total{result="answered"}`
 	const withheld = `hastate_agent_checks_total{result="withheld"}`
 	before := hs.Metric(t, probes) + hs.Metric(t, withheld)
 	hap.Hold(t, holdRounds*agentInter, want)
-	// Every server is asked once per agent-inter; allow one round of slack.
-	min := float64((holdRounds - 1) * len(allServers()))
+	// Every HAProxy asks for every server once per agent-inter; allow one
+	// round of slack.
+	min := float64((holdRounds - 1) * len(allServers()) * len(hap))
 	if got := hs.Metric(t, probes) + hs.Metric(t, withheld) - before; got < min {
 		t.Errorf("hastate got %.0f agent probes during the hold, want at least %.0f: HAProxy was not asking", got, min)
 	}

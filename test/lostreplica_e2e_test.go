@@ -201,9 +201,9 @@ func startHTTPLB(t *testing.T, replicas []*Hastate) string {
 // load balancers do).
 func startHTTPLBMode(t *testing.T, replicas []*Hastate, mode string) string {
 	t.Helper()
-	h := newHAProxy(t)
+	h := newHAProxy(t, haproxyRelease{})
 	var cfg strings.Builder
-	cfg.WriteString(h.global(0))
+	cfg.WriteString(h.global(0, "", ""))
 	fmt.Fprintf(&cfg, "\nlisten http_lb\n    bind %s\n    mode %s\n    balance roundrobin\n    option httpchk GET /-/readiness\n", h.Frontend, mode)
 	for i, r := range replicas {
 		fmt.Fprintf(&cfg, "    server %s %s check inter %dms fall 1 rise 2\n", lbServerName(i), r.HTTPAddr, lbCheck.Milliseconds())

@@ -30,7 +30,10 @@ import (
 // them to a backend server. `wait --idle` waits for the last session to
 // end, `maint --drain-first` drains, waits out its idle timeout and sets
 // maint, `verify` names the HAProxy that disagrees, and a stale or
-// unreachable Prometheus cannot confirm anything.
+// unreachable Prometheus cannot confirm anything. The two HAProxy nodes
+// run the two releases tested (A Debian's 2.6, B the 3.0 LTS): wait --idle
+// and verify read both exporters; the socket override is made on A, the
+// disabled agent check on B.
 func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 1, HastateOptions{ConsulAddr: consul.Addr()})
@@ -44,10 +47,13 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 	// Prometheus instance label and the poller address name the same node.
 	var haps []*HAProxy
 	var instances []string
-	for _, src := range []string{"127.0.0.2", "127.0.0.3"} {
+	releases := haproxyReleases(t)
+	for i, src := range []string{"127.0.0.2", "127.0.0.3"} {
 		exp := net.JoinHostPort(src, strconv.Itoa(testenv.FreePort(t)))
 		instances = append(instances, exp)
+		t.Logf("HAProxy %c: %s (%s), exporter %s", 'A'+i, releases[i], releases[i].Version, exp)
 		haps = append(haps, startHAProxy(t, freeAddr(t), hs, src, []Backend{be}, hapExtras{
+			release:  releases[i],
 			sections: fmt.Sprintf("\nfrontend exporter\n    mode http\n    bind %s\n    http-request use-service prometheus-exporter if { path /metrics }\n", exp),
 			server:   func(_, s string) string { return holds[s].Addr() },
 			timeout:  5 * time.Minute, // sessions outlive the test's steps

@@ -27,14 +27,14 @@ func rampWeight(ans string) (int, bool) {
 	return w, err == nil && strings.HasSuffix(n, "%")
 }
 
-// rampWatch samples HAProxy's weight of servers (and every live replica's
-// answer) until all reach UP at 100, failing on any step back.
+// rampWatch samples each HAProxy's weight of servers (and every live
+// replica's answer) until all reach UP at 100, failing on any step back.
 type rampWatch struct {
 	t       *testing.T
-	hap     *HAProxy
+	haps    HAProxies
 	hs      []*Hastate
 	servers []string
-	seen    map[string][]int // distinct weights in order, per server
+	seen    map[string][]int // distinct weights in order, per "<release> <server>"
 	start   time.Time
 	// loose suspends the one-step check between replicas: a new leader
 	// resumes a ramp at the schedule's weight, which may be several steps
@@ -43,30 +43,36 @@ type rampWatch struct {
 	loose bool
 }
 
-func watchRamp(t *testing.T, hap *HAProxy, hs []*Hastate, servers ...string) *rampWatch {
-	return &rampWatch{t: t, hap: hap, hs: hs, servers: servers, seen: map[string][]int{}, start: time.Now()}
+func watchRamp(t *testing.T, haps HAProxies, hs []*Hastate, servers ...string) *rampWatch {
+	return &rampWatch{t: t, haps: haps, hs: hs, servers: servers, seen: map[string][]int{}, start: time.Now()}
 }
+
+// key names server as seen by h in seen.
+func (w *rampWatch) key(h *HAProxy, server string) string { return h.Release.String() + " " + server }
 
 // sample takes one look; it reports whether every server is UP at 100.
 func (w *rampWatch) sample(live func(*Hastate) bool) bool {
 	t := w.t
 	t.Helper()
-	st := w.hap.Stat(t)
 	done := true
-	for _, s := range w.servers {
-		r := st[s]
-		if r.Status != statUp {
-			done = false
-			continue
-		}
-		ws := w.seen[s]
-		if n := len(ws); n == 0 || ws[n-1] != r.Weight {
-			if n > 0 && r.Weight < ws[n-1] {
-				t.Fatalf("%s: HAProxy weight went down from %d to %d after %s (seen %v)", s, ws[n-1], r.Weight, time.Since(w.start), ws)
+	for _, h := range w.haps {
+		st := h.Stat(t)
+		for _, s := range w.servers {
+			r := st[s]
+			if r.Status != statUp {
+				done = false
+				continue
 			}
-			w.seen[s] = append(ws, r.Weight)
+			k := w.key(h, s)
+			ws := w.seen[k]
+			if n := len(ws); n == 0 || ws[n-1] != r.Weight {
+				if n > 0 && r.Weight < ws[n-1] {
+					t.Fatalf("%s: HAProxy weight went down from %d to %d after %s (seen %v)", k, ws[n-1], r.Weight, time.Since(w.start), ws)
+				}
+				w.seen[k] = append(ws, r.Weight)
+			}
+			done = done && r.Weight == 100
 		}
-		done = done && r.Weight == 100
 	}
 	// Every live replica answers within one step of the others.
 	for _, s := range w.servers {
@@ -98,7 +104,7 @@ func (w *rampWatch) run(deadline time.Duration, live func(*Hastate) bool, during
 			t.Fatalf("ramp not finished within %s: HAProxy weights seen %v", deadline, w.seen)
 		}
 		if during != nil {
-			ws := w.seen[w.servers[0]]
+			ws := w.seen[w.key(w.haps[0], w.servers[0])]
 			last := -1
 			if len(ws) > 0 {
 				last = ws[len(ws)-1]
@@ -115,12 +121,15 @@ func (w *rampWatch) run(deadline time.Duration, live func(*Hastate) bool, during
 func (w *rampWatch) check() {
 	t := w.t
 	t.Helper()
-	for _, s := range w.servers {
-		ws := w.seen[s]
-		if len(ws) < 5 || ws[0] > 10+rampStep || ws[len(ws)-1] != 100 {
-			t.Fatalf("%s: HAProxy weights %v; want a rise in steps from about 10 to 100", s, ws)
+	for _, h := range w.haps {
+		for _, s := range w.servers {
+			k := w.key(h, s)
+			ws := w.seen[k]
+			if len(ws) < 5 || ws[0] > 10+rampStep || ws[len(ws)-1] != 100 {
+				t.Fatalf("%s: HAProxy weights %v; want a rise in steps from about 10 to 100", k, ws)
+			}
+			t.Logf("%s: HAProxy weights during the ramp: %v", k, ws)
 		}
-		t.Logf("%s: HAProxy weights during the ramp: %v", s, ws)
 	}
 }
 
@@ -130,8 +139,8 @@ func TestE2ERamp(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 3, HastateOptions{ConsulAddr: consul.Addr(), Args: []string{
 		"--ramp-duration", rampDuration.String(), "--ramp-interval", rampInterval.String(), "--ramp-start", "10%"}})
-	hap := StartHAProxyLB(t, hs, beWeb, beAPI)
-	op := hs[0].Operator("--allow-unknown") // writes before HAProxy has polled
+	hap := StartHAProxiesLB(t, hs, beWeb, beAPI) // Debian's 2.6 and 3.0 LTS
+	op := hs[0].Operator("--allow-unknown")      // writes before HAProxy has polled
 
 	t.Run("undrain rises step by step on every replica", func(t *testing.T) {
 		op.Run(t, "drain", "be_web/web1")
@@ -186,10 +195,12 @@ func TestE2ERamp(t *testing.T) {
 		op.Run(t, "drain", "be_web/web2")
 		hap.WaitServer(t, "be_web/web2", statDrainAgent, -1)
 		op.Run(t, "clear", "be_web/web2")
-		testenv.Eventually(t, 10*time.Second, func() error {
-			r := hap.Server(t, "be_web/web2")
-			return testenv.Expect(r.Status == statUp && r.Weight >= 28 && r.Weight < 100, "ramp never reached 28%%: %s", hap.Server(t, "be_web/web2"))
-		})
+		for _, h := range hap {
+			testenv.Eventually(t, 10*time.Second, func() error {
+				r := h.Server(t, "be_web/web2")
+				return testenv.Expect(r.Status == statUp && r.Weight >= 28 && r.Weight < 100, "%s: ramp never reached 28%%: %s", h.Release, r)
+			})
+		}
 		out := op.Run(t, "status", "--addr", "http://"+hs[1].HTTPAddr, "be_web/web2")
 		if !strings.Contains(out, "eta") {
 			t.Errorf("hastate status does not show the ramp:\n%s", out)
@@ -216,9 +227,7 @@ func TestE2ERamp(t *testing.T) {
 		w := watchRamp(t, hap, hs, "be_api/api1", "be_api/api2")
 		w.run(rampDuration+5*time.Second, alive, nil)
 		w.check()
-		if r := hap.Server(t, "be_web/web1"); r.Status != statUp || r.Weight != 100 {
-			t.Fatalf("be_web touched by be_api's ramp: %s", r)
-		}
+		hap.Expect(t, "be_web/web1", "UP at 100 (be_web untouched by be_api's ramp)", func(r Row) bool { return r.Status == statUp && r.Weight == 100 })
 	})
 
 	t.Run("leader SIGKILL mid-ramp", func(t *testing.T) {

@@ -117,6 +117,25 @@ func (r *recTB) Helper() {}
 
 func (r *recTB) Fatalf(format string, args ...any) { r.fatal = fmt.Sprintf(format, args...) }
 
+// binFatals checks how find fails: with env set to a missing path it names
+// env; with env empty (and nothing else found) it names `make test` and
+// script. It leaves env empty.
+func binFatals(t *testing.T, env, missing, script string, find func(testing.TB)) {
+	t.Helper()
+	t.Setenv(env, missing)
+	r := &recTB{TB: t}
+	find(r)
+	if !strings.Contains(r.fatal, env) {
+		t.Errorf("missing $%s: fatal = %q", env, r.fatal)
+	}
+	t.Setenv(env, "")
+	r = &recTB{TB: t}
+	find(r)
+	if !strings.Contains(r.fatal, "make test") || !strings.Contains(r.fatal, script) {
+		t.Errorf("no binary: fatal = %q, want it to name make test and %s", r.fatal, script)
+	}
+}
+
 func TestConsulBin(t *testing.T) {
 	// Not parallel: it sets environment variables.
 	cache := t.TempDir()
@@ -125,19 +144,7 @@ func TestConsulBin(t *testing.T) {
 	t.Setenv("HASTATE_CACHE", "")
 	t.Setenv("XDG_CACHE_HOME", cache)
 
-	t.Setenv("CONSUL_BIN", filepath.Join(cache, "missing"))
-	r := &recTB{TB: t}
-	ConsulBin(r)
-	if !strings.Contains(r.fatal, "CONSUL_BIN") {
-		t.Errorf("missing $CONSUL_BIN: fatal = %q", r.fatal)
-	}
-
-	t.Setenv("CONSUL_BIN", "")
-	r = &recTB{TB: t}
-	ConsulBin(r)
-	if !strings.Contains(r.fatal, "make test") || !strings.Contains(r.fatal, "scripts/ensure-consul.sh") {
-		t.Errorf("no binary: fatal = %q, want it to name make test and scripts/ensure-consul.sh", r.fatal)
-	}
+	binFatals(t, "CONSUL_BIN", filepath.Join(cache, "missing"), "scripts/ensure-consul.sh", func(tb testing.TB) { ConsulBin(tb) })
 
 	if err := os.MkdirAll(filepath.Dir(cached), 0o755); err != nil {
 		t.Fatal(err)
@@ -213,3 +220,29 @@ func (f *fatalT) Fatalf(format string, args ...any) {
 	panic("fatal")
 }
 func (f *fatalT) Helper() {}
+
+func TestHAProxy3Bin(t *testing.T) {
+	// Not parallel: it sets environment variables.
+	cache := filepath.Join(t.TempDir(), "hastate")
+	t.Setenv("HASTATE_CACHE", cache)
+
+	binFatals(t, "HAPROXY3_BIN", filepath.Join(cache, "missing"), "scripts/ensure-haproxy3.sh", func(tb testing.TB) { HAProxy3Bin(tb) })
+
+	// The newest 3.0.<n> by number (3.0.11 after 3.0.9), nothing else.
+	bin := filepath.Join(cache, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"haproxy-3.0.9", "haproxy-3.0.11", "haproxy-3.0.11.tmp", "haproxy-3.1.2", ".haproxy-3.0.lock"} {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := HAProxy3Bin(t), filepath.Join(bin, "haproxy-3.0.11"); got != want {
+		t.Errorf("HAProxy3Bin = %q, want the newest cached build %q", got, want)
+	}
+	t.Setenv("HAPROXY3_BIN", "/bin/sh")
+	if got := HAProxy3Bin(t); got != "/bin/sh" {
+		t.Errorf("HAProxy3Bin = %q, want $HAPROXY3_BIN", got)
+	}
+}
