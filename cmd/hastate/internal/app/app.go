@@ -106,6 +106,11 @@ type Options struct {
 	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
 	// and counted (0: server.DefaultMaxPollers; negative is refused).
 	PollersMax int
+	// NoDesiredMetrics turns off hastate_desired_answer and
+	// hastate_desired_changed_timestamp_seconds (--desired-metrics=false):
+	// one series or two per server this replica knows, which the drift
+	// alerts join with HAProxy's exporter. Zero: exported.
+	NoDesiredMetrics bool
 	// PeerReadChunk is the most polls one raft-port answer carries when
 	// this replica reads a peer's poller table (0: 250,000 summarized
 	// polls, 50,000 polls of /v1/pollers); a test lowers it to read a
@@ -276,6 +281,14 @@ func New(o Options) (*App, error) {
 	a.newWatcher = a.defaultWatcher
 	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
 		return nil, err
+	}
+	if !o.NoDesiredMetrics {
+		reg.MustRegister(server.NewDesiredCollector(server.DesiredOptions{Pollers: a.pollers, Snapshot: func() *state.Snapshot {
+			if n := a.nodeRef.Load(); n != nil {
+				return n.Snapshot()
+			}
+			return nil
+		}}))
 	}
 	build := version.Get()
 	// The Go runtime's and the process's collectors are not metrics
