@@ -39,6 +39,12 @@ type DesiredOptions struct {
 	Now func() time.Time
 }
 
+// DesiredChangedWindow is how long after a server's answer changed its
+// hastate_desired_changed_timestamp_seconds is exported: the drift alerts
+// need it for the seconds HAProxy takes to poll, and a fleet at rest then
+// costs one series per server, not two.
+const DesiredChangedWindow = 10 * time.Minute
+
 const (
 	desiredAnswerHelp = "Per server (labels as HAProxy's exporter names them: proxy is the backend), one series: state is the kind of answer hastate gives for it " +
 		"(ready, weight: an explicit N%, ramping: an undrain ramp's step, drain, maint, withheld: no answer, HAProxy keeps its state), " +
@@ -46,10 +52,10 @@ const (
 		"Every server this replica knows: a key of its own, or asked about by an HAProxy within 10 minutes (this replica's poller table); " +
 		"the answer is from raft, the same on every replica in sync: use max by (proxy, server, state) over replicas. " +
 		"Off with --desired-metrics=false."
-	desiredChangedHelp = "Unix time at which the answer of each server of hastate_desired_answer last changed, on the raft leader's clock " +
+	desiredChangedHelp = "Unix time at which the answer of a server of hastate_desired_answer last changed, on the raft leader's clock " +
 		"(a write's, an expiry's until, a ramp's start: its steps change only the weight); the same on every replica in sync. " +
-		"Absent when not known (the default ready 100% after a key was deleted). " +
-		"The drift alerts compare HAProxy's samples taken at least a few agent-inters after it."
+		"Only for 10 minutes after the change (so that a fleet at rest costs one series per server), and only when known (not the default ready 100% after a key was deleted). " +
+		"The drift alerts compare only HAProxy's samples taken at least a few agent-inters after it."
 )
 
 // NewDesiredCollector returns the collector; register it with the
@@ -76,6 +82,7 @@ func (c *DesiredCollector) Collect(ch chan<- prometheus.Metric) {
 	if snap == nil {
 		return
 	}
+	now := c.o.Now()
 	for _, t := range c.servers(snap) {
 		r := snap.Resolve(t.Backend, t.Server)
 		kind := r.Kind()
@@ -85,7 +92,7 @@ func (c *DesiredCollector) Collect(ch chan<- prometheus.Metric) {
 			w = float64(r.Answer.Weight)
 		}
 		ch <- prometheus.MustNewConstMetric(c.answer, prometheus.GaugeValue, w, t.Backend, t.Server, string(kind))
-		if at := r.Changed(); !at.IsZero() {
+		if at := r.Changed(); !at.IsZero() && now.Sub(at) < DesiredChangedWindow {
 			ch <- prometheus.MustNewConstMetric(c.changed, prometheus.GaugeValue, float64(at.UnixNano())/1e9, t.Backend, t.Server)
 		}
 	}

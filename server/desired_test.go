@@ -14,15 +14,18 @@ import (
 // HAProxy's exporter labels it: a server with a key of its own, and one an
 // HAProxy polls (a backend-wide key's server, a server at the default).
 // The backend-wide key itself, a server probed once, and a server polled
-// before the window have none; the change time is exported where known.
+// before the window have none; the change time is exported where known,
+// for DesiredChangedWindow.
 func TestDesiredCollector(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	now := t0.Add(time.Hour)
 	m := state.NewMirror()
 	m.ApplyAt(state.Change{Set: map[string]string{
 		"state/web/a": "drain", "state/web/b": "maint", "state/web/c": "40%", "state/web/d": "bad",
-		"state/api/*": "drain",
-	}}, t0, state.RampPolicy{})
+		"state/api/*": "drain", "state/web/old": "drain",
+	}}, now.Add(-DesiredChangedWindow+time.Second), state.RampPolicy{})
+	// A change older than DesiredChangedWindow has no change time.
+	m.ApplyAt(state.Change{Set: map[string]string{"state/web/old": "maint"}}, t0, state.RampPolicy{})
 	snap := m.Snapshot()
 	p := newPollers(t, PollersOptions{})
 	h := &net.TCPAddr{IP: net.ParseIP("127.0.0.2"), Port: 4000}
@@ -42,12 +45,13 @@ hastate_desired_answer{proxy="web",server="b",state="maint"} 0
 hastate_desired_answer{proxy="web",server="c",state="weight"} 40
 hastate_desired_answer{proxy="web",server="d",state="withheld"} 0
 hastate_desired_answer{proxy="web",server="e",state="ready"} 100
+hastate_desired_answer{proxy="web",server="old",state="maint"} 0
 # HELP hastate_desired_changed_timestamp_seconds ` + desiredChangedHelp + `
 # TYPE hastate_desired_changed_timestamp_seconds gauge
-hastate_desired_changed_timestamp_seconds{proxy="api",server="x"} 1.79604e+09
-hastate_desired_changed_timestamp_seconds{proxy="web",server="a"} 1.79604e+09
-hastate_desired_changed_timestamp_seconds{proxy="web",server="b"} 1.79604e+09
-hastate_desired_changed_timestamp_seconds{proxy="web",server="c"} 1.79604e+09
+hastate_desired_changed_timestamp_seconds{proxy="api",server="x"} 1.796043001e+09
+hastate_desired_changed_timestamp_seconds{proxy="web",server="a"} 1.796043001e+09
+hastate_desired_changed_timestamp_seconds{proxy="web",server="b"} 1.796043001e+09
+hastate_desired_changed_timestamp_seconds{proxy="web",server="c"} 1.796043001e+09
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
 		t.Fatal(err)

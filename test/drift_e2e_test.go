@@ -24,8 +24,9 @@ import (
 //
 //  1. HastateHAProxyOverride: a MAINT set over HAProxy A's admin socket
 //     (its agent check disabled first: with the agent running, hastate's
-//     next "ready" answer clears it within one agent-inter) on a server
-//     hastate answers ready; fixed by enabling the agent again.
+//     next "ready" answer clears it within one agent-inter, which the test
+//     checks too) on a server hastate answers ready; fixed by enabling the
+//     agent again.
 //  2. HastateDrainNotApplied: HAProxy B's agent checks cannot reach
 //     hastate (its agent-port has no listener) while a server is drained:
 //     A applies the drain, B keeps it UP; fixed by pointing B's agent-port
@@ -83,6 +84,13 @@ scrape_configs:
 	if a := driftFiring(t, api); len(a) != 0 {
 		t.Fatalf("drift alerts active before any fault: %v", a)
 	}
+
+	// With the agent check running, a socket maint does not last:
+	// hastate's answer carries its admin word, and its "ready" clears the
+	// MAINT at the next agent check (the CLI and the agent write the same
+	// flags).
+	hapCommand(t, hapA, "set server be_drift/s3 state maint")
+	hapA.WaitServer(t, "be_drift/s3", "UP", -1)
 
 	// 1. A socket maint nobody clears, on a server hastate answers ready.
 	hapCommand(t, hapA, "disable agent be_drift/s1")

@@ -315,7 +315,7 @@ scrape_configs:
 // configuration cfg returns (given the directory it runs in, where a
 // test may write rule files) and its storage in that directory, and
 // returns its host:port once it is ready. It is killed when the test ends.
-func runPrometheus(t *testing.T, cfg func(dir string) string) string {
+func runPrometheus(t testing.TB, cfg func(dir string) string) string {
 	t.Helper()
 	bin := prometheusBin(t)
 	dir := t.TempDir()
@@ -351,7 +351,7 @@ func runPrometheus(t *testing.T, cfg func(dir string) string) string {
 
 // prometheusBin finds Prometheus: $PROMETHEUS_BIN, else `prometheus` on
 // PATH, else Debian's /usr/bin/prometheus. Without one the test fails.
-func prometheusBin(t *testing.T) string {
+func prometheusBin(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("PROMETHEUS_BIN"); p != "" {
 		return p

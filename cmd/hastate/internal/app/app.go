@@ -108,8 +108,9 @@ type Options struct {
 	PollersMax int
 	// NoDesiredMetrics turns off hastate_desired_answer and
 	// hastate_desired_changed_timestamp_seconds (--desired-metrics=false):
-	// one series or two per server this replica knows, which the drift
-	// alerts join with HAProxy's exporter. Zero: exported.
+	// one series per server this replica knows (two for 10 minutes after
+	// its answer changed), which the drift alerts join with HAProxy's
+	// exporter. Zero: exported.
 	NoDesiredMetrics bool
 	// PeerReadChunk is the most polls one raft-port answer carries when
 	// this replica reads a peer's poller table (0: 250,000 summarized
