@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -32,10 +33,11 @@ import (
 //     A applies the drain, B keeps it UP; fixed by pointing B's agent-port
 //     at hastate over its admin socket.
 //
-// The rules are the shipped ones with only the for: of the three drift
-// alerts cut to driftFor (1m and 5m shipped) and scrapes and evaluations
-// every second: the expressions, their 10 s settle window included, are
-// the shipped ones.
+// The dashboard's table of the servers that drift lists each, and only
+// it, while it fires. The rules are the shipped ones with only the for:
+// of the three drift alerts cut to driftFor (1m and 5m shipped) and
+// scrapes and evaluations every second: the expressions, their 10 s
+// settle window included, are the shipped ones.
 func TestE2EDriftAlerts(t *testing.T) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 1, HastateOptions{ConsulAddr: consul.Addr()})
@@ -105,6 +107,10 @@ scrape_configs:
 	hapA.WaitServer(t, "be_drift/s1", statMaint, -1)
 	override := model.LabelSet{"alertname": "HastateHAProxyOverride", "instance": model.LabelValue(expA), "proxy": "be_drift", "server": "s1", "state": "MAINT"}
 	fired := waitAlert(t, api, override, fault)
+	if rows := driftPanel(t, api); len(rows) != 1 || rows[0]["instance"] != model.LabelValue(expA) || rows[0]["server"] != "s1" ||
+		rows[0]["state"] != "MAINT" || rows[0]["drift"] != "held in MAINT or DRAIN" {
+		t.Fatalf("the dashboard's table of servers that drift lists %v, want be_drift/s1 in MAINT on %s only", rows, expA)
+	}
 	fix := time.Now()
 	hapCommand(t, hapA, "enable agent be_drift/s1") // hastate's next answer, ready, clears the MAINT
 	hapA.WaitServer(t, "be_drift/s1", "UP", -1)
@@ -125,6 +131,11 @@ scrape_configs:
 	fired = waitAlert(t, api, notApplied, fault)
 	if fired.ActiveAt.Sub(fault) < 10*time.Second {
 		t.Fatalf("HastateDrainNotApplied went pending %s after the drain, within the 10s HAProxy is given to poll", fired.ActiveAt.Sub(fault))
+	}
+	// The dashboard's table lists it too, by HAProxy instance, and only it.
+	rows := driftPanel(t, api)
+	if len(rows) != 1 || rows[0]["instance"] != model.LabelValue(expB) || rows[0]["server"] != "s2" || rows[0]["drift"] != "drain or maint not applied (UP)" {
+		t.Fatalf("the dashboard's table of servers that drift lists %v, want be_drift/s2 on %s only", rows, expB)
 	}
 	_, port, _ := net.SplitHostPort(hs[0].AgentAddr)
 	fix = time.Now()
@@ -274,4 +285,43 @@ func waitResolved(t *testing.T, api promv1.API, want model.LabelSet, since time.
 		return nil
 	})
 	return time.Now()
+}
+
+// driftPanel runs the query of the dashboard's table "Servers that drift,
+// by HAProxy instance" (deploy/grafana/hastate.json, $job set to the
+// scrape job of the replicas) and returns the label sets of its rows.
+func driftPanel(t *testing.T, api promv1.API) []model.Metric {
+	t.Helper()
+	b, err := os.ReadFile("../deploy/grafana/hastate.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("deploy/grafana/hastate.json: %v", err)
+	}
+	const title = "Servers that drift, by HAProxy instance"
+	for _, p := range d.Panels {
+		if p.Title != title || len(p.Targets) != 1 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		v, _, _, err := api.Query(ctx, strings.ReplaceAll(p.Targets[0].Expr, "$job", "hastate"), time.Time{})
+		if err != nil {
+			t.Fatalf("the query of the dashboard's %q: %v", title, err)
+		}
+		var rows []model.Metric
+		for _, s := range v.(model.Vector) {
+			rows = append(rows, s.Metric)
+		}
+		return rows
+	}
+	t.Fatalf("deploy/grafana/hastate.json has no panel %q with one query", title)
+	return nil
 }
