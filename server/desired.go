@@ -30,7 +30,8 @@ type DesiredCollector struct {
 // DesiredOptions configure NewDesiredCollector.
 type DesiredOptions struct {
 	// Snapshot returns the replica's serving snapshot without waiting for
-	// a confirmation (nil: it holds no state, and nothing is exported).
+	// a confirmation (nil: nothing is exported; the replica holds no state
+	// it can vouch for).
 	Snapshot func() *state.Snapshot
 	// Pollers is the replica's poller table (nil: only servers with a
 	// key of their own are exported).
@@ -50,7 +51,7 @@ const (
 		"(ready, weight: an explicit N%, ramping: an undrain ramp's step, drain, maint, withheld: no answer, HAProxy keeps its state), " +
 		"the value the weight in percent the answer tells HAProxy (0 for drain, maint and withheld). " +
 		"Every server this replica knows: a key of its own, or asked about by an HAProxy within 10 minutes (this replica's poller table); " +
-		"the answer is from raft, the same on every replica in sync: use max by (proxy, server, state) over replicas. " +
+		"the answer is from raft, the same on every replica in sync: use max by (proxy, server, state) over replicas. A replica that is not ready exports none. " +
 		"Off with --desired-metrics=false."
 	desiredChangedHelp = "Unix time at which the answer of a server of hastate_desired_answer last changed, on the raft leader's clock " +
 		"(a write's, an expiry's until, a ramp's start: its steps change only the weight); the same on every replica in sync. " +

@@ -284,9 +284,14 @@ func New(o Options) (*App, error) {
 		return nil, err
 	}
 	if !o.NoDesiredMetrics {
+		// A replica that is not ready (no state, behind or cut off from
+		// the leader) may hold a stale answer: it exports none, so that
+		// the drift alerts read only the replicas in sync.
 		reg.MustRegister(server.NewDesiredCollector(server.DesiredOptions{Pollers: a.pollers, Snapshot: func() *state.Snapshot {
 			if n := a.nodeRef.Load(); n != nil {
-				return n.Snapshot()
+				if ok, _ := n.Ready(); ok {
+					return n.Snapshot()
+				}
 			}
 			return nil
 		}}))

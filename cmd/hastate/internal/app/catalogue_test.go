@@ -155,8 +155,10 @@ per server, not per HAProxy that polls it: the HAProxy instance comes from
 HAProxy's series. ` + "`hastate_desired_changed_timestamp_seconds{proxy,server}`" + `
 exists for 10 minutes after a server's answer changed.
 
-**Every replica exports them**, for the servers it knows: the answer is from
-raft (the same on every replica in sync), but which servers were polled is
+**Every replica exports them**, for the servers it knows, while it is ready
+(one behind or cut off from the leader may hold a stale answer, and exports
+none): the answer is from raft (the same on every replica in sync), but
+which servers were polled is
 each replica's own (the agent load balancer spreads an HAProxy's checks
 over the replicas), so the union over replicas, ` + "`max by (proxy, server, ...)`" + `
 in every shipped expression, is what the cluster knows. That aggregation
