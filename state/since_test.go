@@ -110,3 +110,34 @@ func TestRampStepDue(t *testing.T) {
 		}
 	}
 }
+
+// Changed is Since, or the until of an expired key when the answer is
+// what that key gave way to: an expiry changes the answer although no key
+// changed.
+func TestResolutionChanged(t *testing.T) {
+	m := NewMirror()
+	until := t0.Add(5 * time.Minute).Format(time.RFC3339)
+	m.ApplyAt(set("state/web/*", "drain", "state/web/a", `{"state":"maint","until":"`+until+`"}`,
+		"state/api/b", `{"state":"drain","until":"`+until+`"}`, "state/api/c", "drain"), t0, RampPolicy{})
+	if got := m.Snapshot().Resolve("web", "a").Changed(); !got.Equal(t0) {
+		t.Fatalf("before the expiry: web/a Changed %v, want %v", got, t0)
+	}
+	m.Expire([]string{"state/web/a", "state/api/b"}, t0.Add(6*time.Minute), RampPolicy{})
+	s := m.Snapshot()
+	for _, c := range []struct {
+		backend, server string
+		kind            Kind
+		want            time.Time
+	}{
+		{"web", "a", KindDrain, t0.Add(5 * time.Minute)}, // its backend's drain since t0, but the answer changed at the expiry
+		{"api", "b", KindReady, t0.Add(5 * time.Minute)}, // no key left in force: the expiry is all that is known
+		{"api", "c", KindDrain, t0},                      // its own key
+		{"api", "d", KindReady, time.Time{}},             // never set: not known
+		{"web", "z", KindDrain, t0},                      // the wildcard
+	} {
+		r := s.Resolve(c.backend, c.server)
+		if r.Kind() != c.kind || !r.Changed().Equal(c.want) {
+			t.Errorf("%s/%s: %s changed %v, want %s changed %v", c.backend, c.server, r.Kind(), r.Changed(), c.kind, c.want)
+		}
+	}
+}

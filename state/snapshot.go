@@ -347,3 +347,20 @@ func (r Resolution) Since() time.Time {
 	}
 	return time.Time{}
 }
+
+// Changed is when the server's answer last changed, as far as the
+// snapshot knows, on the leader's clock: Since, or, when the answer is
+// what an expired key gave way to, that key's until if it is later (the
+// leader expires a key once its until has passed, so this is at most a
+// tick early). A ramp's steps change only the weight: a ramping server's
+// Changed is its ramp's start. Zero when not known: the default ready
+// 100% after a key was deleted or when none was ever set.
+func (r Resolution) Changed() time.Time {
+	t := r.Since()
+	if r.Expired != nil {
+		if u := r.Expired.Last().Until; u.After(t) {
+			t = u
+		}
+	}
+	return t
+}

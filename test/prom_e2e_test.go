@@ -54,7 +54,7 @@ func TestE2EHAProxyViewThroughPrometheus(t *testing.T) {
 		t.Logf("HAProxy %c: %s (%s), exporter %s", 'A'+i, releases[i], releases[i].Version, exp)
 		haps = append(haps, startHAProxy(t, freeAddr(t), hs, src, []Backend{be}, hapExtras{
 			release:  releases[i],
-			sections: fmt.Sprintf("\nfrontend exporter\n    mode http\n    bind %s\n    http-request use-service prometheus-exporter if { path /metrics }\n", exp),
+			sections: exporterFrontend(exp),
 			server:   func(_, s string) string { return holds[s].Addr() },
 			timeout:  5 * time.Minute, // sessions outlive the test's steps
 		}))
@@ -304,10 +304,8 @@ func lastLine(s string) string {
 // returns its host:port once it is ready. It is killed when the test ends.
 func startPrometheus(t *testing.T, targets []string) string {
 	t.Helper()
-	bin := prometheusBin(t)
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	cfg := fmt.Sprintf(`global:
+	return runPrometheus(t, func(string) string {
+		return fmt.Sprintf(`global:
   scrape_interval: 1s
   scrape_timeout: 900ms
 scrape_configs:
@@ -316,8 +314,20 @@ scrape_configs:
     static_configs:
       - targets: ['%s']
 `, strings.Join(targets, "', '"))
+	})
+}
+
+// runPrometheus runs Debian's prometheus on 127.0.0.1 with the
+// configuration cfg returns (given the directory it runs in, where a
+// test may write rule files) and its storage in that directory, and
+// returns its host:port once it is ready. It is killed when the test ends.
+func runPrometheus(t testing.TB, cfg func(dir string) string) string {
+	t.Helper()
+	bin := prometheusBin(t)
+	dir := t.TempDir()
+	addr := freeAddr(t)
 	cfgPath := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(cfg(dir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p := &testenv.Process{Bin: bin, LogPath: filepath.Join(dir, "prometheus.log")}
@@ -347,7 +357,7 @@ scrape_configs:
 
 // prometheusBin finds Prometheus: $PROMETHEUS_BIN, else `prometheus` on
 // PATH, else Debian's /usr/bin/prometheus. Without one the test fails.
-func prometheusBin(t *testing.T) string {
+func prometheusBin(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("PROMETHEUS_BIN"); p != "" {
 		return p

@@ -183,6 +183,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 		tlsPeerNames           []string
 		raftDial               string
 		rampStart              string
+		desiredMetrics         bool
 	)
 	o.Ramp = state.DefaultRampPolicy()
 	c := &cobra.Command{
@@ -210,6 +211,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 			if o.Peers, err = cluster.ParsePeers(peers); err != nil {
 				return fmt.Errorf("%w: --peers: %v", ctl.ErrUsage, err)
 			}
+			o.NoDesiredMetrics = !desiredMetrics
 			if o.Ramp.Start, err = state.ParsePercent(rampStart, 100); err != nil {
 				return fmt.Errorf("%w: --ramp-start: %v", ctl.ErrUsage, err)
 			}
@@ -259,6 +261,7 @@ func serveCmd(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep answering probes this long with readiness failing, so that a load balancer stops sending probes here first (e.g. its health check interval × unhealthy threshold); a second signal cuts it short")
 	f.IntVar(&o.FeatureLevel, "feature-level", 0, fmt.Sprintf("highest feature level this replica advertises (0: this release's, %d); 1 on every replica while upgrading from 0.13.0 keeps rolling back with the data directories safe: level 2's features (a meta key's until and ramp) wait", state.MaxLevel))
 	f.IntVar(&o.PollersMax, "pollers-max", server.DefaultMaxPollers, "most (HAProxy, server) pairs a replica remembers for /v1/pollers and for \"hastate wait\" (0: the default); probes of new pairs beyond it are counted in hastate_pollers_dropped_total")
+	f.BoolVar(&desiredMetrics, "desired-metrics", true, "export hastate_desired_answer and hastate_desired_changed_timestamp_seconds: one series per server this replica knows (a key of its own, or polled by an HAProxy within 10 minutes), two for 10 minutes after its answer changed, labelled proxy and server as HAProxy's exporter, for the drift alerts; false saves those series (50,000 to 100,000 per replica at 50,000 servers: docs/metrics.md) and silences the drift alerts")
 	f.IntVar(&o.PeerReadChunk, "peer-read-chunk", 0, "most polls one raft-port answer carries when a replica reads a peer's poller table (0: 250,000 summarized polls, 50,000 of /v1/pollers); for tests")
 	_ = f.MarkHidden("peer-read-chunk")
 	f.StringVar(&tlsCert, "raft-tls-cert", "", "PEM certificate of this replica for mutual TLS on the raft port")

@@ -191,7 +191,7 @@ func TestDashboard(t *testing.T) {
 			refs[q.RefID] = true
 		}
 	}
-	if want := []string{"Fleet", "Desired state", "Cluster", "Consul sync"}; rows != len(want) {
+	if want := []string{"Fleet", "Drift", "Desired state", "Cluster", "Consul sync"}; rows != len(want) {
 		t.Errorf("%d rows, want %d (%v)", rows, len(want), want)
 	} else {
 		i := 0

@@ -106,6 +106,12 @@ type Options struct {
 	// for /v1/pollers and `hastate wait`; new pairs beyond it are dropped
 	// and counted (0: server.DefaultMaxPollers; negative is refused).
 	PollersMax int
+	// NoDesiredMetrics turns off hastate_desired_answer and
+	// hastate_desired_changed_timestamp_seconds (--desired-metrics=false):
+	// one series per server this replica knows (two for 10 minutes after
+	// its answer changed), which the drift alerts join with HAProxy's
+	// exporter. Zero: exported.
+	NoDesiredMetrics bool
 	// PeerReadChunk is the most polls one raft-port answer carries when
 	// this replica reads a peer's poller table (0: 250,000 summarized
 	// polls, 50,000 polls of /v1/pollers); a test lowers it to read a
@@ -276,6 +282,19 @@ func New(o Options) (*App, error) {
 	a.newWatcher = a.defaultWatcher
 	if a.pollers, err = server.NewPollers(server.PollersOptions{Max: o.PollersMax, Registerer: reg}); err != nil {
 		return nil, err
+	}
+	if !o.NoDesiredMetrics {
+		// A replica that is not ready (no state, behind or cut off from
+		// the leader) may hold a stale answer: it exports none, so that
+		// the drift alerts read only the replicas in sync.
+		reg.MustRegister(server.NewDesiredCollector(server.DesiredOptions{Pollers: a.pollers, Snapshot: func() *state.Snapshot {
+			if n := a.nodeRef.Load(); n != nil {
+				if ok, _ := n.Ready(); ok {
+					return n.Snapshot()
+				}
+			}
+			return nil
+		}}))
 	}
 	build := version.Get()
 	// The Go runtime's and the process's collectors are not metrics
