@@ -37,17 +37,22 @@ import (
 // it, while it fires. The rules are the shipped ones with only the for:
 // of the three drift alerts cut to driftFor (1m and 5m shipped) and
 // scrapes and evaluations every second: the expressions, their 10 s
-// settle window included, are the shipped ones.
+// settle window included, are the shipped ones. It runs once per HAProxy
+// release (2.6 and 3.0), both HAProxy processes of that release.
 func TestE2EDriftAlerts(t *testing.T) {
+	forEachRelease(t, driftAlerts)
+}
+
+func driftAlerts(t *testing.T, r haproxyRelease) {
 	consul := testenv.StartConsul(t, testenv.ConsulOptions{})
 	hs := StartCluster(t, 1, HastateOptions{ConsulAddr: consul.Addr()})
 	be := Backend{Name: "be_drift", Servers: []string{"s1", "s2", "s3"}}
 	expA, expB := freeAddr(t), freeAddr(t)
-	hapA := startHAProxy(t, hs[0].AgentAddr, nil, "", []Backend{be}, hapExtras{sections: exporterFrontend(expA)})
+	hapA := startHAProxy(t, hs[0].AgentAddr, nil, "", []Backend{be}, hapExtras{release: r, sections: exporterFrontend(expA)})
 	// B's agent checks go to a port nothing listens on (L4CON: HAProxy
 	// keeps the server's state).
 	dead := freeAddr(t)
-	hapB := startHAProxy(t, dead, nil, "", []Backend{be}, hapExtras{sections: exporterFrontend(expB)})
+	hapB := startHAProxy(t, dead, nil, "", []Backend{be}, hapExtras{release: r, sections: exporterFrontend(expB)})
 	prom := runPrometheus(t, func(dir string) string {
 		rules := filepath.Join(dir, "alerts.yaml")
 		if err := os.WriteFile(rules, []byte(driftRules(t)), 0o644); err != nil {
