@@ -205,9 +205,9 @@ func queryOf(w http.ResponseWriter, r *http.Request) (listQuery, bool) {
 // after q.after) and q.limit invalid keys. Rows are resolved only for the
 // servers answered. A cluster view also counts the servers and polls the
 // other replicas saw (of the selected servers only). rowTold, when not
-// nil, is handed each server row with the last answer each HAProxy polling
-// it was told, by HAProxy (the status page tells a ramp step on its way
-// from an HAProxy that was told something else).
+// nil, is handed each ramping server's row with the last answer each
+// HAProxy polling it was told, by HAProxy (the status page tells a ramp
+// step on its way from an HAProxy that was told something else).
 func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]string)) api.StateView {
 	snap := h.o.Replica.Snapshot()
 	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus(),
@@ -215,12 +215,15 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	if !q.filter.All() {
 		v.Selectors = q.sels
 	}
-	arg := SummaryArg{Selectors: q.sels}
-	sums := []PollSummary{h.o.Pollers.Summary(time.Now().Add(-PollerWindow), arg)}
+	// This replica's polls are read in place (Pollers.own), the peers'
+	// as summaries.
+	own := h.o.Pollers.own(time.Now().Add(-PollerWindow), q.filter)
+	var sums []PollSummary
 	if cluster {
 		v.Scope = "cluster"
-		peers, answers := h.o.Replica.PeerSummaries(arg)
-		sums, v.Replicas = append(sums, peers...), withSelf(answers, h.o.NodeID)
+		var answers []api.ReplicaAnswer
+		sums, answers = h.o.Replica.PeerSummaries(SummaryArg{Selectors: q.sels})
+		v.Replicas = withSelf(answers, h.o.NodeID)
 	}
 	var invalid []state.Entry
 	for _, e := range snap.Entries() {
@@ -256,13 +259,14 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	}
 	now := time.Now()
 	polls := indexSummaries(sums) // merged per server of the page only
+	polls.own = own
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
 			seen[t] = true
 		}
 		// A manual probe does not make a server known.
-		for t := range polls.at {
+		for t := range polls.servers() {
 			if !seen[t] && polls.fromHAProxy(t, now.UnixMilli()) {
 				seen[t] = true
 				targets = append(targets, t)
@@ -287,14 +291,18 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		targets = targets[i:]
 	}
 	targets, cutServers := cut(targets, q.limit)
+	v.Servers = slices.Grow(v.Servers, len(targets))
 	for _, t := range targets {
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		told, kept := polls.told(t, now.UnixMilli(), rowTold != nil)
+		// The answers by HAProxy cost a map per server: only a ramping
+		// row's are asked for.
+		byHAProxy := rowTold != nil && row.Kind == api.KindRamping
+		told, kept := polls.told(t, now.UnixMilli(), byHAProxy)
 		row.Polled, row.Told = told.polled, told.told(row.Answer)
 		if row.Withheld {
 			keepsOf(&row, kept)
 		}
-		if rowTold != nil {
+		if byHAProxy {
 			rowTold(row, told.by)
 		}
 		v.Servers = append(v.Servers, row)

@@ -331,6 +331,9 @@ func MergeSummaries(sums []PollSummary) map[state.Target][]mergedPoll {
 type summaryIndex struct {
 	sums []PollSummary
 	at   map[state.Target][]sumRef
+	// own, when not nil, is this replica's table read in place
+	// (Pollers.own), beside the peers' summaries.
+	own *ownPolls
 }
 
 // sumRef is one server's place in the summaries: sums[sum].Servers[server].
@@ -365,17 +368,49 @@ func (x summaryIndex) polls(t state.Target) []mergedPoll {
 			m = append(m, s.merged(p))
 		}
 	}
-	if len(refs) > 1 {
+	seen := len(refs)
+	if sp := x.ownServer(t); sp != nil {
+		m = x.own.merged(m, sp)
+		seen++
+	}
+	if seen > 1 {
 		m = foldSources(m)
 	}
 	return m
+}
+
+// ownServer is t's records in this replica's table (nil: none, or not
+// read in place).
+func (x summaryIndex) ownServer(t state.Target) *serverPolls {
+	if x.own == nil {
+		return nil
+	}
+	return x.own.at[t]
+}
+
+// servers yields every server some replica saw, once.
+func (x summaryIndex) servers() iter.Seq[state.Target] {
+	return func(yield func(state.Target) bool) {
+		if x.own != nil {
+			for t := range x.own.at {
+				if !yield(t) {
+					return
+				}
+			}
+		}
+		for t := range x.at {
+			if x.ownServer(t) == nil && !yield(t) {
+				return
+			}
+		}
+	}
 }
 
 // seq yields t's merged polls; a server that one replica saw is read
 // from its summary as it stands, without a copy.
 func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
 	refs := x.at[t]
-	if len(refs) != 1 {
+	if len(refs) != 1 || x.ownServer(t) != nil {
 		return slices.Values(x.polls(t))
 	}
 	s := &x.sums[refs[0].sum]
@@ -394,7 +429,11 @@ func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
 // counts every poll of the table.
 func (x summaryIndex) told(t state.Target, nowMs int64, byHAProxy bool) (toldAnswers, map[string]int) {
 	refs := x.at[t]
-	if len(refs) != 1 || byHAProxy {
+	own := x.ownServer(t)
+	if own != nil && len(refs) == 0 && !byHAProxy {
+		return x.own.told(own, nowMs)
+	}
+	if len(refs) != 1 || own != nil || byHAProxy {
 		return toldOf(x.seq(t), nowMs, byHAProxy)
 	}
 	s := &x.sums[refs[0].sum]
@@ -434,7 +473,11 @@ func (s *PollSummary) merged(p SourcePoll) mergedPoll {
 // one replica saw.
 func (x summaryIndex) fromHAProxy(t state.Target, nowMs int64) bool {
 	refs := x.at[t]
-	if len(refs) == 1 {
+	own := x.ownServer(t)
+	if own != nil && len(refs) == 0 {
+		return x.own.fromHAProxy(own, nowMs)
+	}
+	if len(refs) == 1 && own == nil {
 		s := &x.sums[refs[0].sum]
 		for _, p := range s.Servers[refs[0].server].Polls {
 			if (mergedPoll{Count: p.Count, LastMs: p.LastMs}).fromHAProxy(nowMs) {
@@ -476,4 +519,138 @@ func foldSources(m []mergedPoll) []mergedPoll {
 		out[len(out)-1] = newer
 	}
 	return out
+}
+
+// ownPolls is this replica's own table as /v1/state reads it: in place,
+// one server's lock at a time, instead of a summary of every poll (a
+// summary of a million polls is tens of MB of garbage a read, which the
+// agent's checks pay for in the collector's assists). A server that no
+// peer saw is counted over its records without a copy; one that a peer
+// saw too is merged as its polls (ownPolls.merged).
+type ownPolls struct {
+	p     *Pollers
+	at    map[state.Target]*serverPolls
+	since int64    // Unix ns: polls older than it are not read
+	texts []string // the answer lines by interned id, without LF ("": 0)
+	srcs  map[pollAddr]string
+}
+
+// own returns the servers f selects that were asked about since since,
+// read in place (nil Pollers: none).
+func (p *Pollers) own(since time.Time, f api.Filter) *ownPolls {
+	o := &ownPolls{p: p, at: map[state.Target]*serverPolls{}, since: since.UnixNano(), srcs: map[pollAddr]string{}}
+	if p == nil {
+		return o
+	}
+	t := p.answers.Load()
+	o.texts = make([]string, len(t.lines))
+	for id := range t.lines {
+		o.texts[id] = lineText(t, uint16(id))
+	}
+	p.walk(f, "", func(sp *serverPolls, b, s string) bool {
+		if sp.recent(o.since) {
+			o.at[state.Target{Backend: b, Server: s}] = sp
+		}
+		return true
+	})
+	return o
+}
+
+// recent reports whether sp holds a poll asked since since (Unix ns).
+func (sp *serverPolls) recent(since int64) bool {
+	found := false
+	sp.each(since, func(*poll) bool {
+		found = true
+		return false
+	})
+	return found
+}
+
+// text is the answer line id without its LF ("" for 0).
+func (o *ownPolls) text(id uint16) string {
+	if int(id) >= len(o.texts) { // interned after own began
+		return lineText(o.p.answers.Load(), id)
+	}
+	return o.texts[id]
+}
+
+// merged appends sp's polls as mergedPolls to m (a Summary's, without
+// the summary): the count capped at 2, the time in milliseconds.
+func (o *ownPolls) merged(m []mergedPoll, sp *serverPolls) []mergedPoll {
+	sp.each(o.since, func(e *poll) bool {
+		src, ok := o.srcs[e.addr]
+		if !ok {
+			src = e.addr.String()
+			o.srcs[e.addr] = src
+		}
+		mp := e.merged()
+		mp.Source, mp.Answer, mp.Withheld = src, o.text(e.answer), e.answer == 0
+		if e.answer == 0 {
+			mp.Kept = o.text(e.kept)
+		}
+		m = append(m, mp)
+		return true
+	})
+	return m
+}
+
+// fromHAProxy is summaryIndex.fromHAProxy over sp's records alone.
+func (o *ownPolls) fromHAProxy(sp *serverPolls, nowMs int64) bool {
+	found := false
+	sp.each(o.since, func(e *poll) bool {
+		found = e.merged().fromHAProxy(nowMs)
+		return !found
+	})
+	return found
+}
+
+// merged is e's count and time as a summary carries them (the count
+// capped at 2, the time in milliseconds).
+func (e *poll) merged() mergedPoll {
+	return mergedPoll{Count: min(e.count, 2), LastMs: e.last / int64(time.Millisecond)}
+}
+
+// idCount counts one interned answer.
+type idCount struct {
+	id uint16
+	n  int
+}
+
+func addCount(c []idCount, id uint16) []idCount {
+	for i := range c {
+		if c[i].id == id {
+			c[i].n++
+			return c
+		}
+	}
+	return append(c, idCount{id, 1})
+}
+
+// told is toldOf over sp's records alone, without the answers by
+// HAProxy: counted by interned answer under sp's lock, without a copy or
+// an allocation per poll.
+func (o *ownPolls) told(sp *serverPolls, nowMs int64) (toldAnswers, map[string]int) {
+	var toldBuf, keptBuf [4]idCount // a server's HAProxy nodes were told one or two answers
+	told, kept := toldBuf[:0], keptBuf[:0]
+	polled := 0
+	sp.each(o.since, func(e *poll) bool {
+		if !e.merged().polling(nowMs) {
+			return true
+		}
+		polled++
+		told = addCount(told, e.answer) // 0, "": withheld
+		if e.answer == 0 && e.kept != 0 {
+			kept = addCount(kept, e.kept)
+		}
+		return true
+	})
+	out := toldAnswers{polled: polled, answers: make(map[string]int, len(told))}
+	for _, c := range told {
+		out.answers[o.text(c.id)] += c.n
+	}
+	keptBy := make(map[string]int, len(kept))
+	for _, c := range kept {
+		keptBy[o.text(c.id)] += c.n
+	}
+	return out, keptBy
 }
