@@ -134,6 +134,8 @@ func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummar
 	var buf []poll
 	var scratch []SourcePoll   // a server's polls, for its counts
 	sets := map[string]int32{} // SourceSets by their packed indexes
+	lastSet := int32(-1)       // the last server's set
+	prevN := -1                // the last server's number of polls
 	n := 0
 	p.walk(f, q.After, func(sp *serverPolls, b, s string) bool {
 		if sp.key == q.After {
@@ -158,6 +160,8 @@ func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummar
 		} else {
 			polls = make([]SourcePoll, len(buf))
 		}
+		sameSources := len(buf) == prevN // as the previous server's, so far
+		prevN = len(buf)
 		for i, e := range buf {
 			// Servers are mostly polled by the same sources, in the
 			// same (address) order: the previous server's i-th source
@@ -166,6 +170,7 @@ func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummar
 			if i < len(prev) && prev[i].addr == e.addr {
 				si = prev[i].idx
 			} else {
+				sameSources = false
 				var ok bool
 				if si, ok = srcs[e.addr]; !ok {
 					si = int32(len(out.Sources))
@@ -185,7 +190,7 @@ func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummar
 			}
 		}
 		if q.Counts {
-			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Counts: out.countsOf(polls, nowMs, sets)})
+			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Counts: out.countsOf(polls, nowMs, sets, sameSources, &lastSet)})
 		} else {
 			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: polls})
 		}
@@ -197,11 +202,14 @@ func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummar
 
 // countsOf counts one server's polls at nowMs (Unix milliseconds), its
 // sources interned in s.SourceSets (sets: their indexes by packed key).
-func (s *PollSummary) countsOf(polls []SourcePoll, nowMs int64, sets map[string]int32) *ServerCounts {
-	c := &ServerCounts{}
-	var key []byte
+// Servers are mostly polled by the same sources: a server polled by the
+// previous one's (same) takes its set (last) without a key or a look-up.
+func (s *PollSummary) countsOf(polls []SourcePoll, nowMs int64, sets map[string]int32, same bool, last *int32) *ServerCounts {
+	c := &ServerCounts{Sources: -1}
+	if same && *last >= 0 {
+		c.Sources = *last
+	}
 	for _, p := range polls {
-		key = binary.AppendUvarint(key, uint64(p.Source))
 		m := mergedPoll{Count: p.Count, LastMs: p.LastMs}
 		c.FromHAProxy = c.FromHAProxy || m.fromHAProxy(nowMs)
 		if !m.polling(nowMs) {
@@ -213,6 +221,13 @@ func (s *PollSummary) countsOf(polls []SourcePoll, nowMs int64, sets map[string]
 			c.Kept = addAnswer(c.Kept, p.Kept)
 		}
 	}
+	if c.Sources >= 0 {
+		return c
+	}
+	var key []byte
+	for _, p := range polls {
+		key = binary.AppendUvarint(key, uint64(p.Source))
+	}
 	set, ok := sets[string(key)]
 	if !ok {
 		set = int32(len(s.SourceSets))
@@ -223,7 +238,7 @@ func (s *PollSummary) countsOf(polls []SourcePoll, nowMs int64, sets map[string]
 		}
 		s.SourceSets = append(s.SourceSets, l)
 	}
-	c.Sources = set
+	c.Sources, *last = set, set
 	return c
 }
 
