@@ -205,22 +205,40 @@ func queryOf(w http.ResponseWriter, r *http.Request) (listQuery, bool) {
 // after q.after) and q.limit invalid keys. Rows are resolved only for the
 // servers answered. A cluster view also counts the servers and polls the
 // other replicas saw (of the selected servers only). rowTold, when not
-// nil, is handed each server row with the last answer each HAProxy polling
-// it was told, by HAProxy (the status page tells a ramp step on its way
-// from an HAProxy that was told something else).
-func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]string)) api.StateView {
+// nil, is handed each ramping server's row with the last answers the
+// HAProxy nodes polling it were told, and how many were told each (the
+// status page tells a ramp step on its way from an HAProxy that was told
+// something else).
+func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]int)) api.StateView {
 	snap := h.o.Replica.Snapshot()
 	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus(),
 		Migration: h.migration()}
 	if !q.filter.All() {
 		v.Selectors = q.sels
 	}
-	arg := SummaryArg{Selectors: q.sels}
-	sums := []PollSummary{h.o.Pollers.Summary(time.Now().Add(-PollerWindow), arg)}
+	// This replica's polls are read in place (Pollers.own), the peers'
+	// as counts per server, and as polls only where a source polled a
+	// server through two replicas (polls.overlaps).
+	own := h.o.Pollers.own(time.Now().Add(-PollerWindow), q.filter)
+	var sums []PollSummary
+	var answers []api.ReplicaAnswer
+	if cluster {
+		sums, answers = h.o.Replica.PeerSummaries(SummaryArg{Selectors: q.sels, Counts: true})
+	}
+	polls := indexSummaries(sums)
+	polls.own = own
 	if cluster {
 		v.Scope = "cluster"
-		peers, answers := h.o.Replica.PeerSummaries(arg)
-		sums, v.Replicas = append(sums, peers...), withSelf(answers, h.o.NodeID)
+		if over := polls.overlaps(); len(over) > 0 {
+			arg := SummaryArg{Selectors: q.sels}
+			if names := exactSelectors(over); names != nil {
+				arg.Selectors = names
+			}
+			detail, more := h.o.Replica.PeerSummaries(arg)
+			polls.detail(over, detail)
+			answers = failedToo(answers, more)
+		}
+		v.Replicas = withSelf(answers, h.o.NodeID)
 	}
 	var invalid []state.Entry
 	for _, e := range snap.Entries() {
@@ -255,14 +273,13 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		}
 	}
 	now := time.Now()
-	polls := indexSummaries(sums) // merged per server of the page only
 	if snap != nil {
 		seen := make(map[state.Target]bool, len(targets))
 		for _, t := range targets {
 			seen[t] = true
 		}
 		// A manual probe does not make a server known.
-		for t := range polls.at {
+		for t := range polls.servers() {
 			if !seen[t] && polls.fromHAProxy(t, now.UnixMilli()) {
 				seen[t] = true
 				targets = append(targets, t)
@@ -287,15 +304,16 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		targets = targets[i:]
 	}
 	targets, cutServers := cut(targets, q.limit)
+	v.Servers = slices.Grow(v.Servers, len(targets))
 	for _, t := range targets {
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		told, kept := polls.told(t, now.UnixMilli(), rowTold != nil)
+		told, kept := polls.told(t, now.UnixMilli())
 		row.Polled, row.Told = told.polled, told.told(row.Answer)
 		if row.Withheld {
 			keepsOf(&row, kept)
 		}
-		if rowTold != nil {
-			rowTold(row, told.by)
+		if rowTold != nil && row.Kind == api.KindRamping {
+			rowTold(row, told.answers)
 		}
 		v.Servers = append(v.Servers, row)
 	}
@@ -381,6 +399,55 @@ func keepsOf(row *api.ServerState, kept map[string]int) {
 func (h *httpAPI) peerPolls(q PollsArg) ([]api.Poll, int, []api.ReplicaAnswer) {
 	polls, total, answers := h.o.Replica.PeerPollers(q)
 	return polls, total, withSelf(answers, h.o.NodeID)
+}
+
+// exactSelectors returns selectors that name ts exactly (their glob
+// characters escaped), or nil when they are too many for one peer
+// query's argument: the peers are then asked for every selected server.
+func exactSelectors(ts []state.Target) []string {
+	const most = 32 << 10 // bytes, half of a peer query's argument line
+	out := make([]string, 0, len(ts))
+	n := 0
+	for _, t := range ts {
+		sel := escapeGlob(t.Backend) + "/" + escapeGlob(t.Server)
+		if n += len(sel) + 3; n > most {
+			return nil
+		}
+		out = append(out, sel)
+	}
+	return out
+}
+
+// escapeGlob escapes path.Match's special characters in name.
+func escapeGlob(name string) string {
+	const special = `*?[\`
+	if !strings.ContainsAny(name, special) {
+		return name
+	}
+	var b strings.Builder
+	for _, r := range name {
+		if strings.ContainsRune(special, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// failedToo marks, in answers, the replicas that failed in more (a second
+// question to the same peers).
+func failedToo(answers, more []api.ReplicaAnswer) []api.ReplicaAnswer {
+	for _, m := range more {
+		if m.Answered {
+			continue
+		}
+		for i := range answers {
+			if answers[i].ID == m.ID && answers[i].Answered {
+				answers[i] = m
+			}
+		}
+	}
+	return answers
 }
 
 // withSelf adds this replica (id) to the peers' answers, sorted.

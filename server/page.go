@@ -147,7 +147,7 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 	}
 	// HAProxy nodes a ramp step behind, by backend/server.
 	behind := map[string]int{}
-	v := h.view(listQuery{limit: limit}, true, func(row api.ServerState, told map[string]string) {
+	v := h.view(listQuery{limit: limit}, true, func(row api.ServerState, told map[string]int) {
 		if n := stepsBehind(row, told); n > 0 {
 			behind[row.Backend+"/"+row.Server] = n
 		}
@@ -174,15 +174,16 @@ func newNonce() string {
 // last told an earlier step of its ramp (a lower weight, in rotation): at
 // every step the answer changes, and each HAProxy hears the new one at its
 // next check, an agent-inter later. That is the ramp working, not an
-// HAProxy left behind.
-func stepsBehind(row api.ServerState, told map[string]string) int {
+// HAProxy left behind. told counts the HAProxy nodes by the answer they
+// were last told.
+func stepsBehind(row api.ServerState, told map[string]int) int {
 	if row.Kind != api.KindRamping {
 		return 0
 	}
 	n := 0
-	for _, answer := range told {
+	for answer, k := range told {
 		if w, ok := readyWeight(answer); ok && w > 0 && w < row.Weight {
-			n++
+			n += k
 		}
 	}
 	return n

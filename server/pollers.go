@@ -339,17 +339,26 @@ func (p *Pollers) walk(f api.Filter, from string, fn func(sp *serverPolls, backe
 // copyPolls appends sp's polls asked about since since (Unix ns) to dst,
 // holding sp's lock only while it copies.
 func (sp *serverPolls) copyPolls(dst []poll, since int64) []poll {
+	sp.each(since, func(e *poll) bool {
+		dst = append(dst, *e)
+		return true
+	})
+	return dst
+}
+
+// each calls fn, holding sp's lock, with each of sp's polls asked about
+// since since (Unix ns), until fn returns false.
+func (sp *serverPolls) each(since int64, fn func(e *poll) bool) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if sp.last < since {
-		return dst
+		return
 	}
-	for _, e := range sp.polls {
-		if e.last >= since {
-			dst = append(dst, e)
+	for i := range sp.polls {
+		if e := &sp.polls[i]; e.last >= since && !fn(e) {
+			return
 		}
 	}
-	return dst
 }
 
 // held is how many pairs of sp the table holds.

@@ -221,6 +221,13 @@ func TestPollersConcurrentRecordReadSweep(t *testing.T) {
 				t.Error("a page out of cursor order")
 			}
 			_ = p.Summary(time.Time{}, SummaryArg{Selectors: []string{"be0[2-4]"}, Limit: 30})
+			_ = p.Summary(time.Time{}, SummaryArg{Selectors: []string{"be0[5-7]"}, Counts: true})
+			// /v1/state's read of its own table, in place.
+			x := summaryIndex{own: p.own(t0.Add(-time.Hour), api.Filter{})}
+			for tgt := range x.servers() {
+				_, _ = x.told(tgt, time.Now().UnixMilli())
+				_ = x.fromHAProxy(tgt, time.Now().UnixMilli())
+			}
 			_ = p.Sightings(time.Time{}, time.Now())
 			_ = p.Backends(time.Time{})
 		})
@@ -247,6 +254,20 @@ func TestPollersConcurrentRecordReadSweep(t *testing.T) {
 	}
 	if polls != 4*perWorker {
 		t.Errorf("%d polls counted, want %d", polls, 4*perWorker)
+	}
+	// Once still, the table read in place counts what its summary does.
+	since, nowMs := t0.Add(-time.Hour), time.Now().UnixMilli()
+	inPlace := summaryIndex{own: p.own(since, api.Filter{})}
+	summed := indexSummaries([]PollSummary{p.summary(since, nowMs, SummaryArg{})})
+	for tgt := range summed.at {
+		a, ak := inPlace.told(tgt, nowMs)
+		b, bk := summed.told(tgt, nowMs)
+		if a.polled != b.polled || fmt.Sprint(a.answers, ak) != fmt.Sprint(b.answers, bk) {
+			t.Errorf("%v in place: %d %v %v; summarized: %d %v %v", tgt, a.polled, a.answers, ak, b.polled, b.answers, bk)
+		}
+	}
+	if len(inPlace.own.at) != len(summed.at) {
+		t.Errorf("%d servers in place, %d summarized", len(inPlace.own.at), len(summed.at))
 	}
 	// Sweeping while recording: a pair recorded after the cut survives.
 	var sw sync.WaitGroup

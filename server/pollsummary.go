@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -33,11 +34,18 @@ import (
 // asker (SummarizePolls).
 const PollSummaryQuery = "poll-summary"
 
-// SummaryArg is PollSummaryQuery's argument, PollsArg's fields read by
-// server: After is a server cursor (api.ServerCursor), not a poll cursor,
-// and Limit the most polls an answer carries in whole servers (an answer
-// holds every poll of each server it names; 0: all).
-type SummaryArg = PollsArg
+// SummaryArg is PollSummaryQuery's argument: the selectors (none: all),
+// After a server cursor (api.ServerCursor), and Limit the most polls an
+// answer carries in whole servers (an answer holds every poll of each
+// server it names; 0: all). With Counts, each server is answered as its
+// counts (ServerCounts) instead of its polls, and Limit counts servers.
+// A release before Counts ignores it and answers polls.
+type SummaryArg struct {
+	Selectors []string `json:"selectors,omitempty"`
+	After     string   `json:"after,omitempty"`
+	Limit     int      `json:"limit,omitempty"`
+	Counts    bool     `json:"counts,omitempty"`
+}
 
 // PollSummary is one replica's polls of the selected servers, by server
 // in cursor order.
@@ -48,15 +56,40 @@ type PollSummary struct {
 	Sources []string
 	Answers []string
 	Servers []ServerPolls
+	// SourceSets are the sets of sources that ServerCounts index, each
+	// a list of indexes into Sources (an answer to SummaryArg.Counts).
+	SourceSets [][]int32
 	// Next, when not "", is the cursor of the last server of a cut
 	// answer: ask again after it.
 	Next string
 }
 
-// ServerPolls are the polls of one server, at most one per source.
+// ServerPolls are the polls of one server, at most one per source, or,
+// in an answer to SummaryArg.Counts, their counts.
 type ServerPolls struct {
 	Backend, Server string
 	Polls           []SourcePoll
+	Counts          *ServerCounts // not nil: stands for Polls
+}
+
+// ServerCounts are what /v1/state counts of one server's polls on one
+// replica, counted there when it answered: which sources polled it (for
+// the asker to tell whether a source polled it through another replica
+// too, when the polls must be merged instead), how many of them poll it
+// (mergedPoll.polling), whether one counts as an HAProxy
+// (mergedPoll.fromHAProxy), and the answers those polling were told and,
+// when withheld, keep.
+type ServerCounts struct {
+	Sources     int32 // index into PollSummary.SourceSets
+	Polled      int32
+	FromHAProxy bool
+	Told, Kept  []AnswerCount
+}
+
+// AnswerCount is how many sources were told (or keep) one answer.
+type AnswerCount struct {
+	Answer int32 // index into PollSummary.Answers; 0: withheld (Told), none (Kept)
+	N      int32
 }
 
 // SourcePoll is one source's polls of one server on one replica.
@@ -77,8 +110,13 @@ type SourcePoll struct {
 // servers; at least one server). It reads the servers it answers, in
 // order, one server's lock at a time (the agent's Record takes the same
 // lock), and allocates per server, not per poll. A bad selector selects
-// nothing.
+// nothing. Counts (SummaryArg.Counts) are taken now.
 func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
+	return p.summary(since, time.Now().UnixMilli(), q)
+}
+
+// summary is Summary with counts taken at nowMs (Unix milliseconds).
+func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummary {
 	out := PollSummary{Sources: []string{}, Answers: []string{""}, Servers: []ServerPolls{}}
 	f, err := api.ParseFilter(q.Selectors)
 	if err != nil || p == nil {
@@ -94,6 +132,10 @@ func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
 	}
 	var prev []srcIdx
 	var buf []poll
+	var scratch []SourcePoll   // a server's polls, for its counts
+	sets := map[string]int32{} // SourceSets by their packed indexes
+	lastSet := int32(-1)       // the last server's set
+	prevN := -1                // the last server's number of polls
 	n := 0
 	p.walk(f, q.After, func(sp *serverPolls, b, s string) bool {
 		if sp.key == q.After {
@@ -103,11 +145,23 @@ func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
 		if len(buf) == 0 {
 			return true
 		}
-		if q.Limit > 0 && n > 0 && n+len(buf) > q.Limit {
+		units := len(buf)
+		if q.Counts {
+			units = 1
+		}
+		if q.Limit > 0 && n > 0 && n+units > q.Limit {
 			out.Next = out.Servers[len(out.Servers)-1].cursor()
 			return false
 		}
-		polls := make([]SourcePoll, len(buf))
+		var polls []SourcePoll
+		if q.Counts {
+			scratch = slices.Grow(scratch[:0], len(buf))[:len(buf)]
+			polls = scratch
+		} else {
+			polls = make([]SourcePoll, len(buf))
+		}
+		sameSources := len(buf) == prevN // as the previous server's, so far
+		prevN = len(buf)
 		for i, e := range buf {
 			// Servers are mostly polled by the same sources, in the
 			// same (address) order: the previous server's i-th source
@@ -116,6 +170,7 @@ func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
 			if i < len(prev) && prev[i].addr == e.addr {
 				si = prev[i].idx
 			} else {
+				sameSources = false
 				var ok bool
 				if si, ok = srcs[e.addr]; !ok {
 					si = int32(len(out.Sources))
@@ -134,11 +189,67 @@ func (p *Pollers) Summary(since time.Time, q SummaryArg) PollSummary {
 				polls[i].Kept = internID(answers, ansIdx, &out.Answers, e.kept)
 			}
 		}
-		out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: polls})
-		n += len(polls)
+		if q.Counts {
+			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Counts: out.countsOf(polls, nowMs, sets, sameSources, &lastSet)})
+		} else {
+			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: polls})
+		}
+		n += units
 		return true
 	})
 	return out
+}
+
+// countsOf counts one server's polls at nowMs (Unix milliseconds), its
+// sources interned in s.SourceSets (sets: their indexes by packed key).
+// Servers are mostly polled by the same sources: a server polled by the
+// previous one's (same) takes its set (last) without a key or a look-up.
+func (s *PollSummary) countsOf(polls []SourcePoll, nowMs int64, sets map[string]int32, same bool, last *int32) *ServerCounts {
+	c := &ServerCounts{Sources: -1}
+	if same && *last >= 0 {
+		c.Sources = *last
+	}
+	for _, p := range polls {
+		m := mergedPoll{Count: p.Count, LastMs: p.LastMs}
+		c.FromHAProxy = c.FromHAProxy || m.fromHAProxy(nowMs)
+		if !m.polling(nowMs) {
+			continue
+		}
+		c.Polled++
+		c.Told = addAnswer(c.Told, p.Answer)
+		if p.Answer == 0 && p.Kept != 0 {
+			c.Kept = addAnswer(c.Kept, p.Kept)
+		}
+	}
+	if c.Sources >= 0 {
+		return c
+	}
+	var key []byte
+	for _, p := range polls {
+		key = binary.AppendUvarint(key, uint64(p.Source))
+	}
+	set, ok := sets[string(key)]
+	if !ok {
+		set = int32(len(s.SourceSets))
+		sets[string(key)] = set
+		l := make([]int32, len(polls))
+		for i, p := range polls {
+			l[i] = p.Source
+		}
+		s.SourceSets = append(s.SourceSets, l)
+	}
+	c.Sources, *last = set, set
+	return c
+}
+
+func addAnswer(c []AnswerCount, answer int32) []AnswerCount {
+	for i := range c {
+		if c[i].Answer == answer {
+			c[i].N++
+			return c
+		}
+	}
+	return append(c, AnswerCount{answer, 1})
 }
 
 func (sp ServerPolls) cursor() string { return api.ServerCursor(sp.Backend, sp.Server) }
@@ -221,27 +332,46 @@ func SummarizePolls(polls []api.Poll, q SummaryArg) PollSummary {
 
 // The wire form: the server's polls packed as uvarints (source, answer,
 // kept, count, age in milliseconds before at), base64 in JSON.
+// A server's counts (ServerCounts) are packed the same way in counts:
+// source set, polled, from HAProxy (0 or 1), then the told answers and
+// the kept ones, each as their number and (answer, count) pairs.
 type wireSummary struct {
-	At      int64        `json:"at_unix_ms"`
-	Sources []string     `json:"sources"`
-	Answers []string     `json:"answers"`
-	Servers []wireServer `json:"servers"`
-	Next    string       `json:"next,omitempty"`
+	At         int64        `json:"at_unix_ms"`
+	Sources    []string     `json:"sources"`
+	Answers    []string     `json:"answers"`
+	Servers    []wireServer `json:"servers"`
+	SourceSets [][]int32    `json:"source_sets,omitempty"`
+	Next       string       `json:"next,omitempty"`
 }
 
 type wireServer struct {
 	Backend string `json:"backend"`
 	Server  string `json:"server"`
 	Polls   []byte `json:"polls"`
+	Counts  []byte `json:"counts,omitempty"`
 }
 
 // MarshalJSON writes the wire form.
 func (s PollSummary) MarshalJSON() ([]byte, error) {
 	at := time.Now().UnixMilli()
-	w := wireSummary{At: at, Sources: s.Sources, Answers: s.Answers, Servers: make([]wireServer, len(s.Servers)), Next: s.Next}
+	w := wireSummary{At: at, Sources: s.Sources, Answers: s.Answers, Servers: make([]wireServer, len(s.Servers)), SourceSets: s.SourceSets, Next: s.Next}
 	var buf []byte
 	for i, sv := range s.Servers {
 		buf = buf[:0]
+		if c := sv.Counts; c != nil {
+			buf = binary.AppendUvarint(buf, uint64(c.Sources))
+			buf = binary.AppendUvarint(buf, uint64(c.Polled))
+			buf = binary.AppendUvarint(buf, uint64(b2i(c.FromHAProxy)))
+			for _, l := range [][]AnswerCount{c.Told, c.Kept} {
+				buf = binary.AppendUvarint(buf, uint64(len(l)))
+				for _, a := range l {
+					buf = binary.AppendUvarint(buf, uint64(a.Answer))
+					buf = binary.AppendUvarint(buf, uint64(a.N))
+				}
+			}
+			w.Servers[i] = wireServer{Backend: sv.Backend, Server: sv.Server, Counts: slices.Clone(buf)}
+			continue
+		}
 		for _, p := range sv.Polls {
 			buf = binary.AppendUvarint(buf, uint64(p.Source))
 			buf = binary.AppendUvarint(buf, uint64(p.Answer))
@@ -266,9 +396,25 @@ func (s *PollSummary) UnmarshalJSON(b []byte) error {
 	if len(w.Answers) == 0 {
 		w.Answers = []string{""}
 	}
-	*s = PollSummary{Sources: w.Sources, Answers: w.Answers, Servers: make([]ServerPolls, len(w.Servers)), Next: w.Next}
+	*s = PollSummary{Sources: w.Sources, Answers: w.Answers, Servers: make([]ServerPolls, len(w.Servers)), SourceSets: w.SourceSets, Next: w.Next}
+	for _, set := range w.SourceSets {
+		for _, i := range set {
+			if i < 0 || int(i) >= len(w.Sources) {
+				return fmt.Errorf("%w: a source set names source %d of %d", errBadSummary, i, len(w.Sources))
+			}
+		}
+	}
 	for i, ws := range w.Servers {
 		sv := ServerPolls{Backend: ws.Backend, Server: ws.Server}
+		if len(ws.Counts) > 0 {
+			c, err := unpackCounts(ws.Counts, len(w.SourceSets), len(w.Answers))
+			if err != nil {
+				return fmt.Errorf("%w: server %s/%s: %v", errBadSummary, ws.Backend, ws.Server, err)
+			}
+			sv.Counts = c
+			s.Servers[i] = sv
+			continue
+		}
 		for buf := ws.Polls; len(buf) > 0; {
 			var v [5]uint64
 			for j := range v {
@@ -287,6 +433,59 @@ func (s *PollSummary) UnmarshalJSON(b []byte) error {
 		s.Servers[i] = sv
 	}
 	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// unpackCounts reads a server's packed counts (wireSummary), their
+// indexes checked against the numbers of source sets and answers.
+func unpackCounts(buf []byte, sets, answers int) (*ServerCounts, error) {
+	next := func(bound int) (int32, error) {
+		x, n := binary.Uvarint(buf)
+		if n <= 0 || x >= uint64(bound) {
+			return 0, errors.New("a count cut short or beyond the tables")
+		}
+		buf = buf[n:]
+		return int32(x), nil
+	}
+	c := &ServerCounts{}
+	var err error
+	var fromHAProxy int32
+	if c.Sources, err = next(sets); err != nil {
+		return nil, err
+	}
+	if c.Polled, err = next(math.MaxInt32); err != nil {
+		return nil, err
+	}
+	if fromHAProxy, err = next(2); err != nil {
+		return nil, err
+	}
+	c.FromHAProxy = fromHAProxy == 1
+	for _, l := range []*[]AnswerCount{&c.Told, &c.Kept} {
+		k, err := next(answers + 1) // at most one pair per answer
+		if err != nil {
+			return nil, err
+		}
+		for range k {
+			var a AnswerCount
+			if a.Answer, err = next(answers); err != nil {
+				return nil, err
+			}
+			if a.N, err = next(math.MaxInt32); err != nil {
+				return nil, err
+			}
+			*l = append(*l, a)
+		}
+	}
+	if len(buf) > 0 {
+		return nil, errors.New("bytes after the counts")
+	}
+	return c, nil
 }
 
 // mergedPoll is one source's polls of one server over every replica: the
@@ -331,6 +530,9 @@ func MergeSummaries(sums []PollSummary) map[state.Target][]mergedPoll {
 type summaryIndex struct {
 	sums []PollSummary
 	at   map[state.Target][]sumRef
+	// own, when not nil, is this replica's table read in place
+	// (Pollers.own), beside the peers' summaries.
+	own *ownPolls
 }
 
 // sumRef is one server's place in the summaries: sums[sum].Servers[server].
@@ -359,23 +561,58 @@ func (x summaryIndex) polls(t state.Target) []mergedPoll {
 		n += len(x.sums[r.sum].Servers[r.server].Polls)
 	}
 	m := make([]mergedPoll, 0, n)
+	seen := len(refs)
+	if sp := x.ownServer(t); sp != nil {
+		// This replica's first: of two polls as recent, the first
+		// counts (foldSources), as when this replica was a summary
+		// before its peers'.
+		m = x.own.merged(m, sp)
+		seen++
+	}
 	for _, r := range refs {
 		s := &x.sums[r.sum]
 		for _, p := range s.Servers[r.server].Polls {
 			m = append(m, s.merged(p))
 		}
 	}
-	if len(refs) > 1 {
+	if seen > 1 {
 		m = foldSources(m)
 	}
 	return m
+}
+
+// ownServer is t's records in this replica's table (nil: none, or not
+// read in place).
+func (x summaryIndex) ownServer(t state.Target) *serverPolls {
+	if x.own == nil {
+		return nil
+	}
+	return x.own.at[t]
+}
+
+// servers yields every server some replica saw, once.
+func (x summaryIndex) servers() iter.Seq[state.Target] {
+	return func(yield func(state.Target) bool) {
+		if x.own != nil {
+			for t := range x.own.at {
+				if !yield(t) {
+					return
+				}
+			}
+		}
+		for t := range x.at {
+			if x.ownServer(t) == nil && !yield(t) {
+				return
+			}
+		}
+	}
 }
 
 // seq yields t's merged polls; a server that one replica saw is read
 // from its summary as it stands, without a copy.
 func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
 	refs := x.at[t]
-	if len(refs) != 1 {
+	if len(refs) != 1 || x.ownServer(t) != nil {
 		return slices.Values(x.polls(t))
 	}
 	s := &x.sums[refs[0].sum]
@@ -388,39 +625,169 @@ func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
 	}
 }
 
-// told is toldOf over t's merged polls. For a server that one replica
-// saw, and without the answers by HAProxy, it counts by the summary's
-// answer indexes (no map operation per poll): /v1/state of every server
-// counts every poll of the table.
-func (x summaryIndex) told(t state.Target, nowMs int64, byHAProxy bool) (toldAnswers, map[string]int) {
-	refs := x.at[t]
-	if len(refs) != 1 || byHAProxy {
-		return toldOf(x.seq(t), nowMs, byHAProxy)
+// told is toldOf over t's merged polls, without the answers by HAProxy.
+// When the replicas that saw t saw it from different sources (apart), a
+// source's polls are on one replica only and merging them changes
+// nothing: each replica's are counted alone, by the summary's answer
+// indexes or the counts it sent (no map operation per poll), and added.
+func (x summaryIndex) told(t state.Target, nowMs int64) (toldAnswers, map[string]int) {
+	if !x.apart(t) {
+		return toldOf(x.seq(t), nowMs, false)
 	}
-	s := &x.sums[refs[0].sum]
-	counts := make([]int, 2*len(s.Answers)) // told, then kept, by index
-	told := toldAnswers{answers: map[string]int{}}
-	for _, p := range s.Servers[refs[0].server].Polls {
+	told, kept := toldAnswers{answers: map[string]int{}}, map[string]int{}
+	for _, r := range x.at[t] {
+		x.sums[r.sum].addTold(r.server, nowMs, &told, kept)
+	}
+	if own := x.ownServer(t); own != nil {
+		x.own.addTold(own, nowMs, &told, kept)
+	}
+	return told, kept
+}
+
+// apart reports whether t's polls need no merging: one replica saw it,
+// or its peers answered counts and overlaps found no source in two
+// replicas (the view asks for the polls of the servers it found).
+func (x summaryIndex) apart(t state.Target) bool {
+	refs := x.at[t]
+	own := x.ownServer(t)
+	if len(refs)+b2i(own != nil) <= 1 {
+		return true
+	}
+	for _, r := range refs {
+		if x.sums[r.sum].Servers[r.server].Counts != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// addTold adds to told and kept the counts of s.Servers[i] at nowMs
+// (the counts it carries, when it answered counts).
+func (s *PollSummary) addTold(i int32, nowMs int64, told *toldAnswers, kept map[string]int) {
+	sv := &s.Servers[i]
+	if c := sv.Counts; c != nil {
+		told.polled += int(c.Polled)
+		for _, a := range c.Told {
+			told.answers[s.Answers[a.Answer]] += int(a.N)
+		}
+		for _, a := range c.Kept {
+			kept[s.Answers[a.Answer]] += int(a.N)
+		}
+		return
+	}
+	var toldBuf, keptBuf [4]AnswerCount // a server's HAProxy nodes were told one or two answers
+	byAnswer, keptBy := toldBuf[:0], keptBuf[:0]
+	for _, p := range sv.Polls {
 		if !(mergedPoll{Count: p.Count, LastMs: p.LastMs}).polling(nowMs) {
 			continue
 		}
 		told.polled++
-		counts[p.Answer]++ // 0, "": withheld
+		byAnswer = addAnswer(byAnswer, p.Answer) // 0, "": withheld
 		if p.Answer == 0 && p.Kept != 0 {
-			counts[len(s.Answers)+int(p.Kept)]++
+			keptBy = addAnswer(keptBy, p.Kept)
 		}
 	}
-	kept := map[string]int{}
-	for i, n := range counts {
-		switch {
-		case n == 0:
-		case i < len(s.Answers):
-			told.answers[s.Answers[i]] += n
-		default:
-			kept[s.Answers[i-len(s.Answers)]] += n
+	for _, a := range byAnswer {
+		told.answers[s.Answers[a.Answer]] += int(a.N)
+	}
+	for _, a := range keptBy {
+		kept[s.Answers[a.Answer]] += int(a.N)
+	}
+}
+
+// fromHAProxy is summaryIndex.fromHAProxy for s.Servers[i] alone.
+func (s *PollSummary) fromHAProxy(i int32, nowMs int64) bool {
+	sv := &s.Servers[i]
+	if sv.Counts != nil {
+		return sv.Counts.FromHAProxy
+	}
+	for _, p := range sv.Polls {
+		if (mergedPoll{Count: p.Count, LastMs: p.LastMs}).fromHAProxy(nowMs) {
+			return true
 		}
 	}
-	return told, kept
+	return false
+}
+
+// sources yields the sources of s.Servers[i].
+func (s *PollSummary) sources(i int32) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		sv := &s.Servers[i]
+		if sv.Counts != nil {
+			for _, src := range s.SourceSets[sv.Counts.Sources] {
+				if !yield(s.Sources[src]) {
+					return
+				}
+			}
+			return
+		}
+		for _, p := range sv.Polls {
+			if !yield(s.Sources[p.Source]) {
+				return
+			}
+		}
+	}
+}
+
+// overlaps returns the servers that a peer answered as counts and that
+// a source polled through two replicas: their polls must be merged, and
+// the view asks the peers for them (detail).
+func (x summaryIndex) overlaps() []state.Target {
+	var out []state.Target
+	seen := map[string]int{} // source: the replica it was seen through
+	for t, refs := range x.at {
+		own := x.ownServer(t)
+		if len(refs)+b2i(own != nil) <= 1 || !x.apart(t) {
+			continue
+		}
+		clear(seen)
+		over := false
+		add := func(place int, src string) bool {
+			if p, ok := seen[src]; ok && p != place {
+				over = true
+			}
+			seen[src] = place
+			return !over
+		}
+		for i, r := range refs {
+			for src := range x.sums[r.sum].sources(r.server) {
+				if !add(i, src) {
+					break
+				}
+			}
+		}
+		if own != nil && !over {
+			for _, src := range x.own.sources(own) {
+				if !add(len(refs), src) {
+					break
+				}
+			}
+		}
+		if over {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// detail replaces what the peers answered of the servers over by their
+// polls in detail (the peers' answers to a SummaryArg without Counts); a
+// peer that did not answer it counts for nothing there.
+func (x *summaryIndex) detail(over []state.Target, detail []PollSummary) {
+	want := make(map[state.Target]bool, len(over))
+	for _, t := range over {
+		want[t] = true
+		x.at[t] = nil
+	}
+	base := int32(len(x.sums))
+	x.sums = append(x.sums, detail...)
+	for i, s := range detail {
+		for j, sv := range s.Servers {
+			if t := (state.Target{Backend: sv.Backend, Server: sv.Server}); want[t] && sv.Counts == nil {
+				x.at[t] = append(x.at[t], sumRef{base + int32(i), int32(j)})
+			}
+		}
+	}
 }
 
 // merged is p, of s, as a mergedPoll.
@@ -430,18 +797,17 @@ func (s *PollSummary) merged(p SourcePoll) mergedPoll {
 }
 
 // fromHAProxy reports whether any source of t counts as an HAProxy at
-// nowMs (mergedPoll.fromHAProxy), merging only a server that more than
-// one replica saw.
+// nowMs (mergedPoll.fromHAProxy), merging only a server whose replicas
+// saw a source in common (apart).
 func (x summaryIndex) fromHAProxy(t state.Target, nowMs int64) bool {
-	refs := x.at[t]
-	if len(refs) == 1 {
-		s := &x.sums[refs[0].sum]
-		for _, p := range s.Servers[refs[0].server].Polls {
-			if (mergedPoll{Count: p.Count, LastMs: p.LastMs}).fromHAProxy(nowMs) {
+	if x.apart(t) {
+		for _, r := range x.at[t] {
+			if x.sums[r.sum].fromHAProxy(r.server, nowMs) {
 				return true
 			}
 		}
-		return false
+		own := x.ownServer(t)
+		return own != nil && x.own.fromHAProxy(own, nowMs)
 	}
 	for _, p := range x.polls(t) {
 		if p.fromHAProxy(nowMs) {
@@ -476,4 +842,133 @@ func foldSources(m []mergedPoll) []mergedPoll {
 		out[len(out)-1] = newer
 	}
 	return out
+}
+
+// ownPolls is this replica's own table as /v1/state reads it: in place,
+// one server's lock at a time, instead of a summary of every poll (a
+// summary of a million polls is tens of MB of garbage a read, which the
+// agent's checks pay for in the collector's assists). A server that no
+// peer saw is counted over its records without a copy; one that a peer
+// saw too is merged as its polls (ownPolls.merged).
+type ownPolls struct {
+	p     *Pollers
+	at    map[state.Target]*serverPolls
+	since int64    // Unix ns: polls older than it are not read
+	texts []string // the answer lines by interned id, without LF ("": 0)
+	srcs  map[pollAddr]string
+}
+
+// own returns the servers f selects that were asked about since since,
+// read in place (nil Pollers: none).
+func (p *Pollers) own(since time.Time, f api.Filter) *ownPolls {
+	o := &ownPolls{p: p, at: map[state.Target]*serverPolls{}, since: since.UnixNano(), srcs: map[pollAddr]string{}}
+	if p == nil {
+		return o
+	}
+	t := p.answers.Load()
+	o.texts = make([]string, len(t.lines))
+	for id := range t.lines {
+		o.texts[id] = lineText(t, uint16(id))
+	}
+	p.walk(f, "", func(sp *serverPolls, b, s string) bool {
+		if sp.recent(o.since) {
+			o.at[state.Target{Backend: b, Server: s}] = sp
+		}
+		return true
+	})
+	return o
+}
+
+// recent reports whether sp holds a poll asked since since (Unix ns).
+func (sp *serverPolls) recent(since int64) bool {
+	found := false
+	sp.each(since, func(*poll) bool {
+		found = true
+		return false
+	})
+	return found
+}
+
+// text is the answer line id without its LF ("" for 0).
+func (o *ownPolls) text(id uint16) string {
+	if int(id) >= len(o.texts) { // interned after own began
+		return lineText(o.p.answers.Load(), id)
+	}
+	return o.texts[id]
+}
+
+// merged appends sp's polls as mergedPolls to m (a Summary's, without
+// the summary): the count capped at 2, the time in milliseconds.
+func (o *ownPolls) merged(m []mergedPoll, sp *serverPolls) []mergedPoll {
+	sp.each(o.since, func(e *poll) bool {
+		mp := e.merged()
+		mp.Source, mp.Answer, mp.Withheld = o.source(e.addr), o.text(e.answer), e.answer == 0
+		if e.answer == 0 {
+			mp.Kept = o.text(e.kept)
+		}
+		m = append(m, mp)
+		return true
+	})
+	return m
+}
+
+// fromHAProxy is summaryIndex.fromHAProxy over sp's records alone.
+func (o *ownPolls) fromHAProxy(sp *serverPolls, nowMs int64) bool {
+	found := false
+	sp.each(o.since, func(e *poll) bool {
+		found = e.merged().fromHAProxy(nowMs)
+		return !found
+	})
+	return found
+}
+
+// merged is e's count and time as a summary carries them (the count
+// capped at 2, the time in milliseconds).
+func (e *poll) merged() mergedPoll {
+	return mergedPoll{Count: min(e.count, 2), LastMs: e.last / int64(time.Millisecond)}
+}
+
+// addTold is PollSummary.addTold over sp's records: counted by
+// interned answer under sp's lock, without a copy or an allocation per
+// poll.
+func (o *ownPolls) addTold(sp *serverPolls, nowMs int64, told *toldAnswers, kept map[string]int) {
+	var toldBuf, keptBuf [4]AnswerCount // a server's HAProxy nodes were told one or two answers
+	byAnswer, keptBy := toldBuf[:0], keptBuf[:0]
+	sp.each(o.since, func(e *poll) bool {
+		if !e.merged().polling(nowMs) {
+			return true
+		}
+		told.polled++
+		byAnswer = addAnswer(byAnswer, int32(e.answer)) // 0, "": withheld
+		if e.answer == 0 && e.kept != 0 {
+			keptBy = addAnswer(keptBy, int32(e.kept))
+		}
+		return true
+	})
+	for _, a := range byAnswer {
+		told.answers[o.text(uint16(a.Answer))] += int(a.N)
+	}
+	for _, a := range keptBy {
+		kept[o.text(uint16(a.Answer))] += int(a.N)
+	}
+}
+
+// sources returns the sources of sp's polls.
+func (o *ownPolls) sources(sp *serverPolls) []string {
+	var out []string
+	sp.each(o.since, func(e *poll) bool {
+		out = append(out, o.source(e.addr))
+		return true
+	})
+	return out
+}
+
+// source is a's text, made once.
+func (o *ownPolls) source(a pollAddr) string {
+	src, ok := o.srcs[a]
+	if !ok {
+		src = a.String()
+		o.srcs[a] = src
+	}
+	return src
 }

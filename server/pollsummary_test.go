@@ -100,7 +100,7 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 			}
 			// The counts /v1/state takes (without the answers by
 			// HAProxy) agree, by index or not.
-			fast, fastKept := x.told(tgt, now.UnixMilli(), false)
+			fast, fastKept := x.told(tgt, now.UnixMilli())
 			if fast.polled != told.polled || fmt.Sprint(fast.answers) != fmt.Sprint(told.answers) || fmt.Sprint(fastKept) != fmt.Sprint(kept) {
 				t.Fatalf("seed %d: %v counted %d %v keeping %v, merged %d %v keeping %v", seed, tgt, fast.polled, fast.answers, fastKept, told.polled, told.answers, kept)
 			}
@@ -111,7 +111,7 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 			x := indexSummaries([]PollSummary{one})
 			for tgt := range x.at {
 				told, kept := toldOf(x.seq(tgt), now.UnixMilli(), false)
-				fast, fastKept := x.told(tgt, now.UnixMilli(), false)
+				fast, fastKept := x.told(tgt, now.UnixMilli())
 				if fast.polled != told.polled || fmt.Sprint(fast.answers) != fmt.Sprint(told.answers) || fmt.Sprint(fastKept) != fmt.Sprint(kept) {
 					t.Fatalf("seed %d: %v alone counted %d %v keeping %v, over its polls %d %v keeping %v", seed, tgt, fast.polled, fast.answers, fastKept, told.polled, told.answers, kept)
 				}
@@ -219,5 +219,175 @@ func TestPollSummaryWireSize(t *testing.T) {
 	}
 	if polls := len(roundTrip(t, p.Summary(time.Time{}, SummaryArg{})).Servers); polls != 200 {
 		t.Errorf("%d servers after the round trip, want 200", polls)
+	}
+}
+
+// What /v1/state counts from its own table read in place and its peers'
+// counts (SummaryArg.Counts, through the wire form), with the polls of
+// the servers a source polled through two replicas asked again by exact
+// selectors (overlaps, detail), agrees with merging every poll: polled,
+// told, kept and whether an HAProxy polls it, for every server. Random
+// tables whose replicas see the same sources (most servers overlap), or
+// each its own (none does); server names with glob characters.
+func TestViewCountsAgreeWithMergePolls(t *testing.T) {
+	now := time.Now().Truncate(time.Millisecond)
+	since := now.Add(-time.Hour)
+	answers := [][]byte{[]byte("ready 100%\n"), []byte("ready 50%\n"), []byte("drain\n"), nil}
+	backends := []string{"b0", "b[1]", "b*2"}
+	overlapped := 0
+	for seed := range uint64(60) {
+		rng := rand.New(rand.NewPCG(seed, 2))
+		apart := seed%3 == 0 // each replica polled by its own sources
+		var all []api.Poll
+		var full []PollSummary // every replica's polls: the merged path
+		reps := make([]*Pollers, 3)
+		for r := range reps {
+			p := newPollers(t, PollersOptions{})
+			reps[r] = p
+			for range rng.IntN(300) {
+				src := byte(10 + rng.IntN(6))
+				if apart {
+					src += byte(6 * r)
+				}
+				req := fmt.Appendf(nil, "%s/s%d", backends[rng.IntN(len(backends))], rng.IntN(4))
+				at := now.Add(-time.Duration(rng.IntN(90_000)) * time.Millisecond)
+				p.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, src)}, req, answers[rng.IntN(len(answers))], at)
+			}
+			for _, pl := range p.List(since) {
+				pl.Replica = fmt.Sprint("r", r)
+				all = append(all, pl)
+			}
+			full = append(full, roundTrip(t, p.Summary(since, SummaryArg{})))
+		}
+		// Replica 0 answers /v1/state: its own table in place, its
+		// peers' counts, then the polls of what overlaps.
+		var sums []PollSummary
+		for _, p := range reps[1:] {
+			sums = append(sums, roundTrip(t, p.summary(since, now.UnixMilli(), SummaryArg{Counts: true})))
+		}
+		x := indexSummaries(sums)
+		x.own = reps[0].own(since, api.Filter{})
+		over := x.overlaps()
+		if apart && len(over) > 0 {
+			t.Fatalf("seed %d: replicas polled by different sources, yet %v overlap", seed, over)
+		}
+		overlapped += len(over)
+		if len(over) > 0 {
+			sels := exactSelectors(over)
+			var detail []PollSummary
+			for _, p := range reps[1:] {
+				detail = append(detail, roundTrip(t, p.Summary(since, SummaryArg{Selectors: sels})))
+			}
+			for _, d := range detail {
+				for _, sv := range d.Servers {
+					if !slices.Contains(over, state.Target{Backend: sv.Backend, Server: sv.Server}) {
+						t.Fatalf("seed %d: selectors %q selected %s/%s too", seed, sels, sv.Backend, sv.Server)
+					}
+				}
+			}
+			x.detail(over, detail)
+		}
+		merged := indexSummaries(full)
+		wantTold, wantKept := oracleTold(all, now)
+		servers := slices.Collect(x.servers())
+		if len(servers) != len(merged.at) {
+			t.Fatalf("seed %d: %d servers seen, merging every poll %d", seed, len(servers), len(merged.at))
+		}
+		for _, tgt := range servers {
+			told, kept := x.told(tgt, now.UnixMilli())
+			want := map[string]int{}
+			for _, a := range wantTold[tgt] {
+				want[a]++
+			}
+			if told.polled != len(wantTold[tgt]) || fmt.Sprint(told.answers) != fmt.Sprint(want) {
+				t.Fatalf("seed %d: %v polled %d told %v, merging every poll %d %v", seed, tgt, told.polled, told.answers, len(wantTold[tgt]), want)
+			}
+			if fmt.Sprint(kept) != fmt.Sprint(wantKept[tgt]) && !(len(kept) == 0 && len(wantKept[tgt]) == 0) {
+				t.Fatalf("seed %d: %v keeps %v, merging every poll %v (overlap %v, refs %v, own %v, apart %v)", seed, tgt, kept, wantKept[tgt], slices.Contains(over, tgt), x.at[tgt], x.ownServer(tgt) != nil, x.apart(tgt))
+			}
+			if got, want := x.fromHAProxy(tgt, now.UnixMilli()), merged.fromHAProxy(tgt, now.UnixMilli()); got != want {
+				t.Fatalf("seed %d: %v from HAProxy %v, merging every poll %v", seed, tgt, got, want)
+			}
+		}
+	}
+	if overlapped == 0 {
+		t.Fatal("no server overlapped: the detail path was not tested")
+	}
+}
+
+// Exact selectors select the name they were made of, glob characters
+// and all, and nothing else; too many names for one peer query are none
+// (every server is asked for instead).
+func TestExactSelectors(t *testing.T) {
+	ts := []state.Target{{Backend: "b*", Server: "s?1"}, {Backend: `b\[x]`, Server: "s"}}
+	f, err := api.ParseFilter(exactSelectors(ts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		b, s string
+		want bool
+	}{{"b*", "s?1", true}, {"bx", "s?1", false}, {"b*", "sa1", false}, {`b\[x]`, "s", true}, {`b\x`, "s", false}, {"b[x]", "s", false}} {
+		if got := f.Match(c.b, c.s); got != c.want {
+			t.Errorf("%s/%s matched %v, want %v", c.b, c.s, got, c.want)
+		}
+	}
+	many := make([]state.Target, 5000)
+	for i := range many {
+		many[i] = state.Target{Backend: "backend", Server: fmt.Sprintf("server-%05d", i)}
+	}
+	if sels := exactSelectors(many); sels != nil {
+		t.Errorf("%d selectors for 5,000 servers, want none (too long for a peer query)", len(sels))
+	}
+}
+
+// A malformed server's counts, or a source set out of the table, are an
+// error.
+func TestPollSummaryRejectsBadCounts(t *testing.T) {
+	for _, raw := range []string{
+		`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"source_sets":[[0]],"servers":[{"backend":"b","server":"s","polls":null,"counts":"AAE="}]}`,         // cut short
+		`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"source_sets":[[0]],"servers":[{"backend":"b","server":"s","polls":null,"counts":"AQEAAAA="}]}`,     // set 1 of 1
+		`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"source_sets":[[3]],"servers":[{"backend":"b","server":"s","polls":null,"counts":"AAEAAAA="}]}`,     // source 3 of 1
+		`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"source_sets":[[0]],"servers":[{"backend":"b","server":"s","polls":null,"counts":"AAEAAQUBAA=="}]}`, // answer 5 of 1
+	} {
+		var s PollSummary
+		if err := json.Unmarshal([]byte(raw), &s); err == nil {
+			t.Errorf("%s: decoded %+v, want an error", raw, s)
+		}
+	}
+	// The same with every index in its table decodes.
+	var s PollSummary
+	ok := `{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"source_sets":[[0]],"servers":[{"backend":"b","server":"s","polls":null,"counts":"AAEAAQABAA=="}]}`
+	if err := json.Unmarshal([]byte(ok), &s); err != nil || s.Servers[0].Counts == nil || s.Servers[0].Counts.Polled != 1 {
+		t.Errorf("%s: %+v, %v", ok, s, err)
+	}
+}
+
+// Counts cost bytes a server (its name, mostly), not a poll: at 100
+// sources a server a peer's answer is a fraction of its polls'.
+func TestPollSummaryCountsWireSize(t *testing.T) {
+	p := newPollers(t, PollersOptions{})
+	now := time.Now()
+	for s := range 200 {
+		for src := range 100 {
+			for range 2 {
+				p.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+src))}, fmt.Appendf(nil, "fs%03d/srv%02d", s/10, s%10), []byte("ready 100%\n"), now)
+			}
+		}
+	}
+	polls, err := json.Marshal(p.Summary(time.Time{}, SummaryArg{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts, err := json.Marshal(p.Summary(time.Time{}, SummaryArg{Counts: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if per := len(counts) / 200; per > 100 || len(counts)*5 > len(polls) {
+		t.Errorf("counts %d bytes (%d a server), polls %d: want at most 100 a server, a fifth of the polls'", len(counts), per, len(polls))
+	}
+	s := roundTrip(t, p.Summary(time.Time{}, SummaryArg{Counts: true}))
+	if len(s.Servers) != 200 || len(s.SourceSets) != 1 || s.Servers[0].Counts.Polled != 100 || !s.Servers[0].Counts.FromHAProxy {
+		t.Errorf("counts of 200 servers polled by the same 100 sources: %d servers, %d source sets, %+v", len(s.Servers), len(s.SourceSets), s.Servers[0].Counts)
 	}
 }
