@@ -95,11 +95,16 @@ func TestE2EDemoHints(t *testing.T) {
 		// verify during the demo's ramp may find a row pending (the
 		// answer changed after HAProxy's newest sample): it exits 4 and
 		// says to run it again after the next scrape, as an operator would.
-		for try := 0; code == 4 && h.exit == 0 && strings.HasPrefix(h.cmd, "hastate verify") &&
-			strings.Contains(out, "run verify again after the next scrape") && try < 5; try++ {
-			t.Logf("verify found a pending row (the ramp moved); again in 2s, as it says:\n%s", lastLines(out, 2))
-			time.Sleep(2 * time.Second)
-			out, code = d.Shell(t, export+"\n"+h.cmd)
+		pending := func() bool {
+			return code == 4 && h.exit == 0 && strings.HasPrefix(h.cmd, "hastate verify") &&
+				strings.Contains(out, "run verify again after the next scrape")
+		}
+		if pending() {
+			t.Logf("verify found a pending row (the ramp moved); again until it is not, as it says:\n%s", lastLines(out, 2))
+			testenv.Eventually(t, 15*time.Second, func() error {
+				out, code = d.Shell(t, export+"\n"+h.cmd)
+				return testenv.Expect(!pending(), "verify still finds a row pending:\n%s", lastLines(out, 2))
+			})
 		}
 		if code != h.exit {
 			t.Errorf("the demo hints\n  %s\nbut it exits %d, not %d:\n%s", h.line, code, h.exit, out)

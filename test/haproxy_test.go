@@ -696,20 +696,14 @@ func (h *HAProxy) Reload(t testing.TB) time.Time {
 	next := &testenv.Process{Bin: old.Bin, LogPath: old.LogPath}
 	started := time.Now()
 	next.Start(t, "-db", "-f", filepath.Join(h.dir, "haproxy.cfg"), "-x", h.sock, "-sf", strconv.Itoa(old.Pid()))
-	h.proc = next // what run's cleanup kills
-	deadline := time.Now().Add(15 * time.Second)
-	for !old.Exited() {
+	h.proc = next    // what run's cleanup kills
+	defer old.Kill() // reaps it (and stops it when the reload failed)
+	testenv.Eventually(t, 15*time.Second, func() error {
 		if next.Exited() {
-			old.Kill()
 			t.Fatalf("%s: the new process exited during the reload (see its log below)", h.Release)
 		}
-		if time.Now().After(deadline) {
-			old.Kill()
-			t.Fatalf("%s: the old process did not exit within 15s of the reload (-sf)", h.Release)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	old.Kill() // reaps it
+		return testenv.Expect(old.Exited(), "%s: the old process did not exit after the reload (-sf)", h.Release)
+	})
 	return started
 }
 
