@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/cluster/confirm"
 	"github.com/hastate/hastate/state"
 )
 
@@ -100,6 +101,16 @@ func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 // confirms within Options.ConfirmTimeout (confirm.Reads.Confirmed). It
 // allocates nothing.
 func (n *Node) Confirmed() *state.Snapshot { return n.reads.Confirmed() }
+
+// Arrived takes the place of an agent check that arrives now (when its
+// connection is accepted, before its request is read) and asks for a
+// confirmation round, which runs while the request is read
+// (confirm.Reads.Arrived). It never blocks and allocates nothing.
+func (n *Node) Arrived() confirm.Arrival { return n.reads.Arrived() }
+
+// ConfirmedSince is Confirmed for a check that arrived at a (Arrived): a
+// round that began after a confirms it, never one that began before.
+func (n *Node) ConfirmedSince(a confirm.Arrival) *state.Snapshot { return n.reads.ConfirmedSince(a) }
 
 // Serving returns the serving snapshot unless a withhold reason is in
 // force (nil then), without confirming it with the leader. It never

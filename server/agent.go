@@ -48,6 +48,22 @@ type SnapshotSource interface {
 	Snapshot() *state.Snapshot
 }
 
+// ArrivalSource is a SnapshotSource told of each probe when its
+// connection is accepted, before its request is read, so that the
+// confirmation of its answer (a round trip to the raft leader) runs while
+// the request arrives: a probe is invoked before its connection is
+// accepted, so a confirmation that began after the accept began after the
+// probe. The agent server calls Arrived once per accepted connection and
+// hands what it returned to SnapshotSince, in place of Snapshot, once the
+// request has arrived. Neither may allocate (Arrived returns a
+// pointer-shaped value, which an interface holds without allocating);
+// Arrived must not block.
+type ArrivalSource interface {
+	SnapshotSource
+	Arrived() any
+	SnapshotSince(arrival any) *state.Snapshot
+}
+
 // SnapshotFunc adapts a function to SnapshotSource.
 type SnapshotFunc func() *state.Snapshot
 
@@ -150,6 +166,7 @@ var logKindNames = [numLogKinds]string{"malformed", "timeout", "read_error", "wr
 // listeners.
 type AgentServer struct {
 	src          SnapshotSource
+	arrivals     ArrivalSource // src, when it is one (nil: not)
 	log          *zap.Logger
 	readTimeout  time.Duration
 	quietPeriod  time.Duration
@@ -196,6 +213,7 @@ func NewAgentServer(o AgentOptions) (*AgentServer, error) {
 		done:         make(chan struct{}),
 		listeners:    map[*onceCloseListener]struct{}{},
 	}
+	s.arrivals, _ = o.Source.(ArrivalSource)
 	s.bufs.New = func() any { return new(readBuf) }
 	for i := range s.slots {
 		s.free <- &s.slots[i]
@@ -262,12 +280,16 @@ func (s *AgentServer) startConn(c net.Conn, start time.Time) {
 	s.mu.Unlock()
 	s.active.Add(1)
 	s.m.active.Inc()
-	go s.runConn(c, slot, start)
+	var arrival any
+	if s.arrivals != nil {
+		arrival = s.arrivals.Arrived()
+	}
+	go s.runConn(c, slot, start, arrival)
 }
 
-func (s *AgentServer) runConn(c net.Conn, slot *connSlot, start time.Time) {
+func (s *AgentServer) runConn(c net.Conn, slot *connSlot, start time.Time, arrival any) {
 	defer s.conns.Done()
-	s.serveConn(c, start)
+	s.serveConn(c, start, arrival)
 	slot.set(nil)
 	s.free <- slot
 	s.m.active.Dec()
@@ -276,8 +298,9 @@ func (s *AgentServer) runConn(c net.Conn, slot *connSlot, start time.Time) {
 
 // serveConn runs the protocol on one accepted connection and closes it:
 // read one request, look it up in the current snapshot, write the answer.
-// start is the time of accept. It allocates nothing itself.
-func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
+// start is the time of accept, arrival what the source's Arrived returned
+// then (nil: the source is no ArrivalSource). It allocates nothing itself.
+func (s *AgentServer) serveConn(c net.Conn, start time.Time, arrival any) {
 	defer c.Close()
 	buf := s.bufs.Get().(*readBuf)
 	defer s.bufs.Put(buf)
@@ -318,7 +341,12 @@ func (s *AgentServer) serveConn(c net.Conn, start time.Time) {
 	if bytes.HasPrefix(buf[n:read], probeMarker) {
 		pollers = nil
 	}
-	snap := s.src.Snapshot()
+	var snap *state.Snapshot
+	if s.arrivals != nil {
+		snap = s.arrivals.SnapshotSince(arrival)
+	} else {
+		snap = s.src.Snapshot()
+	}
 	line := snap.Lookup(req, len(backend))
 	if line == nil {
 		s.m.withheld.Inc()

@@ -100,7 +100,7 @@ func TestAgentServeConn(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestServer(t, AgentOptions{Source: staticSource(t, testKV)})
 			c := newFakeConn(tc.script...)
-			s.serveConn(c, time.Now())
+			s.serveConn(c, time.Now(), nil)
 			if string(c.written) != tc.want {
 				t.Errorf("answer %q, want %q", c.written, tc.want)
 			}
@@ -120,7 +120,7 @@ func BenchmarkAgentServeConn(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c.reset()
-		s.serveConn(c, time.Now())
+		s.serveConn(c, time.Now(), nil)
 	}
 }
 
@@ -132,13 +132,13 @@ func TestAgentManualProbeIsNotAPoller(t *testing.T) {
 	s := newTestServer(t, AgentOptions{Source: staticSource(t, testKV), Pollers: pollers})
 	for _, req := range []string{"web/a\n" + state.ProbeMarker, "web/bad\n" + state.ProbeMarker, "web/a\r\n" + state.ProbeMarker} {
 		c := newFakeConn(fakeRead{data: req})
-		s.serveConn(c, time.Now())
+		s.serveConn(c, time.Now(), nil)
 		if n := pollers.Len(); n != 0 {
 			t.Fatalf("after a manual probe %q (answered %q): %d pollers recorded, want none: %+v", req, c.written, n, pollers.List(time.Time{}))
 		}
 	}
 	c := newFakeConn(fakeRead{data: "web/a\n"})
-	s.serveConn(c, time.Now())
+	s.serveConn(c, time.Now(), nil)
 	if got := pollers.List(time.Time{}); len(got) != 1 || got[0].Backend != "web" || got[0].Server != "a" || got[0].Answer != "drain" {
 		t.Fatalf("an HAProxy's check: pollers %+v, want web/a told drain", got)
 	}

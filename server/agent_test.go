@@ -242,6 +242,74 @@ func TestAgentAnswers(t *testing.T) {
 	})
 }
 
+// arrivalSource is an ArrivalSource that records each arrival: whether
+// it was taken, and which one SnapshotSince got back.
+type arrivalSource struct {
+	snap    *state.Snapshot
+	mu      sync.Mutex
+	taken   []*int // one per Arrived, in order
+	since   []*int // what SnapshotSince got
+	current int    // Snapshot calls (it must not be called)
+}
+
+func (a *arrivalSource) Arrived() any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := new(int)
+	*p = len(a.taken)
+	a.taken = append(a.taken, p)
+	return p
+}
+
+func (a *arrivalSource) SnapshotSince(arrival any) *state.Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p, _ := arrival.(*int)
+	a.since = append(a.since, p)
+	return a.snap
+}
+
+func (a *arrivalSource) Snapshot() *state.Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.current++
+	return a.snap
+}
+
+func (a *arrivalSource) counts() (taken, since, current int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.taken), len(a.since), a.current
+}
+
+// TestAgentTakesTheArrivalAtAccept: with an ArrivalSource the server takes
+// a probe's arrival when its connection is accepted, before its request
+// arrives (so that a confirmation runs while the request is read), and
+// answers from SnapshotSince of that same arrival, never from Snapshot.
+func TestAgentTakesTheArrivalAtAccept(t *testing.T) {
+	src := &arrivalSource{snap: buildSnapshot(t, testKV)}
+	f := startAgent(t, AgentOptions{Source: src})
+	c := dial(t, f.addr)
+	testenv.Eventually(t, 5*time.Second, func() error {
+		taken, since, _ := src.counts()
+		return testenv.Expect(taken == 1 && since == 0, "arrivals taken %d, answered %d: want the arrival taken at accept, before the request", taken, since)
+	})
+	if _, err := c.Write([]byte("web/a\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, c); got != "drain\n" {
+		t.Fatalf("answer %q, want %q", got, "drain\n")
+	}
+	if got := probe(t, f.addr, "api/x\n"); got != "maint\n" {
+		t.Fatalf("second probe: answer %q, want %q", got, "maint\n")
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if len(src.since) != 2 || src.since[0] != src.taken[0] || src.since[1] != src.taken[1] || src.current != 0 {
+		t.Fatalf("answered from arrivals %v (taken %v) and %d Snapshot calls; want each probe's own arrival and no Snapshot call", src.since, src.taken, src.current)
+	}
+}
+
 func TestAgentNilSnapshotWithholds(t *testing.T) {
 	f := startAgent(t, AgentOptions{Source: SnapshotFunc(func() *state.Snapshot { return nil })})
 	if got := probe(t, f.addr, "web/a\n"); got != "" {

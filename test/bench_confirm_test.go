@@ -345,7 +345,7 @@ const leaderRoundBase = "c5d2ecb"
 // the two rounds, each replica's mean round and checks per round, and the
 // ack leader's requests per round, at two loads (metric suffix):
 //
-//   - c32: 32 closed-loop clients, 3 rounds. Every check in flight waits
+//   - c32: 32 closed-loop clients, 7 rounds. Every check in flight waits
 //     for the same round, so throughput is bound by latency: 32 /
 //     (service + round). Any confirmation that waits for a peer shows
 //     here, ack and VerifyLeader alike.
@@ -388,7 +388,7 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	b.ResetTimer()
-	for _, load := range []struct{ clients, rounds int }{{benchWorkers, ratioRounds}, {256, saturatedRounds}} {
+	for _, load := range []struct{ clients, rounds int }{{benchWorkers, latencyBoundRounds}, {256, saturatedRounds}} {
 		clients := load.clients
 		sfx := fmt.Sprintf("_c%d", clients)
 		res := make([][]loadResult, len(targets))
@@ -470,6 +470,12 @@ func BenchmarkLeaderRoundCost(b *testing.B) {
 	}
 	b.Logf("base revision %s (VerifyLeader on the leader) beside this build (the ack round)", base)
 }
+
+// latencyBoundRounds is BenchmarkLeaderRoundCost's rounds at 32 clients:
+// seven, so that the median of per-round ratios holds when one or two
+// rounds meet a burst of the machine's other work (three left the
+// leader's ratio between 0.87 and 0.92 on a quiet machine).
+const latencyBoundRounds = 7
 
 // saturatedRounds is BenchmarkLeaderRoundCost's rounds at 256 clients:
 // more than at 32, since their ratio is the round's small CPU cost and

@@ -45,7 +45,7 @@ func TestConfirmWaitAllocs(t *testing.T) {
 	close(done.done)
 	c.next.Store(done)
 	if allocs := testing.AllocsPerRun(1000, func() {
-		if !c.await(time.Second) {
+		if !c.await(c.arrive(), time.Second) {
 			t.Fatal("a confirmed round reads as not confirmed")
 		}
 	}); allocs != 0 {
@@ -54,11 +54,37 @@ func TestConfirmWaitAllocs(t *testing.T) {
 	pending := newReadNotifier()
 	c.next.Store(pending)
 	if allocs := testing.AllocsPerRun(100, func() {
-		if c.await(time.Microsecond) {
+		if c.await(c.arrive(), time.Microsecond) {
 			t.Fatal("a round in flight reads as confirmed")
 		}
 	}); allocs != 0 {
 		t.Errorf("await that times out allocates %v times per check, want 0", allocs)
+	}
+}
+
+// TestArrivalAllocs: a check's arrival taken at accept (Arrived, carried
+// in an interface value as the agent server does) and its confirmation
+// (ConfirmedSince) allocate nothing. (The round itself, which allocates
+// per batch in the loop, has ended here.)
+func TestArrivalAllocs(t *testing.T) {
+	_, ms := cluster(t, 1, nil, false, nil)
+	n := ms[0].reads
+	n.withheld.set(withholdCatchingUp, false)
+	ms[0].state.serving.Store(state.NewMirror().Snapshot())
+	done := newReadNotifier()
+	close(done.done)
+	n.conf.next.Store(done)
+	if allocs := testing.AllocsPerRun(1000, func() {
+		var arrival any = n.Arrived()
+		a, _ := arrival.(Arrival)
+		if a.nr != done {
+			t.Fatal("the arrival is not the next round's")
+		}
+		if n.ConfirmedSince(a) == nil {
+			t.Fatal("a check whose round confirmed was answered nothing")
+		}
+	}); allocs != 0 {
+		t.Errorf("Arrived and ConfirmedSince allocate %v times per check, want 0", allocs)
 	}
 }
 

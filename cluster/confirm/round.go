@@ -160,11 +160,18 @@ func (c *confirmer) failingFor(now time.Time) time.Duration {
 	return max(now.Sub(time.Unix(0, s)), 0)
 }
 
-// await waits for the next round to end, at most timeout, and reports
-// whether it confirmed. It allocates nothing.
-func (c *confirmer) await(timeout time.Duration) bool {
+// arrive takes a check's place in the rounds: the notifier of the next
+// round to begin (which the loop swaps out when that round begins, so it
+// begins after this load), and asks for that round. It allocates nothing.
+func (c *confirmer) arrive() *readNotifier {
 	nr := c.next.Load()
 	c.wake()
+	return nr
+}
+
+// await waits, at most timeout, for the round of nr (arrive's) to end and
+// reports whether it confirmed. It allocates nothing.
+func (c *confirmer) await(nr *readNotifier, timeout time.Duration) bool {
 	t := c.timers.Get().(*time.Timer)
 	t.Reset(timeout)
 	defer c.timers.Put(t)
@@ -177,17 +184,48 @@ func (c *confirmer) await(timeout time.Duration) bool {
 	}
 }
 
+// Arrival is a check's place in the confirmation rounds, taken when it
+// arrived (Arrived): the rounds that began after that may confirm its
+// answer, no earlier one. Its zero value arrives when it is confirmed.
+// It is one pointer, so it goes into an interface value without
+// allocating.
+type Arrival struct{ nr *readNotifier }
+
+// Arrived takes the place of a check that arrives now (the agent server:
+// when its connection is accepted, before its request is read) and asks
+// for a round, so that the round runs while the request is read. A check
+// is invoked before its connection is accepted, so a round that begins
+// after this call began after the check: ConfirmedSince waits for the
+// next round to begin after it, never one in flight. While an answer is
+// withheld it asks for nothing (the zero Arrival). It allocates nothing.
+func (rs *Reads) Arrived() Arrival {
+	if rs.withheld.bits.Load() != 0 {
+		return Arrival{}
+	}
+	return Arrival{rs.conf.arrive()}
+}
+
 // Confirmed returns the serving snapshot for an agent answer that arrived
-// now, once a confirmation round that began after it succeeded: nil
-// (answer nothing) while any withhold reason is in force, or when no round
-// confirms within Options.ConfirmTimeout. It allocates nothing; it blocks
-// for a round trip to the leader at most once per batch.
-func (rs *Reads) Confirmed() *state.Snapshot {
+// now, once a confirmation round that began after it succeeded
+// (ConfirmedSince of an arrival taken now).
+func (rs *Reads) Confirmed() *state.Snapshot { return rs.ConfirmedSince(Arrival{}) }
+
+// ConfirmedSince returns the serving snapshot for an agent answer that
+// arrived at a (Arrived; the zero Arrival: now), once a confirmation round
+// that began after a succeeded: nil (answer nothing) while any withhold
+// reason is in force, or when no such round confirms within
+// Options.ConfirmTimeout from now. It allocates nothing; it blocks for a
+// round trip to the leader at most once per batch.
+func (rs *Reads) ConfirmedSince(a Arrival) *state.Snapshot {
 	if b := rs.withheld.bits.Load(); b != 0 {
 		rs.m.withheldCheck(b)
 		return nil
 	}
-	if !rs.conf.await(rs.o.Timeout) {
+	nr := a.nr
+	if nr == nil {
+		nr = rs.conf.arrive()
+	}
+	if !rs.conf.await(nr, rs.o.Timeout) {
 		rs.m.unconfirmedChecks.Inc()
 		rs.m.withheldChecks[withheldTimeout].Inc()
 		return nil

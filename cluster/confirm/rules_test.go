@@ -54,6 +54,57 @@ func TestCheckNeverJoinsARoundThatBeganBeforeIt(t *testing.T) {
 	}
 }
 
+// TestArrivalNeverJoinsARoundThatBeganBeforeIt: the same rule for a check
+// whose arrival is taken when its connection is accepted (Arrived), before
+// its request is read: a check accepted while a round is in flight is
+// confirmed by a round that begins after its accept, even when its
+// request is read only after the round in flight confirmed. Here that
+// round confirms and every round after it fails: the check must be
+// answered nothing. A check accepted after the round in flight ended is
+// confirmed by the next round (its ticket is not spent by the round it
+// missed).
+func TestArrivalNeverJoinsARoundThatBeganBeforeIt(t *testing.T) {
+	net, ms := cluster(t, 3, nil, false, func(o *Options) { o.Timeout, o.AckHedge = 2*time.Second, time.Minute })
+	l := ms[0].reads
+	l.withheld.set(withholdCatchingUp, false)
+	ms[0].state.serving.Store(state.NewMirror().Snapshot())
+	startRounds(ms[0])
+	if l.Confirmed() == nil {
+		t.Fatal("the leader never confirmed")
+	}
+	// Every peer silent: the next round waits on its first request.
+	releases := []func(){net.silence(ms[1].addr), net.silence(ms[2].addr)}
+	asked, rounds := net.asks.Load(), l.Rounds()
+	l.conf.wake()
+	testEventually(t, func() bool { return l.Rounds() > rounds && net.asks.Load() > asked }, "no round began")
+
+	// A check is accepted while that round is in flight.
+	accepted := l.Arrived()
+	// The round in flight will confirm (its request is already sent);
+	// every later round fails.
+	net.setCut(ms[1].addr, true)
+	net.setCut(ms[2].addr, true)
+	_, okAt := l.conf.lastConfirmed()
+	for _, r := range releases {
+		r()
+	}
+	testEventually(t, func() bool { _, at := l.conf.lastConfirmed(); return at.After(okAt) }, "the round in flight never confirmed")
+	// Its request is read only now, after that round confirmed.
+	if s := l.ConfirmedSince(accepted); s != nil {
+		t.Fatal("a check accepted during a round was answered once that round confirmed: the round began before the check")
+	}
+	if l.LastError() == nil {
+		t.Fatal("the check was answered nothing, but no round after the one in flight failed: it did not wait for its own round")
+	}
+	// The peers answer again: a check accepted now is confirmed by the
+	// round that begins after its accept.
+	net.setCut(ms[1].addr, false)
+	net.setCut(ms[2].addr, false)
+	if s := l.ConfirmedSince(l.Arrived()); s == nil {
+		t.Fatalf("a check accepted while the peers answer was answered nothing: %v", l.LastError())
+	}
+}
+
 // TestFollowerRequestIsAnAcknowledgementOnlyWhereItMakesAQuorum: the
 // leader answers a follower's read-index request with its commit index at
 // once only when the follower's acknowledgement and its own vote are a
