@@ -351,11 +351,11 @@ func (rs *Reads) askAck(s raft.Server, req ackRequest, deadline time.Time, over 
 	defer func() {
 		switch {
 		case r.ok:
-			rs.m.confirmAcks.WithLabelValues("acked").Inc()
+			rs.m.acksAcked.Inc()
 		case notSent:
-			rs.m.confirmAcks.WithLabelValues("not_sent").Inc()
+			rs.m.acksNotSent.Inc()
 		default:
-			rs.m.confirmAcks.WithLabelValues("failed").Inc()
+			rs.m.acksFailed.Inc()
 		}
 	}()
 	p := rs.acks.peer(s.ID)
@@ -393,7 +393,7 @@ func (rs *Reads) askAck(s raft.Server, req ackRequest, deadline time.Time, over 
 	if c.lc == nil {
 		c.lc = rs.o.Transport.LineConn()
 	}
-	known, err := c.lc.Ask(rs.dial(s), AckQuery, fmt.Sprintf("%s %d %d\n", req.ID, req.Term, req.Seq), deadline, &ans)
+	known, err := c.lc.Ask(rs.dial(s), AckQuery, requestLine(req.ID, req.Term, req.Seq), deadline, &ans)
 	switch {
 	case !known:
 		r.legacy = true
@@ -447,7 +447,8 @@ func (rs *Reads) stillLeads(term uint64) error {
 // for an acknowledgement is sent.
 func (rs *Reads) ServeAck(_ *x509.Certificate, line string) (any, bool) {
 	var req ackRequest
-	if _, err := fmt.Sscanf(line, "%s %d %d", &req.ID, &req.Term, &req.Seq); err != nil {
+	var err error
+	if req.ID, err = parseRequestLine(line, &req.Term, &req.Seq); err != nil {
 		return nil, false
 	}
 	return rs.answerAck(req), true

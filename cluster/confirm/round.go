@@ -306,7 +306,7 @@ func (rs *Reads) noteRound(began time.Time, index uint64, err error) {
 	rs.conf.noteMu.Lock()
 	defer rs.conf.noteMu.Unlock()
 	if err == nil {
-		rs.m.confirmRounds.WithLabelValues("confirmed").Inc()
+		rs.m.roundsConfirmed.Inc()
 		// Rounds may end out of order: the highest index confirmed.
 		rs.conf.okIndex.Store(max(rs.conf.okIndex.Load(), index))
 		rs.conf.okBegan = max(rs.conf.okBegan, began.UnixNano())
@@ -315,7 +315,7 @@ func (rs *Reads) noteRound(began time.Time, index uint64, err error) {
 		rs.conf.lastErr.Store(nil)
 		return
 	}
-	rs.m.confirmRounds.WithLabelValues("failed").Inc()
+	rs.m.roundsFailed.Inc()
 	if began.UnixNano() < rs.conf.okBegan {
 		return // a round that began before the last confirmed one: it says nothing newer
 	}
@@ -425,7 +425,7 @@ func (rs *Reads) followerReadIndex(deadline time.Time) (uint64, error) {
 		var known bool
 		err := rs.withReadIndexConn(deadline, func(ri LineConn) error {
 			var err error
-			known, err = ri.Ask(dial, ReadIndexQuery, fmt.Sprintf("%s %d\n", rs.o.ID, term), deadline, &ans)
+			known, err = ri.Ask(dial, ReadIndexQuery, requestLine(rs.o.ID, term), deadline, &ans)
 			return err
 		})
 		switch {
@@ -459,6 +459,12 @@ func (rs *Reads) followerReadIndex(deadline time.Time) (uint64, error) {
 // read-index connections to its leader (one per round in flight), waiting
 // for one until deadline.
 func (rs *Reads) withReadIndexConn(deadline time.Time, ask func(LineConn) error) error {
+	select {
+	case ri := <-rs.ri: // there is one per round in flight: the usual case
+		defer func() { rs.ri <- ri }()
+		return ask(ri)
+	default:
+	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -629,7 +635,8 @@ func certNamesHost(cert *x509.Certificate, address string) error {
 // (nil on plain TCP): answerReadIndex binds the request's ID to it.
 func (rs *Reads) ServeReadIndex(peer *x509.Certificate, line string) (any, bool) {
 	var req readIndexRequest
-	if _, err := fmt.Sscanf(line, "%s %d", &req.ID, &req.Term); err != nil {
+	var err error
+	if req.ID, err = parseRequestLine(line, &req.Term); err != nil {
 		return readIndexAnswer{Error: fmt.Sprintf("read-index request %q: want \"<id> <term>\"", line)}, true
 	}
 	return rs.answerReadIndex(req, peer), true

@@ -93,9 +93,6 @@ func TestArrivalNeverJoinsARoundThatBeganBeforeIt(t *testing.T) {
 	if s := l.ConfirmedSince(accepted); s != nil {
 		t.Fatal("a check accepted during a round was answered once that round confirmed: the round began before the check")
 	}
-	if l.LastError() == nil {
-		t.Fatal("the check was answered nothing, but no round after the one in flight failed: it did not wait for its own round")
-	}
 	// The peers answer again: a check accepted now is confirmed by the
 	// round that begins after its accept.
 	net.setCut(ms[1].addr, false)

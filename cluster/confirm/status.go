@@ -84,6 +84,10 @@ type metrics struct {
 	confirmRound      prometheus.Histogram
 	confirmAcks       *prometheus.CounterVec
 	unconfirmedChecks prometheus.Counter
+	// The children of confirmRounds and confirmAcks, built once: a round
+	// counts without hashing its labels.
+	roundsConfirmed, roundsFailed      prometheus.Counter
+	acksAcked, acksFailed, acksNotSent prometheus.Counter
 
 	// withheldChecks counts the checks Confirmed answered nothing, by
 	// why: one counter per withhold reason (by bit), then withheldTimeout
@@ -139,11 +143,11 @@ func newMetrics() *metrics {
 	}
 	m.withheldChecks[withheldTimeout] = m.withheldVec.WithLabelValues("confirm_timeout")
 	m.withheldChecks[withheldNoState] = m.withheldVec.WithLabelValues("no_state")
-	m.confirmRounds.WithLabelValues("confirmed")
-	m.confirmRounds.WithLabelValues("failed")
-	for _, r := range []string{"acked", "failed", "not_sent"} {
-		m.confirmAcks.WithLabelValues(r)
-	}
+	m.roundsConfirmed = m.confirmRounds.WithLabelValues("confirmed")
+	m.roundsFailed = m.confirmRounds.WithLabelValues("failed")
+	m.acksAcked = m.confirmAcks.WithLabelValues("acked")
+	m.acksFailed = m.confirmAcks.WithLabelValues("failed")
+	m.acksNotSent = m.confirmAcks.WithLabelValues("not_sent")
 	return m
 }
 

@@ -1,0 +1,102 @@
+package confirm
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// TestAnswerLinesAreWhatEncodingJSONWrites: the answers written without
+// reflection are byte for byte what json.Encoder wrote before (a replica
+// of the release before reads them), and read back as encoding/json reads
+// them; a line not in the written form (an escaped string) is left to
+// encoding/json.
+func TestAnswerLinesAreWhatEncodingJSONWrites(t *testing.T) {
+	encoded := func(v any) []byte {
+		var b bytes.Buffer
+		if err := json.NewEncoder(&b).Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	ris := []readIndexAnswer{
+		{ID: "n1", Index: 12345},
+		{ID: "n1"},
+		{ID: "replica-a.example", Error: "not the leader"},
+		{ID: "n1", Index: 1, Error: `term 3, not the follower's 2`},
+		{ID: "n1", Error: "quote \" backslash \\ tab \t <html> & é"},
+		{Error: `read-index request "x": want "<id> <term>"`},
+		{ID: "n1", Index: 1<<64 - 1},
+	}
+	for _, a := range ris {
+		want := encoded(a)
+		if got := a.AppendJSONLine(nil); !bytes.Equal(got, want) {
+			t.Errorf("%+v: wrote %q, encoding/json writes %q", a, got, want)
+		}
+		var fast, std readIndexAnswer
+		if err := json.Unmarshal(want, &std); err != nil {
+			t.Fatal(err)
+		}
+		if fast.DecodeJSONLine(want) {
+			if fast != std {
+				t.Errorf("%q: read %+v, encoding/json reads %+v", want, fast, std)
+			}
+		} else if fast != (readIndexAnswer{}) || !bytes.Contains(want, []byte(`\`)) {
+			t.Errorf("%q: not read (left %+v), though only an escaped string is left to encoding/json", want, fast)
+		}
+	}
+	for _, a := range []ackAnswer{{ID: "n2", Term: 7, Seq: 99}, {ID: "n2"}, {ID: "a\"b", Term: 1, Seq: 2}} {
+		want := encoded(a)
+		if got := a.AppendJSONLine(nil); !bytes.Equal(got, want) {
+			t.Errorf("%+v: wrote %q, encoding/json writes %q", a, got, want)
+		}
+		var fast, std ackAnswer
+		if err := json.Unmarshal(want, &std); err != nil {
+			t.Fatal(err)
+		}
+		if fast.DecodeJSONLine(want) {
+			if fast != std {
+				t.Errorf("%q: read %+v, encoding/json reads %+v", want, fast, std)
+			}
+		} else if fast != (ackAnswer{}) || !bytes.Contains(want, []byte(`\`)) {
+			t.Errorf("%q: not read (left %+v), though only an escaped string is left to encoding/json", want, fast)
+		}
+	}
+	// Lines in another form are not read (encoding/json reads them).
+	for _, line := range []string{`{"index":5,"id":"n1"}`, `{"id":"n1","index":5} x`, `{"id":"n1","index":-5}`, `{"id":"n1"`, `null`, `{"id": "n1"}`} {
+		var a readIndexAnswer
+		if a.DecodeJSONLine([]byte(line + "\n")) {
+			t.Errorf("%q read as %+v", line, a)
+		}
+		var k ackAnswer
+		if k.DecodeJSONLine([]byte(line + "\n")) {
+			t.Errorf("%q read as %+v", line, k)
+		}
+	}
+}
+
+// TestRequestLines: the request lines are those fmt wrote ("%s %d\n",
+// "%s %d %d\n") and read back; a line in another form is refused.
+func TestRequestLines(t *testing.T) {
+	if got := requestLine("n2", 7); got != "n2 7\n" {
+		t.Errorf("read-index request %q", got)
+	}
+	if got := requestLine("n1", 3, 18446744073709551615); got != "n1 3 18446744073709551615\n" {
+		t.Errorf("ack request %q", got)
+	}
+	var term, seq uint64
+	if id, err := parseRequestLine("n1 3 42", &term, &seq); err != nil || id != "n1" || term != 3 || seq != 42 {
+		t.Errorf("ack request read as %q %d %d, %v", id, term, seq, err)
+	}
+	if id, err := parseRequestLine("n2 9", &term); err != nil || id != "n2" || term != 9 {
+		t.Errorf("read-index request read as %q %d, %v", id, term, err)
+	}
+	for _, bad := range []string{"", "n2", "n2 ", " 5", "n2 x", "n2 -1", "n2 5 6"} {
+		if id, err := parseRequestLine(bad, &term); err == nil {
+			t.Errorf("%q read as a read-index request from %q", bad, id)
+		}
+	}
+	if _, err := parseRequestLine("n1 3", &term, &seq); err == nil {
+		t.Error("an ack request without its sequence number was read")
+	}
+}
