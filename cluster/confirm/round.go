@@ -241,31 +241,41 @@ func (rs *Reads) ConfirmedSince(a Arrival) *state.Snapshot {
 	return s
 }
 
-// confirmLoop runs the rounds: it waits until a round is wanted, waits the
-// batching window, swaps in the next notifier and starts the round for
-// every reader of the one it took. Rounds are pipelined: a round may begin
-// while earlier ones are in flight (at most maxRoundsInFlight at once), so
-// a check that arrives during a round waits for the next one to begin, not
+// confirmLoop runs the rounds: maxRoundsInFlight workers (roundWorker),
+// each of which waits until a round is wanted, waits the batching window,
+// swaps in the next notifier and runs the round for every reader of the
+// one it took. Rounds are pipelined: a round may begin while earlier ones
+// are in flight (at most maxRoundsInFlight at once, one per worker), so a
+// check that arrives during a round waits for the next one to begin, not
 // for the one in flight to end first. A check never joins a round that
 // began before it arrived: it waits on the notifier that the next round's
-// start swaps out.
+// start swaps out. At stop the checks waiting for the next round are
+// answered errConfirmStopped.
 func (rs *Reads) confirmLoop() {
+	defer rs.wg.Done()
+	rs.wg.Add(maxRoundsInFlight)
+	for range maxRoundsInFlight {
+		go rs.roundWorker()
+	}
+	<-rs.stop
+	nr := rs.conf.next.Swap(newReadNotifier())
+	nr.err = errConfirmStopped
+	close(nr.done)
+}
+
+// roundWorker runs one round at a time, each when one is wanted (a
+// goroutine that lives as long as the loop: a goroutine per round cost
+// its creation and the growth of its stack, every round).
+func (rs *Reads) roundWorker() {
 	defer rs.wg.Done()
 	var window *time.Timer
 	if rs.o.Window > 0 {
 		window = time.NewTimer(time.Hour)
 		window.Stop()
 	}
-	slots := make(chan struct{}, maxRoundsInFlight)
-	stopped := func() {
-		nr := rs.conf.next.Swap(newReadNotifier())
-		nr.err = errConfirmStopped
-		close(nr.done)
-	}
 	for {
 		select {
 		case <-rs.stop:
-			stopped()
 			return
 		case <-rs.conf.wakeCh:
 		}
@@ -274,27 +284,16 @@ func (rs *Reads) confirmLoop() {
 			select {
 			case <-rs.stop:
 				window.Stop()
-				continue
+				return
 			case <-window.C:
 			}
-		}
-		select {
-		case slots <- struct{}{}:
-		case <-rs.stop:
-			stopped()
-			return
 		}
 		nr := rs.conf.next.Swap(newReadNotifier())
 		rs.conf.rounds.Add(1)
 		began := time.Now()
-		rs.wg.Add(1)
-		go func() {
-			defer rs.wg.Done()
-			nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))
-			rs.noteRound(began, nr.index, nr.err)
-			close(nr.done)
-			<-slots
-		}()
+		nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))
+		rs.noteRound(began, nr.index, nr.err)
+		close(nr.done)
 	}
 }
 

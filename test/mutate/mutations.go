@@ -20,8 +20,8 @@ var mutations = []mutation{
 	// Confirmed reads (cluster/confirm).
 	{
 		Name: "confirm/check-joins-a-round-in-flight", File: "cluster/confirm/round.go", Package: "cluster/confirm",
-		From: "		nr := rs.conf.next.Swap(newReadNotifier())\n		rs.conf.rounds.Add(1)\n		began := time.Now()\n		rs.wg.Add(1)\n		go func() {\n			defer rs.wg.Done()\n			nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))",
-		To:   "		rs.conf.rounds.Add(1)\n		began := time.Now()\n		rs.wg.Add(1)\n		go func() {\n			defer rs.wg.Done()\n			index, err := rs.confirmRound(began.Add(rs.o.Timeout))\n			nr := rs.conf.next.Swap(newReadNotifier())\n			nr.index, nr.err = index, err",
+		From: "		nr := rs.conf.next.Swap(newReadNotifier())\n		rs.conf.rounds.Add(1)\n		began := time.Now()\n		nr.index, nr.err = rs.confirmRound(began.Add(rs.o.Timeout))",
+		To:   "		rs.conf.rounds.Add(1)\n		began := time.Now()\n		index, err := rs.confirmRound(began.Add(rs.o.Timeout))\n		nr := rs.conf.next.Swap(newReadNotifier())\n		nr.index, nr.err = index, err",
 		Why:  "a check waits for a round that began after it arrived (the notifier is swapped before the round)",
 	},
 	{
