@@ -1,0 +1,80 @@
+package raftport
+
+import (
+	"crypto/x509"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// lineAnswer is an answer that writes and reads itself (LineAnswer,
+// LineDecoder) in the form encoding/json gives {"n":N,"s":"..."}.
+type lineAnswer struct {
+	N       int    `json:"n"`
+	S       string `json:"s"`
+	decoded bool   // read by DecodeJSONLine
+}
+
+func (a lineAnswer) AppendJSONLine(b []byte) []byte {
+	return append(b, `{"n":7,"s":"by hand"}`+"\n"...)
+}
+
+func (a *lineAnswer) DecodeJSONLine(line []byte) bool {
+	if string(line) != `{"n":7,"s":"by hand"}`+"\n" {
+		return false
+	}
+	a.N, a.S, a.decoded = 7, "by hand", true
+	return true
+}
+
+// TestLineQueryAnswers: answers on a kept-open line connection, written
+// by hand (LineAnswer) or by encoding/json, read by hand (LineDecoder) or
+// by encoding/json, a line longer than the reader's buffer included; an
+// unknown query is answered null (a release without it), and Ask says so.
+func TestLineQueryAnswers(t *testing.T) {
+	limits, err := Limits{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 3000)
+	s, err := New(Config{Bind: "127.0.0.1:0", Advertise: "127.0.0.1:1", Log: zap.NewNop(), Metrics: NewMetrics(), Limits: limits,
+		Lines: map[string]LineHandler{"q": func(_ *x509.Certificate, line string) (any, bool) {
+			switch line {
+			case "hand":
+				return lineAnswer{}, true
+			case "long":
+				return map[string]any{"n": 1, "s": long}, true
+			}
+			return map[string]any{"n": 2, "s": line}, true
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.ServeQueries()
+	addr := s.ln.Addr().String()
+	lc := s.LineConn()
+	defer lc.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for _, c := range []struct {
+		line string
+		want lineAnswer
+	}{
+		{"hand\n", lineAnswer{N: 7, S: "by hand", decoded: true}},
+		{"json\n", lineAnswer{N: 2, S: "json"}},
+		{"long\n", lineAnswer{N: 1, S: long}},
+		{"hand\n", lineAnswer{N: 7, S: "by hand", decoded: true}},
+	} {
+		var got lineAnswer
+		known, err := lc.Ask(addr, "q", c.line, deadline, &got)
+		if err != nil || !known || got != c.want {
+			t.Fatalf("ask %q: %+v known %v err %v; want %+v", c.line, got, known, err, c.want)
+		}
+	}
+	var got lineAnswer
+	if known, err := s.LineConn().Ask(addr, "unknown", "x\n", deadline, &got); known || err != nil {
+		t.Fatalf("an unknown query: known %v err %v, want it answered null", known, err)
+	}
+}
