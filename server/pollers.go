@@ -228,7 +228,7 @@ func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
 		if answer != 0 {
 			kept = answer
 		}
-		if !found || !sp.told.keeps(e, at, answer, kept) {
+		if !sp.told.keeps(e, at, answer, kept) { // a new poll, zero, is not counted
 			sp.told.ok = false
 		}
 		e.last, e.answer, e.kept = at, answer, kept
