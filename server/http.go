@@ -305,7 +305,9 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	}
 	targets, cutServers := cut(targets, q.limit)
 	v.Servers = slices.Grow(v.Servers, len(targets))
+	var yield yielder
 	for _, t := range targets {
+		yield.step()
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
 		told, kept := polls.told(t, now.UnixMilli())
 		row.Polled, row.Told = told.polled, told.told(row.Answer)
@@ -559,7 +561,7 @@ func (h *httpAPI) stateAll(w http.ResponseWriter, r *http.Request) {
 	}
 	cluster, ok := scopeOf(w, r)
 	if ok {
-		writeJSON(w, http.StatusOK, h.view(q, cluster, nil))
+		writeStateView(w, h.view(q, cluster, nil))
 	}
 }
 

@@ -57,6 +57,8 @@ type pageData struct {
 	Cut                 *pageCut
 	Title               string
 	Icon                template.URL
+	// Rows is the table's bodies, Backends rendered (renderRows).
+	Rows template.HTML
 }
 
 // pageCut is the status page's note when its table is cut.
@@ -154,6 +156,7 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 	})
 	d := buildPage(now(), v, behind, h.o.Replica.ClusterInfo(), ok, detail)
 	d.Nonce = newNonce()
+	d.Rows = renderRows(d.Backends)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'nonce-"+d.Nonce+"'; "+

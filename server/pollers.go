@@ -10,7 +10,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -67,6 +66,9 @@ type serverPolls struct {
 	gone  bool
 	polls []poll
 	last  int64 // its latest poll, Unix ns
+	// told caches what /v1/state counts of polls (toldCounts), so that
+	// a read of every server costs the servers, not the pairs.
+	told toldCache
 }
 
 // poll is one source's polls of one server: no pointer, 40 bytes.
@@ -222,10 +224,14 @@ func (p *Pollers) Record(addr net.Addr, req, line []byte, now time.Time) {
 			sp.polls = slices.Insert(sp.polls, i, poll{addr: a})
 		}
 		e := &sp.polls[i]
-		e.last, e.answer = at, answer
+		kept := e.kept
 		if answer != 0 {
-			e.kept = answer
+			kept = answer
 		}
+		if !sp.told.keeps(e, at, answer, kept) { // a new poll, zero, is not counted
+			sp.told.ok = false
+		}
+		e.last, e.answer, e.kept = at, answer, kept
 		if e.count < math.MaxUint32 {
 			e.count++
 		}
@@ -319,15 +325,12 @@ func (p *Pollers) sorted() []*serverPolls {
 // few servers costs a binary search, not the table.
 func (p *Pollers) walk(f api.Filter, from string, fn func(sp *serverPolls, backend, server string) bool) {
 	l := p.sorted()
+	var yield yielder
 	for _, pre := range f.Prefixes() {
 		lo := max(pre, from)
 		i, _ := slices.BinarySearchFunc(l, lo, func(sp *serverPolls, k string) int { return strings.Compare(sp.key, k) })
-		for n := 0; i < len(l) && strings.HasPrefix(l[i].key, pre); i, n = i+1, n+1 {
-			if n%256 == 255 {
-				// The walk is the operator's, the CPU the agent's:
-				// let its goroutines run.
-				runtime.Gosched()
-			}
+		for ; i < len(l) && strings.HasPrefix(l[i].key, pre); i++ {
+			yield.step() // the walk is the operator's, the CPU the agent's
 			b, s, _ := strings.Cut(l[i].key, "/")
 			if f.Match(b, s) && !fn(l[i], b, s) {
 				return
@@ -378,6 +381,7 @@ func (p *Pollers) Sweep(before time.Time) {
 		empty = empty[:0]
 		for _, sp := range p.shardServers(sh) {
 			sp.mu.Lock()
+			sp.told.ok = false
 			if sp.last < cut {
 				p.pairs.Add(-int64(len(sp.polls)))
 				sp.polls = nil

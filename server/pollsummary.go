@@ -929,22 +929,15 @@ func (e *poll) merged() mergedPoll {
 }
 
 // addTold is PollSummary.addTold over sp's records: counted by
-// interned answer under sp's lock, without a copy or an allocation per
-// poll.
+// interned answer under sp's lock (toldCounts: kept while they hold),
+// without a copy or an allocation per poll.
 func (o *ownPolls) addTold(sp *serverPolls, nowMs int64, told *toldAnswers, kept map[string]int) {
 	var toldBuf, keptBuf [4]AnswerCount // a server's HAProxy nodes were told one or two answers
-	byAnswer, keptBy := toldBuf[:0], keptBuf[:0]
-	sp.each(o.since, func(e *poll) bool {
-		if !e.merged().polling(nowMs) {
-			return true
-		}
-		told.polled++
-		byAnswer = addAnswer(byAnswer, int32(e.answer)) // 0, "": withheld
-		if e.answer == 0 && e.kept != 0 {
-			keptBy = addAnswer(keptBy, int32(e.kept))
-		}
-		return true
-	})
+	sp.mu.Lock()
+	c := sp.toldCounts(nowMs)
+	told.polled += int(c.polled)
+	byAnswer, keptBy := append(toldBuf[:0], c.answers...), append(keptBuf[:0], c.kept...)
+	sp.mu.Unlock()
 	for _, a := range byAnswer {
 		told.answers[o.text(uint16(a.Answer))] += int(a.N)
 	}

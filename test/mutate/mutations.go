@@ -451,4 +451,36 @@ var mutations = []mutation{
 		From: "	err := w.gate.Synced(wctx, index)\n", To: "	var err error\n",
 		Why: "the plan uses the replica's fleet only once it applied the Consul index the plan read",
 	},
+	// The told counts a server keeps (server/toldcache.go): what /v1/state,
+	// the status page and `wait` count as told.
+	{
+		Name: "told/record-of-another-answer", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: "at >= e.last && e.answer == answer && e.kept == kept && e.merged()", To: "at >= e.last && e.merged()",
+		Why: "a record that changes a poll's answer or kept answer drops the server's counts",
+	},
+	{
+		Name: "told/record-back-in-time", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: "return c.ok && at >= e.last && ", To: "return c.ok && ",
+		Why: "a record older than the poll's last drops the counts (the poll stops polling earlier than they said)",
+	},
+	{
+		Name: "told/record-of-an-uncounted-poll", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: " && e.merged().polling(c.atMs)\n", To: "\n",
+		Why: "a record of a poll the counts left out (new, or no longer polling) drops them",
+	},
+	{
+		Name: "told/single-poll-grace", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: "until = min(until, m.LastMs+grace-1)", To: "until = min(until, m.LastMs+grace)",
+		Why: "counts that hold a single poll (a probe or an HAProxy's first check) hold only within ProbeGrace",
+	},
+	{
+		Name: "told/ttl-bound", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: "c.untilMs = min(c.untilMs, until)", To: "_ = until",
+		Why: "counts hold only until their oldest poll passes PollerTTL",
+	},
+	{
+		Name: "told/sweep-drops", File: "server/pollers.go", Package: "server", Run: "ToldCache",
+		From: "			sp.mu.Lock()\n			sp.told.ok = false\n", To: "			sp.mu.Lock()\n",
+		Why: "a sweep that removes polls drops the server's counts",
+	},
 }
