@@ -29,17 +29,23 @@ func TestLeaderRoundWaitsForABusyPeer(t *testing.T) {
 	p := l.acks.peer(raft.ServerID(busy.id))
 	hold := func(seqs ...uint64) (release func()) {
 		var held []*ackConn
-		for _, s := range seqs {
-			c := <-p.free
-			c.seq.Store(s)
-			held = append(held, c)
-		}
-		return func() {
+		release = func() {
 			for _, c := range held {
 				c.seq.Store(0)
 				p.free <- c
 			}
 		}
+		for _, s := range seqs {
+			select {
+			case c := <-p.free:
+				c.seq.Store(s)
+				held = append(held, c)
+			case <-time.After(2 * time.Second):
+				release() // the rounds waiting for one end, and so does the test
+				t.Fatalf("%s has %d ack connections free, want %d: one per round in flight (maxRoundsInFlight)", busy.id, len(held), len(seqs))
+			}
+		}
+		return release
 	}
 	release := hold(1, 2)
 	released := make(chan struct{})
