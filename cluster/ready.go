@@ -106,11 +106,15 @@ func (n *Node) Confirmed() *state.Snapshot { return n.reads.Confirmed() }
 // connection is accepted, before its request is read) and asks for a
 // confirmation round, which runs while the request is read
 // (confirm.Reads.Arrived). It never blocks and allocates nothing.
-func (n *Node) Arrived() confirm.Arrival { return n.reads.Arrived() }
+func (n *Node) Arrived() Arrival { return n.reads.Arrived() }
+
+// Arrival is a check's arrival (confirm.Arrival), named here so that the
+// node's users need not import its parts.
+type Arrival = confirm.Arrival
 
 // ConfirmedSince is Confirmed for a check that arrived at a (Arrived): a
 // round that began after a confirms it, never one that began before.
-func (n *Node) ConfirmedSince(a confirm.Arrival) *state.Snapshot { return n.reads.ConfirmedSince(a) }
+func (n *Node) ConfirmedSince(a Arrival) *state.Snapshot { return n.reads.ConfirmedSince(a) }
 
 // Serving returns the serving snapshot unless a withhold reason is in
 // force (nil then), without confirming it with the leader. It never

@@ -19,7 +19,6 @@ import (
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/cluster"
-	"github.com/hastate/hastate/cluster/confirm"
 	"github.com/hastate/hastate/cluster/leader"
 	"github.com/hastate/hastate/cluster/raftport"
 	"github.com/hastate/hastate/internal/lifecycle"
@@ -646,14 +645,15 @@ func (s agentSource) Snapshot() *state.Snapshot { return s.a.node.Confirmed() }
 
 // Arrived and SnapshotSince make agentSource a server.ArrivalSource: the
 // confirmation of a check's answer may begin when its connection is
-// accepted. A confirm.Arrival is one pointer: as an interface value it
+// accepted. A cluster.Arrival is one pointer: as an interface value it
 // does not allocate.
 func (s agentSource) Arrived() any { return s.a.node.Arrived() }
 
 func (s agentSource) SnapshotSince(arrival any) *state.Snapshot {
-	a, _ := arrival.(confirm.Arrival)
+	a, _ := arrival.(cluster.Arrival)
 	return s.a.node.ConfirmedSince(a)
 }
+
 func (r replica) Ready() (bool, string) {
 	if r.a.stopping.Load() && !r.a.o.ReadyWhileStopping {
 		return false, "shutting down: load balancers should stop sending probes here; probes are still answered until the shutdown delay ends"
