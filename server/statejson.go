@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hastate/hastate/api"
+	"github.com/hastate/hastate/internal/jsonstr"
 )
 
 // The /v1/state body of a big fleet is the largest answer a replica gives
@@ -74,12 +75,12 @@ const (
 func appendRow(b []byte, r *api.ServerState) []byte {
 	b = append(b, '{')
 	b = jsonField(b, rowIndent, "backend", false)
-	b = jsonString(b, r.Backend)
+	b = jsonstr.Append(b, r.Backend)
 	b = jsonField(b, rowIndent, "server", true)
-	b = jsonString(b, r.Server)
+	b = jsonstr.Append(b, r.Server)
 	b = optString(b, "key", r.Key)
 	b = jsonField(b, rowIndent, "source", true)
-	b = jsonString(b, r.Source)
+	b = jsonstr.Append(b, r.Source)
 	b = optString(b, "value", r.Value)
 	b = optString(b, "desired", r.Desired)
 	b = jsonField(b, rowIndent, "valid", true)
@@ -90,18 +91,18 @@ func appendRow(b []byte, r *api.ServerState) []byte {
 	b = optString(b, "by", r.By)
 	b = optString(b, "ramp", r.Ramp)
 	b = jsonField(b, rowIndent, "answer", true)
-	b = jsonString(b, r.Answer)
+	b = jsonstr.Append(b, r.Answer)
 	b = jsonField(b, rowIndent, "withheld", true)
 	b = strconv.AppendBool(b, r.Withheld)
 	b = jsonField(b, rowIndent, "kind", true)
-	b = jsonString(b, string(r.Kind))
+	b = jsonstr.Append(b, string(r.Kind))
 	b = jsonField(b, rowIndent, "weight", true)
 	b = strconv.AppendInt(b, int64(r.Weight), 10)
 	if p := r.Ramping; p != nil {
 		b = jsonField(b, rowIndent, "ramping", true)
 		b = append(b, '{')
 		b = jsonField(b, rampIndent, "target", false)
-		b = jsonString(b, p.Target)
+		b = jsonstr.Append(b, p.Target)
 		b = jsonField(b, rampIndent, "weight_percent", true)
 		b = strconv.AppendInt(b, int64(p.WeightPercent), 10)
 		b = jsonField(b, rampIndent, "started", true)
@@ -109,9 +110,9 @@ func appendRow(b []byte, r *api.ServerState) []byte {
 		b = jsonField(b, rampIndent, "eta", true)
 		b = jsonTime(b, p.ETA)
 		b = jsonField(b, rampIndent, "duration", true)
-		b = jsonString(b, p.Duration)
+		b = jsonstr.Append(b, p.Duration)
 		b = jsonField(b, rampIndent, "interval", true)
-		b = jsonString(b, p.Interval)
+		b = jsonstr.Append(b, p.Interval)
 		b = append(b, rowIndent...)
 		b = append(b, '}')
 	}
@@ -143,7 +144,7 @@ func optString(b []byte, name, s string) []byte {
 	if s == "" {
 		return b
 	}
-	return jsonString(jsonField(b, rowIndent, name, true), s)
+	return jsonstr.Append(jsonField(b, rowIndent, name, true), s)
 }
 
 func optTime(b []byte, name string, t *time.Time) []byte {
@@ -152,48 +153,6 @@ func optTime(b []byte, name string, t *time.Time) []byte {
 	}
 	return jsonTime(jsonField(b, rowIndent, name, true), *t)
 }
-
-// jsonString appends s quoted as encoding/json does, HTML escapes
-// included. ASCII is escaped here; a string with any other byte takes
-// encoding/json's own path (its \u2028 and invalid UTF-8 rules).
-func jsonString(b []byte, s string) []byte {
-	start := len(b)
-	b = append(b, '"')
-	done := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x80 {
-			q, _ := json.Marshal(s)
-			return append(b[:start], q...)
-		}
-		if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-			continue
-		}
-		b = append(b, s[done:i]...)
-		done = i + 1
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\b':
-			b = append(b, `\b`...)
-		case '\f':
-			b = append(b, `\f`...)
-		case '\n':
-			b = append(b, `\n`...)
-		case '\r':
-			b = append(b, `\r`...)
-		case '\t':
-			b = append(b, `\t`...)
-		default:
-			b = append(b, `\u00`...)
-			b = append(b, hexDigits[c>>4], hexDigits[c&0xf])
-		}
-	}
-	b = append(b, s[done:]...)
-	return append(b, '"')
-}
-
-const hexDigits = "0123456789abcdef"
 
 // jsonTime appends t as its MarshalJSON does (RFC 3339 with nanoseconds;
 // a year outside 0-9999, which MarshalJSON refuses and no row holds, is

@@ -10,10 +10,11 @@ package confirm
 // encoding/json for any line not in the form they write.
 
 import (
-	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/hastate/hastate/internal/jsonstr"
 )
 
 // errRequestLine: a request line is not "<id> <n>..." as a replica sends it.
@@ -52,12 +53,12 @@ func parseRequestLine(line string, ns ...*uint64) (id string, err error) {
 
 // AppendJSONLine writes a as encoding/json does (raftport.LineAnswer).
 func (a readIndexAnswer) AppendJSONLine(b []byte) []byte {
-	b = appendJSONString(append(b, `{"id":`...), a.ID)
+	b = jsonstr.Append(append(b, `{"id":`...), a.ID)
 	if a.Index != 0 {
 		b = strconv.AppendUint(append(b, `,"index":`...), a.Index, 10)
 	}
 	if a.Error != "" {
-		b = appendJSONString(append(b, `,"error":`...), a.Error)
+		b = jsonstr.Append(append(b, `,"error":`...), a.Error)
 	}
 	return append(b, "}\n"...)
 }
@@ -83,7 +84,7 @@ func (a *readIndexAnswer) DecodeJSONLine(line []byte) bool {
 
 // AppendJSONLine writes a as encoding/json does (raftport.LineAnswer).
 func (a ackAnswer) AppendJSONLine(b []byte) []byte {
-	b = appendJSONString(append(b, `{"id":`...), a.ID)
+	b = jsonstr.Append(append(b, `{"id":`...), a.ID)
 	b = strconv.AppendUint(append(b, `,"term":`...), a.Term, 10)
 	b = strconv.AppendUint(append(b, `,"seq":`...), a.Seq, 10)
 	return append(b, "}\n"...)
@@ -104,18 +105,6 @@ func (a *ackAnswer) DecodeJSONLine(line []byte) bool {
 		return false
 	}
 	return true
-}
-
-// appendJSONString appends s as a JSON string: as is between quotes when
-// it needs no escape (an ID, most errors), else as encoding/json writes it.
-func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			j, _ := json.Marshal(s) // a string always encodes
-			return append(b, j...)
-		}
-	}
-	return append(append(append(b, '"'), s...), '"')
 }
 
 // jsonLine reads the answer lines AppendJSONLine writes; ok turns false

@@ -23,6 +23,7 @@ var allowed = map[string][]string{
 	"internal/accept":    {},
 	"internal/lifecycle": {},
 	"internal/ratelog":   {},
+	"internal/jsonstr":   {},
 	"internal/version":   {},
 	"internal/layers":    {},
 	// Test support: imported by tests only (see TestTestSupportOnlyInTests).
@@ -40,11 +41,11 @@ var allowed = map[string][]string{
 	// entries): see TestClusterPartsDoNotImportTheNode.
 	"cluster/raftport": {"api", "internal/accept", "internal/ratelog"},
 	"cluster/fsm":      {"state"},
-	"cluster/confirm":  {"state", "api", "internal/ratelog"},
+	"cluster/confirm":  {"state", "api", "internal/ratelog", "internal/jsonstr"},
 	"cluster/leader":   {"state", "api", "cluster/fsm"},
 	"cluster": {"state", "api", "cluster/raftport", "cluster/fsm", "cluster/confirm", "cluster/leader",
 		"internal/lifecycle", "internal/ratelog"},
-	"server": {"state", "api", "internal/accept", "internal/ratelog"},
+	"server": {"state", "api", "internal/accept", "internal/ratelog", "internal/jsonstr"},
 
 	// The top layer: the binary, its wiring and the operator library.
 	"cmd/hastate/internal/app": {"state", "api", "kvsync", "cluster", "cluster/raftport", "cluster/leader", "server",
