@@ -381,17 +381,18 @@ func (p *Pollers) Sweep(before time.Time) {
 		empty = empty[:0]
 		for _, sp := range p.shardServers(sh) {
 			sp.mu.Lock()
-			sp.told.ok = false
+			n := len(sp.polls)
 			if sp.last < cut {
-				p.pairs.Add(-int64(len(sp.polls)))
 				sp.polls = nil
 			} else {
-				n := len(sp.polls)
 				sp.polls = slices.DeleteFunc(sp.polls, func(e poll) bool { return e.last < cut })
-				p.pairs.Add(-int64(n - len(sp.polls)))
 				if cap(sp.polls) > 2*len(sp.polls)+8 {
 					sp.polls = slices.Clone(sp.polls)
 				}
+			}
+			if removed := n - len(sp.polls); removed > 0 {
+				p.pairs.Add(-int64(removed))
+				sp.told.ok = false // its counts may have held a removed poll
 			}
 			if len(sp.polls) == 0 {
 				empty = append(empty, sp)

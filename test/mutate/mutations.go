@@ -480,7 +480,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "told/sweep-drops", File: "server/pollers.go", Package: "server", Run: "ToldCache",
-		From: "			sp.mu.Lock()\n			sp.told.ok = false\n", To: "			sp.mu.Lock()\n",
-		Why: "a sweep that removes polls drops the server's counts",
+		From: "				sp.told.ok = false // its counts may have held a removed poll\n", To: "\n",
+		Why: "a sweep that removes polls of a server drops its counts",
 	},
 }
