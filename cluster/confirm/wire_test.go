@@ -12,14 +12,7 @@ import (
 // them; a line not in the written form (an escaped string) is left to
 // encoding/json.
 func TestAnswerLinesAreWhatEncodingJSONWrites(t *testing.T) {
-	encoded := func(v any) []byte {
-		var b bytes.Buffer
-		if err := json.NewEncoder(&b).Encode(v); err != nil {
-			t.Fatal(err)
-		}
-		return b.Bytes()
-	}
-	ris := []readIndexAnswer{
+	for _, a := range []readIndexAnswer{
 		{ID: "n1", Index: 12345},
 		{ID: "n1"},
 		{ID: "replica-a.example", Error: "not the leader"},
@@ -27,40 +20,11 @@ func TestAnswerLinesAreWhatEncodingJSONWrites(t *testing.T) {
 		{ID: "n1", Error: "quote \" backslash \\ tab \t <html> & é"},
 		{Error: `read-index request "x": want "<id> <term>"`},
 		{ID: "n1", Index: 1<<64 - 1},
-	}
-	for _, a := range ris {
-		want := encoded(a)
-		if got := a.AppendJSONLine(nil); !bytes.Equal(got, want) {
-			t.Errorf("%+v: wrote %q, encoding/json writes %q", a, got, want)
-		}
-		var fast, std readIndexAnswer
-		if err := json.Unmarshal(want, &std); err != nil {
-			t.Fatal(err)
-		}
-		if fast.DecodeJSONLine(want) {
-			if fast != std {
-				t.Errorf("%q: read %+v, encoding/json reads %+v", want, fast, std)
-			}
-		} else if fast != (readIndexAnswer{}) || !bytes.Contains(want, []byte(`\`)) {
-			t.Errorf("%q: not read (left %+v), though only an escaped string is left to encoding/json", want, fast)
-		}
+	} {
+		checkAnswerLine(t, a)
 	}
 	for _, a := range []ackAnswer{{ID: "n2", Term: 7, Seq: 99}, {ID: "n2"}, {ID: "a\"b", Term: 1, Seq: 2}} {
-		want := encoded(a)
-		if got := a.AppendJSONLine(nil); !bytes.Equal(got, want) {
-			t.Errorf("%+v: wrote %q, encoding/json writes %q", a, got, want)
-		}
-		var fast, std ackAnswer
-		if err := json.Unmarshal(want, &std); err != nil {
-			t.Fatal(err)
-		}
-		if fast.DecodeJSONLine(want) {
-			if fast != std {
-				t.Errorf("%q: read %+v, encoding/json reads %+v", want, fast, std)
-			}
-		} else if fast != (ackAnswer{}) || !bytes.Contains(want, []byte(`\`)) {
-			t.Errorf("%q: not read (left %+v), though only an escaped string is left to encoding/json", want, fast)
-		}
+		checkAnswerLine(t, a)
 	}
 	// Lines in another form are not read (encoding/json reads them).
 	for _, line := range []string{`{"index":5,"id":"n1"}`, `{"id":"n1","index":5} x`, `{"id":"n1","index":-5}`, `{"id":"n1"`, `null`, `{"id": "n1"}`} {
@@ -98,5 +62,39 @@ func TestRequestLines(t *testing.T) {
 	}
 	if _, err := parseRequestLine("n1 3", &term, &seq); err == nil {
 		t.Error("an ack request without its sequence number was read")
+	}
+}
+
+// answerLine is an answer written and read without reflection: A its
+// value, P the pointer that reads it.
+type answerLine[A any] interface {
+	*A
+	DecodeJSONLine(line []byte) bool
+}
+
+// checkAnswerLine: a writes the bytes json.Encoder writes, and reads back
+// as encoding/json reads them, or (an escaped string) is left to it.
+func checkAnswerLine[A interface {
+	comparable
+	AppendJSONLine(b []byte) []byte
+}, P answerLine[A]](t *testing.T, a A) {
+	t.Helper()
+	var want bytes.Buffer
+	if err := json.NewEncoder(&want).Encode(a); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.AppendJSONLine(nil); !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("%+v: wrote %q, encoding/json writes %q", a, got, want.Bytes())
+	}
+	var fast, std, zero A
+	if err := json.Unmarshal(want.Bytes(), &std); err != nil {
+		t.Fatal(err)
+	}
+	if P(&fast).DecodeJSONLine(want.Bytes()) {
+		if fast != std {
+			t.Errorf("%q: read %+v, encoding/json reads %+v", want.Bytes(), fast, std)
+		}
+	} else if fast != zero || !bytes.Contains(want.Bytes(), []byte(`\`)) {
+		t.Errorf("%q: not read (left %+v), though only an escaped string is left to encoding/json", want.Bytes(), fast)
 	}
 }
