@@ -225,6 +225,16 @@ func NewAgentServer(o AgentOptions) (*AgentServer, error) {
 	return s, nil
 }
 
+// ListenAgent listens for agent checks on addr (TCP). Its connections
+// carry no TCP keepalive: a check is one line in and one out, bounded by
+// the read timeout, so a keepalive probe would never be sent, and turning
+// it on cost four setsockopt calls per check (6 % of a replica's CPU
+// under load; server/DESIGN.md).
+func ListenAgent(ctx context.Context, addr string) (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1}
+	return lc.Listen(ctx, "tcp", addr)
+}
+
 // ActiveConns returns the number of connections being served.
 func (s *AgentServer) ActiveConns() int { return int(s.active.Load()) }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -942,4 +943,57 @@ func garbageWriter(addr string, seed uint64, stop <-chan struct{}) {
 		}
 		c.Close()
 	}
+}
+
+// TestListenAgentTurnsKeepaliveOff: the agent listener's connections carry
+// no TCP keepalive (a check is one line each way; turning it on cost four
+// setsockopt calls per check), where net.Listen's turn it on.
+func TestListenAgentTurnsKeepaliveOff(t *testing.T) {
+	plain, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	agent, err := ListenAgent(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close()
+	for _, tc := range []struct {
+		name string
+		ln   net.Listener
+		want int
+	}{{"net.Listen", plain, 1}, {"ListenAgent", agent, 0}} {
+		c, err := net.Dial("tcp", tc.ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := tc.ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keepaliveOf(t, s); got != tc.want {
+			t.Errorf("%s: an accepted connection's SO_KEEPALIVE is %d, want %d", tc.name, got, tc.want)
+		}
+		c.Close()
+		s.Close()
+	}
+}
+
+// keepaliveOf is c's SO_KEEPALIVE option.
+func keepaliveOf(t *testing.T, c net.Conn) int {
+	t.Helper()
+	raw, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var serr error
+	if err := raw.Control(func(fd uintptr) { v, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE) }); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return v
 }

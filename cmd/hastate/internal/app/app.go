@@ -364,7 +364,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	a.agentLn, err = net.Listen("tcp", a.o.AgentAddr)
+	a.agentLn, err = server.ListenAgent(bgCtx, a.o.AgentAddr)
 	if err != nil {
 		return fmt.Errorf("agent listener %s: %w (is another process on --agent-addr?)", a.o.AgentAddr, err)
 	}
