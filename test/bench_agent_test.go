@@ -260,8 +260,8 @@ const bareProcessEnv = "HASTATE_BENCH_BARE_KV"
 // (this test binary again, bareProcessMain), as each hastate replica is:
 // beside replicas, an in-process responder would share the load
 // generator's Go runtime and measure the placement as much as the server.
-// It stops when the test ends (its stdin closes).
-func startBaselineProcess(tb testing.TB, kv map[string]string) string {
+// It stops when the test ends (its stdin closes). pid is its process ID.
+func startBaselineProcess(tb testing.TB, kv map[string]string) (addr string, pid int) {
 	tb.Helper()
 	f := filepath.Join(tb.TempDir(), "kv.json")
 	data, err := json.Marshal(kv)
@@ -291,11 +291,11 @@ func startBaselineProcess(tb testing.TB, kv map[string]string) string {
 			tb.Errorf("bare responder process: %v", err)
 		}
 	})
-	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	addr, err = bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		tb.Fatalf("bare responder process: no address: %v", err)
 	}
-	return strings.TrimSpace(addr)
+	return strings.TrimSpace(addr), cmd.Process.Pid
 }
 
 // bareProcessMain is the bare responder process: it serves the kv of
