@@ -126,66 +126,46 @@ func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummar
 	w := summaryWriter{out: &out, p: p, answers: p.answers.Load(), srcs: map[pollAddr]int32{}, sets: map[unique.Handle[string]]int32{}}
 	w.ansIdx = make([]int32, len(w.answers.lines)) // by interned id; 0: not yet in out
 	at := since.UnixNano()
-	var prev []srcIdx
+	var run srcRun
+	source := w.source
 	var buf []poll
 	n := 0
 	p.walk(f, q.After, func(sp *serverPolls, b, s string) bool {
 		if sp.key == q.After {
 			return true
 		}
+		var c *ServerCounts
+		units := 1 // a server's counts
 		if q.Counts {
-			c := w.countsOf(sp, at, nowMs)
-			if c == nil {
+			if c = w.countsOf(sp, at, nowMs); c == nil {
 				return true
 			}
-			if q.Limit > 0 && n > 0 && n+1 > q.Limit {
-				out.Next = out.Servers[len(out.Servers)-1].cursor()
-				return false
+		} else {
+			if buf = sp.copyPolls(buf[:0], at); len(buf) == 0 {
+				return true
 			}
-			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Counts: c})
-			n++
-			return true
+			units = len(buf)
 		}
-		buf = sp.copyPolls(buf[:0], at)
-		if len(buf) == 0 {
-			return true
-		}
-		if q.Limit > 0 && n > 0 && n+len(buf) > q.Limit {
+		if q.Limit > 0 && n > 0 && n+units > q.Limit {
 			out.Next = out.Servers[len(out.Servers)-1].cursor()
 			return false
 		}
+		n += units
+		if c != nil {
+			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Counts: c})
+			return true
+		}
 		polls := make([]SourcePoll, len(buf))
 		for i, e := range buf {
-			// Servers are mostly polled by the same sources, in the
-			// same (address) order: the previous server's i-th source
-			// is likely this one's.
-			var si int32
-			if i < len(prev) && prev[i].addr == e.addr {
-				si = prev[i].idx
-			} else {
-				si = w.source(e.addr)
-				if i < len(prev) {
-					prev[i] = srcIdx{e.addr, si}
-				} else {
-					prev = append(prev, srcIdx{e.addr, si})
-				}
-			}
-			polls[i] = SourcePoll{Source: si, Count: uint32(min(e.count, 2)), LastMs: e.last / int64(time.Millisecond), Answer: w.answer(e.answer)}
+			polls[i] = SourcePoll{Source: run.index(i, e.addr, source), Count: uint32(min(e.count, 2)), LastMs: e.last / int64(time.Millisecond), Answer: w.answer(e.answer)}
 			if e.answer == 0 {
 				polls[i].Kept = w.answer(e.kept)
 			}
 		}
 		out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: polls})
-		n += len(buf)
 		return true
 	})
 	return out
-}
-
-// srcIdx is a source's address and its index in a summary's Sources.
-type srcIdx struct {
-	addr pollAddr
-	idx  int32
 }
 
 // summaryWriter builds a PollSummary of a Pollers: its sources, answers
