@@ -350,6 +350,17 @@ type wireServer struct {
 	Counts  []byte `json:"counts,omitempty"`
 }
 
+// AppendJSONLine appends the wire form and a LF, as json.Encoder writes
+// it (the raft port writes a peer's answer so, without scanning it again:
+// raftport.LineAnswer). Nothing when it cannot be encoded.
+func (s PollSummary) AppendJSONLine(b []byte) []byte {
+	j, err := s.MarshalJSON()
+	if err != nil {
+		return b
+	}
+	return append(append(b, j...), '\n')
+}
+
 // MarshalJSON writes the wire form.
 func (s PollSummary) MarshalJSON() ([]byte, error) {
 	at := time.Now().UnixMilli()
