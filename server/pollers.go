@@ -543,30 +543,70 @@ func SortPolls(polls []api.Poll) {
 // few seconds).
 func (p *Pollers) Sightings(since, now time.Time) map[string]time.Time {
 	type src struct {
+		addr  pollAddr
 		last  int64
 		count uint64
 	}
-	bySrc := map[pollAddr]src{}
+	var all []src               // every source seen
+	idx := map[pollAddr]int32{} // index in all
+	var run srcRun
+	add := func(a pollAddr) int32 {
+		k, ok := idx[a]
+		if !ok {
+			k = int32(len(all))
+			idx[a] = k
+			all = append(all, src{addr: a})
+		}
+		return k
+	}
 	at := since.UnixNano()
-	var buf []poll
 	p.walk(api.Filter{}, "", func(sp *serverPolls, _, _ string) bool {
-		buf = sp.copyPolls(buf[:0], at)
-		for _, e := range buf {
-			s := bySrc[e.addr]
+		i := 0
+		sp.each(at, func(e *poll) bool {
+			s := &all[run.index(i, e.addr, add)]
 			s.count += uint64(e.count)
 			s.last = max(s.last, e.last)
-			bySrc[e.addr] = s
-		}
+			i++
+			return true
+		})
 		return true
 	})
-	out := make(map[string]time.Time, len(bySrc))
-	for a, s := range bySrc {
-		if a.n == 0 || s.count <= 1 {
+	out := make(map[string]time.Time, len(all))
+	for _, s := range all {
+		if s.addr.n == 0 || s.count <= 1 {
 			continue
 		}
-		out[a.String()] = time.Unix(0, s.last).UTC()
+		out[s.addr.String()] = time.Unix(0, s.last).UTC()
 	}
 	return out
+}
+
+// srcRun is the previous server's sources by position, each with its
+// index in what a walk builds: servers are mostly polled by the same
+// sources, in the same (address) order, so the i-th source of one server
+// is likely the i-th of the next, found without a look-up.
+type srcRun []srcIdx
+
+// srcIdx is a source's address and its index.
+type srcIdx struct {
+	addr pollAddr
+	idx  int32
+}
+
+// index is the index of a, the i-th source of the server walked, taken
+// from the previous server's i-th when it is the same, else from lookup
+// (which adds a when new).
+func (r *srcRun) index(i int, a pollAddr, lookup func(pollAddr) int32) int32 {
+	if i < len(*r) && (*r)[i].addr == a {
+		return (*r)[i].idx
+	}
+	k := lookup(a)
+	if i < len(*r) {
+		(*r)[i] = srcIdx{a, k}
+	} else {
+		*r = append(*r, srcIdx{a, k})
+	}
+	return k
 }
 
 // Backends returns the backends of the servers asked about since since.

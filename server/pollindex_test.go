@@ -104,6 +104,48 @@ func TestPollersReadsHonourSince(t *testing.T) {
 	}
 }
 
+// Sightings (the sources by position from one server to the next, found
+// by look-up only where they differ) agree with the polls listed: every
+// source that asked since since more than once over all servers, at its
+// latest poll. Random tables whose servers share their sources, in order,
+// or a random few of them, some IPv6, some polled once.
+func TestSightingsAgreeWithThePolls(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 13, 0, 0, 0, time.UTC)
+	srcs := sources(12)
+	srcs = append(srcs, &net.TCPAddr{IP: net.ParseIP("::1")}, &net.TCPAddr{IP: net.ParseIP("fd00::7")})
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 46))
+		p := newPollers(t, PollersOptions{})
+		for _, s := range serverNames(4, 8) {
+			for _, a := range srcs {
+				if seed%2 == 1 && rng.IntN(3) == 0 {
+					continue // this server is not polled by a
+				}
+				for range 1 + rng.IntN(2) {
+					p.Record(a, []byte(s), []byte("ready 100%\n"), t0.Add(-time.Duration(rng.IntN(600))*time.Second))
+				}
+			}
+		}
+		since := t0.Add(-time.Duration(rng.IntN(600)) * time.Second)
+		want := map[string]time.Time{}
+		counts := map[string]uint64{}
+		for _, pl := range p.List(since) {
+			counts[pl.HAProxy] += pl.Count
+			if pl.LastAsked.After(want[pl.HAProxy]) {
+				want[pl.HAProxy] = pl.LastAsked
+			}
+		}
+		for src, n := range counts {
+			if n <= 1 {
+				delete(want, src)
+			}
+		}
+		if got := p.Sightings(since, t0); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("seed %d: Sightings %v, the polls listed %v", seed, got, want)
+		}
+	}
+}
+
 // Pages of /v1/pollers, followed by their cursor, read every poll once in
 // cursor order (server, then HAProxy by its text, not its bytes), also
 // with selectors; total counts the selected pairs held.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 
 	"github.com/hastate/hastate/api"
 	"github.com/hastate/hastate/state"
@@ -122,124 +123,122 @@ func (p *Pollers) summary(since time.Time, nowMs int64, q SummaryArg) PollSummar
 	if err != nil || p == nil {
 		return out
 	}
-	answers := p.answers.Load()
-	srcs := map[pollAddr]int32{}
-	ansIdx := make([]int32, len(answers.lines)) // by interned id; 0: not yet in out
+	w := summaryWriter{out: &out, p: p, answers: p.answers.Load(), srcs: map[pollAddr]int32{}, sets: map[unique.Handle[string]]int32{}}
+	w.ansIdx = make([]int32, len(w.answers.lines)) // by interned id; 0: not yet in out
 	at := since.UnixNano()
-	type srcIdx struct {
-		addr pollAddr
-		idx  int32
-	}
-	var prev []srcIdx
+	var run srcRun
+	source := w.source
 	var buf []poll
-	var scratch []SourcePoll   // a server's polls, for its counts
-	sets := map[string]int32{} // SourceSets by their packed indexes
-	lastSet := int32(-1)       // the last server's set
-	prevN := -1                // the last server's number of polls
 	n := 0
 	p.walk(f, q.After, func(sp *serverPolls, b, s string) bool {
 		if sp.key == q.After {
 			return true
 		}
-		buf = sp.copyPolls(buf[:0], at)
-		if len(buf) == 0 {
-			return true
-		}
-		units := len(buf)
+		var c *ServerCounts
+		units := 1 // a server's counts
 		if q.Counts {
-			units = 1
+			if c = w.countsOf(sp, at, nowMs); c == nil {
+				return true
+			}
+		} else {
+			if buf = sp.copyPolls(buf[:0], at); len(buf) == 0 {
+				return true
+			}
+			units = len(buf)
 		}
 		if q.Limit > 0 && n > 0 && n+units > q.Limit {
 			out.Next = out.Servers[len(out.Servers)-1].cursor()
 			return false
 		}
-		var polls []SourcePoll
-		if q.Counts {
-			scratch = slices.Grow(scratch[:0], len(buf))[:len(buf)]
-			polls = scratch
-		} else {
-			polls = make([]SourcePoll, len(buf))
-		}
-		sameSources := len(buf) == prevN // as the previous server's, so far
-		prevN = len(buf)
-		for i, e := range buf {
-			// Servers are mostly polled by the same sources, in the
-			// same (address) order: the previous server's i-th source
-			// is likely this one's.
-			var si int32
-			if i < len(prev) && prev[i].addr == e.addr {
-				si = prev[i].idx
-			} else {
-				sameSources = false
-				var ok bool
-				if si, ok = srcs[e.addr]; !ok {
-					si = int32(len(out.Sources))
-					srcs[e.addr] = si
-					out.Sources = append(out.Sources, e.addr.String())
-				}
-				if i < len(prev) {
-					prev[i] = srcIdx{e.addr, si}
-				} else {
-					prev = append(prev, srcIdx{e.addr, si})
-				}
-			}
-			polls[i] = SourcePoll{Source: si, Count: uint32(min(e.count, 2)), LastMs: e.last / int64(time.Millisecond),
-				Answer: internID(answers, ansIdx, &out.Answers, e.answer)}
-			if e.answer == 0 {
-				polls[i].Kept = internID(answers, ansIdx, &out.Answers, e.kept)
-			}
-		}
-		if q.Counts {
-			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Counts: out.countsOf(polls, nowMs, sets, sameSources, &lastSet)})
-		} else {
-			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: polls})
-		}
 		n += units
+		if c != nil {
+			out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Counts: c})
+			return true
+		}
+		polls := make([]SourcePoll, len(buf))
+		for i, e := range buf {
+			polls[i] = SourcePoll{Source: run.index(i, e.addr, source), Count: uint32(min(e.count, 2)), LastMs: e.last / int64(time.Millisecond), Answer: w.answer(e.answer)}
+			if e.answer == 0 {
+				polls[i].Kept = w.answer(e.kept)
+			}
+		}
+		out.Servers = append(out.Servers, ServerPolls{Backend: b, Server: s, Polls: polls})
 		return true
 	})
 	return out
 }
 
-// countsOf counts one server's polls at nowMs (Unix milliseconds), its
-// sources interned in s.SourceSets (sets: their indexes by packed key).
-// Servers are mostly polled by the same sources: a server polled by the
-// previous one's (same) takes its set (last) without a key or a look-up.
-func (s *PollSummary) countsOf(polls []SourcePoll, nowMs int64, sets map[string]int32, same bool, last *int32) *ServerCounts {
-	c := &ServerCounts{Sources: -1}
-	if same && *last >= 0 {
-		c.Sources = *last
+// summaryWriter builds a PollSummary of a Pollers: its sources, answers
+// and source sets interned as the servers come.
+type summaryWriter struct {
+	out     *PollSummary
+	p       *Pollers
+	answers *answerTable
+	ansIdx  []int32 // by interned id: index in out.Answers; 0: not yet there
+	srcs    map[pollAddr]int32
+	sets    map[unique.Handle[string]]int32 // index in out.SourceSets
+}
+
+// countsOf is sp's counts of its polls asked since sinceNs (Unix ns) at
+// nowMs (Unix ms), nil when it has none in the window. They are the
+// server's kept counts (toldCounts), counted again only when a record,
+// a sweep or the clock changed them: a summary of every server costs
+// the servers, not the pairs. Its source set is looked up by its
+// interned key (servers polled by the same HAProxy nodes share one), its
+// sources added once per set.
+func (w *summaryWriter) countsOf(sp *serverPolls, sinceNs, nowMs int64) *ServerCounts {
+	var toldBuf, keptBuf [4]AnswerCount // a server's HAProxy nodes were told one or two answers
+	sp.mu.Lock()
+	c := sp.toldCounts(sinceNs, nowMs)
+	set, polled, fromHAProxy := c.sources, c.polled, c.fromHAProxy
+	told, kept := append(toldBuf[:0], c.answers...), append(keptBuf[:0], c.kept...)
+	sp.mu.Unlock()
+	key := set.Value()
+	if key == "" {
+		return nil
 	}
-	for _, p := range polls {
-		m := mergedPoll{Count: p.Count, LastMs: p.LastMs}
-		c.FromHAProxy = c.FromHAProxy || m.fromHAProxy(nowMs)
-		if !m.polling(nowMs) {
-			continue
-		}
-		c.Polled++
-		c.Told = addAnswer(c.Told, p.Answer)
-		if p.Answer == 0 && p.Kept != 0 {
-			c.Kept = addAnswer(c.Kept, p.Kept)
-		}
+	sc := &ServerCounts{Polled: polled, FromHAProxy: fromHAProxy}
+	for _, a := range told {
+		sc.Told = append(sc.Told, AnswerCount{Answer: w.answer(uint16(a.Answer)), N: a.N})
 	}
-	if c.Sources >= 0 {
-		return c
+	for _, a := range kept {
+		sc.Kept = append(sc.Kept, AnswerCount{Answer: w.answer(uint16(a.Answer)), N: a.N})
 	}
-	var key []byte
-	for _, p := range polls {
-		key = binary.AppendUvarint(key, uint64(p.Source))
-	}
-	set, ok := sets[string(key)]
+	i, ok := w.sets[set]
 	if !ok {
-		set = int32(len(s.SourceSets))
-		sets[string(key)] = set
-		l := make([]int32, len(polls))
-		for i, p := range polls {
-			l[i] = p.Source
-		}
-		s.SourceSets = append(s.SourceSets, l)
+		i = int32(len(w.out.SourceSets))
+		w.sets[set] = i
+		l := make([]int32, 0, len(key)/sourceKeyLen)
+		sourceAddrs(key, func(a pollAddr) { l = append(l, w.source(a)) })
+		w.out.SourceSets = append(w.out.SourceSets, l)
 	}
-	c.Sources, *last = set, set
-	return c
+	sc.Sources = i
+	return sc
+}
+
+// source is a's index in out.Sources, adding it.
+func (w *summaryWriter) source(a pollAddr) int32 {
+	si, ok := w.srcs[a]
+	if !ok {
+		si = int32(len(w.out.Sources))
+		w.srcs[a] = si
+		w.out.Sources = append(w.out.Sources, a.String())
+	}
+	return si
+}
+
+// answer is the index in out.Answers of the interned line id (0: 0),
+// adding it; a line interned after the summary began is looked up in the
+// table as it is now.
+func (w *summaryWriter) answer(id uint16) int32 {
+	if id == 0 {
+		return 0
+	}
+	if int(id) >= len(w.ansIdx) {
+		w.answers = w.p.answers.Load()
+		w.ansIdx = append(w.ansIdx, make([]int32, len(w.answers.lines)-len(w.ansIdx))...)
+	}
+	return internID(w.answers, w.ansIdx, &w.out.Answers, id)
 }
 
 func addAnswer(c []AnswerCount, answer int32) []AnswerCount {
@@ -349,6 +348,17 @@ type wireServer struct {
 	Server  string `json:"server"`
 	Polls   []byte `json:"polls"`
 	Counts  []byte `json:"counts,omitempty"`
+}
+
+// AppendJSONLine appends the wire form and a LF, as json.Encoder writes
+// it (the raft port writes a peer's answer so, without scanning it again:
+// raftport.LineAnswer). Nothing when it cannot be encoded.
+func (s PollSummary) AppendJSONLine(b []byte) []byte {
+	j, err := s.MarshalJSON()
+	if err != nil {
+		return b
+	}
+	return append(append(b, j...), '\n')
 }
 
 // MarshalJSON writes the wire form.
@@ -934,7 +944,7 @@ func (e *poll) merged() mergedPoll {
 func (o *ownPolls) addTold(sp *serverPolls, nowMs int64, told *toldAnswers, kept map[string]int) {
 	var toldBuf, keptBuf [4]AnswerCount // a server's HAProxy nodes were told one or two answers
 	sp.mu.Lock()
-	c := sp.toldCounts(nowMs)
+	c := sp.toldCounts(o.since, nowMs)
 	told.polled += int(c.polled)
 	byAnswer, keptBy := append(toldBuf[:0], c.answers...), append(keptBuf[:0], c.kept...)
 	sp.mu.Unlock()

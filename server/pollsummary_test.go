@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -219,6 +220,57 @@ func TestPollSummaryWireSize(t *testing.T) {
 	}
 	if polls := len(roundTrip(t, p.Summary(time.Time{}, SummaryArg{})).Servers); polls != 200 {
 		t.Errorf("%d servers after the round trip, want 200", polls)
+	}
+}
+
+// A summary writes its own answer line for the raft port
+// (AppendJSONLine), which writes it without encoding/json's pass over it:
+// one line of compact JSON, HTML characters escaped as json.Encoder
+// escapes them, that reads back as the summary (its polls, or its
+// counts). Server names and answers with HTML and non-ASCII characters.
+func TestPollSummaryAnswerLine(t *testing.T) {
+	p := newPollers(t, PollersOptions{})
+	now := time.Now()
+	for s := range 30 {
+		for src := range 5 + s%3 {
+			req := fmt.Appendf(nil, "b<%d>&é/s%d", s%4, s)
+			line := []byte("ready 100%\n")
+			if s%5 == 0 {
+				line = []byte("drain <&>\n")
+			}
+			p.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+src))}, req, line, now)
+			p.Record(&net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+src))}, req, line, now)
+		}
+	}
+	for _, q := range []SummaryArg{{}, {Counts: true}} {
+		sum := p.Summary(time.Time{}, q)
+		line := sum.AppendJSONLine([]byte("x"))
+		if !bytes.HasPrefix(line, []byte("x")) || !bytes.HasSuffix(line, []byte("\n")) {
+			t.Fatalf("counts %v: %q is not appended as one line", q.Counts, line)
+		}
+		body := line[1 : len(line)-1]
+		var compact, escaped bytes.Buffer
+		if err := json.Compact(&compact, body); err != nil || bytes.IndexByte(body, '\n') >= 0 {
+			t.Fatalf("counts %v: not one line of JSON (%v): %s", q.Counts, err, body)
+		}
+		json.HTMLEscape(&escaped, body)
+		if !bytes.Equal(compact.Bytes(), body) || !bytes.Equal(escaped.Bytes(), body) {
+			t.Fatalf("counts %v: not compact, HTML escaped JSON as json.Encoder writes it: %s", q.Counts, body)
+		}
+		var back PollSummary
+		if err := json.Unmarshal(body, &back); err != nil {
+			t.Fatal(err)
+		}
+		want := roundTrip(t, sum)
+		text := func(s PollSummary) string {
+			if q.Counts {
+				return describeCounts(s)
+			}
+			return fmt.Sprint(s.Sources, s.Answers, s.Servers)
+		}
+		if len(back.Servers) != 30 || text(back) != text(want) {
+			t.Fatalf("counts %v: the line reads back as\n%+v\nwant\n%+v", q.Counts, back, want)
+		}
 	}
 }
 

@@ -1,7 +1,10 @@
 package raftport
 
 import (
+	"bytes"
 	"crypto/x509"
+	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +79,49 @@ func TestLineQueryAnswers(t *testing.T) {
 	var got lineAnswer
 	if known, err := s.LineConn().Ask(addr, "unknown", "x\n", deadline, &got); known || err != nil {
 		t.Fatalf("an unknown query: known %v err %v, want it answered null", known, err)
+	}
+}
+
+// TestNamedQueryAnswerBytes: a named query's answer is the line
+// json.Encoder writes; one that writes itself (LineAnswer, as a peer's
+// poll-summary does) is written as it writes itself, not encoded again.
+func TestNamedQueryAnswerBytes(t *testing.T) {
+	limits, err := Limits{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byJSON := map[string]any{"n": 2, "s": "<a & b>", "l": []int{1, 2}}
+	s, err := New(Config{Bind: "127.0.0.1:0", Advertise: "127.0.0.1:1", Log: zap.NewNop(), Metrics: NewMetrics(), Limits: limits,
+		ArgQueries: map[string]func(json.RawMessage) any{
+			"hand": func(json.RawMessage) any { return lineAnswer{} },
+			"json": func(json.RawMessage) any { return byJSON },
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.ServeQueries()
+	var encoded bytes.Buffer
+	if err := json.NewEncoder(&encoded).Encode(byJSON); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, want string }{
+		{"hand", `{"n":7,"s":"by hand"}` + "\n"},
+		{"json", encoded.String()},
+		{"unknown", "null\n"},
+	} {
+		conn, err := s.dial(s.ln.Addr().String(), KindQuery, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Write([]byte(c.name + "\n{}\n")); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(conn)
+		conn.Close()
+		if err != nil || string(got) != c.want {
+			t.Fatalf("query %s: answered %q (%v), want %q", c.name, got, err, c.want)
+		}
 	}
 }

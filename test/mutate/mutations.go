@@ -465,7 +465,7 @@ var mutations = []mutation{
 	},
 	{
 		Name: "told/record-of-an-uncounted-poll", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
-		From: " && e.merged().polling(c.atMs)\n", To: "\n",
+		From: " && e.merged().polling(c.atMs) &&\n", To: " &&\n",
 		Why: "a record of a poll the counts left out (new, or no longer polling) drops them",
 	},
 	{
@@ -482,5 +482,20 @@ var mutations = []mutation{
 		Name: "told/sweep-drops", File: "server/pollers.go", Package: "server", Run: "ToldCache",
 		From: "				sp.told.ok = false // its counts may have held a removed poll\n", To: "\n",
 		Why: "a sweep that removes polls of a server drops its counts",
+	},
+	{
+		Name: "told/window-start", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: "&& sinceNs >= c.sinceNs && sinceNs <= c.sinceUntil", To: "&& sinceNs <= c.sinceUntil",
+		Why: "counts of a window hold only for a window that starts no earlier (an earlier one holds older polls)",
+	},
+	{
+		Name: "told/window-end", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: "&& sinceNs >= c.sinceNs && sinceNs <= c.sinceUntil", To: "&& sinceNs >= c.sinceNs",
+		Why: "counts of a window hold only until its start passes their oldest poll (which then leaves the window, its source and its counts with it)",
+	},
+	{
+		Name: "told/record-outside-the-window", File: "server/toldcache.go", Package: "server", Run: "ToldCache",
+		From: " &&\n\t\te.last >= c.sinceNs\n", To: "\n",
+		Why: "a record of a poll older than the counts' window brings it into the window (a source and counts more): it drops them",
 	},
 }
