@@ -340,11 +340,11 @@ const leaderRoundBase = "c5d2ecb"
 // target's throughput ratio is the median over the rounds of its rate
 // over the mean of the two bare rates beside it (min and max reported
 // too), since the machine drifts within a run by more than the round
-// costs. It reports, for each
-// cluster's leader and a follower, that ratio and the p50/p99 latency
-// added to the bare responder, the leader's p50/p99 difference between
-// the two rounds, each replica's mean round and checks per round, and the
-// ack leader's requests per round, at two loads (metric suffix):
+// costs. It reports, for each cluster's leader and a follower, that
+// ratio and the p50/p99 latency added to the bare responder, the
+// leader's p50/p99 difference between the two rounds, each replica's
+// mean round and checks per round, and the ack leader's requests per
+// round, at two loads (metric suffix):
 //
 //   - c32: 32 closed-loop clients, 11 rounds. Every check in flight waits
 //     for the same round, so throughput is bound by latency: 32 /
