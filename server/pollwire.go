@@ -244,13 +244,14 @@ func (d *wireReader) str() (int, bool) {
 }
 
 // base64 reads a string of base64 (checked when decoded): b[off:end].
+// A CR or LF in it, which base64 skips, is not JSON: refused.
 func (d *wireReader) base64() (off, end int, ok bool) {
 	if d.i >= len(d.b) || d.b[d.i] != '"' {
 		return 0, 0, false
 	}
 	off = d.i + 1
 	k := bytes.IndexByte(d.b[off:], '"')
-	if k < 0 {
+	if k < 0 || bytes.ContainsAny(d.b[off:off+k], "\r\n") {
 		return 0, 0, false
 	}
 	end = off + k

@@ -177,6 +177,7 @@ func TestPollSummaryFastDecodeMalformed(t *testing.T) {
 		{head + `"AAcAAgA="}]}`, true}, // answer 7 of 1
 		{head + `"AAAAAgA"}]}`, false}, // base64 without its padding
 		{head + `"AA*AAgA="}]}`, false},
+		{head + `"AAAA` + "\n" + `AgA="}]}`, false},  // base64 skips LF; JSON has none in a string
 		{head + `null,"counts":"AQEAAAA="}]}`, true}, // set 0 of 0
 		{`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"servers":[],"source_sets":[[1]]}`, true},
 		{`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"servers":[],"source_sets":[[4294967296]]}`, false},
