@@ -56,7 +56,8 @@ func (n *Node) PeerStatuses(timeout time.Duration) map[string]api.PeerStatus {
 }
 
 // PeerAnswer is one member's answer to a named query: Raw, or Err when it
-// did not answer.
+// did not answer. The answer to a query with an argument (QueryPeerWith,
+// QueryPeersWith) is not validated: decoding it reports a malformed one.
 type PeerAnswer struct {
 	Raw json.RawMessage
 	Err error

@@ -397,8 +397,17 @@ func (s PollSummary) MarshalJSON() ([]byte, error) {
 var errBadSummary = errors.New("poll summary: malformed polls")
 
 // UnmarshalJSON reads the wire form; an index out of its table is an
-// error.
+// error. The form MarshalJSON writes is read in one pass without
+// reflection (DecodeJSONLine); any other, with encoding/json.
 func (s *PollSummary) UnmarshalJSON(b []byte) error {
+	if s.DecodeJSONLine(b) {
+		return nil
+	}
+	return s.unmarshalJSON(b)
+}
+
+// unmarshalJSON is UnmarshalJSON by encoding/json, of any form.
+func (s *PollSummary) unmarshalJSON(b []byte) error {
 	var w wireSummary
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
@@ -408,41 +417,67 @@ func (s *PollSummary) UnmarshalJSON(b []byte) error {
 	}
 	*s = PollSummary{Sources: w.Sources, Answers: w.Answers, Servers: make([]ServerPolls, len(w.Servers)), SourceSets: w.SourceSets, Next: w.Next}
 	for _, set := range w.SourceSets {
-		for _, i := range set {
-			if i < 0 || int(i) >= len(w.Sources) {
-				return fmt.Errorf("%w: a source set names source %d of %d", errBadSummary, i, len(w.Sources))
-			}
+		if err := checkSourceSet(set, len(w.Sources)); err != nil {
+			return err
 		}
 	}
 	for i, ws := range w.Servers {
 		sv := ServerPolls{Backend: ws.Backend, Server: ws.Server}
 		if len(ws.Counts) > 0 {
-			c, err := unpackCounts(ws.Counts, len(w.SourceSets), len(w.Answers))
-			if err != nil {
+			c := &ServerCounts{}
+			if _, err := unpackCounts(c, nil, ws.Counts, len(w.SourceSets), len(w.Answers)); err != nil {
 				return fmt.Errorf("%w: server %s/%s: %v", errBadSummary, ws.Backend, ws.Server, err)
 			}
 			sv.Counts = c
 			s.Servers[i] = sv
 			continue
 		}
-		for buf := ws.Polls; len(buf) > 0; {
-			var v [5]uint64
-			for j := range v {
-				x, n := binary.Uvarint(buf)
-				if n <= 0 {
-					return fmt.Errorf("%w: server %s/%s", errBadSummary, ws.Backend, ws.Server)
-				}
-				v[j], buf = x, buf[n:]
-			}
-			if v[0] >= uint64(len(w.Sources)) || v[1] >= uint64(len(w.Answers)) || v[2] >= uint64(len(w.Answers)) {
-				return fmt.Errorf("%w: server %s/%s: an index beyond the tables", errBadSummary, ws.Backend, ws.Server)
-			}
-			sv.Polls = append(sv.Polls, SourcePoll{Source: int32(v[0]), Answer: int32(v[1]), Kept: int32(v[2]),
-				Count: uint32(min(v[3], 2)), LastMs: w.At - int64(v[4])})
+		var err error
+		if sv.Polls, err = unpackPolls(nil, ws.Polls, w.At, len(w.Sources), len(w.Answers)); err != nil {
+			return fmt.Errorf("%w: server %s/%s%v", errBadSummary, ws.Backend, ws.Server, err)
 		}
 		s.Servers[i] = sv
 	}
 	return nil
+}
+
+// checkSourceSet reports a source set's index beyond sources.
+func checkSourceSet(set []int32, sources int) error {
+	for _, i := range set {
+		if i < 0 || int(i) >= sources {
+			return fmt.Errorf("%w: a source set names source %d of %d", errBadSummary, i, sources)
+		}
+	}
+	return nil
+}
+
+// errPollCut and errPollBeyond are unpackPolls' errors, as they follow
+// the server's name.
+var (
+	errPollCut    = errors.New("")
+	errPollBeyond = errors.New(": an index beyond the tables")
+)
+
+// unpackPolls appends a server's packed polls (wireSummary) to dst, their
+// indexes checked against the numbers of sources and answers, their
+// times taken from at (Unix ms).
+func unpackPolls(dst []SourcePoll, buf []byte, at int64, sources, answers int) ([]SourcePoll, error) {
+	for len(buf) > 0 {
+		var v [5]uint64
+		for j := range v {
+			x, n := binary.Uvarint(buf)
+			if n <= 0 {
+				return dst, errPollCut
+			}
+			v[j], buf = x, buf[n:]
+		}
+		if v[0] >= uint64(sources) || v[1] >= uint64(answers) || v[2] >= uint64(answers) {
+			return dst, errPollBeyond
+		}
+		dst = append(dst, SourcePoll{Source: int32(v[0]), Answer: int32(v[1]), Kept: int32(v[2]),
+			Count: uint32(min(v[3], 2)), LastMs: at - int64(v[4])})
+	}
+	return dst, nil
 }
 
 func b2i(b bool) int {
@@ -452,9 +487,10 @@ func b2i(b bool) int {
 	return 0
 }
 
-// unpackCounts reads a server's packed counts (wireSummary), their
-// indexes checked against the numbers of source sets and answers.
-func unpackCounts(buf []byte, sets, answers int) (*ServerCounts, error) {
+// unpackCounts reads a server's packed counts (wireSummary) into c, their
+// indexes checked against the numbers of source sets and answers; the
+// told and kept answers are appended to pairs, and c's are slices of it.
+func unpackCounts(c *ServerCounts, pairs []AnswerCount, buf []byte, sets, answers int) ([]AnswerCount, error) {
 	next := func(bound int) (int32, error) {
 		x, n := binary.Uvarint(buf)
 		if n <= 0 || x >= uint64(bound) {
@@ -463,39 +499,42 @@ func unpackCounts(buf []byte, sets, answers int) (*ServerCounts, error) {
 		buf = buf[n:]
 		return int32(x), nil
 	}
-	c := &ServerCounts{}
 	var err error
 	var fromHAProxy int32
 	if c.Sources, err = next(sets); err != nil {
-		return nil, err
+		return pairs, err
 	}
 	if c.Polled, err = next(math.MaxInt32); err != nil {
-		return nil, err
+		return pairs, err
 	}
 	if fromHAProxy, err = next(2); err != nil {
-		return nil, err
+		return pairs, err
 	}
 	c.FromHAProxy = fromHAProxy == 1
 	for _, l := range []*[]AnswerCount{&c.Told, &c.Kept} {
 		k, err := next(answers + 1) // at most one pair per answer
 		if err != nil {
-			return nil, err
+			return pairs, err
 		}
+		start := len(pairs)
 		for range k {
 			var a AnswerCount
 			if a.Answer, err = next(answers); err != nil {
-				return nil, err
+				return pairs, err
 			}
 			if a.N, err = next(math.MaxInt32); err != nil {
-				return nil, err
+				return pairs, err
 			}
-			*l = append(*l, a)
+			pairs = append(pairs, a)
+		}
+		if k > 0 {
+			*l = pairs[start:len(pairs):len(pairs)]
 		}
 	}
 	if len(buf) > 0 {
-		return nil, errors.New("bytes after the counts")
+		return pairs, errors.New("bytes after the counts")
 	}
-	return c, nil
+	return pairs, nil
 }
 
 // mergedPoll is one source's polls of one server over every replica: the

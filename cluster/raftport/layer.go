@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -411,8 +412,9 @@ func (s *Layer) Query(address, name string, timeout time.Duration) (json.RawMess
 }
 
 // QueryWith asks the node at address for the answer to a named query that
-// takes an argument (arg: compact JSON, one line): JSON, null if it knows
-// no such query. A release that does not know the name answers null
+// takes an argument (arg: compact JSON, one line): its line of JSON as it
+// came, not validated (readQueryAnswer: its decoding reports a malformed
+// one), null if it knows no such query. A release that does not know the name answers null
 // without reading the argument, and may reset the connection for it:
 // callers fall back to a query that release knows on null or an error.
 func (s *Layer) QueryWith(address, name string, arg []byte, timeout time.Duration) (json.RawMessage, error) {
@@ -428,9 +430,45 @@ func (s *Layer) QueryWith(address, name string, arg []byte, timeout time.Duratio
 	if _, err := c.Write(append(append([]byte(name+"\n"), arg...), '\n')); err != nil {
 		return nil, err
 	}
-	var raw json.RawMessage
-	err = json.NewDecoder(io.LimitReader(c, 64<<20)).Decode(&raw)
-	return raw, err
+	return readQueryAnswer(c, maxQueryAnswer)
+}
+
+// maxQueryAnswer bounds the answer to a named query with an argument.
+const maxQueryAnswer = 64 << 20
+
+// readQueryAnswer reads the answer to a named query: one line of JSON, as
+// every release writes it (json.Encoder's, or a LineAnswer's), returned
+// without its LF and not scanned: its reader's decoding reports a
+// malformed one (a peer's poll-summary, 1 MB at 10,000 servers, was
+// scanned twice here and again when decoded). An answer that ends
+// without its LF is returned when it is JSON; otherwise, cut short, it is
+// io.ErrUnexpectedEOF, and no answer at all io.EOF, as json.Decoder
+// reported them.
+func readQueryAnswer(r io.Reader, limit int) (json.RawMessage, error) {
+	buf := make([]byte, 0, 16<<10)
+	for {
+		if len(buf) == cap(buf) {
+			if len(buf) >= limit {
+				return nil, fmt.Errorf("an answer longer than %d bytes: ask for less (a smaller chunk)", limit)
+			}
+			buf = slices.Grow(buf, min(len(buf), limit-len(buf)))
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		if i := bytes.IndexByte(buf[len(buf):len(buf)+n], '\n'); i >= 0 {
+			return bytes.TrimSpace(buf[:len(buf)+i]), nil
+		}
+		buf = buf[:len(buf)+n]
+		switch {
+		case err == io.EOF && len(bytes.TrimSpace(buf)) == 0:
+			return nil, io.EOF
+		case err == io.EOF && json.Valid(buf):
+			return bytes.TrimSpace(buf), nil
+		case err == io.EOF:
+			return nil, io.ErrUnexpectedEOF
+		case err != nil:
+			return nil, err
+		}
+	}
 }
 
 // QueryStatus asks the node at address for its api.PeerStatus, the named

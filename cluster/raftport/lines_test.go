@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -123,5 +124,58 @@ func TestNamedQueryAnswerBytes(t *testing.T) {
 		if err != nil || string(got) != c.want {
 			t.Fatalf("query %s: answered %q (%v), want %q", c.name, got, err, c.want)
 		}
+	}
+}
+
+// rawAnswer is an answer that writes itself as these bytes, whatever
+// they are (LineAnswer).
+type rawAnswer string
+
+func (a rawAnswer) AppendJSONLine(b []byte) []byte { return append(b, a...) }
+
+// TestQueryWithAnswerAsWritten: QueryWith hands over a named query's
+// answer line as the peer wrote it, without scanning it: a malformed
+// line is the caller's json.Unmarshal's *json.SyntaxError (it was
+// QueryWith's before); an answer cut short (the connection closed before
+// its LF) is io.ErrUnexpectedEOF and none io.EOF, as they were; a whole
+// value without its LF, or of 3 MB, is read.
+func TestQueryWithAnswerAsWritten(t *testing.T) {
+	limits, err := Limits{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := `{"s":"` + strings.Repeat("x", 3<<20) + `"}`
+	answers := map[string]rawAnswer{
+		"line": `{"n":1}` + "\n", "malformed": `{"n":]` + "\n", "nolf": `{"n":2}`,
+		"cut": `{"n":[1,`, "empty": "", "long": rawAnswer(long + "\n"),
+	}
+	aq := map[string]func(json.RawMessage) any{}
+	for name, a := range answers {
+		aq[name] = func(json.RawMessage) any { return a }
+	}
+	s, err := New(Config{Bind: "127.0.0.1:0", Advertise: "127.0.0.1:1", Log: zap.NewNop(), Metrics: NewMetrics(), Limits: limits, ArgQueries: aq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.ServeQueries()
+	addr := s.ln.Addr().String()
+	for _, c := range []struct {
+		name, raw string
+		err       error
+	}{
+		{"line", `{"n":1}`, nil}, {"malformed", `{"n":]`, nil}, {"nolf", `{"n":2}`, nil},
+		{"cut", "", io.ErrUnexpectedEOF}, {"empty", "", io.EOF}, {"unknown", "null", nil}, {"long", long, nil},
+	} {
+		raw, err := s.QueryWith(addr, c.name, []byte("{}"), 5*time.Second)
+		if err != c.err || string(raw) != c.raw {
+			t.Errorf("query %s: %.40q (%v), want %.40q (%v)", c.name, raw, err, c.raw, c.err)
+		}
+	}
+	raw, err := s.QueryWith(addr, "malformed", []byte("{}"), 5*time.Second)
+	var v any
+	var syntax *json.SyntaxError
+	if err != nil || !errors.As(json.Unmarshal(raw, &v), &syntax) {
+		t.Errorf("a malformed answer: %q (%v), decoded: %v, want a *json.SyntaxError", raw, err, json.Unmarshal(raw, &v))
 	}
 }
