@@ -904,20 +904,20 @@ func decodeAnswer[T any](pa cluster.PeerAnswer) (*T, error) {
 	if pa.Err != nil {
 		return nil, pa.Err
 	}
-	if _, ok := any((*T)(nil)).(lineDecoder); ok {
-		ans := new(T)
-		if any(ans).(lineDecoder).DecodeJSONLine(pa.Raw) {
-			return ans, nil
-		}
+	if fast := new(T); decodesItself(fast, pa.Raw) {
+		return fast, nil
 	}
 	var ans *T
 	err := json.Unmarshal(pa.Raw, &ans)
 	return ans, err
 }
 
-// lineDecoder is an answer that reads itself from its line
-// (raftport.LineDecoder), reporting false for encoding/json to read it.
-type lineDecoder interface{ DecodeJSONLine(line []byte) bool }
+// decodesItself reports whether v reads itself from line
+// (raftport.LineDecoder) and did.
+func decodesItself(v any, line []byte) bool {
+	d, ok := v.(raftport.LineDecoder)
+	return ok && d.DecodeJSONLine(line)
+}
 
 // olderPeerPolls asks one peer of an older release for every poll and
 // selects q's.
