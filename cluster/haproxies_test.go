@@ -23,6 +23,17 @@ func (f *fakeSightings) set(src string, at time.Time) {
 	f.m[src] = at
 }
 
+// setAll moves every named source to at in one step, as one gathering
+// would see it: a gathering between single sets would see part of them
+// moved and write them in two entries.
+func (f *fakeSightings) setAll(srcs []string, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, src := range srcs {
+		f.m[src] = at
+	}
+}
+
 func (f *fakeSightings) get() Sightings {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -103,9 +114,11 @@ func TestHAProxiesWritesOnlyChanges(t *testing.T) {
 	}
 	seen := &fakeSightings{m: Sightings{}}
 	n := startLeader(t, Options{Sightings: seen.get, HAProxySyncEvery: 20 * time.Millisecond, Now: now})
+	var srcs []string
 	for i := range 100 {
-		seen.set(fmt.Sprintf("127.0.0.%d", i+1), now())
+		srcs = append(srcs, fmt.Sprintf("127.0.0.%d", i+1))
 	}
+	seen.setAll(srcs, now())
 	testenv.Eventually(t, 10*time.Second, holdsf(func() bool { rec, _ := n.HAProxies(); return len(rec) == 100 }, "100 sources not recorded"))
 	writes := metricOf(t, n, "hastate_haproxies_writes_total", "")
 	// Every source polls again and again within the coarse step.
@@ -113,9 +126,7 @@ func TestHAProxiesWritesOnlyChanges(t *testing.T) {
 		clock.mu.Lock()
 		clock.now = clock.now.Add(state.HAProxyCoarse / 20)
 		clock.mu.Unlock()
-		for i := range 100 {
-			seen.set(fmt.Sprintf("127.0.0.%d", i+1), now())
-		}
+		seen.setAll(srcs, now())
 		// The loop gathers at least twice at this clock.
 		testenv.Consistently(t, 60*time.Millisecond, func() error {
 			got := metricOf(t, n, "hastate_haproxies_writes_total", "")
@@ -126,9 +137,7 @@ func TestHAProxiesWritesOnlyChanges(t *testing.T) {
 	clock.mu.Lock()
 	clock.now = clock.now.Add(state.HAProxyCoarse)
 	clock.mu.Unlock()
-	for i := range 100 {
-		seen.set(fmt.Sprintf("127.0.0.%d", i+1), now())
-	}
+	seen.setAll(srcs, now())
 	testenv.Eventually(t, 10*time.Second, holdsf(func() bool {
 		rec, _ := n.HAProxies()
 		return rec["127.0.0.1"].Last.Equal(now()) && rec["127.0.0.100"].Last.Equal(now())
