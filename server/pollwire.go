@@ -5,7 +5,8 @@ import (
 	"encoding/base64"
 	"slices"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/hastate/hastate/internal/jsonstr"
 )
 
 // The asker of a peer's poll-summary reads it in one pass, without
@@ -18,7 +19,10 @@ import (
 // but that is malformed, so that its error is the one it always was.
 // The strings are cut from one copy of their bytes, the polls of every
 // server from one array, the counts too (server/DESIGN.md, "The asker's
-// decoding").
+// decoding"). The JSON itself (literals, strings without escapes,
+// integers, the end) is read by jsonstr.Reader, as the raft port's
+// answer lines are (cluster/confirm/wire.go); what is the summary's own
+// (base64, the lists, the servers, the source sets) is read here.
 
 // DecodeJSONLine reads the wire form as MarshalJSON writes it (a line of
 // it: trailing whitespace is allowed), reporting false, with s left as
@@ -26,7 +30,7 @@ import (
 // then reads it with encoding/json (json.Unmarshal, UnmarshalJSON), which
 // reads any form and reports what is wrong.
 func (s *PollSummary) DecodeJSONLine(line []byte) bool {
-	d := wireReader{b: line}
+	d := wireReader{Reader: jsonstr.Reader{B: line}}
 	out, ok := d.summary()
 	if ok {
 		*s = out
@@ -34,10 +38,9 @@ func (s *PollSummary) DecodeJSONLine(line []byte) bool {
 	return ok
 }
 
-// wireReader reads the wire form from b at i.
+// wireReader reads the wire form from B at I.
 type wireReader struct {
-	b    []byte
-	i    int
+	jsonstr.Reader
 	strs []wireString // every string read, in order
 	size int          // their bytes
 }
@@ -58,19 +61,19 @@ type wireServerAt struct {
 // summary reads the whole input.
 func (d *wireReader) summary() (PollSummary, bool) {
 	var out PollSummary
-	if !d.lit(`{"at_unix_ms":`) {
+	if !d.Lit(`{"at_unix_ms":`) {
 		return out, false
 	}
-	at, ok := d.int()
-	if !ok || !d.lit(`,"sources":`) {
+	at, ok := d.Int()
+	if !ok || !d.Lit(`,"sources":`) {
 		return out, false
 	}
 	sources, sourcesNull, ok := d.strings()
-	if !ok || !d.lit(`,"answers":`) {
+	if !ok || !d.Lit(`,"answers":`) {
 		return out, false
 	}
 	answers, answersNull, ok := d.strings()
-	if !ok || !d.lit(`,"servers":`) {
+	if !ok || !d.Lit(`,"servers":`) {
 		return out, false
 	}
 	servers, ok := d.servers() // null and []: no server (unmarshalJSON's make)
@@ -78,26 +81,25 @@ func (d *wireReader) summary() (PollSummary, bool) {
 		return out, false
 	}
 	var sets [][]int32
-	if d.lit(`,"source_sets":`) {
+	if d.Lit(`,"source_sets":`) {
 		if sets, ok = d.sourceSets(); !ok {
 			return out, false
 		}
 	}
 	next := -1
-	if d.lit(`,"next":"`) {
-		d.i--
+	if d.Lit(`,"next":`) {
 		if next, ok = d.str(); !ok {
 			return out, false
 		}
 	}
-	if !d.lit("}") || len(bytes.TrimLeft(d.b[d.i:], " \t\r\n")) > 0 {
+	if !d.Lit("}") || !d.AtEnd() {
 		return out, false
 	}
 	// The strings, from one copy.
 	var sb strings.Builder
 	sb.Grow(d.size)
 	for _, s := range d.strs {
-		sb.Write(d.b[s.off:s.end])
+		sb.Write(d.B[s.off:s.end])
 	}
 	all := sb.String()
 	text := func(k int) string { s := d.strs[k]; return all[s.at : s.at+s.end-s.off] }
@@ -142,7 +144,7 @@ func (d *wireReader) unpack(servers []wireServerAt, text func(int) string, at in
 	bufs := make([]decoded, len(servers))
 	used, pollInts, countInts, countServers := 0, 0, 0, 0
 	dec := func(off, end int) ([]byte, bool) {
-		n, err := base64.StdEncoding.Decode(raw[used:], d.b[off:end])
+		n, err := base64.StdEncoding.Decode(raw[used:], d.B[off:end])
 		if err != nil {
 			return nil, false
 		}
@@ -204,74 +206,46 @@ func varints(b []byte) int {
 	return n
 }
 
-// lit reads s as it stands.
-func (d *wireReader) lit(s string) bool {
-	if len(d.b)-d.i < len(s) || string(d.b[d.i:d.i+len(s)]) != s {
-		return false
-	}
-	d.i += len(s)
-	return true
-}
-
-// str reads a string without escapes, as encoding/json reads it (valid
-// UTF-8, no control character), adding it to strs; its index there.
+// str reads a string (jsonstr.Reader.Str) into strs: its index there.
 func (d *wireReader) str() (int, bool) {
-	if d.i >= len(d.b) || d.b[d.i] != '"' {
+	off, end, ok := d.Str()
+	if !ok {
 		return 0, false
 	}
-	off := d.i + 1
-	end := off
-	ascii := true
-	for ; end < len(d.b); end++ {
-		c := d.b[end]
-		if c == '"' {
-			break
-		}
-		if c == '\\' || c < 0x20 {
-			return 0, false
-		}
-		if c >= 0x80 {
-			ascii = false
-		}
-	}
-	if end >= len(d.b) || (!ascii && !utf8.Valid(d.b[off:end])) {
-		return 0, false
-	}
-	d.i = end + 1
 	d.strs = append(d.strs, wireString{off: off, end: end, at: d.size})
 	d.size += end - off
 	return len(d.strs) - 1, true
 }
 
-// base64 reads a string of base64 (checked when decoded): b[off:end].
+// base64 reads a string of base64 (checked when decoded): B[off:end].
 // A CR or LF in it, which base64 skips, is not JSON: refused.
 func (d *wireReader) base64() (off, end int, ok bool) {
-	if d.i >= len(d.b) || d.b[d.i] != '"' {
+	if d.I >= len(d.B) || d.B[d.I] != '"' {
 		return 0, 0, false
 	}
-	off = d.i + 1
-	k := bytes.IndexByte(d.b[off:], '"')
-	if k < 0 || bytes.ContainsAny(d.b[off:off+k], "\r\n") {
+	off = d.I + 1
+	k := bytes.IndexByte(d.B[off:], '"')
+	if k < 0 || bytes.ContainsAny(d.B[off:off+k], "\r\n") {
 		return 0, 0, false
 	}
 	end = off + k
-	d.i = end + 1
+	d.I = end + 1
 	return off, end, true
 }
 
 // strings reads null or a list of strings: their indexes in strs.
 func (d *wireReader) strings() (r [2]int, null, ok bool) {
-	if d.lit("null") {
+	if d.Lit("null") {
 		return r, true, true
 	}
-	if !d.lit("[") {
+	if !d.Lit("[") {
 		return r, false, false
 	}
 	r[0] = len(d.strs)
-	if end := bytes.IndexByte(d.b[d.i:], ']'); end > 0 { // a guess: a name may hold ] or ","
-		d.strs = slices.Grow(d.strs, bytes.Count(d.b[d.i:d.i+end], []byte(`","`))+1)
+	if end := bytes.IndexByte(d.B[d.I:], ']'); end > 0 { // a guess: a name may hold ] or ","
+		d.strs = slices.Grow(d.strs, bytes.Count(d.B[d.I:d.I+end], []byte(`","`))+1)
 	}
-	if d.lit("]") {
+	if d.Lit("]") {
 		r[1] = r[0]
 		return r, false, true
 	}
@@ -279,11 +253,11 @@ func (d *wireReader) strings() (r [2]int, null, ok bool) {
 		if _, ok := d.str(); !ok {
 			return r, false, false
 		}
-		if d.lit("]") {
+		if d.Lit("]") {
 			r[1] = len(d.strs)
 			return r, false, true
 		}
-		if !d.lit(",") {
+		if !d.Lit(",") {
 			return r, false, false
 		}
 	}
@@ -291,36 +265,36 @@ func (d *wireReader) strings() (r [2]int, null, ok bool) {
 
 // servers reads null or the list of servers.
 func (d *wireReader) servers() ([]wireServerAt, bool) {
-	if d.lit("null") {
+	if d.Lit("null") {
 		return nil, true
 	}
-	if !d.lit("[") {
+	if !d.Lit("[") {
 		return nil, false
 	}
-	n := bytes.Count(d.b[d.i:], []byte(`{"backend":"`))
+	n := bytes.Count(d.B[d.I:], []byte(`{"backend":"`))
 	l := make([]wireServerAt, 0, n)
 	d.strs = slices.Grow(d.strs, 2*n+1) // their names, and next
-	if d.lit("]") {
+	if d.Lit("]") {
 		return l, true
 	}
 	for {
 		var w wireServerAt
 		var ok bool
-		if !d.lit(`{"backend":`) {
+		if !d.Lit(`{"backend":`) {
 			return nil, false
 		}
-		if w.backend, ok = d.str(); !ok || !d.lit(`,"server":`) {
+		if w.backend, ok = d.str(); !ok || !d.Lit(`,"server":`) {
 			return nil, false
 		}
-		if w.server, ok = d.str(); !ok || !d.lit(`,"polls":`) {
+		if w.server, ok = d.str(); !ok || !d.Lit(`,"polls":`) {
 			return nil, false
 		}
-		if w.pollsNull = d.lit("null"); !w.pollsNull {
+		if w.pollsNull = d.Lit("null"); !w.pollsNull {
 			if w.polls, w.pollsEnd, ok = d.base64(); !ok {
 				return nil, false
 			}
 		}
-		if w.hasCounts = d.lit(`,"counts":`); w.hasCounts {
+		if w.hasCounts = d.Lit(`,"counts":`); w.hasCounts {
 			// MarshalJSON writes polls or counts, not both.
 			if !w.pollsNull {
 				return nil, false
@@ -329,14 +303,14 @@ func (d *wireReader) servers() ([]wireServerAt, bool) {
 				return nil, false
 			}
 		}
-		if !d.lit("}") {
+		if !d.Lit("}") {
 			return nil, false
 		}
 		l = append(l, w)
-		if d.lit("]") {
+		if d.Lit("]") {
 			return l, true
 		}
-		if !d.lit(",") {
+		if !d.Lit(",") {
 			return nil, false
 		}
 	}
@@ -344,39 +318,39 @@ func (d *wireReader) servers() ([]wireServerAt, bool) {
 
 // sourceSets reads null or the lists of indexes, into one array.
 func (d *wireReader) sourceSets() ([][]int32, bool) {
-	if d.lit("null") {
+	if d.Lit("null") {
 		return nil, true
 	}
-	if !d.lit("[") {
+	if !d.Lit("[") {
 		return nil, false
 	}
 	type ref struct{ start, end int } // start -1: null
 	// What follows is the sets and next, at most: no more indexes
 	// than commas, and sets than brackets.
-	rest := d.b[d.i:]
+	rest := d.B[d.I:]
 	all := make([]int32, 0, bytes.Count(rest, []byte(","))+1)
 	refs := make([]ref, 0, bytes.Count(rest, []byte("[")))
-	if d.lit("]") {
+	if d.Lit("]") {
 		return [][]int32{}, true
 	}
 	for {
 		r := ref{start: -1}
-		if !d.lit("null") {
-			if !d.lit("[") {
+		if !d.Lit("null") {
+			if !d.Lit("[") {
 				return nil, false
 			}
 			r.start = len(all)
-			if !d.lit("]") {
+			if !d.Lit("]") {
 				for {
-					x, ok := d.int()
+					x, ok := d.Int()
 					if !ok || x < -1<<31 || x >= 1<<31 {
 						return nil, false
 					}
 					all = append(all, int32(x))
-					if d.lit("]") {
+					if d.Lit("]") {
 						break
 					}
-					if !d.lit(",") {
+					if !d.Lit(",") {
 						return nil, false
 					}
 				}
@@ -384,10 +358,10 @@ func (d *wireReader) sourceSets() ([][]int32, bool) {
 			r.end = len(all)
 		}
 		refs = append(refs, r)
-		if d.lit("]") {
+		if d.Lit("]") {
 			break
 		}
-		if !d.lit(",") {
+		if !d.Lit(",") {
 			return nil, false
 		}
 	}
@@ -402,30 +376,4 @@ func (d *wireReader) sourceSets() ([][]int32, bool) {
 		}
 	}
 	return sets, true
-}
-
-// int reads an integer as JSON writes it (no fraction or exponent),
-// within int64.
-func (d *wireReader) int() (int64, bool) {
-	neg := d.lit("-")
-	start := d.i
-	var x uint64
-	for d.i < len(d.b) && d.b[d.i] >= '0' && d.b[d.i] <= '9' {
-		if x > (1<<63)/10 {
-			return 0, false
-		}
-		x = x*10 + uint64(d.b[d.i]-'0')
-		d.i++
-	}
-	n := d.i - start
-	if n == 0 || (n > 1 && d.b[start] == '0') || x > 1<<63 || (!neg && x == 1<<63) {
-		return 0, false
-	}
-	if d.i < len(d.b) && (d.b[d.i] == '.' || d.b[d.i] == 'e' || d.b[d.i] == 'E') {
-		return 0, false
-	}
-	if neg {
-		return -int64(x), true
-	}
-	return int64(x), true
 }

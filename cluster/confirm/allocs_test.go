@@ -114,3 +114,26 @@ func TestWithheldCheckAllocsAndCounts(t *testing.T) {
 		t.Errorf("a confirmed check without state: %v, no_state counted %v, want nil and 1", s, count("no_state"))
 	}
 }
+
+// TestAnswerLineDecodeAllocs: reading a round's answer line allocates
+// its strings and nothing else (the id; a read-index error too).
+func TestAnswerLineDecodeAllocs(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want float64
+		read func([]byte) bool
+	}{
+		{`{"id":"replica-2","term":12,"seq":987654321}` + "\n", 1, func(l []byte) bool { var a ackAnswer; return a.DecodeJSONLine(l) }},
+		{`{"id":"replica-2","index":1234567}` + "\n", 1, func(l []byte) bool { var a readIndexAnswer; return a.DecodeJSONLine(l) }},
+		{`{"id":"replica-2","error":"not the leader"}` + "\n", 2, func(l []byte) bool { var a readIndexAnswer; return a.DecodeJSONLine(l) }},
+	} {
+		line := []byte(c.line)
+		if allocs := testing.AllocsPerRun(1000, func() {
+			if !c.read(line) {
+				t.Fatalf("%q not read", line)
+			}
+		}); allocs != c.want {
+			t.Errorf("%q: read in %v allocations, want %v (its strings)", line, allocs, c.want)
+		}
+	}
+}

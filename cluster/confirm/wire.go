@@ -7,7 +7,10 @@ package confirm
 // besides the write itself (cluster/DESIGN.md, "Pipelining"). The bytes
 // are those encoding/json and fmt wrote and read before: a replica of
 // the release before reads these lines, and these readers fall back to
-// encoding/json for any line not in the form they write.
+// encoding/json for any line not in the form they write. The answers are
+// read with jsonstr.Reader (as a peer's poll summary is, in server),
+// which refuses whatever encoding/json would read otherwise (invalid
+// UTF-8, a leading zero), so the fallback reads it as it always would.
 
 import (
 	"errors"
@@ -65,21 +68,15 @@ func (a readIndexAnswer) AppendJSONLine(b []byte) []byte {
 
 // DecodeJSONLine reads a line AppendJSONLine wrote (raftport.LineDecoder).
 func (a *readIndexAnswer) DecodeJSONLine(line []byte) bool {
-	s := jsonLine{b: line, ok: true}
-	s.lit(`{"id":`)
-	a.ID = s.str()
-	if s.has(`,"index":`) {
-		a.Index = s.uint()
-	}
-	if s.has(`,"error":`) {
-		a.Error = s.str()
-	}
-	s.lit("}")
-	if !s.end() {
+	r := jsonstr.Reader{B: line}
+	ok := r.Lit(`{"id":`) && str(&r, &a.ID) &&
+		(!r.Lit(`,"index":`) || num(&r, &a.Index)) &&
+		(!r.Lit(`,"error":`) || str(&r, &a.Error)) &&
+		r.Lit("}") && r.AtLineEnd()
+	if !ok {
 		*a = readIndexAnswer{}
-		return false
 	}
-	return true
+	return ok
 }
 
 // AppendJSONLine writes a as encoding/json does (raftport.LineAnswer).
@@ -92,80 +89,29 @@ func (a ackAnswer) AppendJSONLine(b []byte) []byte {
 
 // DecodeJSONLine reads a line AppendJSONLine wrote (raftport.LineDecoder).
 func (a *ackAnswer) DecodeJSONLine(line []byte) bool {
-	s := jsonLine{b: line, ok: true}
-	s.lit(`{"id":`)
-	a.ID = s.str()
-	s.lit(`,"term":`)
-	a.Term = s.uint()
-	s.lit(`,"seq":`)
-	a.Seq = s.uint()
-	s.lit("}")
-	if !s.end() {
+	r := jsonstr.Reader{B: line}
+	ok := r.Lit(`{"id":`) && str(&r, &a.ID) &&
+		r.Lit(`,"term":`) && num(&r, &a.Term) &&
+		r.Lit(`,"seq":`) && num(&r, &a.Seq) &&
+		r.Lit("}") && r.AtLineEnd()
+	if !ok {
 		*a = ackAnswer{}
-		return false
 	}
-	return true
+	return ok
 }
 
-// jsonLine reads the answer lines AppendJSONLine writes; ok turns false
-// at the first byte not in that form.
-type jsonLine struct {
-	b  []byte
-	ok bool
+// str reads a string without escapes into s (jsonstr.Reader.Str).
+func str(r *jsonstr.Reader, s *string) bool {
+	start, end, ok := r.Str()
+	if ok {
+		*s = string(r.B[start:end])
+	}
+	return ok
 }
 
-// lit consumes p.
-func (s *jsonLine) lit(p string) {
-	s.ok = s.ok && s.has(p)
-}
-
-// has consumes p if the line goes on with it.
-func (s *jsonLine) has(p string) bool {
-	if !s.ok || len(s.b) < len(p) || string(s.b[:len(p)]) != p {
-		return false
-	}
-	s.b = s.b[len(p):]
-	return true
-}
-
-// str consumes a JSON string without escapes.
-func (s *jsonLine) str() string {
-	if !s.ok || len(s.b) == 0 || s.b[0] != '"' {
-		s.ok = false
-		return ""
-	}
-	for i := 1; i < len(s.b); i++ {
-		switch c := s.b[i]; {
-		case c == '"':
-			v := string(s.b[1:i])
-			s.b = s.b[i+1:]
-			return v
-		case c == '\\' || c < 0x20:
-			s.ok = false
-			return ""
-		}
-	}
-	s.ok = false
-	return ""
-}
-
-// uint consumes a decimal number.
-func (s *jsonLine) uint() uint64 {
-	i := 0
-	for i < len(s.b) && s.b[i] >= '0' && s.b[i] <= '9' {
-		i++
-	}
-	if !s.ok || i == 0 {
-		s.ok = false
-		return 0
-	}
-	n, err := strconv.ParseUint(string(s.b[:i]), 10, 64)
-	s.ok = err == nil
-	s.b = s.b[i:]
-	return n
-}
-
-// end reports whether the whole line was read (an LF may end it).
-func (s *jsonLine) end() bool {
-	return s.ok && (len(s.b) == 0 || string(s.b) == "\n")
+// num reads an unsigned integer into n (jsonstr.Reader.Uint).
+func num(r *jsonstr.Reader, n *uint64) bool {
+	v, ok := r.Uint()
+	*n = v
+	return ok
 }

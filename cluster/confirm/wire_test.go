@@ -2,8 +2,15 @@ package confirm
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"testing"
+	"time"
+
+	"github.com/hastate/hastate/cluster/raftport"
+	"github.com/hastate/hastate/internal/testenv"
+	"go.uber.org/zap"
 )
 
 // TestAnswerLinesAreWhatEncodingJSONWrites: the answers written without
@@ -36,6 +43,69 @@ func TestAnswerLinesAreWhatEncodingJSONWrites(t *testing.T) {
 		if k.DecodeJSONLine([]byte(line + "\n")) {
 			t.Errorf("%q read as %+v", line, k)
 		}
+	}
+}
+
+// TestAnswerLinesOutOfFormReadByEncodingJSON: an answer line whose
+// strings hold invalid UTF-8 (which no replica writes: jsonstr.Append
+// writes U+FFFD, as encoding/json does) or whose number has a leading
+// zero is refused by DecodeJSONLine and read by the raft port's fallback,
+// encoding/json, exactly as encoding/json reads it alone: U+FFFD for the
+// invalid bytes, its error for the number. The lines go over a real raft
+// port on loopback (raftport.LineConn.Ask), as a round's answers do.
+func TestAnswerLinesOutOfFormReadByEncodingJSON(t *testing.T) {
+	lines := []string{ // what the peer answers, request i: lines[i]
+		"{\"id\":\"n\xff1\",\"index\":5}\n",
+		"{\"id\":\"n1\",\"error\":\"bad \xc3( byte\"}\n",
+		"{\"id\":\"\xed\xa0\x80\",\"term\":3,\"seq\":4}\n",
+		"{\"id\":\"n1\",\"index\":05}\n",
+		"{\"id\":\"n1\",\"term\":007,\"seq\":4}\n",
+		"{\"id\":\"n1\",\"index\":5}\n", // in form: read by DecodeJSONLine
+		"{\"id\":\"n1\",\"term\":3,\"seq\":4}\n",
+	}
+	limits, err := raftport.Limits{}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	port, err := raftport.New(raftport.Config{Bind: addr, Advertise: addr, Log: zap.NewNop(), Metrics: raftport.NewMetrics(), Limits: limits,
+		Lines: map[string]raftport.LineHandler{"raw": func(_ *x509.Certificate, req string) (any, bool) {
+			var i int
+			_, err := fmt.Sscan(req, &i)
+			return rawLine(lines[i]), err == nil
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { port.Close() })
+	port.ServeQueries()
+	lc := port.LineConn()
+	defer lc.Close()
+	for i, line := range lines {
+		inForm := i >= 5
+		askOverRaftPort[readIndexAnswer](t, lc, addr, i, line, inForm && bytes.Contains([]byte(line), []byte("index")))
+		askOverRaftPort[ackAnswer](t, lc, addr, i, line, inForm && bytes.Contains([]byte(line), []byte("seq")))
+	}
+}
+
+// rawLine is an answer the raft port writes as these bytes (LineAnswer).
+type rawLine string
+
+func (l rawLine) AppendJSONLine(b []byte) []byte { return append(b, l...) }
+
+// askOverRaftPort: request i, answered line, is read by Ask into an A as
+// json.Unmarshal reads line (its value, or an error where it errs), and
+// by DecodeJSONLine (fast) or not, as told.
+func askOverRaftPort[A comparable, P answerLine[A]](t *testing.T, lc *raftport.LineConn, addr string, i int, line string, fast bool) {
+	t.Helper()
+	var want, got, decoded, zero A
+	wantErr := json.Unmarshal([]byte(line), &want)
+	known, err := lc.Ask(addr, "raw", fmt.Sprintf("%d\n", i), time.Now().Add(5*time.Second), &got)
+	if !known || (err == nil) != (wantErr == nil) || got != want {
+		t.Errorf("%q: Ask read %+v (known %v, %v); encoding/json reads %+v (%v)", line, got, known, err, want, wantErr)
+	}
+	if P(&decoded).DecodeJSONLine([]byte(line)) != fast || (!fast && decoded != zero) {
+		t.Errorf("%q: DecodeJSONLine read %+v, want it read: %v", line, decoded, fast)
 	}
 }
 
@@ -97,4 +167,29 @@ func checkAnswerLine[A interface {
 	} else if fast != zero || !bytes.Contains(want.Bytes(), []byte(`\`)) {
 		t.Errorf("%q: not read (left %+v), though only an escaped string is left to encoding/json", want.Bytes(), fast)
 	}
+}
+
+// BenchmarkAnswerLineDecode: the answer lines of a round read without
+// reflection (the id's string is the one allocation of each).
+//
+//	go test -run '^$' -bench AnswerLineDecode -benchmem ./cluster/confirm/
+func BenchmarkAnswerLineDecode(b *testing.B) {
+	b.Run("read-index", func(b *testing.B) {
+		line := readIndexAnswer{ID: "replica-2", Index: 1234567}.AppendJSONLine(nil)
+		for b.Loop() {
+			var a readIndexAnswer
+			if !a.DecodeJSONLine(line) {
+				b.Fatalf("%q not read", line)
+			}
+		}
+	})
+	b.Run("ack", func(b *testing.B) {
+		line := ackAnswer{ID: "replica-2", Term: 12, Seq: 987654321}.AppendJSONLine(nil)
+		for b.Loop() {
+			var a ackAnswer
+			if !a.DecodeJSONLine(line) {
+				b.Fatalf("%q not read", line)
+			}
+		}
+	})
 }

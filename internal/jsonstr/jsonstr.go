@@ -1,7 +1,11 @@
-// Package jsonstr appends a string as encoding/json writes it, without
-// reflection: the hand-written JSON of the hot lines (the raft port's
-// read-index and ack answers) and of the large answers (/v1/state's
-// rows) quote their strings with it.
+// Package jsonstr writes and reads JSON by hand, without reflection, as
+// encoding/json would. Append quotes a string as encoding/json writes
+// it: the hand-written JSON of the hot lines (the raft port's read-index
+// and ack answers) and of the large answers (/v1/state's rows) quote
+// their strings with it. Reader reads back the form those writers write
+// (the answer lines in cluster/confirm, a peer's poll summary in
+// server), refusing anything else so that its caller falls back to
+// encoding/json.
 package jsonstr
 
 import "encoding/json"
