@@ -34,7 +34,7 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 		2 * time.Minute, PollerWindow - time.Millisecond, PollerWindow + time.Millisecond}
 	values := []string{"drain", "maint", "50%", "300%", `{"state":"drain","reason":"<zonal>","by":"alice"}`, "ready", "nonsense"}
 	checked, ramping, overlapped, kept := 0, 0, 0, 0
-	for seed := range uint64(150) {
+	for seed := range uint64(50) {
 		rng := rand.New(rand.NewPCG(seed, 48))
 		server := func() string { return backends[rng.IntN(len(backends))] + "/s" + fmt.Sprint(rng.IntN(6)) }
 		// The snapshot: a few keys, and web/r ramping.
@@ -162,9 +162,10 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 			}
 		}
 	}
-	if checked < 3000 || ramping < 50 || overlapped == 0 || kept < 100 {
+	if checked < 1000 || ramping < 20 || overlapped == 0 || kept < 30 {
 		t.Fatalf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept: the random views test too little", checked, ramping, overlapped, kept)
 	}
+	t.Logf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept", checked, ramping, overlapped, kept)
 }
 
 // mergedRows is what the view's servers are by merging every poll of
