@@ -346,14 +346,22 @@ func (x summaryIndex) polled(nowMs int64) []state.Target {
 			}
 		}
 	}
-	var peers []state.Target
-	for t := range x.at {
-		if x.ownServer(t) == nil && x.fromHAProxy(t, nowMs) {
-			peers = append(peers, t)
+	// The peers' alone, each summary's in its order (cursor order): a
+	// server is taken at its first place in the summaries.
+	for i := range x.sums {
+		var peers []state.Target
+		for j, sv := range x.sums[i].Servers {
+			t := state.Target{Backend: sv.Backend, Server: sv.Server}
+			if refs := x.at[t]; len(refs) > 0 && refs[0] == (sumRef{int32(i), int32(j)}) && x.ownServer(t) == nil && x.fromHAProxy(t, nowMs) {
+				peers = append(peers, t)
+			}
 		}
+		if !slices.IsSortedFunc(peers, compareCursors) {
+			slices.SortFunc(peers, compareCursors)
+		}
+		out = mergeTargets(out, peers)
 	}
-	slices.SortFunc(peers, compareCursors)
-	return mergeTargets(out, peers)
+	return out
 }
 
 // mergeTargets returns the union of a and b, each in cursor order and
@@ -388,7 +396,18 @@ func (x summaryIndex) countRow(row *api.ServerState, t state.Target, mine *ownSe
 	var told, kept tally
 	var toldBuf, keptBuf [4]textCount
 	told, kept = toldBuf[:0], keptBuf[:0]
-	if len(x.at[t]) == 0 {
+	refs := x.at[t]
+	if c := x.onlyCounts(refs, mine); c != nil {
+		// One peer saw it and answered its counts: they are the row's.
+		s := &x.sums[refs[0].sum]
+		row.Polled = int(c.Polled)
+		for _, a := range c.Told {
+			told = told.add(s.Answers[a.Answer], int(a.N))
+		}
+		for _, a := range c.Kept {
+			kept = kept.add(s.Answers[a.Answer], int(a.N))
+		}
+	} else if len(refs) == 0 {
 		if mine != nil {
 			var toldIDs, keptIDs [4]AnswerCount
 			sp := mine.sp
@@ -421,6 +440,16 @@ func (x summaryIndex) countRow(row *api.ServerState, t state.Target, mine *ownSe
 	if rowTold != nil && row.Kind == api.KindRamping {
 		rowTold(*row, told.counts())
 	}
+}
+
+// onlyCounts is the counts a peer answered for a server that it alone
+// saw (refs, and mine: this replica's entry, nil when none), nil when
+// the server is not such.
+func (x summaryIndex) onlyCounts(refs []sumRef, mine *ownServer) *ServerCounts {
+	if mine != nil || len(refs) != 1 {
+		return nil
+	}
+	return x.sums[refs[0].sum].Servers[refs[0].server].Counts
 }
 
 // tally is how many HAProxy nodes were told (or keep) each answer, by

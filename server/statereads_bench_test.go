@@ -18,16 +18,33 @@ import (
 // nothing. The snapshot is that benchmark's: one backend-wide key
 // (fs000/* drain), every other server known only by its polls.
 //
+// The -peer cases are the replica beside it (BenchmarkFleetOperator's
+// n2): an empty table of its own, the same polls answered by a peer as
+// counts (decoded once, outside the loop).
+//
 //	go test -run '^$' -bench StateReads -benchmem ./server/
 func BenchmarkStateReads(b *testing.B) {
 	const sources, servers = 100, 10_000
-	h := benchReadHandler(b, benchTable(b, servers, sources))
-	for _, c := range []struct{ name, path string }{
-		{"state-all", "/v1/state?limit=100000"},
-		{"page", "/"},
+	table := benchTable(b, servers, sources)
+	h := benchReadHandler(b, table)
+	empty, err := NewPollers(PollersOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	peer := NewHTTPHandler(HTTPOptions{Pollers: empty, NodeID: "n2", Replica: countsPeer{lonelyReplica{benchSnap()},
+		table.Summary(time.Now().Add(-PollerWindow), SummaryArg{Counts: true})}})
+	for _, c := range []struct {
+		name, path string
+		h          http.Handler
+	}{
+		{"state-all", "/v1/state?limit=100000", h},
+		{"page", "/", h},
+		{"state-all-peer", "/v1/state?limit=100000&scope=cluster", peer},
+		{"page-peer", "/", peer},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			req := httptest.NewRequest(http.MethodGet, c.path, nil)
+			h := c.h
 			for b.Loop() {
 				w := &discardWriter{h: http.Header{}}
 				h.ServeHTTP(w, req)
@@ -42,10 +59,25 @@ func BenchmarkStateReads(b *testing.B) {
 // benchReadHandler is the HTTP handler of a replica without peers whose
 // poller table is p and whose snapshot holds fs000/* drain.
 func benchReadHandler(tb testing.TB, p *Pollers) http.Handler {
+	return NewHTTPHandler(HTTPOptions{Replica: lonelyReplica{benchSnap()}, Pollers: p, NodeID: "n1"})
+}
+
+// countsPeer is lonelyReplica with one peer, n1, whose answer to every
+// poll-summary is sum.
+type countsPeer struct {
+	lonelyReplica
+	sum PollSummary
+}
+
+func (r countsPeer) PeerSummaries(SummaryArg) ([]PollSummary, []api.ReplicaAnswer) {
+	return []PollSummary{r.sum}, []api.ReplicaAnswer{{ID: "n1", Answered: true}}
+}
+
+// benchSnap is BenchmarkPollerTable's snapshot: fs000/* drain.
+func benchSnap() *state.Snapshot {
 	m := state.NewMirror()
 	m.Apply(state.Change{Set: map[string]string{state.StatePrefix + "fs000/*": "drain"}})
-	snap := m.Snapshot()
-	return NewHTTPHandler(HTTPOptions{Replica: lonelyReplica{snap}, Pollers: p, NodeID: "n1"})
+	return m.Snapshot()
 }
 
 // lonelyReplica is a ready leader without peers that holds snap.

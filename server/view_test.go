@@ -40,7 +40,7 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 		// The snapshot: a few keys, and web/r ramping.
 		m := state.NewMirror()
 		policy := state.RampPolicy{Start: 10, Duration: 10 * time.Minute, Interval: 10 * time.Second, Aggression: 1}
-		kv := map[string]string{"state/web/r": "drain", "state/a/w": "300%"}
+		kv := map[string]string{"state/web/r": "drain", "state/a/w": "300%", "state/b/w": "300%"}
 		for range rng.IntN(8) {
 			k := server()
 			if rng.IntN(4) == 0 {
@@ -75,15 +75,18 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 				}
 			}
 		}
-		// a/w is withheld (an invalid value, none valid before): its
-		// HAProxy nodes keep what they were told before, and most keep
-		// one answer, by a count each replica adds to.
+		// a/w and b/w are withheld (an invalid value, none valid
+		// before): their HAProxy nodes keep what they were told before,
+		// and most keep one answer, by a count each replica adds to; b/w
+		// is polled through one peer only (its counts are its row's).
 		for r := range reps {
 			for src := range byte(1 + rng.IntN(5)) {
 				addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 20+src+byte(5*r*b2i(apart)))}
 				at := now.Add(-time.Duration(rng.IntN(5000)) * time.Millisecond)
-				reps[r].Record(addr, []byte("a/w"), answers[1+rng.IntN(len(answers)-1)], at.Add(-time.Second))
-				reps[r].Record(addr, []byte("a/w"), nil, at)
+				for _, req := range []string{"a/w", "b/w"}[:1+b2i(r == 1)] {
+					reps[r].Record(addr, []byte(req), answers[1+rng.IntN(len(answers)-1)], at.Add(-time.Second))
+					reps[r].Record(addr, []byte(req), nil, at)
+				}
 			}
 		}
 		peers := &peersReplica{lonelyReplica: lonelyReplica{snap}, t: t, now: now, peers: reps[1:]}
