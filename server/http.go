@@ -210,16 +210,22 @@ func queryOf(w http.ResponseWriter, r *http.Request) (listQuery, bool) {
 // status page tells a ramp step on its way from an HAProxy that was told
 // something else).
 func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]int)) api.StateView {
+	return h.viewAt(time.Now(), q, cluster, rowTold)
+}
+
+// viewAt is view with the polls counted at now.
+func (h *httpAPI) viewAt(now time.Time, q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]int)) api.StateView {
 	snap := h.o.Replica.Snapshot()
 	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus(),
 		Migration: h.migration()}
 	if !q.filter.All() {
 		v.Selectors = q.sels
 	}
+	nowMs := now.UnixMilli()
 	// This replica's polls are read in place (Pollers.own), the peers'
 	// as counts per server, and as polls only where a source polled a
 	// server through two replicas (polls.overlaps).
-	own := h.o.Pollers.own(time.Now().Add(-PollerWindow), q.filter)
+	own := h.o.Pollers.own(now.Add(-PollerWindow), nowMs, q.filter)
 	var sums []PollSummary
 	var answers []api.ReplicaAnswer
 	if cluster {
@@ -272,19 +278,14 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 			targets = append(targets, t)
 		}
 	}
-	now := time.Now()
+	// Targets are sorted by "backend/server", their cursors; mergeTargets
+	// needs them so.
+	if !slices.IsSortedFunc(targets, compareCursors) {
+		slices.SortFunc(targets, compareCursors)
+	}
 	if snap != nil {
-		seen := make(map[state.Target]bool, len(targets))
-		for _, t := range targets {
-			seen[t] = true
-		}
 		// A manual probe does not make a server known.
-		for t := range polls.servers() {
-			if !seen[t] && polls.fromHAProxy(t, now.UnixMilli()) {
-				seen[t] = true
-				targets = append(targets, t)
-			}
-		}
+		targets = mergeTargets(targets, polls.polled(nowMs))
 	}
 	if !q.filter.All() {
 		for b := range h.o.Pollers.Backends(now.Add(-PollerWindow)) {
@@ -292,7 +293,6 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 		}
 		v.Backends = slices.Sorted(maps.Keys(backends))
 	}
-	slices.SortFunc(targets, compareCursors)
 	v.Total = len(targets)
 	if q.after != "" {
 		i, _ := slices.BinarySearchFunc(targets, q.after, func(t state.Target, after string) int {
@@ -306,17 +306,18 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	targets, cutServers := cut(targets, q.limit)
 	v.Servers = slices.Grow(v.Servers, len(targets))
 	var yield yielder
+	next := 0 // own.list, read in step with targets (both in cursor order)
 	for _, t := range targets {
 		yield.step()
 		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		told, kept := polls.told(t, now.UnixMilli())
-		row.Polled, row.Told = told.polled, told.told(row.Answer)
-		if row.Withheld {
-			keepsOf(&row, kept)
+		for next < len(own.list) && compareCursors(own.list[next].t, t) < 0 {
+			next++
 		}
-		if rowTold != nil && row.Kind == api.KindRamping {
-			rowTold(row, told.answers)
+		var mine *ownServer
+		if next < len(own.list) && own.list[next].t == t {
+			mine = &own.list[next]
 		}
+		polls.countRow(&row, t, mine, nowMs, rowTold)
 		v.Servers = append(v.Servers, row)
 	}
 	if cutServers {
@@ -325,6 +326,169 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 	}
 	v.Truncated = cutServers || cutInvalid
 	return v
+}
+
+// polled returns, in cursor order, the servers some replica saw that an
+// HAProxy polls (a manual probe does not count: mergedPoll.fromHAProxy).
+// This replica's are its list's, in its order, and need no merge unless
+// a peer saw them too; the peers' alone are sorted.
+func (x summaryIndex) polled(nowMs int64) []state.Target {
+	var out []state.Target
+	if x.own != nil {
+		out = make([]state.Target, 0, len(x.own.list))
+		for _, e := range x.own.list {
+			from := e.fromHAProxy
+			if len(x.at[e.t]) > 0 {
+				from = x.fromHAProxy(e.t, nowMs)
+			}
+			if from {
+				out = append(out, e.t)
+			}
+		}
+	}
+	// The peers' alone, each summary's in its order (cursor order): a
+	// server is taken at its first place in the summaries.
+	for i := range x.sums {
+		var peers []state.Target
+		for j, sv := range x.sums[i].Servers {
+			t := state.Target{Backend: sv.Backend, Server: sv.Server}
+			if refs := x.at[t]; len(refs) > 0 && refs[0] == (sumRef{int32(i), int32(j)}) && x.ownServer(t) == nil && x.fromHAProxy(t, nowMs) {
+				peers = append(peers, t)
+			}
+		}
+		if !slices.IsSortedFunc(peers, compareCursors) {
+			slices.SortFunc(peers, compareCursors)
+		}
+		out = mergeTargets(out, peers)
+	}
+	return out
+}
+
+// mergeTargets returns the union of a and b, each in cursor order and
+// without duplicates, in cursor order. The shorter is placed in the
+// longer by binary search: a few keyed servers among thousands polled
+// cost a few searches and copies, not a comparison per server.
+func mergeTargets(a, b []state.Target) []state.Target {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	if len(a) == 0 {
+		return b
+	}
+	out := make([]state.Target, 0, len(a)+len(b))
+	for _, t := range a {
+		i, found := slices.BinarySearchFunc(b, t, compareCursors)
+		out = append(out, b[:i]...)
+		if found {
+			i++
+		}
+		out, b = append(out, t), b[i:]
+	}
+	return append(out, b...)
+}
+
+// countRow sets row's polled and told counts, and when withheld what its
+// HAProxy nodes keep, and hands a ramping row to rowTold. mine is t's
+// entry in this replica's list (nil: none). A server no peer saw is
+// counted from its kept counts under its lock, without a map; one a peer
+// saw as toldOf over the replicas (summaryIndex.told).
+func (x summaryIndex) countRow(row *api.ServerState, t state.Target, mine *ownServer, nowMs int64, rowTold func(api.ServerState, map[string]int)) {
+	var told, kept tally
+	var toldBuf, keptBuf [4]textCount
+	told, kept = toldBuf[:0], keptBuf[:0]
+	refs := x.at[t]
+	if c := x.onlyCounts(refs, mine); c != nil {
+		// One peer saw it and answered its counts: they are the row's.
+		s := &x.sums[refs[0].sum]
+		row.Polled = int(c.Polled)
+		for _, a := range c.Told {
+			told = told.add(s.Answers[a.Answer], int(a.N))
+		}
+		for _, a := range c.Kept {
+			kept = kept.add(s.Answers[a.Answer], int(a.N))
+		}
+	} else if len(refs) == 0 {
+		if mine != nil {
+			var toldIDs, keptIDs [4]AnswerCount
+			sp := mine.sp
+			sp.mu.Lock()
+			c := sp.toldCounts(x.own.since, nowMs)
+			row.Polled = int(c.polled)
+			byAnswer, keptBy := append(toldIDs[:0], c.answers...), append(keptIDs[:0], c.kept...)
+			sp.mu.Unlock()
+			for _, a := range byAnswer {
+				told = told.add(x.own.text(uint16(a.Answer)), int(a.N))
+			}
+			for _, a := range keptBy {
+				kept = kept.add(x.own.text(uint16(a.Answer)), int(a.N))
+			}
+		}
+	} else {
+		all, byAnswer := x.told(t, nowMs)
+		row.Polled = all.polled
+		for answer, n := range all.answers {
+			told = told.add(answer, n)
+		}
+		for answer, n := range byAnswer {
+			kept = kept.add(answer, n)
+		}
+	}
+	row.Told = told.of(row.Answer)
+	if row.Withheld {
+		keepsOf(row, kept)
+	}
+	if rowTold != nil && row.Kind == api.KindRamping {
+		rowTold(*row, told.counts())
+	}
+}
+
+// onlyCounts is the counts a peer answered for a server that it alone
+// saw (refs, and mine: this replica's entry, nil when none), nil when
+// the server is not such.
+func (x summaryIndex) onlyCounts(refs []sumRef, mine *ownServer) *ServerCounts {
+	if mine != nil || len(refs) != 1 {
+		return nil
+	}
+	return x.sums[refs[0].sum].Servers[refs[0].server].Counts
+}
+
+// tally is how many HAProxy nodes were told (or keep) each answer, by
+// its text, one entry an answer: a server's were told one or two.
+type tally []textCount
+
+type textCount struct {
+	answer string
+	n      int
+}
+
+// add adds n to answer's count.
+func (c tally) add(answer string, n int) tally {
+	for i := range c {
+		if c[i].answer == answer {
+			c[i].n += n
+			return c
+		}
+	}
+	return append(c, textCount{answer, n})
+}
+
+// of is answer's count.
+func (c tally) of(answer string) int {
+	for _, a := range c {
+		if a.answer == answer {
+			return a.n
+		}
+	}
+	return 0
+}
+
+// counts is c as a map.
+func (c tally) counts() map[string]int {
+	m := make(map[string]int, len(c))
+	for _, a := range c {
+		m[a.answer] += a.n
+	}
+	return m
 }
 
 // compareCursors orders targets as their api.ServerCursor, without
@@ -387,10 +551,10 @@ func toldOf(polls iter.Seq[mergedPoll], nowMs int64, byHAProxy bool) (told toldA
 // keepsOf sets a withheld row's Keeps, what HAProxy keeps, to the answer
 // most of its HAProxy nodes were last told (the first by name on a tie),
 // and its Weight to that answer's.
-func keepsOf(row *api.ServerState, kept map[string]int) {
-	for answer, n := range kept {
-		if n > kept[row.Keeps] || (n == kept[row.Keeps] && (row.Keeps == "" || answer < row.Keeps)) {
-			row.Keeps = answer
+func keepsOf(row *api.ServerState, kept tally) {
+	for _, a := range kept {
+		if n := kept.of(row.Keeps); a.n > n || (a.n == n && (row.Keeps == "" || a.answer < row.Keeps)) {
+			row.Keeps = a.answer
 		}
 	}
 	_, row.Weight = row.KeptKind()

@@ -231,6 +231,7 @@ func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.Clu
 	var counts []api.Rotation // by backend, as d.Backends
 	outBackends := 0          // backends with servers, none in rotation
 	byName := map[string]int{}
+	var perBackend []int // rows by backend, as d.Backends
 	for _, s := range v.Servers {
 		i, ok := byName[s.Backend]
 		if !ok {
@@ -238,8 +239,23 @@ func buildPage(now time.Time, v api.StateView, behind map[string]int, ci api.Clu
 			byName[s.Backend] = i
 			d.Backends = append(d.Backends, pageBackend{Name: s.Backend})
 			counts = append(counts, api.Rotation{})
+			perBackend = append(perBackend, 0)
 		}
-		row := pageRowOf(now, s, behind[s.Backend+"/"+s.Server])
+		perBackend[i]++
+	}
+	// Each backend's rows in one slab, cut to their number: no growing
+	// of a 600-byte row slice per backend.
+	slab := make([]pageRow, 0, len(v.Servers))
+	for i, n := range perBackend {
+		d.Backends[i].Rows, slab = slab[:0:n], slab[n:n:cap(slab)]
+	}
+	for _, s := range v.Servers {
+		i := byName[s.Backend]
+		n := 0
+		if len(behind) > 0 {
+			n = behind[s.Backend+"/"+s.Server]
+		}
+		row := pageRowOf(now, s, n)
 		d.Backends[i].Rows = append(d.Backends[i].Rows, row)
 		if !row.Wildcard {
 			counts[i].Add(s)

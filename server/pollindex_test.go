@@ -265,7 +265,7 @@ func TestPollersConcurrentRecordReadSweep(t *testing.T) {
 			_ = p.Summary(time.Time{}, SummaryArg{Selectors: []string{"be0[2-4]"}, Limit: 30})
 			_ = p.Summary(time.Time{}, SummaryArg{Selectors: []string{"be0[5-7]"}, Counts: true})
 			// /v1/state's read of its own table, in place.
-			x := summaryIndex{own: p.own(t0.Add(-time.Hour), api.Filter{})}
+			x := summaryIndex{own: p.own(t0.Add(-time.Hour), time.Now().UnixMilli(), api.Filter{})}
 			for tgt := range x.servers() {
 				_, _ = x.told(tgt, time.Now().UnixMilli())
 				_ = x.fromHAProxy(tgt, time.Now().UnixMilli())
@@ -299,7 +299,7 @@ func TestPollersConcurrentRecordReadSweep(t *testing.T) {
 	}
 	// Once still, the table read in place counts what its summary does.
 	since, nowMs := t0.Add(-time.Hour), time.Now().UnixMilli()
-	inPlace := summaryIndex{own: p.own(since, api.Filter{})}
+	inPlace := summaryIndex{own: p.own(since, nowMs, api.Filter{})}
 	summed := indexSummaries([]PollSummary{p.summary(since, nowMs, SummaryArg{})})
 	for tgt := range summed.at {
 		a, ak := inPlace.told(tgt, nowMs)
@@ -308,8 +308,8 @@ func TestPollersConcurrentRecordReadSweep(t *testing.T) {
 			t.Errorf("%v in place: %d %v %v; summarized: %d %v %v", tgt, a.polled, a.answers, ak, b.polled, b.answers, bk)
 		}
 	}
-	if len(inPlace.own.at) != len(summed.at) {
-		t.Errorf("%d servers in place, %d summarized", len(inPlace.own.at), len(summed.at))
+	if len(inPlace.own.list) != len(summed.at) {
+		t.Errorf("%d servers in place, %d summarized", len(inPlace.own.list), len(summed.at))
 	}
 	// Sweeping while recording: a pair recorded after the cut survives.
 	var sw sync.WaitGroup

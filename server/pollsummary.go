@@ -636,15 +636,18 @@ func (x summaryIndex) ownServer(t state.Target) *serverPolls {
 	if x.own == nil {
 		return nil
 	}
-	return x.own.at[t]
+	if e := x.own.server(t); e != nil {
+		return e.sp
+	}
+	return nil
 }
 
 // servers yields every server some replica saw, once.
 func (x summaryIndex) servers() iter.Seq[state.Target] {
 	return func(yield func(state.Target) bool) {
 		if x.own != nil {
-			for t := range x.own.at {
-				if !yield(t) {
+			for _, e := range x.own.list {
+				if !yield(e.t) {
 					return
 				}
 			}
@@ -900,17 +903,32 @@ func foldSources(m []mergedPoll) []mergedPoll {
 // peer saw is counted over its records without a copy; one that a peer
 // saw too is merged as its polls (ownPolls.merged).
 type ownPolls struct {
-	p     *Pollers
-	at    map[state.Target]*serverPolls
+	p *Pollers
+	// list is the servers f selects with a poll in the window, in cursor
+	// order (the walk's): a view merges it with the keyed servers and
+	// reads it in step with its rows, without a map of every server.
+	list  []ownServer
 	since int64    // Unix ns: polls older than it are not read
 	texts []string // the answer lines by interned id, without LF ("": 0)
 	srcs  map[pollAddr]string
 }
 
+// ownServer is one server of ownPolls.list.
+type ownServer struct {
+	t  state.Target
+	sp *serverPolls
+	// fromHAProxy: one of its polls in the window counts as an HAProxy
+	// at the read's time (ownPolls.fromHAProxy, from its kept counts).
+	fromHAProxy bool
+}
+
 // own returns the servers f selects that were asked about since since,
-// read in place (nil Pollers: none).
-func (p *Pollers) own(since time.Time, f api.Filter) *ownPolls {
-	o := &ownPolls{p: p, at: map[state.Target]*serverPolls{}, since: since.UnixNano(), srcs: map[pollAddr]string{}}
+// read in place at nowMs (Unix ms; nil Pollers: none). Each server is
+// locked once, and what the view needs of it for its total and order
+// (whether a poll is in the window, whether one counts as an HAProxy)
+// is read from its kept counts (toldCounts), not from its polls.
+func (p *Pollers) own(since time.Time, nowMs int64, f api.Filter) *ownPolls {
+	o := &ownPolls{p: p, since: since.UnixNano(), srcs: map[pollAddr]string{}}
 	if p == nil {
 		return o
 	}
@@ -919,23 +937,32 @@ func (p *Pollers) own(since time.Time, f api.Filter) *ownPolls {
 	for id := range t.lines {
 		o.texts[id] = lineText(t, uint16(id))
 	}
+	if f.All() {
+		o.list = make([]ownServer, 0, len(p.sorted()))
+	}
+	// The walk visits each server once, in key order, which is the
+	// cursors' (its backend is the key up to its first "/"): the list is
+	// in cursor order without a sort.
 	p.walk(f, "", func(sp *serverPolls, b, s string) bool {
-		if sp.recent(o.since) {
-			o.at[state.Target{Backend: b, Server: s}] = sp
+		sp.mu.Lock()
+		c := sp.toldCounts(o.since, nowMs)
+		recent, fromHAProxy := c.sources.Value() != "", c.fromHAProxy // a source in the window: a poll in it
+		sp.mu.Unlock()
+		if recent {
+			o.list = append(o.list, ownServer{t: state.Target{Backend: b, Server: s}, sp: sp, fromHAProxy: fromHAProxy})
 		}
 		return true
 	})
 	return o
 }
 
-// recent reports whether sp holds a poll asked since since (Unix ns).
-func (sp *serverPolls) recent(since int64) bool {
-	found := false
-	sp.each(since, func(*poll) bool {
-		found = true
-		return false
-	})
-	return found
+// server is t's entry in the list (nil: none).
+func (o *ownPolls) server(t state.Target) *ownServer {
+	i, ok := slices.BinarySearchFunc(o.list, t, func(e ownServer, t state.Target) int { return compareCursors(e.t, t) })
+	if !ok {
+		return nil
+	}
+	return &o.list[i]
 }
 
 // text is the answer line id without its LF ("" for 0).

@@ -318,7 +318,7 @@ func TestViewCountsAgreeWithMergePolls(t *testing.T) {
 			sums = append(sums, roundTrip(t, p.summary(since, now.UnixMilli(), SummaryArg{Counts: true})))
 		}
 		x := indexSummaries(sums)
-		x.own = reps[0].own(since, api.Filter{})
+		x.own = reps[0].own(since, now.UnixMilli(), api.Filter{})
 		over := x.overlaps()
 		if apart && len(over) > 0 {
 			t.Fatalf("seed %d: replicas polled by different sources, yet %v overlap", seed, over)

@@ -22,6 +22,8 @@ func (a Answer) String() string {
 		return "drain"
 	case a.Admin == Maint:
 		return "maint"
+	case a.Weight >= 0 && a.Weight <= MaxWeight:
+		return textReady[a.Weight]
 	default:
 		return "ready " + strconv.Itoa(a.Weight) + "%"
 	}
@@ -55,6 +57,14 @@ var (
 	lineReady    = func() (l [MaxWeight + 1][]byte) {
 		for i := range l {
 			l[i] = []byte("ready " + strconv.Itoa(i) + "%\n")
+		}
+		return l
+	}()
+	// textReady is lineReady's text without its LF (Answer.String: a
+	// status of 10,000 servers renders as many).
+	textReady = func() (l [MaxWeight + 1]string) {
+		for i := range l {
+			l[i] = "ready " + strconv.Itoa(i) + "%"
 		}
 		return l
 	}()

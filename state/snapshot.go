@@ -129,6 +129,9 @@ func (s *Snapshot) Resolve(backend, server string) Resolution {
 // resolve is Resolve within the shard that holds backend's keys and ramps.
 func (sh *shard) resolve(backend, server string) Resolution {
 	r := Resolution{Backend: backend, Server: server, Answer: readyFull, Source: SourceAbsent}
+	if len(sh.entries) == 0 && len(sh.ramps) == 0 {
+		return r // no key and no ramp (a server known only by its polls): nothing to look up
+	}
 	e, expired := pick(sh.entry, backend, server)
 	r.Expired = expired
 	if e != nil {
