@@ -55,6 +55,11 @@ var ErrTruncated = errors.New("the list is cut at the most rows one answer carri
 
 // Get reads path (with its query) into v.
 func (c *Client) Get(ctx context.Context, path string, v any) error {
+	return c.get(ctx, path, func(body io.Reader) error { return json.NewDecoder(body).Decode(v) })
+}
+
+// get asks for path and hands decode the body of a 200 answer.
+func (c *Client) get(ctx context.Context, path string, decode func(io.Reader) error) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
 	if err != nil {
 		return err
@@ -68,7 +73,7 @@ func (c *Client) Get(ctx context.Context, path string, v any) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return &StatusError{Code: resp.StatusCode, Body: strings.TrimSpace(string(b))}
 	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	if err := decode(resp.Body); err != nil {
 		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	return nil
@@ -97,11 +102,17 @@ func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView,
 			v.Set("scope", "cluster")
 		}
 		p := "/v1/state?" + v.Encode()
-		var w stateWire
-		if err := c.Get(ctx, p, &w); err != nil {
+		var pv StateView
+		err := c.get(ctx, p, func(body io.Reader) error {
+			b, err := io.ReadAll(body)
+			if err == nil {
+				pv, err = decodeState(b)
+			}
+			return err
+		})
+		if err != nil {
 			return out, err
 		}
-		pv := w.view()
 		older := !q.Filter.All() && pv.Selectors == nil
 		if older {
 			if pv.Truncated {
@@ -228,43 +239,4 @@ func (c *Client) HAProxies(ctx context.Context) (HAProxiesView, error) {
 func (c *Client) Cluster(ctx context.Context) (ClusterInfo, error) {
 	var v ClusterInfo
 	return v, c.Get(ctx, "/v1/cluster", &v)
-}
-
-// stateWire is a StateView as StateOf decodes it: its rows as plain
-// structs, without ServerState.UnmarshalJSON, through which encoding/json
-// would scan each row twice more (to find its end, then to validate it)
-// before decoding it (a third of what `hastate status -o json` spent on
-// 10,000 servers; BenchmarkStatusJSON in cmd/hastate/internal/ctl/status).
-// view gives the rows what UnmarshalJSON gives them. Every other field is
-// StateView's own: its servers and invalid_keys are shadowed here, as
-// encoding/json takes the shallower of two fields of one name.
-type stateWire struct {
-	StateView
-	Servers     []plainRow `json:"servers"`
-	InvalidKeys []plainRow `json:"invalid_keys"`
-}
-
-// plainRow is ServerState without its methods (its UnmarshalJSON).
-type plainRow ServerState
-
-// view is the StateView w holds, each row as ServerState.UnmarshalJSON
-// would have decoded it.
-func (w *stateWire) view() StateView {
-	v := w.StateView
-	v.Servers, v.InvalidKeys = plainRows(w.Servers), plainRows(w.InvalidKeys)
-	return v
-}
-
-func plainRows(ps []plainRow) []ServerState {
-	if ps == nil {
-		return nil
-	}
-	rows := make([]ServerState, len(ps))
-	for i := range ps {
-		rows[i] = ServerState(ps[i])
-		if rows[i].Kind == "" {
-			rows[i].Kind, rows[i].Weight = kindOfAnswer(rows[i])
-		}
-	}
-	return rows
 }
