@@ -64,11 +64,11 @@ func jsonView(body []byte) (StateView, error) {
 func TestReadStateViewIsEncodingJSONs(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 46))
-	for round := range 30 {
+	for round := range 12 {
 		v := StateView{Scope: wireStrings[rng.IntN(len(wireStrings))], HoldsState: rng.IntN(2) == 0, Total: 7, Next: "fs/x",
 			InvalidKeys: []ServerState{{Key: "state/a/b/c", Source: "state/a/b/c", Error: "invalid key"}},
 			Replicas:    []ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Error: "dial tcp 127.0.0.1:1: refused"}}}
-		for range 1 + rng.IntN(200) {
+		for range 1 + rng.IntN(80) {
 			var row ServerState
 			fillRandom(rng, reflect.ValueOf(&row).Elem())
 			if rng.IntN(10) == 0 {
