@@ -126,11 +126,18 @@ func (r *rowReader) str(s *string) bool {
 	return true
 }
 
-func (r *rowReader) optStr(name string, s *string) bool {
-	if !r.Lit("," + rowField + name + "\": ") {
+// opt reads an optional field's name, if it is there.
+func (r *rowReader) opt(name string) bool {
+	at := r.I
+	if r.field(rowField, name, false) {
 		return true
 	}
-	return r.str(s)
+	r.I = at
+	return false
+}
+
+func (r *rowReader) optStr(name string, s *string) bool {
+	return !r.opt(name) || r.str(s)
 }
 
 func (r *rowReader) int(x *int) bool {
@@ -165,7 +172,7 @@ func (r *rowReader) time(t *time.Time) bool {
 }
 
 func (r *rowReader) optTime(name string, t **time.Time) bool {
-	if !r.Lit("," + rowField + name + "\": ") {
+	if !r.opt(name) {
 		return true
 	}
 	*t = new(time.Time)
