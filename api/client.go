@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -105,9 +106,12 @@ func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView,
 		var pv StateView
 		err := c.get(ctx, p, func(body io.Reader) error {
 			b, err := io.ReadAll(body)
-			if err == nil {
-				pv, err = decodeState(b)
+			if err != nil {
+				// As before: what json.Decoder makes of the body up to
+				// the error (a value complete before it is read).
+				return json.NewDecoder(io.MultiReader(bytes.NewReader(b), failingReader{err})).Decode(&pv)
 			}
+			pv, err = decodeState(b)
 			return err
 		})
 		if err != nil {
@@ -240,3 +244,8 @@ func (c *Client) Cluster(ctx context.Context) (ClusterInfo, error) {
 	var v ClusterInfo
 	return v, c.Get(ctx, "/v1/cluster", &v)
 }
+
+// failingReader fails every read with err.
+type failingReader struct{ err error }
+
+func (r failingReader) Read([]byte) (int, error) { return 0, r.err }

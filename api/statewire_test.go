@@ -2,10 +2,16 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -120,6 +126,40 @@ func TestReadStateViewIsEncodingJSONs(t *testing.T) {
 			if werr == nil && !reflect.DeepEqual(got, want) {
 				t.Fatalf("round %d (seed %d): a changed body reads\n%+v\nencoding/json\n%+v\n%s", round, seed, got, want, bad)
 			}
+		}
+	}
+}
+
+// A body cut after its view (the connection lost before the length it
+// announced) reads as json.Decoder read it: the view, not the error; cut
+// inside the view, it fails as it did.
+func TestStateOfReadsAViewCutAfterItsEnd(t *testing.T) {
+	v := StateView{Scope: "cluster", HoldsState: true, Total: 1, Servers: []ServerState{{Backend: "w", Server: "a", Source: "absent", Valid: true,
+		Answer: "ready 100%", Kind: KindReady, Weight: 100}}}
+	body, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		body []byte
+		ok   bool
+	}{{"after the view", body, true}, {"inside the view", body[:len(body)/2], false}} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)+100))
+			_, _ = w.Write(c.body)
+		}))
+		cl, err := NewClient(srv.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cl.StateOf(context.Background(), Query{}, true)
+		srv.Close()
+		if c.ok && (err != nil || !reflect.DeepEqual(got.Servers, v.Servers)) {
+			t.Errorf("%s: %v, %+v; want the view", c.name, err, got.Servers)
+		}
+		if !c.ok && !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("%s: %v, want an unexpected EOF", c.name, err)
 		}
 	}
 }
