@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -55,6 +56,11 @@ var ErrTruncated = errors.New("the list is cut at the most rows one answer carri
 
 // Get reads path (with its query) into v.
 func (c *Client) Get(ctx context.Context, path string, v any) error {
+	return c.get(ctx, path, func(body io.Reader) error { return json.NewDecoder(body).Decode(v) })
+}
+
+// get asks for path and hands decode the body of a 200 answer.
+func (c *Client) get(ctx context.Context, path string, decode func(io.Reader) error) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
 	if err != nil {
 		return err
@@ -68,7 +74,7 @@ func (c *Client) Get(ctx context.Context, path string, v any) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return &StatusError{Code: resp.StatusCode, Body: strings.TrimSpace(string(b))}
 	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	if err := decode(resp.Body); err != nil {
 		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	return nil
@@ -98,7 +104,17 @@ func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView,
 		}
 		p := "/v1/state?" + v.Encode()
 		var pv StateView
-		if err := c.Get(ctx, p, &pv); err != nil {
+		err := c.get(ctx, p, func(body io.Reader) error {
+			b, err := io.ReadAll(body)
+			if err != nil {
+				// As before: what json.Decoder makes of the body up to
+				// the error (a value complete before it is read).
+				return json.NewDecoder(io.MultiReader(bytes.NewReader(b), failingReader{err})).Decode(&pv)
+			}
+			pv, err = decodeState(b)
+			return err
+		})
+		if err != nil {
 			return out, err
 		}
 		older := !q.Filter.All() && pv.Selectors == nil
@@ -228,3 +244,8 @@ func (c *Client) Cluster(ctx context.Context) (ClusterInfo, error) {
 	var v ClusterInfo
 	return v, c.Get(ctx, "/v1/cluster", &v)
 }
+
+// failingReader fails every read with err.
+type failingReader struct{ err error }
+
+func (r failingReader) Read([]byte) (int, error) { return 0, r.err }

@@ -17,7 +17,7 @@ import (
 // random rows (across the yields) whose every field is set at random,
 // strings that need escaping, nil and set pointers and times in other
 // zones included. A field added to api.ServerState or api.RampProgress
-// and not to appendRow fails here (randomValue fills every field by
+// and not to api.AppendRowJSON fails here (randomValue fills every field by
 // reflection and refuses a kind it does not know).
 func TestStateViewJSONIsWriteJSONs(t *testing.T) {
 	r := rand.New(rand.NewPCG(46, 1))
@@ -96,7 +96,7 @@ func randomValue(r *rand.Rand, v reflect.Value) {
 			randomValue(r, v.Field(i))
 		}
 	default:
-		panic(fmt.Sprintf("randomValue: a %s field: teach appendRow and this test its encoding", v.Type()))
+		panic(fmt.Sprintf("randomValue: a %s field: teach api.AppendRowJSON and this test its encoding", v.Type()))
 	}
 }
 

@@ -34,7 +34,7 @@ var allowed = map[string][]string{
 
 	// The service, bottom up.
 	"state":  {},
-	"api":    {"state"},
+	"api":    {"state", "internal/jsonstr"},
 	"kvsync": {"state", "api"},
 	// cluster/ is the node and its parts. The parts import none of
 	// the node and only the fsm of each other (the leader writes its

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -103,7 +104,7 @@ func Read(ctx context.Context, o Options) (Report, error) {
 	} else if err := ctl.Matched(fleet.KnownRows(v), sels); err != nil {
 		return Report{}, err
 	}
-	rep := Report{Rows: ctl.Select(v.Servers, sels...), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
+	rep := Report{Rows: selectAll(v.Servers, sels, o.Selectors == nil), InvalidKeys: v.InvalidKeys, Migration: v.Migration}
 	if cerr == nil && consulDown(ci) == "" {
 		if w := mirrorWarning(ci); w != "" && leaderless == nil {
 			fmt.Fprintln(warn, "warning:", w)
@@ -121,6 +122,22 @@ func Read(ctx context.Context, o Options) (Report, error) {
 		rep.HAProxy, rep.HAProxyRows = haproxyColumn(ctx, *o.HAProxy, o.Replica, &v, sels, warn)
 	}
 	return rep, nil
+}
+
+// selectAll is ctl.Select(rows, sels...), without a copy of the rows when
+// sels is every server (all, */*) and every row is one that */* matches: a
+// name without '/' (path.Match's * stops there). ctl.Select copied the
+// 10,000 rows of `hastate status -o json` one append at a time.
+func selectAll(rows []api.ServerState, sels []ctl.Selector, all bool) []api.ServerState {
+	if !all || len(rows) == 0 {
+		return ctl.Select(rows, sels...)
+	}
+	for i := range rows {
+		if strings.Contains(rows[i].Backend, "/") || strings.Contains(rows[i].Server, "/") {
+			return ctl.Select(rows, sels...)
+		}
+	}
+	return rows
 }
 
 // consulDown says, when every replica that reported cannot reach Consul,
@@ -238,10 +255,27 @@ func (rep Report) WriteJSON(w io.Writer) error {
 		}
 		return enc.Encode(out)
 	}
-	if rep.Rows == nil {
+	if len(rep.Rows) == 0 {
 		return enc.Encode([]api.ServerState{})
 	}
-	return enc.Encode(rep.Rows)
+	// What enc.Encode(rep.Rows) writes, its rows by api.AppendRowJSON
+	// (TestStatusJSONIsEncodingJSONs): a fifth of the CPU of
+	// `status -o json` of 10,000 servers was encoding/json's reflection
+	// and its second pass to indent.
+	bw := bufio.NewWriterSize(w, 64<<10)
+	buf := make([]byte, 0, 2048)
+	for i := range rep.Rows {
+		buf = append(buf[:0], ",\n  "...)
+		if i == 0 {
+			buf[0] = '['
+		}
+		buf = api.AppendRowJSON(buf, &rep.Rows[i], 1)
+		if _, err := bw.Write(buf); err != nil {
+			return err
+		}
+	}
+	_, _ = bw.WriteString("\n]\n")
+	return bw.Flush()
 }
 
 // statusTime is how status shows a time: with seconds and the zone.

@@ -1,0 +1,165 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// wireStrings are the strings a random row's fields take: empty
+// (omitempty), plain, and each kind of escape and of non-ASCII
+// encoding/json reads specially.
+var wireStrings = []string{"", "", "", "ready 100%", "fs001", "state/fs001/a", "drain", "maint", `say "hi"`, `back\slash`,
+	"<b>&amp;</b>", "tab\tnew\nline", "\x01\x1f", "café", "\u2028", "bad \xff utf-8", "\n  \"servers\": [", "日本"}
+
+// fillRandom sets every field of v (a struct, a pointer to one, a string,
+// a bool, an int, a time) at random; it refuses a kind it does not know,
+// so that a field added to ServerState is read by this test.
+func fillRandom(rng *rand.Rand, v reflect.Value) {
+	if _, ok := v.Interface().(time.Time); ok {
+		zone := []*time.Location{time.UTC, time.Local, time.FixedZone("", 3600), time.FixedZone("", -9000)}[rng.IntN(4)]
+		v.Set(reflect.ValueOf(time.Unix(rng.Int64N(4e9), rng.Int64N(1e9)*int64(rng.IntN(2))).In(zone)))
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(wireStrings[rng.IntN(len(wireStrings))])
+	case reflect.Bool:
+		v.SetBool(rng.IntN(2) == 1)
+	case reflect.Int:
+		v.SetInt(rng.Int64N(3001) - 1000)
+	case reflect.Pointer:
+		if rng.IntN(2) == 0 {
+			v.SetZero()
+			return
+		}
+		v.Set(reflect.New(v.Type().Elem()))
+		fillRandom(rng, v.Elem())
+	case reflect.Struct:
+		for i := range v.NumField() {
+			fillRandom(rng, v.Field(i))
+		}
+	default:
+		panic(fmt.Sprintf("fillRandom: a %s field: teach readStateView and this test to read it", v.Type()))
+	}
+}
+
+// jsonView is what StateOf returned before readStateView: encoding/json's
+// Decoder into a StateView (ServerState.UnmarshalJSON for each row).
+func jsonView(body []byte) (StateView, error) {
+	var v StateView
+	err := json.NewDecoder(bytes.NewReader(body)).Decode(&v)
+	return v, err
+}
+
+// A replica's /v1/state is read by hand (readStateView takes it) into
+// what encoding/json reads from it, on random rows (every field, escapes,
+// invalid UTF-8, times in four zones, rows without kind); and every body
+// cut or changed at random reads as encoding/json reads it, or fails
+// where it fails.
+func TestReadStateViewIsEncodingJSONs(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 46))
+	for round := range 12 {
+		v := StateView{Scope: wireStrings[rng.IntN(len(wireStrings))], HoldsState: rng.IntN(2) == 0, Total: 7, Next: "fs/x",
+			InvalidKeys: []ServerState{{Key: "state/a/b/c", Source: "state/a/b/c", Error: "invalid key"}},
+			Replicas:    []ReplicaAnswer{{ID: "n1", Answered: true}, {ID: "n2", Error: "dial tcp 127.0.0.1:1: refused"}}}
+		for range 1 + rng.IntN(80) {
+			var row ServerState
+			fillRandom(rng, reflect.ValueOf(&row).Elem())
+			if rng.IntN(10) == 0 {
+				row.Kind = "" // an older replica's row
+			}
+			v.Servers = append(v.Servers, row)
+		}
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		body := b.Bytes()
+		want, err := jsonView(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := readStateView(body)
+		if !ok {
+			t.Fatalf("round %d (seed %d): readStateView leaves a replica's answer to encoding/json:\n%.2000s", round, seed, body)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("round %d (seed %d): readStateView reads\n%+v\nencoding/json\n%+v", round, seed, got, want)
+		}
+		// A second servers replaces the first, as encoding/json reads it.
+		twice := append(bytes.TrimSuffix(bytes.Clone(body), []byte("\n}\n")), ",\n  \"servers\": []\n}\n"...)
+		if got, err := decodeState(twice); err != nil || len(got.Servers) != 0 {
+			t.Fatalf("round %d (seed %d): a body with a second, empty servers reads %d rows (%v), encoding/json none", round, seed, len(got.Servers), err)
+		}
+		for range 30 {
+			bad := bytes.Clone(body)
+			switch i := rng.IntN(len(bad)); rng.IntN(4) {
+			case 0:
+				bad = bad[:i]
+			case 1:
+				const junk = "{}[],:\"\\ \n09-aetx"
+				bad[i] = junk[rng.IntN(len(junk))]
+			case 2:
+				bad = append(bad[:i:i], bad[i+1:]...)
+			default:
+				bad = append(bad[:i:i], append([]byte(`,"servers": [], "polled": 1`), bad[i:]...)...)
+			}
+			want, werr := jsonView(bad)
+			got, gerr := decodeState(bad)
+			if (werr == nil) != (gerr == nil) || (werr != nil && werr.Error() != gerr.Error()) {
+				t.Fatalf("round %d (seed %d): a changed body fails with %v, encoding/json with %v:\n%s", round, seed, gerr, werr, bad)
+			}
+			if werr == nil && !reflect.DeepEqual(got, want) {
+				t.Fatalf("round %d (seed %d): a changed body reads\n%+v\nencoding/json\n%+v\n%s", round, seed, got, want, bad)
+			}
+		}
+	}
+}
+
+// A body cut after its view (the connection lost before the length it
+// announced) reads as json.Decoder read it: the view, not the error; cut
+// inside the view, it fails as it did.
+func TestStateOfReadsAViewCutAfterItsEnd(t *testing.T) {
+	v := StateView{Scope: "cluster", HoldsState: true, Total: 1, Servers: []ServerState{{Backend: "w", Server: "a", Source: "absent", Valid: true,
+		Answer: "ready 100%", Kind: KindReady, Weight: 100}}}
+	body, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		body []byte
+		ok   bool
+	}{{"after the view", body, true}, {"inside the view", body[:len(body)/2], false}} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)+100))
+			_, _ = w.Write(c.body)
+		}))
+		cl, err := NewClient(srv.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cl.StateOf(context.Background(), Query{}, true)
+		srv.Close()
+		if c.ok && (err != nil || !reflect.DeepEqual(got.Servers, v.Servers)) {
+			t.Errorf("%s: %v, %+v; want the view", c.name, err, got.Servers)
+		}
+		if !c.ok && !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("%s: %v, want an unexpected EOF", c.name, err)
+		}
+	}
+}
