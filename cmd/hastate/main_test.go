@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"regexp"
+	"runtime/debug"
 	"runtime"
 	"strings"
 	"testing"
@@ -180,5 +182,34 @@ func TestEnvAddressesBoundOnce(t *testing.T) {
 	out.Reset()
 	if code := run([]string{"probe", "web/a", "--timeout", "2s"}, &out, &out); code != 1 || !strings.Contains(out.String(), "127.0.0.1:2") {
 		t.Errorf("probe with HASTATE_PROBE_ADDR: exit %d %q", code, out.String())
+	}
+}
+
+// An operator command collects at operatorGCPercent unless GOGC is set,
+// which the runtime already read and run leaves alone.
+func TestOperatorCommandsGCPercent(t *testing.T) {
+	was := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(was) })
+	gogc, set := os.LookupEnv("GOGC")
+	t.Cleanup(func() {
+		if set {
+			os.Setenv("GOGC", gogc)
+		}
+	})
+	os.Unsetenv("GOGC")
+	var out bytes.Buffer
+	if code := run([]string{"version"}, &out, &out); code != 0 {
+		t.Fatalf("hastate version: exit %d: %s", code, out.String())
+	}
+	if got := debug.SetGCPercent(100); got != operatorGCPercent {
+		t.Errorf("without GOGC, hastate version ran at GOGC %d, want %d", got, operatorGCPercent)
+	}
+	t.Setenv("GOGC", "123")
+	debug.SetGCPercent(123) // as the runtime did at start
+	if code := run([]string{"version"}, &out, &out); code != 0 {
+		t.Fatalf("hastate version: exit %d: %s", code, out.String())
+	}
+	if got := debug.SetGCPercent(100); got != 123 {
+		t.Errorf("with GOGC=123, hastate version ran at GOGC %d, want the environment's 123", got)
 	}
 }
