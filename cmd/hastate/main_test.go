@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
-	"runtime/debug"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 
