@@ -50,7 +50,11 @@ import (
 //     same round (agent_p99_ratio_quiet: that one against the empty
 //     table's); the _start ratios divide by the empty table measured once,
 //     before registration (agent_p99_ratio's baseline, as before issue
-//     46's last step).
+//     46's last step);
+//   - reads_alone_{cli,n1,n2}_cpu_ms: the CPU time one second's reads
+//     take in the CLI's process and on n1 and n2 beyond their idle, with
+//     no agent load; reads_{cli,n1,n2}_cpu_ms: the same during the rounds
+//     (n1's and n2's beyond what the same checks took without the reads).
 //
 // Targets (issue 34): wait <= 1 s after the last told, status BACKEND <=
 // 0.5 s, status -o json <= 3 s, agent p99 <= 20 ms, <= 250 bytes a pair.
@@ -217,6 +221,41 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 	// same checks took in the quiet run, over every read of every round.
 	var toBase99, toBase50, toQuiet99, toQuiet50, quietBase99, toStart99, toStart50 []float64
 	replicas := []benchProc{{"n1", n1.Pid()}, {"n2", n2.Pid()}}
+	// reads is one second's reads; it returns the CLI's CPU time.
+	reads := func() time.Duration {
+		cpu := runCPU(b, op, "status", "-o", "json")
+		for _, p := range []string{"/v1/pollers?scope=cluster", "/"} {
+			if code, body, err := n2.get(p); err != nil || code != http.StatusOK {
+				b.Errorf("GET %s: %d %v %.200s", p, code, err, body)
+			}
+		}
+		return cpu
+	}
+	// The reads alone first, without the agent's load: what they cost
+	// each process beyond its idle CPU (the same time just before).
+	const aloneCycles = 5
+	idle0 := cpuSeconds(b, replicas)
+	time.Sleep(aloneCycles * time.Second)
+	idle1 := cpuSeconds(b, replicas)
+	var aloneCLI time.Duration
+	tick := time.NewTicker(time.Second)
+	profiledReads := profileReplicas(b, map[string]*Hastate{"n1-reads": n1, "n2-reads": n2}, aloneCycles*time.Second)
+	for range aloneCycles {
+		aloneCLI += reads()
+		<-tick.C
+	}
+	tick.Stop()
+	profiledReads()
+	alone := cpuSeconds(b, replicas)
+	aloneCPU := []string{fmt.Sprintf("status -o json %.0f ms", ms(aloneCLI)/aloneCycles)}
+	b.ReportMetric(ms(aloneCLI)/aloneCycles, "reads_alone_cli_cpu_ms")
+	for i, r := range replicas {
+		per := ((alone[i] - idle1[i]) - (idle1[i] - idle0[i])) * 1000 / aloneCycles
+		b.ReportMetric(per, "reads_alone_"+r.name+"_cpu_ms")
+		aloneCPU = append(aloneCPU, fmt.Sprintf("%s %.0f ms", r.name, per))
+	}
+	b.Logf("CPU of one second's reads without the agent's load (%d of them), beyond idle: %s", aloneCycles, strings.Join(aloneCPU, ", "))
+
 	var readCycles int
 	var cliCPU time.Duration
 	extraCPU := make([]float64, len(replicas))
@@ -230,13 +269,8 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 		wg.Go(func() {
 			defer tick.Stop()
 			for {
-				cliCPU += runCPU(b, op, "status", "-o", "json")
+				cliCPU += reads()
 				readCycles++
-				for _, p := range []string{"/v1/pollers?scope=cluster", "/"} {
-					if code, body, err := n2.get(p); err != nil || code != http.StatusOK {
-						b.Errorf("GET %s: %d %v %.200s", p, code, err, body)
-					}
-				}
 				select {
 				case <-stopReads:
 					return
