@@ -38,6 +38,44 @@ func BenchmarkPollTableReads(b *testing.B) {
 	})
 }
 
+// summaryBenchCases are the answers BenchmarkPollSummaryEncode and
+// BenchmarkPollSummaryDecode write and read.
+func summaryBenchCases() []summaryBenchCase {
+	return []summaryBenchCase{{"counts-1M", 10_000, 100, true}, {"polls-250k", 2_500, 100, false}}
+}
+
+type summaryBenchCase struct {
+	name             string
+	servers, sources int
+	counts           bool
+}
+
+// BenchmarkPollSummaryEncode: what the replica holding the table spends
+// writing its answer line to a peer's poll-summary, by encoding/json
+// (marshalAt, how every answer was written before) and by hand
+// (appendJSONLineAt, the same bytes). counts-1M and polls-250k as in
+// BenchmarkPollSummaryDecode.
+//
+//	go test -run '^$' -bench PollSummaryEncode -benchmem ./server/
+func BenchmarkPollSummaryEncode(b *testing.B) {
+	for _, c := range summaryBenchCases() {
+		s := benchSummary(b, c.servers, c.sources, c.counts)
+		at := time.Now().UnixMilli()
+		b.Run(c.name+"/encoding-json", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := s.marshalAt(at); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/by-hand", func(b *testing.B) {
+			for b.Loop() {
+				_ = s.appendJSONLineAt(nil, at)
+			}
+		})
+	}
+}
+
 // benchTable is a table of servers x sources pairs, each polled twice
 // now, the same answer ("ready 100%").
 func benchTable(tb testing.TB, servers, sources int) *Pollers {
@@ -84,11 +122,7 @@ func (s *oldSummary) UnmarshalJSON(b []byte) error { return s.unmarshalJSON(b) }
 //
 //	go test -run '^$' -bench PollSummaryDecode -benchmem ./server/
 func BenchmarkPollSummaryDecode(b *testing.B) {
-	for _, c := range []struct {
-		name             string
-		servers, sources int
-		counts           bool
-	}{{"counts-1M", 10_000, 100, true}, {"polls-250k", 2_500, 100, false}} {
+	for _, c := range summaryBenchCases() {
 		s := benchSummary(b, c.servers, c.sources, c.counts)
 		line := s.AppendJSONLine(nil)
 		check := func(b *testing.B, got PollSummary) {
