@@ -180,6 +180,9 @@ type summaryWriter struct {
 	ansIdx  []int32 // by interned id: index in out.Answers; 0: not yet there
 	srcs    map[pollAddr]int32
 	sets    map[unique.Handle[string]]int32 // index in out.SourceSets
+	// slab and counts are where countsOf cuts the counts from.
+	slab   []ServerCounts
+	counts []AnswerCount
 }
 
 // countsOf is sp's counts of its polls asked since sinceNs (Unix ns) at
@@ -200,13 +203,14 @@ func (w *summaryWriter) countsOf(sp *serverPolls, sinceNs, nowMs int64) *ServerC
 	if key == "" {
 		return nil
 	}
-	sc := &ServerCounts{Polled: polled, FromHAProxy: fromHAProxy}
-	for _, a := range told {
-		sc.Told = append(sc.Told, AnswerCount{Answer: w.answer(uint16(a.Answer)), N: a.N})
+	// The counts are cut from slabs, not allocated one by one: a
+	// summary of every server is 10,000 of them at 1,000,000 pairs.
+	if len(w.slab) == cap(w.slab) {
+		w.slab = make([]ServerCounts, 0, countsSlab)
 	}
-	for _, a := range kept {
-		sc.Kept = append(sc.Kept, AnswerCount{Answer: w.answer(uint16(a.Answer)), N: a.N})
-	}
+	w.slab = append(w.slab, ServerCounts{Polled: polled, FromHAProxy: fromHAProxy})
+	sc := &w.slab[len(w.slab)-1]
+	sc.Told, sc.Kept = w.answerCounts(told), w.answerCounts(kept)
 	i, ok := w.sets[set]
 	if !ok {
 		i = int32(len(w.out.SourceSets))
@@ -217,6 +221,26 @@ func (w *summaryWriter) countsOf(sp *serverPolls, sinceNs, nowMs int64) *ServerC
 	}
 	sc.Sources = i
 	return sc
+}
+
+// countsSlab is how many ServerCounts (and four times as many
+// AnswerCounts) a summaryWriter allocates at once.
+const countsSlab = 1024
+
+// answerCounts is l with its answers as indexes in out.Answers, cut from
+// w's slab of them (nil when l is empty).
+func (w *summaryWriter) answerCounts(l []AnswerCount) []AnswerCount {
+	if len(l) == 0 {
+		return nil
+	}
+	if cap(w.counts)-len(w.counts) < len(l) {
+		w.counts = make([]AnswerCount, 0, max(4*countsSlab, len(l)))
+	}
+	start := len(w.counts)
+	for _, a := range l {
+		w.counts = append(w.counts, AnswerCount{Answer: w.answer(uint16(a.Answer)), N: a.N})
+	}
+	return w.counts[start:len(w.counts):len(w.counts)]
 }
 
 // source is a's index in out.Sources, adding it.
