@@ -155,7 +155,8 @@ func rowIn(r state.Resolution, sinces *[]time.Time) api.ServerState {
 	}
 	if since := r.Since(); !since.IsZero() {
 		if sinces == nil {
-			row.Since = &since
+			row.Since = new(time.Time)
+			*row.Since = since
 		} else {
 			*sinces = append(*sinces, since)
 			row.Since = &(*sinces)[len(*sinces)-1]
@@ -348,7 +349,7 @@ func (x *summaryIndex) polled(nowMs int64) []state.Target {
 	out := make([]state.Target, 0, len(x.list))
 	for i := range x.list {
 		e := &x.list[i]
-		from := e.n == 0 && e.own != nil && e.own.fromHAProxy
+		from := e.n == 0 && e.sp != nil && e.fromHAProxy
 		if e.n > 0 {
 			from = x.fromHAProxy(e, nowMs)
 		}
@@ -392,9 +393,9 @@ func (x *summaryIndex) countRow(row *api.ServerState, e *seenServer, nowMs int64
 	var toldBuf, keptBuf [4]textCount
 	told, kept = toldBuf[:0], keptBuf[:0]
 	var refs []sumRef
-	var mine *ownServer
+	var mine *serverPolls // this replica's records of it
 	if e != nil {
-		refs, mine = x.places(e), e.own
+		refs, mine = x.places(e), e.sp
 	}
 	if c := x.onlyCounts(refs, mine); c != nil {
 		// One peer saw it and answered its counts: they are the row's.
@@ -409,7 +410,7 @@ func (x *summaryIndex) countRow(row *api.ServerState, e *seenServer, nowMs int64
 	} else if len(refs) == 0 {
 		if mine != nil {
 			var toldIDs, keptIDs [4]AnswerCount
-			sp := mine.sp
+			sp := mine
 			sp.mu.Lock()
 			c := sp.toldCounts(x.own.since, nowMs)
 			row.Polled = int(c.polled)
@@ -442,9 +443,9 @@ func (x *summaryIndex) countRow(row *api.ServerState, e *seenServer, nowMs int64
 }
 
 // onlyCounts is the counts a peer answered for a server that it alone
-// saw (refs, and mine: this replica's entry, nil when none), nil when
+// saw (refs, and mine: this replica's records, nil when none), nil when
 // the server is not such.
-func (x *summaryIndex) onlyCounts(refs []sumRef, mine *ownServer) *ServerCounts {
+func (x *summaryIndex) onlyCounts(refs []sumRef, mine *serverPolls) *ServerCounts {
 	if mine != nil || len(refs) != 1 {
 		return nil
 	}

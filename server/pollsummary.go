@@ -578,11 +578,12 @@ func MergeSummaries(sums []PollSummary) map[state.Target][]mergedPoll {
 // servers of the page, not the table.
 //
 // It is a list in cursor order of every server some replica saw, each
-// with its places in the summaries and its entry in this replica's list,
-// made once a read by merging the summaries (each in cursor order: a
-// peer walks its index) with that list: a view reads it in step with its
-// rows, and finds a server's places once, not by a map look-up in each
-// of the steps that need them (no map, no slice per server).
+// with its places in the summaries and its records in this replica's
+// table, made once a read by merging the summaries (each in cursor order:
+// a peer walks its index) with this replica's list (without summaries,
+// it is that list): a view reads it in step with its rows, and finds a
+// server's places once, not by a map look-up in each of the steps that
+// need them (no map, no slice per server).
 type summaryIndex struct {
 	sums []PollSummary
 	list []seenServer
@@ -597,11 +598,15 @@ type sumRef struct{ sum, server int32 }
 
 // seenServer is one server of summaryIndex.list: its places in the
 // summaries, refs[at:at+n] (in the summaries' order, as they come), and
-// its entry in this replica's list (nil: none, or not read in place).
+// its records in this replica's table (ownPolls.list).
 type seenServer struct {
-	t     state.Target
-	own   *ownServer
-	at, n int32
+	t  state.Target
+	sp *serverPolls // nil: not in this replica's list, or not read in place
+	// fromHAProxy: one of sp's polls in the window counts as an
+	// HAProxy at the read's time (ownPolls.fromHAProxy, from its kept
+	// counts).
+	fromHAProxy bool
+	at, n       int32
 }
 
 // maxSummaryRuns is the most runs in cursor order (summaryRuns) the index
@@ -612,9 +617,13 @@ const maxSummaryRuns = 16
 // indexSummaries indexes sums beside own (nil: none).
 func indexSummaries(sums []PollSummary, own *ownPolls) summaryIndex {
 	x := summaryIndex{sums: sums, own: own}
-	var mine []ownServer
+	var mine []seenServer
 	if own != nil {
 		mine = own.list
+	}
+	if len(sums) == 0 {
+		x.list = mine
+		return x
 	}
 	runs, n := x.summaryRuns()
 	x.refs = make([]sumRef, 0, n)
@@ -638,10 +647,11 @@ func indexSummaries(sums []PollSummary, own *ownPolls) summaryIndex {
 		if !found {
 			return x
 		}
-		e := seenServer{t: t, at: int32(len(x.refs))}
+		e := seenServer{t: t}
 		if len(mine) > 0 && mine[0].t == t {
-			e.own, mine = &mine[0], mine[1:]
+			e, mine = mine[0], mine[1:]
 		}
+		e.at = int32(len(x.refs))
 		for r, run := range runs {
 			for pos[r] < len(run) && x.target(run[pos[r]]) == t {
 				x.refs = append(x.refs, run[pos[r]])
@@ -711,11 +721,11 @@ func (x *summaryIndex) polls(e *seenServer) []mergedPoll {
 	}
 	m := make([]mergedPoll, 0, n)
 	seen := len(refs)
-	if e.own != nil {
+	if e.sp != nil {
 		// This replica's first: of two polls as recent, the first
 		// counts (foldSources), as when this replica was a summary
 		// before its peers'.
-		m = x.own.merged(m, e.own.sp)
+		m = x.own.merged(m, e.sp)
 		seen++
 	}
 	for _, r := range refs {
@@ -734,7 +744,7 @@ func (x *summaryIndex) polls(e *seenServer) []mergedPoll {
 // from its summary as it stands, without a copy.
 func (x *summaryIndex) seq(e *seenServer) iter.Seq[mergedPoll] {
 	refs := x.places(e)
-	if len(refs) != 1 || e.own != nil {
+	if len(refs) != 1 || e.sp != nil {
 		return slices.Values(x.polls(e))
 	}
 	s := &x.sums[refs[0].sum]
@@ -760,8 +770,8 @@ func (x *summaryIndex) told(e *seenServer, nowMs int64) (toldAnswers, map[string
 	for _, r := range x.places(e) {
 		x.sums[r.sum].addTold(r.server, nowMs, &told, kept)
 	}
-	if e.own != nil {
-		x.own.addTold(e.own.sp, nowMs, &told, kept)
+	if e.sp != nil {
+		x.own.addTold(e.sp, nowMs, &told, kept)
 	}
 	return told, kept
 }
@@ -771,7 +781,7 @@ func (x *summaryIndex) told(e *seenServer, nowMs int64) (toldAnswers, map[string
 // replicas (the view asks for the polls of the servers it found).
 func (x *summaryIndex) apart(e *seenServer) bool {
 	refs := x.places(e)
-	if len(refs)+b2i(e.own != nil) <= 1 {
+	if len(refs)+b2i(e.sp != nil) <= 1 {
 		return true
 	}
 	for _, r := range refs {
@@ -859,7 +869,7 @@ func (x *summaryIndex) overlaps() []state.Target {
 	for i := range x.list {
 		e := &x.list[i]
 		refs := x.places(e)
-		if len(refs)+b2i(e.own != nil) <= 1 || !x.apart(e) {
+		if len(refs)+b2i(e.sp != nil) <= 1 || !x.apart(e) {
 			continue
 		}
 		clear(seen)
@@ -878,8 +888,8 @@ func (x *summaryIndex) overlaps() []state.Target {
 				}
 			}
 		}
-		if e.own != nil && !over {
-			for _, src := range x.own.sources(e.own.sp) {
+		if e.sp != nil && !over {
+			for _, src := range x.own.sources(e.sp) {
 				if !add(len(refs), src) {
 					break
 				}
@@ -934,7 +944,7 @@ func (x *summaryIndex) fromHAProxy(e *seenServer, nowMs int64) bool {
 				return true
 			}
 		}
-		return e.own != nil && x.own.fromHAProxy(e.own.sp, nowMs)
+		return e.sp != nil && x.own.fromHAProxy(e.sp, nowMs)
 	}
 	for _, p := range x.polls(e) {
 		if p.fromHAProxy(nowMs) {
@@ -982,19 +992,10 @@ type ownPolls struct {
 	// list is the servers f selects with a poll in the window, in cursor
 	// order (the walk's): a view merges it with the keyed servers and
 	// reads it in step with its rows, without a map of every server.
-	list  []ownServer
+	list  []seenServer // not in summaries: no places
 	since int64    // Unix ns: polls older than it are not read
 	texts []string // the answer lines by interned id, without LF ("": 0)
 	srcs  map[pollAddr]string
-}
-
-// ownServer is one server of ownPolls.list.
-type ownServer struct {
-	t  state.Target
-	sp *serverPolls
-	// fromHAProxy: one of its polls in the window counts as an HAProxy
-	// at the read's time (ownPolls.fromHAProxy, from its kept counts).
-	fromHAProxy bool
 }
 
 // own returns the servers f selects that were asked about since since,
@@ -1013,7 +1014,7 @@ func (p *Pollers) own(since time.Time, nowMs int64, f api.Filter) *ownPolls {
 		o.texts[id] = lineText(t, uint16(id))
 	}
 	if f.All() {
-		o.list = make([]ownServer, 0, len(p.sorted()))
+		o.list = make([]seenServer, 0, len(p.sorted()))
 	}
 	// The walk visits each server once, in key order, which is the
 	// cursors' (its backend is the key up to its first "/"): the list is
@@ -1024,7 +1025,7 @@ func (p *Pollers) own(since time.Time, nowMs int64, f api.Filter) *ownPolls {
 		recent, fromHAProxy := c.sources.Value() != "", c.fromHAProxy // a source in the window: a poll in it
 		sp.mu.Unlock()
 		if recent {
-			o.list = append(o.list, ownServer{t: state.Target{Backend: b, Server: s}, sp: sp, fromHAProxy: fromHAProxy})
+			o.list = append(o.list, seenServer{t: state.Target{Backend: b, Server: s}, sp: sp, fromHAProxy: fromHAProxy})
 		}
 		return true
 	})

@@ -359,7 +359,7 @@ func TestViewCountsAgreeWithMergePolls(t *testing.T) {
 				t.Fatalf("seed %d: %v polled %d told %v, merging every poll %d %v", seed, tgt, told.polled, told.answers, len(wantTold[tgt]), want)
 			}
 			if fmt.Sprint(kept) != fmt.Sprint(wantKept[tgt]) && !(len(kept) == 0 && len(wantKept[tgt]) == 0) {
-				t.Fatalf("seed %d: %v keeps %v, merging every poll %v (overlap %v, refs %v, own %v, apart %v)", seed, tgt, kept, wantKept[tgt], slices.Contains(over, tgt), x.places(e), e.own != nil, x.apart(e))
+				t.Fatalf("seed %d: %v keeps %v, merging every poll %v (overlap %v, refs %v, own %v, apart %v)", seed, tgt, kept, wantKept[tgt], slices.Contains(over, tgt), x.places(e), e.sp != nil, x.apart(e))
 			}
 			if got, want := x.fromHAProxy(e, now.UnixMilli()), merged.fromHAProxy(&merged.list[i], now.UnixMilli()); got != want {
 				t.Fatalf("seed %d: %v from HAProxy %v, merging every poll %v", seed, tgt, got, want)
