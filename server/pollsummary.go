@@ -993,8 +993,8 @@ type ownPolls struct {
 	// order (the walk's): a view merges it with the keyed servers and
 	// reads it in step with its rows, without a map of every server.
 	list  []seenServer // not in summaries: no places
-	since int64    // Unix ns: polls older than it are not read
-	texts []string // the answer lines by interned id, without LF ("": 0)
+	since int64        // Unix ns: polls older than it are not read
+	texts []string     // the answer lines by interned id, without LF ("": 0)
 	srcs  map[pollAddr]string
 }
 
