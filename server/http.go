@@ -141,14 +141,26 @@ func cut[T any](rows []T, limit int) ([]T, bool) {
 	return rows[:limit:limit], true
 }
 
-func rowFor(r state.Resolution) api.ServerState {
+func rowFor(r state.Resolution) api.ServerState { return rowIn(r, nil) }
+
+// rowIn is rowFor with the row's Since, when it has one, appended to
+// *sinces (nil: allocated alone): a view's rows share one array instead
+// of an allocation each. An append that moves the array leaves the rows
+// before it pointing into the old one, which holds their times still.
+func rowIn(r state.Resolution, sinces *[]time.Time) api.ServerState {
 	row := api.ServerState{Backend: r.Backend, Server: r.Server, Source: string(r.Source),
 		Answer: r.Answer.String(), Withheld: r.Answer.Withheld, Valid: true, Kind: api.Kind(r.Kind())}
 	if !r.Answer.Withheld && r.Answer.Admin == state.Ready {
 		row.Weight = r.Answer.Weight
 	}
 	if since := r.Since(); !since.IsZero() {
-		row.Since = &since
+		if sinces == nil {
+			row.Since = new(time.Time)
+			*row.Since = since
+		} else {
+			*sinces = append(*sinces, since)
+			row.Since = &(*sinces)[len(*sinces)-1]
+		}
 	}
 	if rp := r.Ramp; rp != nil {
 		row.Ramping = &api.RampProgress{Target: rp.Target, WeightPercent: rp.Weight, Started: rp.Started, ETA: rp.ETA(),
@@ -231,8 +243,7 @@ func (h *httpAPI) viewAt(now time.Time, q listQuery, cluster bool, rowTold func(
 	if cluster {
 		sums, answers = h.o.Replica.PeerSummaries(SummaryArg{Selectors: q.sels, Counts: true})
 	}
-	polls := indexSummaries(sums)
-	polls.own = own
+	polls := indexSummaries(sums, own)
 	if cluster {
 		v.Scope = "cluster"
 		if over := polls.overlaps(); len(over) > 0 {
@@ -306,18 +317,19 @@ func (h *httpAPI) viewAt(now time.Time, q listQuery, cluster bool, rowTold func(
 	targets, cutServers := cut(targets, q.limit)
 	v.Servers = slices.Grow(v.Servers, len(targets))
 	var yield yielder
-	next := 0 // own.list, read in step with targets (both in cursor order)
+	seen, next := polls.list, 0 // read in step with targets (both in cursor order)
+	sinces := make([]time.Time, 0, len(targets))
 	for _, t := range targets {
 		yield.step()
-		row := rowFor(snap.Resolve(t.Backend, t.Server))
-		for next < len(own.list) && compareCursors(own.list[next].t, t) < 0 {
+		row := rowIn(snap.Resolve(t.Backend, t.Server), &sinces)
+		for next < len(seen) && seen[next].t != t && compareCursors(seen[next].t, t) < 0 {
 			next++
 		}
-		var mine *ownServer
-		if next < len(own.list) && own.list[next].t == t {
-			mine = &own.list[next]
+		var e *seenServer
+		if next < len(seen) && seen[next].t == t {
+			e = &seen[next]
 		}
-		polls.countRow(&row, t, mine, nowMs, rowTold)
+		polls.countRow(&row, e, nowMs, rowTold)
 		v.Servers = append(v.Servers, row)
 	}
 	if cutServers {
@@ -329,37 +341,21 @@ func (h *httpAPI) viewAt(now time.Time, q listQuery, cluster bool, rowTold func(
 }
 
 // polled returns, in cursor order, the servers some replica saw that an
-// HAProxy polls (a manual probe does not count: mergedPoll.fromHAProxy).
-// This replica's are its list's, in its order, and need no merge unless
-// a peer saw them too; the peers' alone are sorted.
-func (x summaryIndex) polled(nowMs int64) []state.Target {
-	var out []state.Target
-	if x.own != nil {
-		out = make([]state.Target, 0, len(x.own.list))
-		for _, e := range x.own.list {
-			from := e.fromHAProxy
-			if len(x.at[e.t]) > 0 {
-				from = x.fromHAProxy(e.t, nowMs)
-			}
-			if from {
-				out = append(out, e.t)
-			}
+// HAProxy polls (a manual probe does not count: mergedPoll.fromHAProxy):
+// the index's list, in its order. A server of this replica's list that
+// no peer saw takes what own read of it; the others are merged only
+// where two replicas saw a source in common (fromHAProxy).
+func (x *summaryIndex) polled(nowMs int64) []state.Target {
+	out := make([]state.Target, 0, len(x.list))
+	for i := range x.list {
+		e := &x.list[i]
+		from := e.n == 0 && e.sp != nil && e.fromHAProxy
+		if e.n > 0 {
+			from = x.fromHAProxy(e, nowMs)
 		}
-	}
-	// The peers' alone, each summary's in its order (cursor order): a
-	// server is taken at its first place in the summaries.
-	for i := range x.sums {
-		var peers []state.Target
-		for j, sv := range x.sums[i].Servers {
-			t := state.Target{Backend: sv.Backend, Server: sv.Server}
-			if refs := x.at[t]; len(refs) > 0 && refs[0] == (sumRef{int32(i), int32(j)}) && x.ownServer(t) == nil && x.fromHAProxy(t, nowMs) {
-				peers = append(peers, t)
-			}
+		if from {
+			out = append(out, e.t)
 		}
-		if !slices.IsSortedFunc(peers, compareCursors) {
-			slices.SortFunc(peers, compareCursors)
-		}
-		out = mergeTargets(out, peers)
 	}
 	return out
 }
@@ -388,15 +384,19 @@ func mergeTargets(a, b []state.Target) []state.Target {
 }
 
 // countRow sets row's polled and told counts, and when withheld what its
-// HAProxy nodes keep, and hands a ramping row to rowTold. mine is t's
-// entry in this replica's list (nil: none). A server no peer saw is
+// HAProxy nodes keep, and hands a ramping row to rowTold. e is the row's
+// server in the index (nil: no replica saw it). A server no peer saw is
 // counted from its kept counts under its lock, without a map; one a peer
 // saw as toldOf over the replicas (summaryIndex.told).
-func (x summaryIndex) countRow(row *api.ServerState, t state.Target, mine *ownServer, nowMs int64, rowTold func(api.ServerState, map[string]int)) {
+func (x *summaryIndex) countRow(row *api.ServerState, e *seenServer, nowMs int64, rowTold func(api.ServerState, map[string]int)) {
 	var told, kept tally
 	var toldBuf, keptBuf [4]textCount
 	told, kept = toldBuf[:0], keptBuf[:0]
-	refs := x.at[t]
+	var refs []sumRef
+	var mine *serverPolls // this replica's records of it
+	if e != nil {
+		refs, mine = x.places(e), e.sp
+	}
 	if c := x.onlyCounts(refs, mine); c != nil {
 		// One peer saw it and answered its counts: they are the row's.
 		s := &x.sums[refs[0].sum]
@@ -410,7 +410,7 @@ func (x summaryIndex) countRow(row *api.ServerState, t state.Target, mine *ownSe
 	} else if len(refs) == 0 {
 		if mine != nil {
 			var toldIDs, keptIDs [4]AnswerCount
-			sp := mine.sp
+			sp := mine
 			sp.mu.Lock()
 			c := sp.toldCounts(x.own.since, nowMs)
 			row.Polled = int(c.polled)
@@ -424,7 +424,7 @@ func (x summaryIndex) countRow(row *api.ServerState, t state.Target, mine *ownSe
 			}
 		}
 	} else {
-		all, byAnswer := x.told(t, nowMs)
+		all, byAnswer := x.told(e, nowMs)
 		row.Polled = all.polled
 		for answer, n := range all.answers {
 			told = told.add(answer, n)
@@ -443,9 +443,9 @@ func (x summaryIndex) countRow(row *api.ServerState, t state.Target, mine *ownSe
 }
 
 // onlyCounts is the counts a peer answered for a server that it alone
-// saw (refs, and mine: this replica's entry, nil when none), nil when
+// saw (refs, and mine: this replica's records, nil when none), nil when
 // the server is not such.
-func (x summaryIndex) onlyCounts(refs []sumRef, mine *ownServer) *ServerCounts {
+func (x *summaryIndex) onlyCounts(refs []sumRef, mine *serverPolls) *ServerCounts {
 	if mine != nil || len(refs) != 1 {
 		return nil
 	}

@@ -265,10 +265,10 @@ func TestPollersConcurrentRecordReadSweep(t *testing.T) {
 			_ = p.Summary(time.Time{}, SummaryArg{Selectors: []string{"be0[2-4]"}, Limit: 30})
 			_ = p.Summary(time.Time{}, SummaryArg{Selectors: []string{"be0[5-7]"}, Counts: true})
 			// /v1/state's read of its own table, in place.
-			x := summaryIndex{own: p.own(t0.Add(-time.Hour), time.Now().UnixMilli(), api.Filter{})}
-			for tgt := range x.servers() {
-				_, _ = x.told(tgt, time.Now().UnixMilli())
-				_ = x.fromHAProxy(tgt, time.Now().UnixMilli())
+			x := indexSummaries(nil, p.own(t0.Add(-time.Hour), time.Now().UnixMilli(), api.Filter{}))
+			for i := range x.list {
+				_, _ = x.told(&x.list[i], time.Now().UnixMilli())
+				_ = x.fromHAProxy(&x.list[i], time.Now().UnixMilli())
 			}
 			_ = p.Sightings(time.Time{}, time.Now())
 			_ = p.Backends(time.Time{})
@@ -299,17 +299,23 @@ func TestPollersConcurrentRecordReadSweep(t *testing.T) {
 	}
 	// Once still, the table read in place counts what its summary does.
 	since, nowMs := t0.Add(-time.Hour), time.Now().UnixMilli()
-	inPlace := summaryIndex{own: p.own(since, nowMs, api.Filter{})}
-	summed := indexSummaries([]PollSummary{p.summary(since, nowMs, SummaryArg{})})
-	for tgt := range summed.at {
-		a, ak := inPlace.told(tgt, nowMs)
-		b, bk := summed.told(tgt, nowMs)
+	inPlace := indexSummaries(nil, p.own(since, nowMs, api.Filter{}))
+	summed := indexSummaries([]PollSummary{p.summary(since, nowMs, SummaryArg{})}, nil)
+	for i := range summed.list {
+		tgt := summed.list[i].t
+		e := inPlace.find(tgt)
+		if e == nil {
+			t.Errorf("%v summarized, not in place", tgt)
+			continue
+		}
+		a, ak := inPlace.told(e, nowMs)
+		b, bk := summed.told(&summed.list[i], nowMs)
 		if a.polled != b.polled || fmt.Sprint(a.answers, ak) != fmt.Sprint(b.answers, bk) {
 			t.Errorf("%v in place: %d %v %v; summarized: %d %v %v", tgt, a.polled, a.answers, ak, b.polled, b.answers, bk)
 		}
 	}
-	if len(inPlace.own.list) != len(summed.at) {
-		t.Errorf("%d servers in place, %d summarized", len(inPlace.own.list), len(summed.at))
+	if len(inPlace.own.list) != len(summed.list) {
+		t.Errorf("%d servers in place, %d summarized", len(inPlace.own.list), len(summed.list))
 	}
 	// Sweeping while recording: a pair recorded after the cut survives.
 	var sw sync.WaitGroup

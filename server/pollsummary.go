@@ -685,10 +685,10 @@ func (m mergedPoll) polling(nowMs int64) bool {
 // failover) is one. (A view of a page merges only its servers:
 // summaryIndex.)
 func MergeSummaries(sums []PollSummary) map[state.Target][]mergedPoll {
-	x := indexSummaries(sums)
-	out := make(map[state.Target][]mergedPoll, len(x.at))
-	for t := range x.at {
-		out[t] = x.polls(t)
+	x := indexSummaries(sums, nil)
+	out := make(map[state.Target][]mergedPoll, len(x.list))
+	for i := range x.list {
+		out[x.list[i].t] = x.polls(&x.list[i])
 	}
 	return out
 }
@@ -696,9 +696,18 @@ func MergeSummaries(sums []PollSummary) map[state.Target][]mergedPoll {
 // summaryIndex finds each server's polls in several replicas' summaries
 // and merges a server's only when asked: a view of one page merges the
 // servers of the page, not the table.
+//
+// It is a list in cursor order of every server some replica saw, each
+// with its places in the summaries and its records in this replica's
+// table, made once a read by merging the summaries (each in cursor order:
+// a peer walks its index) with this replica's list (without summaries,
+// it is that list): a view reads it in step with its rows, and finds a
+// server's places once, not by a map look-up in each of the steps that
+// need them (no map, no slice per server).
 type summaryIndex struct {
 	sums []PollSummary
-	at   map[state.Target][]sumRef
+	list []seenServer
+	refs []sumRef // the places of list's servers (seenServer.at, n)
 	// own, when not nil, is this replica's table read in place
 	// (Pollers.own), beside the peers' summaries.
 	own *ownPolls
@@ -707,35 +716,136 @@ type summaryIndex struct {
 // sumRef is one server's place in the summaries: sums[sum].Servers[server].
 type sumRef struct{ sum, server int32 }
 
-func indexSummaries(sums []PollSummary) summaryIndex {
-	n := 0
-	for _, s := range sums {
-		n += len(s.Servers)
-	}
-	x := summaryIndex{sums: sums, at: make(map[state.Target][]sumRef, n)}
-	for i, s := range sums {
-		for j, sv := range s.Servers {
-			t := state.Target{Backend: sv.Backend, Server: sv.Server}
-			x.at[t] = append(x.at[t], sumRef{int32(i), int32(j)})
-		}
-	}
-	return x
+// seenServer is one server of summaryIndex.list: its places in the
+// summaries, refs[at:at+n] (in the summaries' order, as they come), and
+// its records in this replica's table (ownPolls.list).
+type seenServer struct {
+	t  state.Target
+	sp *serverPolls // nil: not in this replica's list, or not read in place
+	// fromHAProxy: one of sp's polls in the window counts as an
+	// HAProxy at the read's time (ownPolls.fromHAProxy, from its kept
+	// counts).
+	fromHAProxy bool
+	at, n       int32
 }
 
-// polls is MergeSummaries' answer for one server (nil: no replica saw it).
-func (x summaryIndex) polls(t state.Target) []mergedPoll {
-	refs := x.at[t]
+// maxSummaryRuns is the most runs in cursor order (summaryRuns) the index
+// merges in step; beyond it (summaries out of order) their places are
+// sorted instead.
+const maxSummaryRuns = 16
+
+// indexSummaries indexes sums beside own (nil: none).
+func indexSummaries(sums []PollSummary, own *ownPolls) summaryIndex {
+	x := summaryIndex{sums: sums, own: own}
+	var mine []seenServer
+	if own != nil {
+		mine = own.list
+	}
+	if len(sums) == 0 {
+		x.list = mine
+		return x
+	}
+	runs, n := x.summaryRuns()
+	x.refs = make([]sumRef, 0, n)
+	x.list = make([]seenServer, 0, max(n, len(mine)))
+	pos := make([]int, len(runs))
+	for {
+		// The least server at the heads of this replica's list and of
+		// the runs; then every place of it, the runs in their order.
+		var t state.Target
+		found := len(mine) > 0
+		if found {
+			t = mine[0].t
+		}
+		for r, run := range runs {
+			if pos[r] < len(run) {
+				if h := x.target(run[pos[r]]); !found || (h != t && compareCursors(h, t) < 0) {
+					t, found = h, true
+				}
+			}
+		}
+		if !found {
+			return x
+		}
+		e := seenServer{t: t}
+		if len(mine) > 0 && mine[0].t == t {
+			e, mine = mine[0], mine[1:]
+		}
+		e.at = int32(len(x.refs))
+		for r, run := range runs {
+			for pos[r] < len(run) && x.target(run[pos[r]]) == t {
+				x.refs = append(x.refs, run[pos[r]])
+				pos[r]++
+			}
+		}
+		e.n = int32(len(x.refs)) - e.at
+		x.list = append(x.list, e)
+	}
+}
+
+// summaryRuns returns the summaries' places, in their order, cut where
+// the next server's cursor is less than the last's: a peer's summary,
+// and its chunks one after another, are one run. Beyond maxSummaryRuns
+// (a summary out of order) they are one run, sorted (stably: the places
+// of one server keep their order). n is how many places.
+func (x *summaryIndex) summaryRuns() (runs [][]sumRef, n int) {
+	for _, s := range x.sums {
+		n += len(s.Servers)
+	}
+	all := make([]sumRef, 0, n)
+	start := 0
+	for i, s := range x.sums {
+		for j := range s.Servers {
+			r := sumRef{int32(i), int32(j)}
+			if len(all) > start && compareCursors(x.target(all[len(all)-1]), x.target(r)) > 0 {
+				runs = append(runs, all[start:])
+				start = len(all)
+			}
+			all = append(all, r)
+		}
+	}
+	if len(all) > start {
+		runs = append(runs, all[start:])
+	}
+	if len(runs) > maxSummaryRuns {
+		slices.SortStableFunc(all, func(a, b sumRef) int { return compareCursors(x.target(a), x.target(b)) })
+		runs = [][]sumRef{all}
+	}
+	return runs, n
+}
+
+// target is the server at r.
+func (x *summaryIndex) target(r sumRef) state.Target {
+	sv := &x.sums[r.sum].Servers[r.server]
+	return state.Target{Backend: sv.Backend, Server: sv.Server}
+}
+
+// places is e's places in the summaries.
+func (x *summaryIndex) places(e *seenServer) []sumRef { return x.refs[e.at : e.at+e.n] }
+
+// find is t's entry in the list (nil: no replica saw it).
+func (x *summaryIndex) find(t state.Target) *seenServer {
+	i, ok := slices.BinarySearchFunc(x.list, t, func(e seenServer, t state.Target) int { return compareCursors(e.t, t) })
+	if !ok {
+		return nil
+	}
+	return &x.list[i]
+}
+
+// polls is MergeSummaries' answer for one server.
+func (x *summaryIndex) polls(e *seenServer) []mergedPoll {
+	refs := x.places(e)
 	n := 0
 	for _, r := range refs {
 		n += len(x.sums[r.sum].Servers[r.server].Polls)
 	}
 	m := make([]mergedPoll, 0, n)
 	seen := len(refs)
-	if sp := x.ownServer(t); sp != nil {
+	if e.sp != nil {
 		// This replica's first: of two polls as recent, the first
 		// counts (foldSources), as when this replica was a summary
 		// before its peers'.
-		m = x.own.merged(m, sp)
+		m = x.own.merged(m, e.sp)
 		seen++
 	}
 	for _, r := range refs {
@@ -750,42 +860,12 @@ func (x summaryIndex) polls(t state.Target) []mergedPoll {
 	return m
 }
 
-// ownServer is t's records in this replica's table (nil: none, or not
-// read in place).
-func (x summaryIndex) ownServer(t state.Target) *serverPolls {
-	if x.own == nil {
-		return nil
-	}
-	if e := x.own.server(t); e != nil {
-		return e.sp
-	}
-	return nil
-}
-
-// servers yields every server some replica saw, once.
-func (x summaryIndex) servers() iter.Seq[state.Target] {
-	return func(yield func(state.Target) bool) {
-		if x.own != nil {
-			for _, e := range x.own.list {
-				if !yield(e.t) {
-					return
-				}
-			}
-		}
-		for t := range x.at {
-			if x.ownServer(t) == nil && !yield(t) {
-				return
-			}
-		}
-	}
-}
-
-// seq yields t's merged polls; a server that one replica saw is read
+// seq yields e's merged polls; a server that one replica saw is read
 // from its summary as it stands, without a copy.
-func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
-	refs := x.at[t]
-	if len(refs) != 1 || x.ownServer(t) != nil {
-		return slices.Values(x.polls(t))
+func (x *summaryIndex) seq(e *seenServer) iter.Seq[mergedPoll] {
+	refs := x.places(e)
+	if len(refs) != 1 || e.sp != nil {
+		return slices.Values(x.polls(e))
 	}
 	s := &x.sums[refs[0].sum]
 	return func(yield func(mergedPoll) bool) {
@@ -797,32 +877,31 @@ func (x summaryIndex) seq(t state.Target) iter.Seq[mergedPoll] {
 	}
 }
 
-// told is toldOf over t's merged polls, without the answers by HAProxy.
-// When the replicas that saw t saw it from different sources (apart), a
+// told is toldOf over e's merged polls, without the answers by HAProxy.
+// When the replicas that saw it saw it from different sources (apart), a
 // source's polls are on one replica only and merging them changes
 // nothing: each replica's are counted alone, by the summary's answer
 // indexes or the counts it sent (no map operation per poll), and added.
-func (x summaryIndex) told(t state.Target, nowMs int64) (toldAnswers, map[string]int) {
-	if !x.apart(t) {
-		return toldOf(x.seq(t), nowMs, false)
+func (x *summaryIndex) told(e *seenServer, nowMs int64) (toldAnswers, map[string]int) {
+	if !x.apart(e) {
+		return toldOf(x.seq(e), nowMs, false)
 	}
 	told, kept := toldAnswers{answers: map[string]int{}}, map[string]int{}
-	for _, r := range x.at[t] {
+	for _, r := range x.places(e) {
 		x.sums[r.sum].addTold(r.server, nowMs, &told, kept)
 	}
-	if own := x.ownServer(t); own != nil {
-		x.own.addTold(own, nowMs, &told, kept)
+	if e.sp != nil {
+		x.own.addTold(e.sp, nowMs, &told, kept)
 	}
 	return told, kept
 }
 
-// apart reports whether t's polls need no merging: one replica saw it,
+// apart reports whether e's polls need no merging: one replica saw it,
 // or its peers answered counts and overlaps found no source in two
 // replicas (the view asks for the polls of the servers it found).
-func (x summaryIndex) apart(t state.Target) bool {
-	refs := x.at[t]
-	own := x.ownServer(t)
-	if len(refs)+b2i(own != nil) <= 1 {
+func (x *summaryIndex) apart(e *seenServer) bool {
+	refs := x.places(e)
+	if len(refs)+b2i(e.sp != nil) <= 1 {
 		return true
 	}
 	for _, r := range refs {
@@ -904,12 +983,13 @@ func (s *PollSummary) sources(i int32) iter.Seq[string] {
 // overlaps returns the servers that a peer answered as counts and that
 // a source polled through two replicas: their polls must be merged, and
 // the view asks the peers for them (detail).
-func (x summaryIndex) overlaps() []state.Target {
+func (x *summaryIndex) overlaps() []state.Target {
 	var out []state.Target
 	seen := map[string]int{} // source: the replica it was seen through
-	for t, refs := range x.at {
-		own := x.ownServer(t)
-		if len(refs)+b2i(own != nil) <= 1 || !x.apart(t) {
+	for i := range x.list {
+		e := &x.list[i]
+		refs := x.places(e)
+		if len(refs)+b2i(e.sp != nil) <= 1 || !x.apart(e) {
 			continue
 		}
 		clear(seen)
@@ -928,15 +1008,15 @@ func (x summaryIndex) overlaps() []state.Target {
 				}
 			}
 		}
-		if own != nil && !over {
-			for _, src := range x.own.sources(own) {
+		if e.sp != nil && !over {
+			for _, src := range x.own.sources(e.sp) {
 				if !add(len(refs), src) {
 					break
 				}
 			}
 		}
 		if over {
-			out = append(out, t)
+			out = append(out, e.t)
 		}
 	}
 	return out
@@ -946,18 +1026,24 @@ func (x summaryIndex) overlaps() []state.Target {
 // polls in detail (the peers' answers to a SummaryArg without Counts); a
 // peer that did not answer it counts for nothing there.
 func (x *summaryIndex) detail(over []state.Target, detail []PollSummary) {
-	want := make(map[state.Target]bool, len(over))
+	want := make(map[state.Target][]sumRef, len(over))
 	for _, t := range over {
-		want[t] = true
-		x.at[t] = nil
+		want[t] = nil
 	}
 	base := int32(len(x.sums))
 	x.sums = append(x.sums, detail...)
 	for i, s := range detail {
 		for j, sv := range s.Servers {
-			if t := (state.Target{Backend: sv.Backend, Server: sv.Server}); want[t] && sv.Counts == nil {
-				x.at[t] = append(x.at[t], sumRef{base + int32(i), int32(j)})
+			t := state.Target{Backend: sv.Backend, Server: sv.Server}
+			if refs, ok := want[t]; ok && sv.Counts == nil {
+				want[t] = append(refs, sumRef{base + int32(i), int32(j)})
 			}
+		}
+	}
+	for _, t := range over {
+		if e := x.find(t); e != nil {
+			e.at, e.n = int32(len(x.refs)), int32(len(want[t]))
+			x.refs = append(x.refs, want[t]...)
 		}
 	}
 }
@@ -968,20 +1054,19 @@ func (s *PollSummary) merged(p SourcePoll) mergedPoll {
 		Kept: s.Answers[p.Kept], Count: p.Count, LastMs: p.LastMs}
 }
 
-// fromHAProxy reports whether any source of t counts as an HAProxy at
+// fromHAProxy reports whether any source of e counts as an HAProxy at
 // nowMs (mergedPoll.fromHAProxy), merging only a server whose replicas
 // saw a source in common (apart).
-func (x summaryIndex) fromHAProxy(t state.Target, nowMs int64) bool {
-	if x.apart(t) {
-		for _, r := range x.at[t] {
+func (x *summaryIndex) fromHAProxy(e *seenServer, nowMs int64) bool {
+	if x.apart(e) {
+		for _, r := range x.places(e) {
 			if x.sums[r.sum].fromHAProxy(r.server, nowMs) {
 				return true
 			}
 		}
-		own := x.ownServer(t)
-		return own != nil && x.own.fromHAProxy(own, nowMs)
+		return e.sp != nil && x.own.fromHAProxy(e.sp, nowMs)
 	}
-	for _, p := range x.polls(t) {
+	for _, p := range x.polls(e) {
 		if p.fromHAProxy(nowMs) {
 			return true
 		}
@@ -1027,19 +1112,10 @@ type ownPolls struct {
 	// list is the servers f selects with a poll in the window, in cursor
 	// order (the walk's): a view merges it with the keyed servers and
 	// reads it in step with its rows, without a map of every server.
-	list  []ownServer
-	since int64    // Unix ns: polls older than it are not read
-	texts []string // the answer lines by interned id, without LF ("": 0)
+	list  []seenServer // not in summaries: no places
+	since int64        // Unix ns: polls older than it are not read
+	texts []string     // the answer lines by interned id, without LF ("": 0)
 	srcs  map[pollAddr]string
-}
-
-// ownServer is one server of ownPolls.list.
-type ownServer struct {
-	t  state.Target
-	sp *serverPolls
-	// fromHAProxy: one of its polls in the window counts as an HAProxy
-	// at the read's time (ownPolls.fromHAProxy, from its kept counts).
-	fromHAProxy bool
 }
 
 // own returns the servers f selects that were asked about since since,
@@ -1058,7 +1134,7 @@ func (p *Pollers) own(since time.Time, nowMs int64, f api.Filter) *ownPolls {
 		o.texts[id] = lineText(t, uint16(id))
 	}
 	if f.All() {
-		o.list = make([]ownServer, 0, len(p.sorted()))
+		o.list = make([]seenServer, 0, len(p.sorted()))
 	}
 	// The walk visits each server once, in key order, which is the
 	// cursors' (its backend is the key up to its first "/"): the list is
@@ -1069,20 +1145,11 @@ func (p *Pollers) own(since time.Time, nowMs int64, f api.Filter) *ownPolls {
 		recent, fromHAProxy := c.sources.Value() != "", c.fromHAProxy // a source in the window: a poll in it
 		sp.mu.Unlock()
 		if recent {
-			o.list = append(o.list, ownServer{t: state.Target{Backend: b, Server: s}, sp: sp, fromHAProxy: fromHAProxy})
+			o.list = append(o.list, seenServer{t: state.Target{Backend: b, Server: s}, sp: sp, fromHAProxy: fromHAProxy})
 		}
 		return true
 	})
 	return o
-}
-
-// server is t's entry in the list (nil: none).
-func (o *ownPolls) server(t state.Target) *ownServer {
-	i, ok := slices.BinarySearchFunc(o.list, t, func(e ownServer, t state.Target) int { return compareCursors(e.t, t) })
-	if !ok {
-		return nil
-	}
-	return &o.list[i]
 }
 
 // text is the answer line id without its LF ("" for 0).

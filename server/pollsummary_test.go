@@ -87,7 +87,7 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 		}
 		wantTold, wantKept := oracleTold(all, now)
 		merged := MergeSummaries(sums)
-		x := indexSummaries(sums)
+		x := indexSummaries(sums, nil)
 		for tgt, m := range merged {
 			told, kept := toldOf(slices.Values(m), now.UnixMilli(), true)
 			if len(wantTold[tgt]) == 0 && told.polled == 0 {
@@ -101,7 +101,7 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 			}
 			// The counts /v1/state takes (without the answers by
 			// HAProxy) agree, by index or not.
-			fast, fastKept := x.told(tgt, now.UnixMilli())
+			fast, fastKept := x.told(x.find(tgt), now.UnixMilli())
 			if fast.polled != told.polled || fmt.Sprint(fast.answers) != fmt.Sprint(told.answers) || fmt.Sprint(fastKept) != fmt.Sprint(kept) {
 				t.Fatalf("seed %d: %v counted %d %v keeping %v, merged %d %v keeping %v", seed, tgt, fast.polled, fast.answers, fastKept, told.polled, told.answers, kept)
 			}
@@ -109,10 +109,11 @@ func TestMergeSummariesAgreesWithMergePolls(t *testing.T) {
 		// One replica's summary alone: the counts by index agree
 		// with the counts over its polls.
 		for _, one := range sums {
-			x := indexSummaries([]PollSummary{one})
-			for tgt := range x.at {
-				told, kept := toldOf(x.seq(tgt), now.UnixMilli(), false)
-				fast, fastKept := x.told(tgt, now.UnixMilli())
+			x := indexSummaries([]PollSummary{one}, nil)
+			for i := range x.list {
+				tgt := x.list[i].t
+				told, kept := toldOf(x.seq(&x.list[i]), now.UnixMilli(), false)
+				fast, fastKept := x.told(&x.list[i], now.UnixMilli())
 				if fast.polled != told.polled || fmt.Sprint(fast.answers) != fmt.Sprint(told.answers) || fmt.Sprint(fastKept) != fmt.Sprint(kept) {
 					t.Fatalf("seed %d: %v alone counted %d %v keeping %v, over its polls %d %v keeping %v", seed, tgt, fast.polled, fast.answers, fastKept, told.polled, told.answers, kept)
 				}
@@ -317,8 +318,7 @@ func TestViewCountsAgreeWithMergePolls(t *testing.T) {
 		for _, p := range reps[1:] {
 			sums = append(sums, roundTrip(t, p.summary(since, now.UnixMilli(), SummaryArg{Counts: true})))
 		}
-		x := indexSummaries(sums)
-		x.own = reps[0].own(since, now.UnixMilli(), api.Filter{})
+		x := indexSummaries(sums, reps[0].own(since, now.UnixMilli(), api.Filter{}))
 		over := x.overlaps()
 		if apart && len(over) > 0 {
 			t.Fatalf("seed %d: replicas polled by different sources, yet %v overlap", seed, over)
@@ -339,14 +339,18 @@ func TestViewCountsAgreeWithMergePolls(t *testing.T) {
 			}
 			x.detail(over, detail)
 		}
-		merged := indexSummaries(full)
+		merged := indexSummaries(full, nil)
 		wantTold, wantKept := oracleTold(all, now)
-		servers := slices.Collect(x.servers())
-		if len(servers) != len(merged.at) {
-			t.Fatalf("seed %d: %d servers seen, merging every poll %d", seed, len(servers), len(merged.at))
+		if len(x.list) != len(merged.list) {
+			t.Fatalf("seed %d: %d servers seen, merging every poll %d", seed, len(x.list), len(merged.list))
 		}
-		for _, tgt := range servers {
-			told, kept := x.told(tgt, now.UnixMilli())
+		for i := range x.list {
+			e := &x.list[i]
+			tgt := e.t
+			if m := merged.find(tgt); m == nil || m != &merged.list[i] {
+				t.Fatalf("seed %d: %v seen at %d, not so merging every poll", seed, tgt, i)
+			}
+			told, kept := x.told(e, now.UnixMilli())
 			want := map[string]int{}
 			for _, a := range wantTold[tgt] {
 				want[a]++
@@ -355,9 +359,9 @@ func TestViewCountsAgreeWithMergePolls(t *testing.T) {
 				t.Fatalf("seed %d: %v polled %d told %v, merging every poll %d %v", seed, tgt, told.polled, told.answers, len(wantTold[tgt]), want)
 			}
 			if fmt.Sprint(kept) != fmt.Sprint(wantKept[tgt]) && !(len(kept) == 0 && len(wantKept[tgt]) == 0) {
-				t.Fatalf("seed %d: %v keeps %v, merging every poll %v (overlap %v, refs %v, own %v, apart %v)", seed, tgt, kept, wantKept[tgt], slices.Contains(over, tgt), x.at[tgt], x.ownServer(tgt) != nil, x.apart(tgt))
+				t.Fatalf("seed %d: %v keeps %v, merging every poll %v (overlap %v, refs %v, own %v, apart %v)", seed, tgt, kept, wantKept[tgt], slices.Contains(over, tgt), x.places(e), e.sp != nil, x.apart(e))
 			}
-			if got, want := x.fromHAProxy(tgt, now.UnixMilli()), merged.fromHAProxy(tgt, now.UnixMilli()); got != want {
+			if got, want := x.fromHAProxy(e, now.UnixMilli()), merged.fromHAProxy(&merged.list[i], now.UnixMilli()); got != want {
 				t.Fatalf("seed %d: %v from HAProxy %v, merging every poll %v", seed, tgt, got, want)
 			}
 		}

@@ -33,7 +33,7 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 	ages := []time.Duration{0, time.Second, api.ProbeGrace - time.Millisecond, api.ProbeGrace, api.PollerTTL, api.PollerTTL + time.Millisecond,
 		2 * time.Minute, PollerWindow - time.Millisecond, PollerWindow + time.Millisecond}
 	values := []string{"drain", "maint", "50%", "300%", `{"state":"drain","reason":"<zonal>","by":"alice"}`, "ready", "nonsense"}
-	checked, ramping, overlapped, kept := 0, 0, 0, 0
+	checked, ramping, overlapped, kept, chunked, shuffled := 0, 0, 0, 0, 0, 0
 	for seed := range uint64(50) {
 		rng := rand.New(rand.NewPCG(seed, 48))
 		server := func() string { return backends[rng.IntN(len(backends))] + "/s" + fmt.Sprint(rng.IntN(6)) }
@@ -93,6 +93,16 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 		if rng.IntN(6) == 0 {
 			peers.down = 1
 		}
+		// The peers answer in chunks (as PeerSummaries asks), or out
+		// of cursor order, which no release sends but the view takes.
+		switch rng.IntN(4) {
+		case 1:
+			peers.chunk = 1 + rng.IntN(8)
+		case 2:
+			peers.shuffle = rand.New(rand.NewPCG(seed, 7))
+		}
+		chunked += b2i(peers.chunk > 0)
+		shuffled += b2i(peers.shuffle != nil)
 		h := &httpAPI{o: HTTPOptions{Replica: peers, Pollers: reps[0], NodeID: "n1"}}
 		for round := range 6 {
 			q := listQuery{limit: 1 + rng.IntN(40)}
@@ -165,10 +175,11 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 			}
 		}
 	}
-	if checked < 1000 || ramping < 20 || overlapped == 0 || kept < 30 {
-		t.Fatalf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept: the random views test too little", checked, ramping, overlapped, kept)
+	if checked < 1000 || ramping < 20 || overlapped == 0 || kept < 30 || chunked < 5 || shuffled < 5 {
+		t.Fatalf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled: the random views test too little",
+			checked, ramping, overlapped, kept, chunked, shuffled)
 	}
-	t.Logf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept", checked, ramping, overlapped, kept)
+	t.Logf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled", checked, ramping, overlapped, kept, chunked, shuffled)
 }
 
 // mergedRows is what the view's servers are by merging every poll of
@@ -182,7 +193,10 @@ func mergedRows(t *testing.T, h *httpAPI, now time.Time, q listQuery, cluster bo
 	since, nowMs := now.Add(-PollerWindow), now.UnixMilli()
 	sums := []PollSummary{roundTrip(t, h.o.Pollers.summary(since, nowMs, SummaryArg{Selectors: q.sels}))}
 	if cluster {
-		peers, _ := h.o.Replica.PeerSummaries(SummaryArg{Selectors: q.sels})
+		// Whole and in order, whatever the view was answered.
+		r := *h.o.Replica.(*peersReplica)
+		r.chunk, r.shuffle = 0, nil
+		peers, _ := r.PeerSummaries(SummaryArg{Selectors: q.sels})
 		sums = append(sums, peers...)
 	}
 	merged := MergeSummaries(sums)
@@ -262,13 +276,17 @@ func cmpStrings(a, b string) int {
 
 // peersReplica is lonelyReplica with peers: each answers a poll-summary
 // from its table at now, through the wire form; the first down of them
-// does not answer.
+// does not answer. With chunk, each answers in chunks of at most chunk
+// (SummaryArg.Limit), one summary each; with shuffle, each summary's
+// servers come in an order shuffle draws.
 type peersReplica struct {
 	lonelyReplica
-	t     *testing.T
-	now   time.Time
-	peers []*Pollers
-	down  int // how many of the peers, from the first, do not answer
+	t       *testing.T
+	now     time.Time
+	peers   []*Pollers
+	down    int // how many of the peers, from the first, do not answer
+	chunk   int
+	shuffle *rand.Rand
 }
 
 func (r *peersReplica) PeerSummaries(q SummaryArg) ([]PollSummary, []api.ReplicaAnswer) {
@@ -280,7 +298,19 @@ func (r *peersReplica) PeerSummaries(q SummaryArg) ([]PollSummary, []api.Replica
 			answers = append(answers, api.ReplicaAnswer{ID: id, Error: "connection refused"})
 			continue
 		}
-		sums = append(sums, roundTrip(r.t, p.summary(r.now.Add(-PollerWindow), r.now.UnixMilli(), q)))
+		q := q
+		q.Limit = r.chunk
+		for {
+			sum := roundTrip(r.t, p.summary(r.now.Add(-PollerWindow), r.now.UnixMilli(), q))
+			if r.shuffle != nil {
+				r.shuffle.Shuffle(len(sum.Servers), func(i, j int) { sum.Servers[i], sum.Servers[j] = sum.Servers[j], sum.Servers[i] })
+			}
+			sums = append(sums, sum)
+			if sum.Next == "" {
+				break
+			}
+			q.After = sum.Next
+		}
 		answers = append(answers, api.ReplicaAnswer{ID: id, Answered: true})
 	}
 	return sums, answers
