@@ -176,6 +176,8 @@ func TestPollsAnswerOutOfFormReadByEncodingJSON(t *testing.T) {
 		{`{"polls":[` + bytesReplace(p, `"withheld":false`, `"withheld":true,"kept":"drain"`) + `],"total":1}`, true},
 		{`{"polls":[` + bytesReplace(p, `"withheld":false`, `"withheld":null`) + `],"total":1}`, false},
 		{`{"polls":[` + bytesReplace(p, `"withheld":false`, `"withheld":falsey`) + `],"total":1}`, false},
+		{`{"polls":[` + bytesReplace(p, `"withheld":false`, `"withheld":`) + `],"total":1}`, false},
+		{`{"polls":[` + bytesReplace(p, `"withheld":false`, `"withheld":true`) + `],"total":1}`, true},
 		{`{"polls":[` + bytesReplace(p, `web`, `w\u0065b`) + `],"total":1}`, false},
 		{`{"polls":[` + bytesReplace(p, `web`, "w\xffb") + `],"total":1}`, false},
 		{`{"polls":[` + bytesReplace(p, `web`, "w\tb") + `],"total":1}`, false},
