@@ -88,13 +88,7 @@ func AppendRowJSON(b []byte, r *ServerState, depth int) []byte {
 // jsonField appends a field's name (a plain one: no escaping) after the
 // previous field's comma, when not the first, and its indentation.
 func jsonField(b []byte, indent, name string, comma bool) []byte {
-	if comma {
-		b = append(b, ',')
-	}
-	b = append(b, indent...)
-	b = append(b, '"')
-	b = append(b, name...)
-	return append(b, "\": "...)
+	return pollField(b, indent, ": ", name, comma)
 }
 
 func optString(b []byte, indent, name, s string) []byte {

@@ -668,7 +668,7 @@ func (h *httpAPI) pollers(w http.ResponseWriter, r *http.Request) {
 	if v.Truncated {
 		v.Next = api.PollCursor(v.Pollers[len(v.Pollers)-1])
 	}
-	writeJSON(w, http.StatusOK, v)
+	writePollersView(w, v)
 }
 
 // haproxies is /v1/haproxies: the cluster's record of which HAProxy nodes

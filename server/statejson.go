@@ -21,23 +21,32 @@ import (
 
 // writeStateView writes v as the body of a 200 answer.
 func writeStateView(w http.ResponseWriter, v api.StateView) {
-	rows := v.Servers
-	if len(rows) == 0 {
-		writeJSON(w, http.StatusOK, v)
-		return
-	}
-	v.Servers = []api.ServerState{}
-	var head bytes.Buffer
-	enc := json.NewEncoder(&head)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	rows, empty := v.Servers, v
+	empty.Servers = []api.ServerState{}
 	// "servers" is the third field, after a string and a bool: its
 	// empty list is the first line of this form.
-	const list = "\n  \"servers\": ["
-	at := bytes.Index(head.Bytes(), []byte(list+"]"))
+	writeIndentedList(w, v, empty, "\n  \"servers\": [", len(rows), func(b []byte, i int) []byte {
+		return api.AppendRowJSON(b, &rows[i], 2)
+	})
+}
+
+// writeIndentedList writes v as the body of a 200 answer, as writeJSON
+// writes it: empty (v with its list of n rows empty) as writeJSON writes
+// it, with the rows spliced in where the first "list]" stands (list: the
+// list's field, `\n  "name": [`), each appended by row at depth 2. A
+// view without rows, or whose empty form holds no such line, is written
+// by writeJSON alone.
+func writeIndentedList(w http.ResponseWriter, v, empty any, list string, n int, row func(b []byte, i int) []byte) {
+	var head bytes.Buffer
+	at := -1
+	if n > 0 {
+		enc := json.NewEncoder(&head)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(empty)
+		at = bytes.Index(head.Bytes(), []byte(list+"]"))
+	}
 	if at < 0 {
-		v.Servers = rows
-		writeJSON(w, http.StatusOK, v) // not that form: encoding/json alone
+		writeJSON(w, http.StatusOK, v)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -46,13 +55,13 @@ func writeStateView(w http.ResponseWriter, v api.StateView) {
 	_, _ = bw.Write(head.Bytes()[:at+len(list)])
 	buf := make([]byte, 0, 2048)
 	var yield yielder
-	for i := range rows {
+	for i := range n {
 		buf = buf[:0]
 		if i > 0 {
 			buf = append(buf, ',')
 		}
 		buf = append(buf, "\n    "...)
-		buf = api.AppendRowJSON(buf, &rows[i], 2)
+		buf = row(buf, i)
 		_, _ = bw.Write(buf)
 		yield.step()
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http/httptest"
 	"reflect"
@@ -32,19 +33,25 @@ func TestStateViewJSONIsWriteJSONs(t *testing.T) {
 			want, got := httptest.NewRecorder(), httptest.NewRecorder()
 			writeJSON(want, 200, v)
 			writeStateView(got, v)
-			if !bytes.Equal(got.Body.Bytes(), want.Body.Bytes()) {
-				a, b := got.Body.Bytes(), want.Body.Bytes()
-				i := 0
-				for i < min(len(a), len(b)) && a[i] == b[i] {
-					i++
-				}
-				t.Fatalf("%d rows, round %d: bodies differ at byte %d:\n got  %q\n want %q", n, round, i,
-					a[max(i-120, 0):min(i+80, len(a))], b[max(i-120, 0):min(i+80, len(b))])
-			}
-			if got.Code != want.Code || got.Header().Get("Content-Type") != want.Header().Get("Content-Type") {
-				t.Fatalf("answer %d %q, want %d %q", got.Code, got.Header().Get("Content-Type"), want.Code, want.Header().Get("Content-Type"))
-			}
+			sameAnswer(t, fmt.Sprintf("%d rows, round %d", n, round), got, want)
 		}
+	}
+}
+
+// sameAnswer fails t unless got is want byte for byte (status, content
+// type, body), saying where the bodies differ.
+func sameAnswer(t *testing.T, what string, got, want *httptest.ResponseRecorder) {
+	t.Helper()
+	if a, b := got.Body.Bytes(), want.Body.Bytes(); !bytes.Equal(a, b) {
+		i := 0
+		for i < min(len(a), len(b)) && a[i] == b[i] {
+			i++
+		}
+		t.Fatalf("%s: bodies differ at byte %d:\n got  %q\n want %q", what, i,
+			a[max(i-120, 0):min(i+80, len(a))], b[max(i-120, 0):min(i+80, len(b))])
+	}
+	if got.Code != want.Code || got.Header().Get("Content-Type") != want.Header().Get("Content-Type") {
+		t.Fatalf("%s: answer %d %q, want %d %q", what, got.Code, got.Header().Get("Content-Type"), want.Code, want.Header().Get("Content-Type"))
 	}
 }
 
@@ -65,8 +72,11 @@ func randomRow(r *rand.Rand) api.ServerState {
 func randomValue(r *rand.Rand, v reflect.Value) {
 	switch v.Interface().(type) {
 	case time.Time:
-		zones := []*time.Location{time.UTC, time.FixedZone("", -7*3600), time.FixedZone("X", 5*3600+1800)}
+		zones := []*time.Location{time.UTC, time.FixedZone("", -7*3600), time.FixedZone("X", 5*3600+1800), time.Local}
 		t := time.Unix(r.Int64N(4e9), r.Int64N(1e9)*int64(r.IntN(2))).In(zones[r.IntN(len(zones))])
+		if r.IntN(8) == 0 {
+			t = time.Time{} // "0001-01-01T00:00:00Z"
+		}
 		v.Set(reflect.ValueOf(t))
 		return
 	}
@@ -77,6 +87,8 @@ func randomValue(r *rand.Rand, v reflect.Value) {
 		v.SetBool(r.IntN(2) == 0)
 	case reflect.Int:
 		v.SetInt(int64(r.IntN(2001) - 1000))
+	case reflect.Uint64:
+		v.SetUint([]uint64{0, 1, 12345, math.MaxUint32, math.MaxUint64}[r.IntN(5)])
 	case reflect.Slice:
 		n := r.IntN(4)
 		sl := reflect.MakeSlice(v.Type(), n, n)
@@ -96,7 +108,7 @@ func randomValue(r *rand.Rand, v reflect.Value) {
 			randomValue(r, v.Field(i))
 		}
 	default:
-		panic(fmt.Sprintf("randomValue: a %s field: teach api.AppendRowJSON and this test its encoding", v.Type()))
+		panic(fmt.Sprintf("randomValue: a %s field: teach api.AppendRowJSON (api.AppendPollJSON) and this test its encoding", v.Type()))
 	}
 }
 
