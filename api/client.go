@@ -105,7 +105,7 @@ func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView,
 		p := "/v1/state?" + v.Encode()
 		var pv StateView
 		err := c.get(ctx, p, func(body io.Reader) error {
-			b, err := io.ReadAll(body)
+			b, err := readBody(body)
 			if err != nil {
 				// As before: what json.Decoder makes of the body up to
 				// the error (a value complete before it is read).
