@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
@@ -62,6 +63,16 @@ func jsonView(body []byte) (StateView, error) {
 	return v, err
 }
 
+// split cuts b where readChunks would, in chunks of 200 bytes to 20 kB.
+func split(rng *rand.Rand, b []byte) [][]byte {
+	first := 200 + rng.IntN(20_000)
+	chunks, err := readChunks(bytes.NewReader(b), first, first)
+	if err != nil {
+		panic(err)
+	}
+	return chunks
+}
+
 // A replica's /v1/state is read by hand (readStateView takes it) into
 // what encoding/json reads from it, on random rows (every field, escapes,
 // invalid UTF-8, times in four zones, rows without kind); and every body
@@ -93,16 +104,31 @@ func TestReadStateViewIsEncodingJSONs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, ok := readStateView(body)
+		// In chunks that hold a row or more (a row is read from one
+		// chunk), and in chunks that do not (rows across chunks, left
+		// to encoding/json).
+		first := 2048 + rng.IntN(4096)
+		chunks, err := readChunks(bytes.NewReader(body), first, first*(1+rng.IntN(3)))
+		if err != nil || !bytes.Equal(bytes.Join(chunks, nil), body) {
+			t.Fatalf("round %d (seed %d): readChunks reads %d chunks (%v), not the body", round, seed, len(chunks), err)
+		}
+		got, ok := readStateView(chunks)
 		if !ok {
-			t.Fatalf("round %d (seed %d): readStateView leaves a replica's answer to encoding/json:\n%.2000s", round, seed, body)
+			t.Fatalf("round %d (seed %d): readStateView leaves a replica's answer in %d chunks to encoding/json:\n%.2000s", round, seed, len(chunks), body)
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("round %d (seed %d): readStateView reads\n%+v\nencoding/json\n%+v", round, seed, got, want)
 		}
+		small, err := readChunks(iotest.HalfReader(bytes.NewReader(body)), 1+rng.IntN(300), 1+rng.IntN(600))
+		if err != nil || !bytes.Equal(bytes.Join(small, nil), body) {
+			t.Fatalf("round %d (seed %d): readChunks reads %d small chunks (%v), not the body", round, seed, len(small), err)
+		}
+		if got, err := decodeState(small); err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("round %d (seed %d): in %d small chunks, decodeState reads\n%+v (%v)\nencoding/json\n%+v", round, seed, len(small), got, err, want)
+		}
 		// A second servers replaces the first, as encoding/json reads it.
 		twice := append(bytes.TrimSuffix(bytes.Clone(body), []byte("\n}\n")), ",\n  \"servers\": []\n}\n"...)
-		if got, err := decodeState(twice); err != nil || len(got.Servers) != 0 {
+		if got, err := decodeState([][]byte{twice}); err != nil || len(got.Servers) != 0 {
 			t.Fatalf("round %d (seed %d): a body with a second, empty servers reads %d rows (%v), encoding/json none", round, seed, len(got.Servers), err)
 		}
 		for range 30 {
@@ -119,7 +145,7 @@ func TestReadStateViewIsEncodingJSONs(t *testing.T) {
 				bad = append(bad[:i:i], append([]byte(`,"servers": [], "polled": 1`), bad[i:]...)...)
 			}
 			want, werr := jsonView(bad)
-			got, gerr := decodeState(bad)
+			got, gerr := decodeState(split(rng, bad))
 			if (werr == nil) != (gerr == nil) || (werr != nil && werr.Error() != gerr.Error()) {
 				t.Fatalf("round %d (seed %d): a changed body fails with %v, encoding/json with %v:\n%s", round, seed, gerr, werr, bad)
 			}
