@@ -181,16 +181,20 @@ func readStateView(chunks [][]byte) (StateView, bool) {
 // rowReader reads a row as AppendRowJSON writes it at depth 2.
 type rowReader struct {
 	jsonstr.Reader
-	// last is, per string field (a slot), the previous row's value and
-	// its JSON text (quotes and escapes) in B: a value whose text is the
-	// same is the same string, not a new one. Most fields repeat from
-	// one row to the next (a backend's name over its servers, "absent",
-	// "ready 100%", "ready", a reason given to many): 10,000 rows were
-	// some 40,000 strings, most of them equal to the one before.
-	last [slots]struct {
-		text []byte
-		s    string
-	}
+	// last is, per string field (a slot), the two values last read, the
+	// latest first, each with its JSON text (quotes and escapes) in the
+	// body: a value whose text is one of them is that string, not a new
+	// one. Most fields repeat from one row to the next, or alternate (a
+	// backend's name over its servers, "absent" and a key, "ready 100%"
+	// and "drain", a reason given to many): 10,000 rows were some 40,000
+	// strings, most of them equal to one of the two before.
+	last [slots][2]interned
+}
+
+// interned is a string read and the JSON text it was read from.
+type interned struct {
+	text []byte
+	s    string
 }
 
 // The string fields rowReader reads, each a slot of rowReader.last.
@@ -226,18 +230,28 @@ const (
 	rampNext  = "," + rampField
 )
 
-// str reads a string into slot: the previous row's string of the slot
-// when its JSON text is the same (the same text reads as the same
-// string), else by hand when it has no escapes, else by encoding/json
-// (its escapes, U+2028, invalid UTF-8).
+// str reads a string into slot: one of the slot's last two when its
+// JSON text is the same (the same text reads as the same string), else
+// by hand when it has no escapes, else by encoding/json (its escapes,
+// U+2028, invalid UTF-8).
 func (r *rowReader) str(slot int, s *string) bool {
+	return r.strLike(slot, s, "")
+}
+
+// strLike is str, with like (a string of the row read before: the key,
+// for a source that is its key) taken as it is when it is the value.
+func (r *rowReader) strLike(slot int, s *string, like string) bool {
 	from := r.I
 	if start, end, ok := r.Str(); ok {
-		last := &r.last[slot]
-		if string(r.B[from:r.I]) != string(last.text) {
-			last.text, last.s = r.B[from:r.I], string(r.B[start:end])
+		text := r.B[from:r.I]
+		v, ok := r.known(slot, text)
+		if !ok {
+			if v = like; string(r.B[start:end]) != like {
+				v = string(r.B[start:end])
+			}
+			r.keep(slot, text, v)
 		}
-		*s = last.s
+		*s = v
 		return true
 	}
 	if r.I >= len(r.B) || r.B[r.I] != '"' {
@@ -252,17 +266,38 @@ func (r *rowReader) str(slot int, s *string) bool {
 	if end >= len(r.B) {
 		return false
 	}
-	last := &r.last[slot]
-	if text := r.B[r.I : end+1]; string(text) != string(last.text) {
-		var v string
-		if json.Unmarshal(text, &v) != nil {
+	text := r.B[r.I : end+1]
+	v, ok := r.known(slot, text)
+	if !ok {
+		u := new(string) // allocated only here: Unmarshal keeps no pointer, but escape analysis cannot tell
+		if json.Unmarshal(text, u) != nil {
 			return false
 		}
-		last.text, last.s = text, v
+		v = *u
+		r.keep(slot, text, v)
 	}
-	*s = last.s
+	*s = v
 	r.I = end + 1
 	return true
+}
+
+// known is the string of the slot's last two read from text, if one was.
+func (r *rowReader) known(slot int, text []byte) (string, bool) {
+	l := &r.last[slot]
+	switch string(text) {
+	case string(l[0].text):
+		return l[0].s, true
+	case string(l[1].text):
+		l[0], l[1] = l[1], l[0]
+		return l[0].s, true
+	}
+	return "", false
+}
+
+// keep makes s, read from text, the slot's latest.
+func (r *rowReader) keep(slot int, text []byte, s string) {
+	l := &r.last[slot]
+	l[1], l[0] = l[0], interned{text, s}
 }
 
 // optStr reads an optional string field, if it is there (field: its
@@ -316,7 +351,7 @@ func (r *rowReader) row(s *ServerState) bool {
 	ok := r.Lit("{"+rowField+"backend\": ") && r.str(slotBackend, &s.Backend) &&
 		r.Lit(rowNext+"server\": ") && r.str(slotServer, &s.Server) &&
 		r.optStr(rowNext+"key\": ", slotKey, &s.Key) &&
-		r.Lit(rowNext+"source\": ") && r.str(slotSource, &s.Source) &&
+		r.Lit(rowNext+"source\": ") && r.strLike(slotSource, &s.Source, s.Key) &&
 		r.optStr(rowNext+"value\": ", slotValue, &s.Value) &&
 		r.optStr(rowNext+"desired\": ", slotDesired, &s.Desired) &&
 		r.Lit(rowNext+"valid\": ") && r.bool(&s.Valid) &&

@@ -189,3 +189,125 @@ func TestStateOfReadsAViewCutAfterItsEnd(t *testing.T) {
 		}
 	}
 }
+
+// plainView is a view of n servers as most of a fleet's are: known by
+// their polls alone, in backends of 100, one in ten with a key of its
+// own and the same reason.
+func plainView(n int) StateView {
+	v := StateView{Scope: "cluster", HoldsState: true, Total: n, Replicas: []ReplicaAnswer{{ID: "n1", Answered: true}}}
+	for i := range n {
+		r := ServerState{Backend: fmt.Sprintf("fs%03d", i/100), Server: fmt.Sprintf("srv%05d", i), Source: "absent", Valid: true,
+			Answer: "ready 100%", Kind: KindReady, Weight: 100, Polled: 100, Told: 100}
+		if i%10 == 0 {
+			r.Key, r.Value, r.Desired, r.Answer, r.Kind, r.Weight = "state/"+r.Backend+"/"+r.Server, "drain", "drain", "drain", KindDrain, 0
+			r.Source, r.Reason, r.By = r.Key, `deploy "1.2"`, "ops@host"
+		}
+		v.Servers = append(v.Servers, r)
+	}
+	return v
+}
+
+// The rows are allocated once, in a list as long as they are (give or
+// take the view's other braces), and a row's string that is the one
+// before it is not allocated again: of 1,000 rows, one string each (its
+// server's name) and one more for a key of its own (its key).
+func TestReadStateViewAllocatesOnce(t *testing.T) {
+	const n = 1000
+	body, err := json.MarshalIndent(plainView(n), "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := readChunks(bytes.NewReader(body), firstChunk, maxChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := readStateView(chunks)
+	if !ok || len(v.Servers) != n {
+		t.Fatalf("readStateView reads %d rows (%v), want %d", len(v.Servers), ok, n)
+	}
+	if c := cap(v.Servers); c > n+5 {
+		t.Errorf("the list of %d rows has room for %d: not allocated once", n, c)
+	}
+	allocs := testing.AllocsPerRun(5, func() { readStateView(chunks) })
+	if want := float64(n + n/10 + 100); allocs > want {
+		t.Errorf("readStateView of %d rows allocates %.0f times, want at most %.0f", n, allocs, want)
+	}
+	t.Logf("%.0f allocations", allocs)
+}
+
+// A row's string that is one of the two before it is that string only
+// when its JSON text is the same: rows whose fields repeat, alternate,
+// come back after two others, differ by a byte or an escape, or are
+// written with \u escapes for the same value (as encoding/json reads
+// them, and another writer may write them), a source that is its key
+// and one that is not, in chunks that cut rows apart or do not; read
+// as encoding/json reads them.
+func TestReadStateViewInternsNoWrongString(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 47))
+	pool := []string{"a", "b", "ab", "ba", "a ", `a"`, `a\`, "é", "e\u0301", "\u2028", "state/a/b", "state/a/c", "absent", "ready 100%", "ready 10%"}
+	pick := func(prev ...string) string {
+		if i := rng.IntN(len(pool) + len(prev)); i >= len(pool) {
+			return prev[i-len(pool)]
+		}
+		return pool[rng.IntN(len(pool))]
+	}
+	for round := range 20 {
+		v := StateView{Scope: "cluster", HoldsState: true, Total: 300}
+		var prev, prev2 ServerState
+		for range 300 {
+			r := ServerState{Valid: true, Kind: KindReady, Weight: 100}
+			for _, f := range []struct {
+				s          *string
+				p, p2      string
+				empty, opt bool
+			}{
+				{&r.Backend, prev.Backend, prev2.Backend, false, false},
+				{&r.Server, prev.Server, prev2.Server, false, false},
+				{&r.Key, prev.Key, prev2.Key, true, true},
+				{&r.Value, prev.Value, prev2.Value, true, true},
+				{&r.Reason, prev.Reason, prev2.Reason, true, true},
+				{&r.Answer, prev.Answer, prev2.Answer, false, false},
+				{&r.Keeps, prev.Keeps, prev2.Keeps, true, true},
+			} {
+				if *f.s = pick(f.p, f.p2); f.opt && rng.IntN(3) == 0 {
+					*f.s = ""
+				}
+			}
+			r.Source = pick(prev.Source, prev2.Source, r.Key, r.Key)
+			v.Servers = append(v.Servers, r)
+			prev, prev2 = r, prev
+		}
+		body, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The same values in other texts, here and there.
+		for _, c := range [][2]string{{`": "a"`, `": "\u0061"`}, {`": "ab"`, `": "a\u0062"`}, {`": "absent"`, `": "abs\u0065nt"`}} {
+			parts := bytes.Split(body, []byte(c[0]))
+			out := parts[0]
+			for _, p := range parts[1:] {
+				out = append(append(out, c[rng.IntN(2)]...), p...)
+			}
+			body = out
+		}
+		want, err := jsonView(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := 2048 + rng.IntN(8192)
+		chunks, err := readChunks(bytes.NewReader(body), first, first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := readStateView(chunks)
+		if !ok || !reflect.DeepEqual(got, want) {
+			for i := range min(len(got.Servers), len(want.Servers)) {
+				if !reflect.DeepEqual(got.Servers[i], want.Servers[i]) {
+					t.Fatalf("round %d (seed %d): row %d reads\n%+v\nencoding/json\n%+v", round, seed, i, got.Servers[i], want.Servers[i])
+				}
+			}
+			t.Fatalf("round %d (seed %d): readStateView reads %d rows (%v), encoding/json %d", round, seed, len(got.Servers), ok, len(want.Servers))
+		}
+	}
+}
