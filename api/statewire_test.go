@@ -252,7 +252,7 @@ func TestReadStateViewInternsNoWrongString(t *testing.T) {
 		}
 		return pool[rng.IntN(len(pool))]
 	}
-	for round := range 20 {
+	for round := range 10 {
 		v := StateView{Scope: "cluster", HoldsState: true, Total: 300}
 		var prev, prev2 ServerState
 		for range 300 {
@@ -308,6 +308,41 @@ func TestReadStateViewInternsNoWrongString(t *testing.T) {
 				}
 			}
 			t.Fatalf("round %d (seed %d): readStateView reads %d rows (%v), encoding/json %d", round, seed, len(got.Servers), ok, len(want.Servers))
+		}
+	}
+}
+
+// readChunks reads what io.ReadAll reads, and stops at the error it
+// stops at: a body of a row or more, cut or failing at random, read in
+// pieces of random sizes.
+func TestReadChunksIsReadAlls(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 48))
+	body, err := json.MarshalIndent(plainView(300), "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := errors.New("connection reset")
+	for round := range 50 {
+		b := body[:rng.IntN(len(body)+1)]
+		readers := map[string]func() io.Reader{
+			"whole":     func() io.Reader { return bytes.NewReader(b) },
+			"halves":    func() io.Reader { return iotest.HalfReader(bytes.NewReader(b)) },
+			"data, EOF": func() io.Reader { return iotest.DataErrReader(bytes.NewReader(b)) },
+			"failing":   func() io.Reader { return io.MultiReader(bytes.NewReader(b), iotest.ErrReader(failed)) },
+		}
+		first := 1 + rng.IntN(20_000)
+		for name, r := range readers {
+			want, werr := io.ReadAll(r())
+			chunks, err := readChunks(r(), first, first*(1+rng.IntN(4)))
+			if got := bytes.Join(chunks, nil); !bytes.Equal(got, want) || !errors.Is(err, werr) || (err == nil) != (werr == nil) {
+				t.Fatalf("round %d (seed %d), %s, %d bytes in chunks of %d: readChunks reads %d bytes (%v), io.ReadAll %d (%v)", round, seed, name, len(b), first, len(got), err, len(want), werr)
+			}
+			for i, c := range chunks {
+				if len(c) == 0 || (i < len(chunks)-1 && bytes.Contains(c, []byte(rowEnd)) && !bytes.HasSuffix(c, []byte(rowEnd))) {
+					t.Fatalf("round %d (seed %d), %s: chunk %d of %d (%d bytes) is empty or not cut after its last row", round, seed, name, i, len(chunks), len(c))
+				}
+			}
 		}
 	}
 }
