@@ -65,8 +65,8 @@ func readChunks(r io.Reader, first, most int) ([][]byte, error) {
 	}
 }
 
-// The chunks readChunks reads a body into: the first holds a page of
-// rows, the largest a few thousand rows.
+// The chunks readChunks reads a body into: the first holds a few hundred
+// rows, the largest a few thousand.
 const (
 	firstChunk = 64 << 10
 	maxChunk   = 1 << 20
