@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -105,13 +104,13 @@ func (c *Client) StateOf(ctx context.Context, q Query, cluster bool) (StateView,
 		p := "/v1/state?" + v.Encode()
 		var pv StateView
 		err := c.get(ctx, p, func(body io.Reader) error {
-			b, err := io.ReadAll(body)
+			chunks, err := readChunks(body, firstChunk, maxChunk)
 			if err != nil {
 				// As before: what json.Decoder makes of the body up to
 				// the error (a value complete before it is read).
-				return json.NewDecoder(io.MultiReader(bytes.NewReader(b), failingReader{err})).Decode(&pv)
+				return json.NewDecoder(io.MultiReader(chunksReader(chunks), failingReader{err})).Decode(&pv)
 			}
-			pv, err = decodeState(b)
+			pv, err = decodeState(chunks)
 			return err
 		})
 		if err != nil {
