@@ -202,6 +202,20 @@ func TestPollSummaryFastDecodeMalformed(t *testing.T) {
 	}
 }
 
+// A server with both polls and counts, which MarshalJSON never writes, is
+// left to encoding/json, which reads its counts alone: the fast path,
+// which unpacks the polls as it reads them, refuses it.
+func TestPollSummaryFastDecodePollsAndCounts(t *testing.T) {
+	raw := []byte(`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"servers":[{"backend":"b","server":"s","polls":"AAAAAgA=","counts":"AAEAAAA="}],"source_sets":[[0]]}`)
+	if decodeBoth(t, raw) {
+		t.Fatalf("the fast path read a server with polls and counts: %s", raw)
+	}
+	s, err := stdDecode(raw)
+	if err != nil || len(s.Servers) != 1 || s.Servers[0].Counts == nil || s.Servers[0].Polls != nil {
+		t.Fatalf("encoding/json read %+v (%v), want the counts alone", s, err)
+	}
+}
+
 // A summary of 1,000 servers is decoded in a few allocations (13 and 10
 // measured; more under -race), not some per server or per poll
 // (encoding/json: about 5 a server).
