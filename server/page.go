@@ -1,11 +1,13 @@
 package server
 
 import (
+	"bufio"
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
 	"fmt"
 	"html/template"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -29,9 +31,44 @@ var pageHTML string
 // pageRefresh is how often the page fetches itself.
 const pageRefresh = 5 * time.Second
 
-var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
-	"count": thousands,
-}).Parse(pageHTML))
+// pageHead and pageTail are page.html before and after its table's
+// bodies ({{.Rows}}, which they replace): the rows are written between
+// them as they are rendered (writeRows), not first rendered into one
+// string that the template then copies through fmt (about 1 MB each for
+// 1,000 rows).
+var pageHead, pageTail = pageTemplates()
+
+// pageTemplates parses page.html cut where its rows go. Both parts begin
+// and end in HTML text, where the rows stood, so html/template escapes
+// each as it escaped the whole.
+func pageTemplates() (head, tail *template.Template) {
+	before, after, ok := strings.Cut(pageHTML, pageRowsAt)
+	if !ok || strings.Contains(after, pageRowsAt) {
+		panic("page.html must hold " + pageRowsAt + " once, where the table's rows go")
+	}
+	parse := func(name, text string) *template.Template {
+		return template.Must(template.New(name).Funcs(template.FuncMap{"count": thousands}).Parse(text))
+	}
+	return parse("page", before), parse("page-tail", after)
+}
+
+// pageRowsAt is where page.html's table bodies go.
+const pageRowsAt = "{{.Rows}}"
+
+// writePage writes the page of d: the template before the rows, the rows
+// (yielding: yield.go), the template after them, through one buffer.
+func writePage(w io.Writer, d pageData) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	err := pageHead.Execute(bw, d)
+	if err == nil {
+		writeRows(bw, d.Backends)
+		err = pageTail.Execute(bw, d)
+	}
+	if ferr := bw.Flush(); err == nil {
+		err = ferr
+	}
+	return err
+}
 
 // pageData is what the status page shows. Cut is its note when the table
 // is cut (nil: not cut).
@@ -57,8 +94,6 @@ type pageData struct {
 	Cut                 *pageCut
 	Title               string
 	Icon                template.URL
-	// Rows is the table's bodies, Backends rendered (renderRows).
-	Rows template.HTML
 }
 
 // pageCut is the status page's note when its table is cut.
@@ -156,13 +191,12 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 	})
 	d := buildPage(now(), v, behind, h.o.Replica.ClusterInfo(), ok, detail)
 	d.Nonce = newNonce()
-	d.Rows = renderRows(d.Backends)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'nonce-"+d.Nonce+"'; "+
 		"style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if err := pageTmpl.Execute(w, d); err != nil {
+	if err := writePage(w, d); err != nil {
 		h.o.Logger.Warn("render status page", zap.Error(err))
 	}
 }

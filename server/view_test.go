@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"fmt"
+	"html/template"
 	"math/rand/v2"
 	"net"
 	"net/http/httptest"
@@ -27,6 +28,7 @@ import (
 // and PollerWindow, withheld answers), read by random queries (selectors,
 // cursors, limits, replica or cluster scope, a peer down).
 func TestViewIsEveryPollMerged(t *testing.T) {
+	wholePage := template.Must(template.New("page").Funcs(template.FuncMap{"count": thousands}).Parse(pageHTML))
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	backends := []string{"a", "b", "c", "c-d", "web"}
 	answers := [][]byte{nil, []byte("ready 100%\n"), []byte("drain\n"), []byte("ready 30%\n"), []byte("maint\n"), []byte("ready 50%\n")}
@@ -165,10 +167,23 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 					}
 				}
 				d := buildPage(now, v, behind, peers.ClusterInfo(), true, "")
-				d.Nonce, d.Rows = "nonce", renderRows(d.Backends)
+				d.Nonce = "nonce"
 				var b bytes.Buffer
-				if err := pageTmpl.Execute(&b, d); err != nil {
+				if err := writePage(&b, d); err != nil {
 					t.Fatal(err)
+				}
+				// page.html whole, its rows rendered first: the
+				// same bytes as its two parts with the rows between.
+				var rows, whole bytes.Buffer
+				writeRows(&rows, d.Backends)
+				if err := wholePage.Execute(&whole, struct {
+					pageData
+					Rows template.HTML
+				}{d, template.HTML(rows.String())}); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(b.Bytes(), whole.Bytes()) {
+					t.Fatalf("seed %d round %d: the page in two parts\n%s\npage.html whole\n%s", seed, round, b.Bytes(), whole.Bytes())
 				}
 				return b.Bytes()
 			}
