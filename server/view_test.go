@@ -35,7 +35,7 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 	ages := []time.Duration{0, time.Second, api.ProbeGrace - time.Millisecond, api.ProbeGrace, api.PollerTTL, api.PollerTTL + time.Millisecond,
 		2 * time.Minute, PollerWindow - time.Millisecond, PollerWindow + time.Millisecond}
 	values := []string{"drain", "maint", "50%", "300%", `{"state":"drain","reason":"<zonal>","by":"alice"}`, "ready", "nonsense"}
-	checked, ramping, overlapped, kept, chunked, shuffled := 0, 0, 0, 0, 0, 0
+	checked, ramping, overlapped, kept, chunked, shuffled, unpolled := 0, 0, 0, 0, 0, 0, 0
 	for seed := range uint64(50) {
 		rng := rand.New(rand.NewPCG(seed, 48))
 		server := func() string { return backends[rng.IntN(len(backends))] + "/s" + fmt.Sprint(rng.IntN(6)) }
@@ -90,6 +90,12 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 					reps[r].Record(addr, []byte(req), nil, at)
 				}
 			}
+		}
+		if seed%4 == 3 {
+			// This replica polled by none: the peers hold every poll
+			// (BenchmarkFleetOperator's n2).
+			reps[0] = newPollers(t, PollersOptions{})
+			unpolled++
 		}
 		peers := &peersReplica{lonelyReplica: lonelyReplica{snap}, t: t, now: now, peers: reps[1:]}
 		if rng.IntN(6) == 0 {
@@ -202,7 +208,8 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 		t.Fatalf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled: the random views test too little",
 			checked, ramping, overlapped, kept, chunked, shuffled)
 	}
-	t.Logf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled", checked, ramping, overlapped, kept, chunked, shuffled)
+	t.Logf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled, %d without polls of this replica",
+		checked, ramping, overlapped, kept, chunked, shuffled, unpolled)
 }
 
 // mergedRows is what the view's servers are by merging every poll of
