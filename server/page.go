@@ -562,7 +562,9 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 // countOf is fmt.Sprintf(what+"%d of %d", n, of), without fmt: a page
 // of 1,000 rows writes one a row.
 func countOf(what string, n, of int) string {
-	return what + strconv.Itoa(n) + " of " + strconv.Itoa(of)
+	var buf [64]byte
+	b := strconv.AppendInt(append(buf[:0], what...), int64(n), 10)
+	return string(strconv.AppendInt(append(b, " of "...), int64(of), 10))
 }
 
 func invalidOf(k api.ServerState) pageInvalid {
