@@ -227,6 +227,22 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 
 // viewAt is view with the polls counted at now.
 func (h *httpAPI) viewAt(now time.Time, q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]int)) api.StateView {
+	v, rows := h.viewRowsAt(now, q, cluster, rowTold)
+	v.Servers = slices.Grow(v.Servers, rows.len())
+	sinces := make([]time.Time, 0, rows.len())
+	var yield yielder
+	for range rows.len() {
+		yield.step()
+		v.Servers = append(v.Servers, rows.next(&sinces))
+	}
+	return v
+}
+
+// viewRowsAt is viewAt without its rows (v.Servers empty): rows makes
+// them, one at a time in their order. /v1/state writes each as it is
+// made (writeStateRows) instead of holding every row of the view (about
+// 400 bytes each) before it writes the first.
+func (h *httpAPI) viewRowsAt(now time.Time, q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]int)) (api.StateView, *viewRows) {
 	snap := h.o.Replica.Snapshot()
 	v := api.StateView{Scope: "replica", HoldsState: snap != nil, Servers: []api.ServerState{}, InvalidKeys: []api.ServerState{}, KV: h.o.Replica.KVStatus(),
 		Migration: h.migration()}
@@ -315,29 +331,45 @@ func (h *httpAPI) viewAt(now time.Time, q listQuery, cluster bool, rowTold func(
 		targets = targets[i:]
 	}
 	targets, cutServers := cut(targets, q.limit)
-	v.Servers = slices.Grow(v.Servers, len(targets))
-	var yield yielder
-	seen, next := polls.list, 0 // read in step with targets (both in cursor order)
-	sinces := make([]time.Time, 0, len(targets))
-	for _, t := range targets {
-		yield.step()
-		row := rowIn(snap.Resolve(t.Backend, t.Server), &sinces)
-		for next < len(seen) && seen[next].t != t && compareCursors(seen[next].t, t) < 0 {
-			next++
-		}
-		var e *seenServer
-		if next < len(seen) && seen[next].t == t {
-			e = &seen[next]
-		}
-		polls.countRow(&row, e, nowMs, rowTold)
-		v.Servers = append(v.Servers, row)
-	}
 	if cutServers {
 		last := targets[len(targets)-1]
 		v.Next = api.ServerCursor(last.Backend, last.Server)
 	}
 	v.Truncated = cutServers || cutInvalid
-	return v
+	return v, &viewRows{snap: snap, targets: targets, polls: polls, nowMs: nowMs, rowTold: rowTold}
+}
+
+// viewRows makes a view's rows in their order: each resolved in the
+// view's snapshot and counted over its polls (countRow), the index read
+// in step with the rows (both in cursor order).
+type viewRows struct {
+	snap    *state.Snapshot
+	targets []state.Target // the rows' servers; next makes targets[done]
+	done    int
+	polls   summaryIndex
+	seen    int // polls.list[seen] is the first server not before the next row's
+	nowMs   int64
+	rowTold func(row api.ServerState, told map[string]int)
+}
+
+// len is how many rows the view has.
+func (r *viewRows) len() int { return len(r.targets) }
+
+// next makes the next row (rowIn: its since appended to *sinces).
+func (r *viewRows) next(sinces *[]time.Time) api.ServerState {
+	t := r.targets[r.done]
+	r.done++
+	row := rowIn(r.snap.Resolve(t.Backend, t.Server), sinces)
+	seen := r.polls.list
+	for r.seen < len(seen) && seen[r.seen].t != t && compareCursors(seen[r.seen].t, t) < 0 {
+		r.seen++
+	}
+	var e *seenServer
+	if r.seen < len(seen) && seen[r.seen].t == t {
+		e = &seen[r.seen]
+	}
+	r.polls.countRow(&row, e, r.nowMs, r.rowTold)
+	return row
 }
 
 // polled returns, in cursor order, the servers some replica saw that an
@@ -725,7 +757,8 @@ func (h *httpAPI) stateAll(w http.ResponseWriter, r *http.Request) {
 	}
 	cluster, ok := scopeOf(w, r)
 	if ok {
-		writeStateView(w, h.view(q, cluster, nil))
+		v, rows := h.viewRowsAt(time.Now(), q, cluster, nil)
+		writeStateRows(w, v, rows)
 	}
 }
 

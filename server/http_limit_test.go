@@ -143,7 +143,7 @@ func pageRows(body string) int { return strings.Count(body, `<tr class="row `) }
 func TestHTTPPageNoteAtMaxLimit(t *testing.T) {
 	var b strings.Builder
 	cut := &pageCut{Shown: api.MaxLimit, Total: 120_000, More: api.MaxLimit, Max: api.MaxLimit}
-	if err := pageTmpl.Execute(&b, pageData{Cut: cut}); err != nil {
+	if err := writePage(&b, pageData{Cut: cut}); err != nil {
 		t.Fatal(err)
 	}
 	if want := "showing 100,000 of 120,000 servers; no page shows more; read one server at /v1/state/&lt;backend&gt;/&lt;server&gt;"; !strings.Contains(b.String(), want) {

@@ -1,11 +1,13 @@
 package server
 
 import (
+	"bufio"
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
 	"fmt"
 	"html/template"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -29,9 +31,44 @@ var pageHTML string
 // pageRefresh is how often the page fetches itself.
 const pageRefresh = 5 * time.Second
 
-var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
-	"count": thousands,
-}).Parse(pageHTML))
+// pageHead and pageTail are page.html before and after its table's
+// bodies ({{.Rows}}, which they replace): the rows are written between
+// them as they are rendered (writeRows), not first rendered into one
+// string that the template then copies through fmt (about 1 MB each for
+// 1,000 rows).
+var pageHead, pageTail = pageTemplates()
+
+// pageTemplates parses page.html cut where its rows go. Both parts begin
+// and end in HTML text, where the rows stood, so html/template escapes
+// each as it escaped the whole.
+func pageTemplates() (head, tail *template.Template) {
+	before, after, ok := strings.Cut(pageHTML, pageRowsAt)
+	if !ok || strings.Contains(after, pageRowsAt) {
+		panic("page.html must hold " + pageRowsAt + " once, where the table's rows go")
+	}
+	parse := func(name, text string) *template.Template {
+		return template.Must(template.New(name).Funcs(template.FuncMap{"count": thousands}).Parse(text))
+	}
+	return parse("page", before), parse("page-tail", after)
+}
+
+// pageRowsAt is where page.html's table bodies go.
+const pageRowsAt = "{{.Rows}}"
+
+// writePage writes the page of d: the template before the rows, the rows
+// (yielding: yield.go), the template after them, through one buffer.
+func writePage(w io.Writer, d pageData) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	err := pageHead.Execute(bw, d)
+	if err == nil {
+		writeRows(bw, d.Backends)
+		err = pageTail.Execute(bw, d)
+	}
+	if ferr := bw.Flush(); err == nil {
+		err = ferr
+	}
+	return err
+}
 
 // pageData is what the status page shows. Cut is its note when the table
 // is cut (nil: not cut).
@@ -57,8 +94,6 @@ type pageData struct {
 	Cut                 *pageCut
 	Title               string
 	Icon                template.URL
-	// Rows is the table's bodies, Backends rendered (renderRows).
-	Rows template.HTML
 }
 
 // pageCut is the status page's note when its table is cut.
@@ -156,13 +191,12 @@ func (h *httpAPI) page(w http.ResponseWriter, r *http.Request) {
 	})
 	d := buildPage(now(), v, behind, h.o.Replica.ClusterInfo(), ok, detail)
 	d.Nonce = newNonce()
-	d.Rows = renderRows(d.Backends)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'nonce-"+d.Nonce+"'; "+
 		"style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if err := pageTmpl.Execute(w, d); err != nil {
+	if err := writePage(w, d); err != nil {
 		h.o.Logger.Warn("render status page", zap.Error(err))
 	}
 }
@@ -493,20 +527,20 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 		r.Told, r.ToldClass = "not polled", "none"
 	case s.Kind == api.KindWithheld:
 		// Told counts those told nothing: that is no "told".
-		r.Told, r.ToldClass = fmt.Sprintf("told nothing: %d of %d", s.Told, s.Polled), "bad"
+		r.Told, r.ToldClass = countOf("told nothing: ", s.Told, s.Polled), "bad"
 		r.ToldTitle = "HAProxy nodes that asked within the last minute, and how many got no answer (each keeps the state it had)"
 	case s.Kind == api.KindRamping && s.Told+behind == s.Polled:
 		// Stable over the ramp's steps: one HAProxy or another is always
 		// a step behind for an agent-inter after each.
-		r.Told, r.ToldClass = fmt.Sprintf("on the ramp: %d of %d", s.Polled, s.Polled), "ok"
+		r.Told, r.ToldClass = countOf("on the ramp: ", s.Polled, s.Polled), "ok"
 		r.ToldTitle = "HAProxy nodes that asked within the last minute, all told the current step of the ramp"
 		if behind > 0 {
 			r.ToldTitle = fmt.Sprintf("HAProxy nodes that asked within the last minute: told the current step of the ramp, or (%d of them) an earlier one; each hears the next step at its next check", behind)
 		}
 	case s.Told == s.Polled:
-		r.Told, r.ToldClass = fmt.Sprintf("told %d of %d", s.Told, s.Polled), "ok"
+		r.Told, r.ToldClass = countOf("told ", s.Told, s.Polled), "ok"
 	default:
-		r.Told, r.ToldClass = fmt.Sprintf("told %d of %d", s.Told, s.Polled), "warn"
+		r.Told, r.ToldClass = countOf("told ", s.Told, s.Polled), "warn"
 	}
 	if len(s.Value) <= 24 && !strings.HasPrefix(s.Value, "{") {
 		r.ShortValue = s.Value
@@ -523,6 +557,14 @@ func pageRowOf(now time.Time, s api.ServerState, behind int) pageRow {
 	}
 	r.Text = strings.ToLower(strings.Join(words, " "))
 	return r
+}
+
+// countOf is fmt.Sprintf(what+"%d of %d", n, of), without fmt: a page
+// of 1,000 rows writes one a row.
+func countOf(what string, n, of int) string {
+	var buf [64]byte
+	b := strconv.AppendInt(append(buf[:0], what...), int64(n), 10)
+	return string(strconv.AppendInt(append(b, " of "...), int64(of), 10))
 }
 
 func invalidOf(k api.ServerState) pageInvalid {

@@ -1,38 +1,40 @@
 package server
 
 import (
-	"html/template"
+	"io"
 	"strconv"
 )
 
 // The status page's table is most of its bytes (1,000 rows by default,
 // up to api.MaxLimit) and was most of its CPU when html/template, whose
-// field look-ups are reflection, rendered it. renderRows writes it by hand,
+// field look-ups are reflection, rendered it. writeRows writes it by hand,
 // escaping every value as html/template escapes it in element text and in
 // quoted attributes (htmlEscape); TestPageRowsAreTheTemplates compares it
 // byte for byte with the template it replaced (testdata/page-rows.tmpl),
 // on random rows. Change the markup in both.
 
-// renderRows renders the backends' table bodies, yielding (yield.go).
-func renderRows(backends []pageBackend) template.HTML {
-	n := 0
-	for i := range backends {
-		n += 512 + rowBytes*len(backends[i].Rows)
-	}
-	b := make([]byte, 0, n)
+// writeRows writes the backends' table bodies to w, a row at a time
+// through one buffer, yielding (yield.go).
+func writeRows(w io.Writer, backends []pageBackend) {
+	b := make([]byte, 0, 4096)
 	var yield yielder
 	for i := range backends {
-		b = appendBackend(b, &backends[i], &yield)
+		be := &backends[i]
+		b = appendBackendHead(b, be)
+		for j := range be.Rows {
+			b = appendPageRow(b, &be.Rows[j])
+			_, _ = w.Write(b)
+			b = b[:0]
+			yield.step()
+		}
+		b = append(b, "</tbody>\n"...)
 	}
-	return template.HTML(b)
+	_, _ = w.Write(b)
 }
 
-// rowBytes is about what appendPageRow writes for a row (800-900 bytes
-// for a polled server without a key): room made for the table at once.
-const rowBytes = 900
-
-// appendBackend appends one backend's <tbody>: its summary line and rows.
-func appendBackend(b []byte, be *pageBackend, yield *yielder) []byte {
+// appendBackendHead appends the start of one backend's <tbody>: its
+// summary line.
+func appendBackendHead(b []byte, be *pageBackend) []byte {
 	b = append(b, `<tbody class="backend `...)
 	b = htmlEscape(b, be.Class)
 	b = append(b, `" data-backend="`...)
@@ -47,12 +49,7 @@ func appendBackend(b []byte, be *pageBackend, yield *yielder) []byte {
 		b = htmlEscape(b, c.Text)
 		b = append(b, `</span>`...)
 	}
-	b = append(b, "</th></tr>\n"...)
-	for i := range be.Rows {
-		b = appendPageRow(b, &be.Rows[i])
-		yield.step()
-	}
-	return append(b, "</tbody>\n"...)
+	return append(b, "</th></tr>\n"...)
 }
 
 // appendPageRow appends one server's <tr>.

@@ -180,7 +180,7 @@ func writePollersView(w http.ResponseWriter, v api.PollersView) {
 	}
 	// "pollers" is the second field, after a string (which holds no
 	// line break): its empty list is the first line of this form.
-	writeIndentedList(w, v, empty, "\n  \"pollers\": [", len(rows), func(b []byte, i int) []byte {
+	writeIndentedList(w, func() any { return v }, empty, "\n  \"pollers\": [", len(rows), func(b []byte, i int) []byte {
 		return api.AppendPollJSON(b, &rows[i], 2)
 	})
 }

@@ -746,6 +746,22 @@ func indexSummaries(sums []PollSummary, own *ownPolls) summaryIndex {
 		return x
 	}
 	runs, n := x.summaryRuns()
+	if len(runs) == 1 && len(mine) == 0 {
+		// One run and none of this replica's servers (a replica whose
+		// peers hold every poll): the places are the run, in its
+		// order, and a server's are next to one another.
+		x.refs = runs[0]
+		x.list = make([]seenServer, 0, n)
+		for i, r := range x.refs {
+			t := x.target(r)
+			if k := len(x.list) - 1; k >= 0 && x.list[k].t == t {
+				x.list[k].n++
+				continue
+			}
+			x.list = append(x.list, seenServer{t: t, at: int32(i), n: 1})
+		}
+		return x
+	}
 	x.refs = make([]sumRef, 0, n)
 	x.list = make([]seenServer, 0, max(n, len(mine)))
 	pos := make([]int, len(runs))

@@ -3,7 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/base64"
-	"slices"
+	"math"
 	"strings"
 
 	"github.com/hastate/hastate/internal/jsonstr"
@@ -17,12 +17,14 @@ import (
 // release's form, escapes, whitespace, unknown fields) is left to
 // encoding/json (unmarshalJSON), and so is an answer that form reads
 // but that is malformed, so that its error is the one it always was.
-// The strings are cut from one copy of their bytes, the polls of every
-// server from one array, the counts too (server/DESIGN.md, "The asker's
-// decoding"). The JSON itself (literals, strings without escapes,
-// integers, the end) is read by jsonstr.Reader, as the raft port's
-// answer lines are (cluster/confirm/wire.go); what is the summary's own
-// (base64, the lists, the servers, the source sets) is read here.
+// Each server is made as it is read: its names cut from one copy of the
+// strings' bytes, its base64 decoded into a scratch buffer and unpacked
+// at once into one array of every server's polls, or of their counts
+// (server/DESIGN.md, "The asker's decoding"). The JSON itself (literals,
+// strings without escapes, integers, the end) is read by jsonstr.Reader,
+// as the raft port's answer lines are (cluster/confirm/wire.go); what is
+// the summary's own (base64, the lists, the servers, the source sets) is
+// read here.
 
 // DecodeJSONLine reads the wire form as MarshalJSON writes it (a line of
 // it: trailing whitespace is allowed), reporting false, with s left as
@@ -31,6 +33,11 @@ import (
 // reads any form and reports what is wrong.
 func (s *PollSummary) DecodeJSONLine(line []byte) bool {
 	d := wireReader{Reader: jsonstr.Reader{B: line}}
+	// Every string's bytes go into one buffer, made for a quarter of the
+	// line (the names are about 15% of an answer of counts, 3% of one of
+	// polls). A string cut from it stays as it was when it grows: the
+	// bytes are copied into a new array, the old one is not written again.
+	d.text.Grow(len(line) / 4)
 	out, ok := d.summary()
 	if ok {
 		*s = out
@@ -41,21 +48,17 @@ func (s *PollSummary) DecodeJSONLine(line []byte) bool {
 // wireReader reads the wire form from B at I.
 type wireReader struct {
 	jsonstr.Reader
-	strs []wireString // every string read, in order
-	size int          // their bytes
-}
-
-// wireString is a string of the input, b[off:end], at at in the copy of
-// every string.
-type wireString struct{ off, end, at int }
-
-// wireServerAt is one server of the input: its names (indexes in strs),
-// and its polls' and counts' base64 (b[off:end]; polls null: -1).
-type wireServerAt struct {
-	backend, server      int
-	polls, pollsEnd      int
-	counts, countsEnd    int
-	pollsNull, hasCounts bool
+	text    strings.Builder // every string's bytes
+	scratch []byte          // one server's base64 decoded
+	// What the servers' packed forms index: numbers of sources and
+	// answers, and the greatest source set a counts names (-1: none).
+	sources, answers int
+	maxSet           int64
+	at               int64
+	// The arrays the servers' polls and counts are cut from.
+	polls  []SourcePoll
+	counts []ServerCounts
+	pairs  []AnswerCount
 }
 
 // summary reads the whole input.
@@ -64,249 +67,108 @@ func (d *wireReader) summary() (PollSummary, bool) {
 	if !d.Lit(`{"at_unix_ms":`) {
 		return out, false
 	}
-	at, ok := d.Int()
-	if !ok || !d.Lit(`,"sources":`) {
+	var ok bool
+	if d.at, ok = d.Int(); !ok || !d.Lit(`,"sources":`) {
 		return out, false
 	}
-	sources, sourcesNull, ok := d.strings()
-	if !ok || !d.Lit(`,"answers":`) {
+	if out.Sources, ok = d.strings(); !ok || !d.Lit(`,"answers":`) {
 		return out, false
 	}
-	answers, answersNull, ok := d.strings()
-	if !ok || !d.Lit(`,"servers":`) {
+	if out.Answers, ok = d.strings(); !ok || !d.Lit(`,"servers":`) {
 		return out, false
 	}
-	servers, ok := d.servers() // null and []: no server (unmarshalJSON's make)
-	if !ok {
+	if len(out.Answers) == 0 {
+		out.Answers = []string{""}
+	}
+	d.sources, d.answers, d.maxSet = len(out.Sources), len(out.Answers), -1
+	if out.Servers, ok = d.servers(); !ok { // null and []: no server (unmarshalJSON's make)
 		return out, false
 	}
-	var sets [][]int32
 	if d.Lit(`,"source_sets":`) {
-		if sets, ok = d.sourceSets(); !ok {
+		if out.SourceSets, ok = d.sourceSets(); !ok {
 			return out, false
 		}
 	}
-	next := -1
+	if d.maxSet >= int64(len(out.SourceSets)) {
+		return out, false
+	}
+	for _, set := range out.SourceSets {
+		if checkSourceSet(set, len(out.Sources)) != nil {
+			return out, false
+		}
+	}
 	if d.Lit(`,"next":`) {
-		if next, ok = d.str(); !ok {
+		if out.Next, ok = d.str(); !ok {
 			return out, false
 		}
 	}
 	if !d.Lit("}") || !d.AtEnd() {
 		return out, false
 	}
-	// The strings, from one copy.
-	var sb strings.Builder
-	sb.Grow(d.size)
-	for _, s := range d.strs {
-		sb.Write(d.B[s.off:s.end])
-	}
-	all := sb.String()
-	text := func(k int) string { s := d.strs[k]; return all[s.at : s.at+s.end-s.off] }
-	list := func(r [2]int, null bool) []string {
-		if null {
-			return nil
-		}
-		l := make([]string, r[1]-r[0])
-		for k := range l {
-			l[k] = text(r[0] + k)
-		}
-		return l
-	}
-	out.Sources = list(sources, sourcesNull)
-	if out.Answers = list(answers, answersNull); len(out.Answers) == 0 {
-		out.Answers = []string{""}
-	}
-	if next >= 0 {
-		out.Next = text(next)
-	}
-	out.SourceSets = sets
-	for _, set := range sets {
-		if checkSourceSet(set, len(out.Sources)) != nil {
-			return out, false
-		}
-	}
-	if out.Servers, ok = d.unpack(servers, text, at, len(out.Sources), len(out.Answers), len(sets)); !ok {
-		return out, false
-	}
 	return out, true
 }
 
-// unpack makes the servers: their base64 decoded into one buffer, their
-// polls in one array, their counts in another.
-func (d *wireReader) unpack(servers []wireServerAt, text func(int) string, at int64, sources, answers, sets int) ([]ServerPolls, bool) {
-	size := 0
-	for _, w := range servers {
-		size += base64.StdEncoding.DecodedLen(w.pollsEnd-w.polls) + base64.StdEncoding.DecodedLen(w.countsEnd-w.counts)
-	}
-	raw := make([]byte, size)
-	type decoded struct{ polls, counts []byte }
-	bufs := make([]decoded, len(servers))
-	used, pollInts, countInts, countServers := 0, 0, 0, 0
-	dec := func(off, end int) ([]byte, bool) {
-		n, err := base64.StdEncoding.Decode(raw[used:], d.B[off:end])
-		if err != nil {
-			return nil, false
-		}
-		b := raw[used : used+n : used+n]
-		used += n
-		return b, true
-	}
-	for k, w := range servers {
-		var ok bool
-		if bufs[k].polls, ok = dec(w.polls, w.pollsEnd); !ok {
-			return nil, false
-		}
-		if bufs[k].counts, ok = dec(w.counts, w.countsEnd); !ok {
-			return nil, false
-		}
-		if len(bufs[k].counts) > 0 {
-			countServers++
-			countInts += varints(bufs[k].counts)
-		} else {
-			pollInts += varints(bufs[k].polls)
-		}
-	}
-	polls := make([]SourcePoll, 0, pollInts/5)
-	counts := make([]ServerCounts, countServers)
-	pairs := make([]AnswerCount, 0, max(countInts-5*countServers, 0)/2)
-	out := make([]ServerPolls, len(servers))
-	var err error
-	for k, w := range servers {
-		sv := &out[k]
-		sv.Backend, sv.Server = text(w.backend), text(w.server)
-		if b := bufs[k].counts; len(b) > 0 {
-			c := &counts[0]
-			counts = counts[1:]
-			if pairs, err = unpackCounts(c, pairs, b, sets, answers); err != nil {
-				return nil, false
-			}
-			sv.Counts = c
-			continue
-		}
-		start := len(polls)
-		if polls, err = unpackPolls(polls, bufs[k].polls, at, sources, answers); err != nil {
-			return nil, false
-		}
-		if len(polls) > start {
-			sv.Polls = polls[start:len(polls):len(polls)]
-		}
-	}
-	return out, true
-}
-
-// varints is how many varints b holds (the bytes that end one).
-func varints(b []byte) int {
-	n := 0
-	for _, c := range b {
-		if c < 0x80 {
-			n++
-		}
-	}
-	return n
-}
-
-// str reads a string (jsonstr.Reader.Str) into strs: its index there.
-func (d *wireReader) str() (int, bool) {
+// str reads a string (jsonstr.Reader.Str), cut from the copy of every
+// string.
+func (d *wireReader) str() (string, bool) {
 	off, end, ok := d.Str()
 	if !ok {
-		return 0, false
+		return "", false
 	}
-	d.strs = append(d.strs, wireString{off: off, end: end, at: d.size})
-	d.size += end - off
-	return len(d.strs) - 1, true
+	at := d.text.Len()
+	d.text.Write(d.B[off:end])
+	return d.text.String()[at:], true
 }
 
-// base64 reads a string of base64 (checked when decoded): B[off:end].
-// A CR or LF in it, which base64 skips, is not JSON: refused.
-func (d *wireReader) base64() (off, end int, ok bool) {
+// base64 decodes a string of base64 into d.scratch. A CR or LF in it,
+// which base64 skips, is not JSON: refused.
+func (d *wireReader) base64() ([]byte, bool) {
 	if d.I >= len(d.B) || d.B[d.I] != '"' {
-		return 0, 0, false
+		return nil, false
 	}
-	off = d.I + 1
+	off := d.I + 1
 	k := bytes.IndexByte(d.B[off:], '"')
-	if k < 0 || bytes.ContainsAny(d.B[off:off+k], "\r\n") {
-		return 0, 0, false
+	if k < 0 {
+		return nil, false
 	}
-	end = off + k
-	d.I = end + 1
-	return off, end, true
+	span := d.B[off : off+k]
+	for _, c := range span {
+		if c == '\r' || c == '\n' {
+			return nil, false
+		}
+	}
+	if n := base64.StdEncoding.DecodedLen(len(span)); cap(d.scratch) < n {
+		d.scratch = make([]byte, max(n, 256))
+	}
+	n, err := base64.StdEncoding.Decode(d.scratch[:cap(d.scratch)], span)
+	if err != nil {
+		return nil, false
+	}
+	d.I = off + k + 1
+	return d.scratch[:n], true
 }
 
-// strings reads null or a list of strings: their indexes in strs.
-func (d *wireReader) strings() (r [2]int, null, ok bool) {
-	if d.Lit("null") {
-		return r, true, true
-	}
-	if !d.Lit("[") {
-		return r, false, false
-	}
-	r[0] = len(d.strs)
-	if end := bytes.IndexByte(d.B[d.I:], ']'); end > 0 { // a guess: a name may hold ] or ","
-		d.strs = slices.Grow(d.strs, bytes.Count(d.B[d.I:d.I+end], []byte(`","`))+1)
-	}
-	if d.Lit("]") {
-		r[1] = r[0]
-		return r, false, true
-	}
-	for {
-		if _, ok := d.str(); !ok {
-			return r, false, false
-		}
-		if d.Lit("]") {
-			r[1] = len(d.strs)
-			return r, false, true
-		}
-		if !d.Lit(",") {
-			return r, false, false
-		}
-	}
-}
-
-// servers reads null or the list of servers.
-func (d *wireReader) servers() ([]wireServerAt, bool) {
+// strings reads null or a list of strings.
+func (d *wireReader) strings() ([]string, bool) {
 	if d.Lit("null") {
 		return nil, true
 	}
 	if !d.Lit("[") {
 		return nil, false
 	}
-	n := bytes.Count(d.B[d.I:], []byte(`{"backend":"`))
-	l := make([]wireServerAt, 0, n)
-	d.strs = slices.Grow(d.strs, 2*n+1) // their names, and next
+	var l []string
+	if end := bytes.IndexByte(d.B[d.I:], ']'); end > 0 { // a guess: a name may hold ] or ","
+		l = make([]string, 0, bytes.Count(d.B[d.I:d.I+end], []byte(`","`))+1)
+	}
 	if d.Lit("]") {
-		return l, true
+		return []string{}, true
 	}
 	for {
-		var w wireServerAt
-		var ok bool
-		if !d.Lit(`{"backend":`) {
+		s, ok := d.str()
+		if !ok {
 			return nil, false
 		}
-		if w.backend, ok = d.str(); !ok || !d.Lit(`,"server":`) {
-			return nil, false
-		}
-		if w.server, ok = d.str(); !ok || !d.Lit(`,"polls":`) {
-			return nil, false
-		}
-		if w.pollsNull = d.Lit("null"); !w.pollsNull {
-			if w.polls, w.pollsEnd, ok = d.base64(); !ok {
-				return nil, false
-			}
-		}
-		if w.hasCounts = d.Lit(`,"counts":`); w.hasCounts {
-			// MarshalJSON writes polls or counts, not both.
-			if !w.pollsNull {
-				return nil, false
-			}
-			if w.counts, w.countsEnd, ok = d.base64(); !ok {
-				return nil, false
-			}
-		}
-		if !d.Lit("}") {
-			return nil, false
-		}
-		l = append(l, w)
+		l = append(l, s)
 		if d.Lit("]") {
 			return l, true
 		}
@@ -314,6 +176,109 @@ func (d *wireReader) servers() ([]wireServerAt, bool) {
 			return nil, false
 		}
 	}
+}
+
+// servers reads null or the list of servers, each made as it is read.
+func (d *wireReader) servers() ([]ServerPolls, bool) {
+	if d.Lit("null") {
+		return []ServerPolls{}, true
+	}
+	if !d.Lit("[") {
+		return nil, false
+	}
+	// No more servers than braces (bytes.Count of one byte is fast).
+	l := make([]ServerPolls, 0, bytes.Count(d.B[d.I:], []byte("{")))
+	if d.Lit("]") {
+		return l, true
+	}
+	for {
+		var sv ServerPolls
+		var ok bool
+		if !d.Lit(`{"backend":`) {
+			return nil, false
+		}
+		if sv.Backend, ok = d.str(); !ok || !d.Lit(`,"server":`) {
+			return nil, false
+		}
+		if sv.Server, ok = d.str(); !ok || !d.Lit(`,"polls":`) {
+			return nil, false
+		}
+		var polls []byte
+		pollsNull := d.Lit("null")
+		if !pollsNull {
+			if polls, ok = d.base64(); !ok {
+				return nil, false
+			}
+			// Unpacked now: the next base64 reuses the scratch.
+			if ok = d.unpackPolls(&sv, polls); !ok {
+				return nil, false
+			}
+		}
+		if d.Lit(`,"counts":`) {
+			// MarshalJSON writes polls or counts, not both.
+			if !pollsNull {
+				return nil, false
+			}
+			counts, ok := d.base64()
+			if !ok || (len(counts) > 0 && !d.unpackCounts(&sv, counts, cap(l)-len(l))) {
+				return nil, false
+			}
+		}
+		if !d.Lit("}") {
+			return nil, false
+		}
+		l = append(l, sv)
+		if d.Lit("]") {
+			return l, true
+		}
+		if !d.Lit(",") {
+			return nil, false
+		}
+	}
+}
+
+// unpackPolls unpacks one server's polls into d.polls (unpackPolls),
+// made the first time with room for every poll the rest of the input
+// can hold (at least 5 packed bytes each, 4 base64 bytes for 3).
+func (d *wireReader) unpackPolls(sv *ServerPolls, b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	if d.polls == nil {
+		d.polls = make([]SourcePoll, 0, len(b)/5+(len(d.B)-d.I)*3/4/5)
+	}
+	start := len(d.polls)
+	var err error
+	if d.polls, err = unpackPolls(d.polls, b, d.at, d.sources, d.answers); err != nil {
+		return false
+	}
+	if len(d.polls) > start {
+		sv.Polls = d.polls[start:len(d.polls):len(d.polls)]
+	}
+	return true
+}
+
+// unpackCounts unpacks one server's counts into d.counts and d.pairs
+// (unpackCounts), made the first time for the servers left (at most
+// left, this one included): its source set is checked against the sets
+// when they have been read.
+func (d *wireReader) unpackCounts(sv *ServerPolls, b []byte, left int) bool {
+	if len(d.counts) == cap(d.counts) {
+		n := max(left, 1)
+		d.counts = make([]ServerCounts, 0, n)
+		if cap(d.pairs)-len(d.pairs) < n {
+			d.pairs = make([]AnswerCount, 0, 2*n) // a server's HAProxy nodes were told one or two answers
+		}
+	}
+	d.counts = d.counts[:len(d.counts)+1]
+	c := &d.counts[len(d.counts)-1]
+	var err error
+	if d.pairs, err = unpackCounts(c, d.pairs, b, math.MaxInt32, d.answers); err != nil {
+		return false
+	}
+	d.maxSet = max(d.maxSet, int64(c.Sources))
+	sv.Counts = c
+	return true
 }
 
 // sourceSets reads null or the lists of indexes, into one array.

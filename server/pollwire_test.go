@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -199,6 +200,38 @@ func TestPollSummaryFastDecodeMalformed(t *testing.T) {
 	raw := []byte(`{"at_unix_ms":1,"sources":["a` + "\xff" + `"],"answers":[""],"servers":[]}`)
 	if decodeBoth(t, raw) {
 		t.Errorf("%q: the fast path read invalid UTF-8", raw)
+	}
+}
+
+// A server with both polls and counts, which MarshalJSON never writes, is
+// left to encoding/json, which reads its counts alone: the fast path,
+// which unpacks the polls as it reads them, refuses it.
+func TestPollSummaryFastDecodePollsAndCounts(t *testing.T) {
+	raw := []byte(`{"at_unix_ms":1,"sources":["127.0.0.1"],"answers":[""],"servers":[{"backend":"b","server":"s","polls":"AAAAAgA=","counts":"AAEAAAA="}],"source_sets":[[0]]}`)
+	if decodeBoth(t, raw) {
+		t.Fatalf("the fast path read a server with polls and counts: %s", raw)
+	}
+	s, err := stdDecode(raw)
+	if err != nil || len(s.Servers) != 1 || s.Servers[0].Counts == nil || s.Servers[0].Polls != nil {
+		t.Fatalf("encoding/json read %+v (%v), want the counts alone", s, err)
+	}
+}
+
+// Names that are most of the line (more than the quarter of it that the
+// strings' buffer is first made for) are read as encoding/json reads
+// them: the buffer grows, and the strings cut before stay as they were.
+func TestPollSummaryFastDecodeLongNames(t *testing.T) {
+	s := PollSummary{Sources: []string{"127.0.0.1"}, Answers: []string{"", "ready 100%"}, Servers: []ServerPolls{}}
+	for i := range 50 {
+		s.Servers = append(s.Servers, ServerPolls{Backend: strings.Repeat("b", 100+i), Server: fmt.Sprintf("%s%03d", strings.Repeat("s", 200), i),
+			Polls: []SourcePoll{{Source: 0, Answer: 1, Count: 2, LastMs: 1_700_000_000_000}}})
+	}
+	raw, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !decodeBoth(t, raw) {
+		t.Fatalf("the fast path refused MarshalJSON's form: %s", raw)
 	}
 }
 

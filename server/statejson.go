@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/hastate/hastate/api"
 )
@@ -23,20 +24,44 @@ import (
 func writeStateView(w http.ResponseWriter, v api.StateView) {
 	rows, empty := v.Servers, v
 	empty.Servers = []api.ServerState{}
-	// "servers" is the third field, after a string and a bool: its
-	// empty list is the first line of this form.
-	writeIndentedList(w, v, empty, "\n  \"servers\": [", len(rows), func(b []byte, i int) []byte {
+	writeIndentedList(w, func() any { return v }, empty, stateList, len(rows), func(b []byte, i int) []byte {
 		return api.AppendRowJSON(b, &rows[i], 2)
 	})
 }
 
-// writeIndentedList writes v as the body of a 200 answer, as writeJSON
-// writes it: empty (v with its list of n rows empty) as writeJSON writes
-// it, with the rows spliced in where the first "list]" stands (list: the
-// list's field, `\n  "name": [`), each appended by row at depth 2. A
-// view without rows, or whose empty form holds no such line, is written
-// by writeJSON alone.
-func writeIndentedList(w http.ResponseWriter, v, empty any, list string, n int, row func(b []byte, i int) []byte) {
+// stateList is where a view's rows go: "servers" is the third field,
+// after a string and a bool, and its empty list is the first line of
+// this form.
+const stateList = "\n  \"servers\": ["
+
+// writeStateRows writes v with the rows that rows makes (v's own, empty,
+// are not written) as writeStateView writes v with them: each row is
+// made, written and dropped before the next is made, so that a view of
+// 10,000 servers is not first 4 MB of rows.
+func writeStateRows(w http.ResponseWriter, v api.StateView, rows *viewRows) {
+	var since [1]time.Time // the row's since (rowIn), for the row only
+	full := func() any {
+		v.Servers = make([]api.ServerState, 0, rows.len())
+		for range rows.len() {
+			v.Servers = append(v.Servers, rows.next(nil))
+		}
+		return v
+	}
+	writeIndentedList(w, full, v, stateList, rows.len(), func(b []byte, _ int) []byte {
+		sinces := since[:0]
+		row := rows.next(&sinces)
+		return api.AppendRowJSON(b, &row, 2)
+	})
+}
+
+// writeIndentedList writes full() as the body of a 200 answer, as
+// writeJSON writes it: empty (full() with its list of n rows empty) as
+// writeJSON writes it, with the rows spliced in where the first "list]"
+// stands (list: the list's field, `\n  "name": [`), each appended by row
+// at depth 2, in their order (i from 0 to n-1). A view without rows, or
+// whose empty form holds no such line, is written by writeJSON alone,
+// and full is called only then.
+func writeIndentedList(w http.ResponseWriter, full func() any, empty any, list string, n int, row func(b []byte, i int) []byte) {
 	var head bytes.Buffer
 	at := -1
 	if n > 0 {
@@ -46,7 +71,7 @@ func writeIndentedList(w http.ResponseWriter, v, empty any, list string, n int, 
 		at = bytes.Index(head.Bytes(), []byte(list+"]"))
 	}
 	if at < 0 {
-		writeJSON(w, http.StatusOK, v)
+		writeJSON(w, http.StatusOK, full())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

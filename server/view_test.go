@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"fmt"
+	"html/template"
 	"math/rand/v2"
 	"net"
 	"net/http/httptest"
@@ -27,13 +28,14 @@ import (
 // and PollerWindow, withheld answers), read by random queries (selectors,
 // cursors, limits, replica or cluster scope, a peer down).
 func TestViewIsEveryPollMerged(t *testing.T) {
+	wholePage := template.Must(template.New("page").Funcs(template.FuncMap{"count": thousands}).Parse(pageHTML))
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	backends := []string{"a", "b", "c", "c-d", "web"}
 	answers := [][]byte{nil, []byte("ready 100%\n"), []byte("drain\n"), []byte("ready 30%\n"), []byte("maint\n"), []byte("ready 50%\n")}
 	ages := []time.Duration{0, time.Second, api.ProbeGrace - time.Millisecond, api.ProbeGrace, api.PollerTTL, api.PollerTTL + time.Millisecond,
 		2 * time.Minute, PollerWindow - time.Millisecond, PollerWindow + time.Millisecond}
 	values := []string{"drain", "maint", "50%", "300%", `{"state":"drain","reason":"<zonal>","by":"alice"}`, "ready", "nonsense"}
-	checked, ramping, overlapped, kept, chunked, shuffled := 0, 0, 0, 0, 0, 0
+	checked, ramping, overlapped, kept, chunked, shuffled, unpolled := 0, 0, 0, 0, 0, 0, 0
 	for seed := range uint64(50) {
 		rng := rand.New(rand.NewPCG(seed, 48))
 		server := func() string { return backends[rng.IntN(len(backends))] + "/s" + fmt.Sprint(rng.IntN(6)) }
@@ -88,6 +90,12 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 					reps[r].Record(addr, []byte(req), nil, at)
 				}
 			}
+		}
+		if seed%4 == 3 {
+			// This replica polled by none: the peers hold every poll
+			// (BenchmarkFleetOperator's n2).
+			reps[0] = newPollers(t, PollersOptions{})
+			unpolled++
 		}
 		peers := &peersReplica{lonelyReplica: lonelyReplica{snap}, t: t, now: now, peers: reps[1:]}
 		if rng.IntN(6) == 0 {
@@ -149,6 +157,14 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 			if !bytes.Equal(gw.Body.Bytes(), ww.Body.Bytes()) {
 				t.Fatalf("seed %d round %d: /v1/state bodies differ", seed, round)
 			}
+			// /v1/state as the handler writes it: each row made as
+			// it is written (writeStateRows), the same bytes.
+			sw := httptest.NewRecorder()
+			sv, rows := h.viewRowsAt(now, q, cluster, nil)
+			writeStateRows(sw, sv, rows)
+			if !bytes.Equal(sw.Body.Bytes(), gw.Body.Bytes()) {
+				t.Fatalf("seed %d round %d: /v1/state written row by row\n%s\nwritten from the view\n%s", seed, round, sw.Body.Bytes(), gw.Body.Bytes())
+			}
 			page := func(v api.StateView, told []told) []byte {
 				behind := map[string]int{}
 				for _, rt := range told {
@@ -157,10 +173,23 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 					}
 				}
 				d := buildPage(now, v, behind, peers.ClusterInfo(), true, "")
-				d.Nonce, d.Rows = "nonce", renderRows(d.Backends)
+				d.Nonce = "nonce"
 				var b bytes.Buffer
-				if err := pageTmpl.Execute(&b, d); err != nil {
+				if err := writePage(&b, d); err != nil {
 					t.Fatal(err)
+				}
+				// page.html whole, its rows rendered first: the
+				// same bytes as its two parts with the rows between.
+				var rows, whole bytes.Buffer
+				writeRows(&rows, d.Backends)
+				if err := wholePage.Execute(&whole, struct {
+					pageData
+					Rows template.HTML
+				}{d, template.HTML(rows.String())}); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(b.Bytes(), whole.Bytes()) {
+					t.Fatalf("seed %d round %d: the page in two parts\n%s\npage.html whole\n%s", seed, round, b.Bytes(), whole.Bytes())
 				}
 				return b.Bytes()
 			}
@@ -179,7 +208,8 @@ func TestViewIsEveryPollMerged(t *testing.T) {
 		t.Fatalf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled: the random views test too little",
 			checked, ramping, overlapped, kept, chunked, shuffled)
 	}
-	t.Logf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled", checked, ramping, overlapped, kept, chunked, shuffled)
+	t.Logf("%d rows, %d ramping rows told, %d servers overlapped, %d withheld rows kept, %d seeds chunked, %d shuffled, %d without polls of this replica",
+		checked, ramping, overlapped, kept, chunked, shuffled, unpolled)
 }
 
 // mergedRows is what the view's servers are by merging every poll of
