@@ -228,14 +228,7 @@ func (h *httpAPI) view(q listQuery, cluster bool, rowTold func(row api.ServerSta
 // viewAt is view with the polls counted at now.
 func (h *httpAPI) viewAt(now time.Time, q listQuery, cluster bool, rowTold func(row api.ServerState, told map[string]int)) api.StateView {
 	v, rows := h.viewRowsAt(now, q, cluster, rowTold)
-	v.Servers = slices.Grow(v.Servers, rows.len())
-	sinces := make([]time.Time, 0, rows.len())
-	var yield yielder
-	for range rows.len() {
-		yield.step()
-		v.Servers = append(v.Servers, rows.next(&sinces))
-	}
-	return v
+	return rows.all(v)
 }
 
 // viewRowsAt is viewAt without its rows (v.Servers empty): rows makes
@@ -354,6 +347,19 @@ type viewRows struct {
 
 // len is how many rows the view has.
 func (r *viewRows) len() int { return len(r.targets) }
+
+// all is v with the rows that are left made, yielding (yield.go): their
+// since times in one array.
+func (r *viewRows) all(v api.StateView) api.StateView {
+	v.Servers = slices.Grow(v.Servers, r.len()-r.done)
+	sinces := make([]time.Time, 0, r.len()-r.done)
+	var yield yielder
+	for r.done < r.len() {
+		yield.step()
+		v.Servers = append(v.Servers, r.next(&sinces))
+	}
+	return v
+}
 
 // next makes the next row (rowIn: its since appended to *sinces).
 func (r *viewRows) next(sinces *[]time.Time) api.ServerState {

@@ -40,14 +40,7 @@ const stateList = "\n  \"servers\": ["
 // 10,000 servers is not first 4 MB of rows.
 func writeStateRows(w http.ResponseWriter, v api.StateView, rows *viewRows) {
 	var since [1]time.Time // the row's since (rowIn), for the row only
-	full := func() any {
-		v.Servers = make([]api.ServerState, 0, rows.len())
-		for range rows.len() {
-			v.Servers = append(v.Servers, rows.next(nil))
-		}
-		return v
-	}
-	writeIndentedList(w, full, v, stateList, rows.len(), func(b []byte, _ int) []byte {
+	writeIndentedList(w, func() any { return rows.all(v) }, v, stateList, rows.len(), func(b []byte, _ int) []byte {
 		sinces := since[:0]
 		row := rows.next(&sinces)
 		return api.AppendRowJSON(b, &row, 2)
