@@ -116,6 +116,15 @@ func runAgentLoadOf(tb testing.TB, addr string, n int, reqs, answers [][]byte, t
 // runAgentLoadWith is runAgentLoadOf with workers concurrent clients.
 func runAgentLoadWith(tb testing.TB, addr string, workers, n int, reqs, answers [][]byte, tolerateEmpty bool) loadResult {
 	tb.Helper()
+	return runAgentLoadTicking(tb, addr, workers, n, reqs, answers, tolerateEmpty, 0, nil)
+}
+
+// runAgentLoadTicking is runAgentLoadWith that, every every checks (as
+// each one every-th begins), also offers tick a value without waiting
+// (nil: none); BenchmarkConfirmCPU's floor asks for a round trip per
+// batch of checks that way, as a follower's round begins per batch.
+func runAgentLoadTicking(tb testing.TB, addr string, workers, n int, reqs, answers [][]byte, tolerateEmpty bool, every int, tick chan<- struct{}) loadResult {
+	tb.Helper()
 	var (
 		empty    atomic.Int64
 		next     atomic.Int64
@@ -133,6 +142,12 @@ func runAgentLoadWith(tb testing.TB, addr string, workers, n int, reqs, answers 
 				i := int(next.Add(1)) - 1
 				if i >= n {
 					break
+				}
+				if tick != nil && i%every == 0 {
+					select {
+					case tick <- struct{}{}:
+					default:
+					}
 				}
 				req, want := reqs[i%len(reqs)], answers[i%len(reqs)]
 				t0 := time.Now()
@@ -230,24 +245,30 @@ func bareAnswers(kv map[string]string) (map[string]string, error) {
 // serveBare answers agent checks on ln as a minimal responder does (one
 // line in, the answer out, close), until ln is closed.
 func serveBare(ln net.Listener, answers map[string]string, wg *sync.WaitGroup) {
+	serveEach(ln, wg, func(c net.Conn) {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return
+		}
+		a, ok := answers[strings.TrimRight(line, "\r\n")]
+		if !ok {
+			a = "ready 100%\n"
+		}
+		c.Write([]byte(a))
+	})
+}
+
+// serveEach serves each connection ln accepts with serve, on a goroutine
+// of wg, until ln is closed.
+func serveEach(ln net.Listener, wg *sync.WaitGroup, serve func(net.Conn)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		wg.Go(func() {
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(2 * time.Second))
-			line, err := bufio.NewReader(c).ReadString('\n')
-			if err != nil {
-				return
-			}
-			a, ok := answers[strings.TrimRight(line, "\r\n")]
-			if !ok {
-				a = "ready 100%\n"
-			}
-			c.Write([]byte(a))
-		})
+		wg.Go(func() { serve(c) })
 	}
 }
 
@@ -255,6 +276,44 @@ func serveBare(ln net.Listener, answers map[string]string, wg *sync.WaitGroup) {
 // startBaselineProcess serves as the bare responder (instead of running
 // tests).
 const bareProcessEnv = "HASTATE_BENCH_BARE_KV"
+
+// echoProcessEnv, set to 1, makes a test binary started by
+// startHelperProcess the echo process (echoProcessMain).
+const echoProcessEnv = "HASTATE_BENCH_ECHO"
+
+// echoProcessMain answers every request line, on connections kept open,
+// with one fixed line of a read-index answer's size, and nothing else:
+// the least a process woken for one round trip does (BenchmarkConfirmCPU
+// measures a leader's answers to a follower's rounds against it). It
+// prints its address and runs until its stdin closes.
+func echoProcessMain() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "echo process:", err)
+		return 1
+	}
+	var wg sync.WaitGroup
+	answer := []byte(`{"id":"n1","index":1234567}` + "\n")
+	wg.Go(func() {
+		serveEach(ln, &wg, func(c net.Conn) {
+			defer c.Close()
+			r := bufio.NewReaderSize(c, 512)
+			for {
+				if _, err := r.ReadSlice('\n'); err != nil {
+					return
+				}
+				if _, err := c.Write(answer); err != nil {
+					return
+				}
+			}
+		})
+	})
+	fmt.Println(ln.Addr().String())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	ln.Close()
+	wg.Wait()
+	return 0
+}
 
 // startBaselineProcess is startBaselineResponder in a process of its own
 // (this test binary again, bareProcessMain), as each hastate replica is:
@@ -271,8 +330,16 @@ func startBaselineProcess(tb testing.TB, kv map[string]string) (addr string, pid
 	if err := os.WriteFile(f, data, 0o644); err != nil {
 		tb.Fatal(err)
 	}
+	return startHelperProcess(tb, "bare responder", bareProcessEnv+"="+f)
+}
+
+// startHelperProcess runs this test binary again with env set (TestMain
+// then runs the helper it names instead of tests), reads the address it
+// prints, and stops it when the test ends (its stdin closes).
+func startHelperProcess(tb testing.TB, what, env string) (addr string, pid int) {
+	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), bareProcessEnv+"="+f)
+	cmd.Env = append(os.Environ(), env)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -288,12 +355,12 @@ func startBaselineProcess(tb testing.TB, kv map[string]string) (addr string, pid
 	tb.Cleanup(func() {
 		stdin.Close()
 		if err := cmd.Wait(); err != nil {
-			tb.Errorf("bare responder process: %v", err)
+			tb.Errorf("%s process: %v", what, err)
 		}
 	})
 	addr, err = bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		tb.Fatalf("bare responder process: no address: %v", err)
+		tb.Fatalf("%s process: no address: %v", what, err)
 	}
 	return strings.TrimSpace(addr), cmd.Process.Pid
 }

@@ -267,29 +267,23 @@ func newCountingProxy(tb testing.TB, upstream string) *countingProxy {
 	var mu sync.Mutex
 	var conns []net.Conn
 	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
+		serveEach(ln, &wg, func(c net.Conn) {
+			u, err := net.DialTimeout("tcp", upstream, time.Second)
 			if err != nil {
+				c.Close()
 				return
 			}
-			wg.Go(func() {
-				u, err := net.DialTimeout("tcp", upstream, time.Second)
-				if err != nil {
-					c.Close()
-					return
-				}
-				mu.Lock()
-				conns = append(conns, c, u)
-				mu.Unlock()
-				done := make(chan struct{}, 2)
-				go func() { p.copy(u, c); done <- struct{}{} }()
-				go func() { p.copy(c, u); done <- struct{}{} }()
-				<-done
-				c.Close()
-				u.Close()
-				<-done
-			})
-		}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			done := make(chan struct{}, 2)
+			go func() { p.copy(u, c); done <- struct{}{} }()
+			go func() { p.copy(c, u); done <- struct{}{} }()
+			<-done
+			c.Close()
+			u.Close()
+			<-done
+		})
 	})
 	tb.Cleanup(func() {
 		ln.Close()

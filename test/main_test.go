@@ -29,6 +29,9 @@ func runMain(m *testing.M) int {
 	if f := os.Getenv(bareProcessEnv); f != "" {
 		return bareProcessMain(f)
 	}
+	if os.Getenv(echoProcessEnv) != "" {
+		return echoProcessMain()
+	}
 	dir, err := os.MkdirTemp("", "hastate-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: temp dir for the hastate binary:", err)
