@@ -145,15 +145,20 @@ test-deploy: chart-files build
 	  CONSUL_BIN=$$($(CURDIR)/scripts/ensure-consul.sh) $(GO) test -count=1 -timeout 20m ./...
 
 # Benchmarks report ratios against baselines measured in the same run:
-# agent-check throughput against a minimal responder, one write's
-# propagation, the scale table (one change at 1k, 10k and 50k keys against
-# Consul's own listing time), a backend-wide ramp (raft entries, other
-# servers' latency before and during) and the reload window of a drained
-# server per HAProxy release and configuration (against production's check
-# intervals). About 4.5 minutes on two cores.
+# agent-check throughput against a minimal responder, confirmed answers on
+# a three-replica cluster's leader and follower against a bare responder
+# in its own process (LeaderRoundCost; it builds an older revision from
+# git as its second cluster) and where their CPU goes (ConfirmCPU), one
+# write's propagation, the scale table (one change at 1k, 10k and 50k keys
+# against Consul's own listing time), a backend-wide ramp (raft entries,
+# other servers' latency before and during), the operator commands and
+# the agent beside a 200,000- and a 1,000,000-pair poller table
+# (FleetOperator, PollerTable) and the reload window of a drained server
+# per HAProxy release and configuration (against production's check
+# intervals). cluster/DESIGN.md and server/DESIGN.md explain each figure.
 bench: deps
 	@scripts/ensure-haproxy3.sh >/dev/null
-	CONSUL_BIN=$$(scripts/ensure-consul.sh) HAPROXY3_BIN=$$(scripts/ensure-haproxy3.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|Propagation|Scale|BackendRamp|FleetOperator|PollerTable|ReloadWindow' -benchtime 1x -timeout 30m ./test/
+	CONSUL_BIN=$$(scripts/ensure-consul.sh) HAPROXY3_BIN=$$(scripts/ensure-haproxy3.sh) $(GO) test -run '^$$' -bench 'AgentCheckRatio|LeaderRoundCost|ConfirmCPU|Propagation|Scale|BackendRamp|FleetOperator|PollerTable|ReloadWindow' -benchtime 1x -timeout 90m ./test/
 
 # soak: the fault-injection test (test/nemesis_e2e_test.go) on SOAK_SEEDS
 # seeds (default 20, one after another from a fresh seed, each logged) of

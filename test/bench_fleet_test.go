@@ -316,6 +316,13 @@ func benchFleet(b *testing.B, sources, servers, max int) {
 
 	// wait for 10 servers after a drain: the sources poll them until
 	// each was told drain; wait (started right after the drain) returns.
+	// wait waits for the HAProxy nodes that polled within api.PollerTTL,
+	// and registration and the rounds above outlast it: every source
+	// polls fs000 again first, as HAProxy would have every agent-inter,
+	// so that wait waits for all of them (without this it waited only for
+	// those pollUntilTold had already asked again, and could return
+	// before the last was told).
+	pollRange(b, n1.AgentAddr, sources, 0, 10, "ready 100%\n")
 	op.Run(b, "drain", "fs000/*", "--reason", "bench")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
