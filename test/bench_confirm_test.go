@@ -79,18 +79,18 @@ func BenchmarkAgentCheckConfirmed(b *testing.B) {
 			if follower == leader {
 				follower = others(hs, leader)[0]
 			}
-			rounds0 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
+			rounds0 := confirmedRounds(b, follower)
 			idle := mesh.rates()
 			time.Sleep(trafficFor) // the idle measure is the time itself
 			idleB := idle()
-			rounds1 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
+			rounds1 := confirmedRounds(b, follower)
 			load := mesh.rates()
 			fi, li := mesh.index(follower), mesh.index(leader)
 			dialsBefore := mesh.links[[2]int{fi, li}].bytes.Load()
 			rate := pacedLoad(b, follower.AgentAddr, 10000, trafficFor, reqs, answers)
 			loadB := load()
 			dials := mesh.links[[2]int{fi, li}].bytes.Load() - dialsBefore
-			rounds2 := follower.Metric(b, `hastate_confirm_rounds_total{result="confirmed"}`)
+			rounds2 := confirmedRounds(b, follower)
 			if l := WaitLeader(b, 10*time.Second, hs...); l != leader {
 				b.Logf("the leader changed from %s to %s while the traffic was measured: its figures are mixed", leader.NodeID, l.NodeID)
 			}
